@@ -1,0 +1,1 @@
+//! The postgres backend for tenure (in progress).

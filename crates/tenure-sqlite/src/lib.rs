@@ -1,0 +1,1 @@
+//! The sqlite backend for tenure (in progress).

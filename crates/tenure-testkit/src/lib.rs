@@ -1,0 +1,12 @@
+//! Shared test support for every tenure backend.
+//!
+//! - [`conformance`]: the SPEC's contract as plain `async fn scenario_*(backend)`
+//!   functions; each backend crate's tests call every scenario with its own
+//!   [`LeaseBackend`] / [`RegistryBackend`].
+//! - throwaway servers (PostgreSQL, etcd) that tests start, stop, kill and pause.
+#![deny(missing_docs)]
+
+pub mod conformance;
+mod fixture;
+
+pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

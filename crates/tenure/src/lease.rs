@@ -1,0 +1,193 @@
+//! The lease store contract: one atomic step on store time per call.
+//!
+//! A lease is `(role, owner, fencing token, expires_at)`. [`LeaseStore`] is the trait
+//! every backend implements and every elector drives; the validation helpers here are
+//! the one place where the contract's input rules live, so every backend rejects the
+//! same bad input with the same message.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::{Error, FencingToken, Result};
+
+/// The longest role, owner or node id, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The answer to [`LeaseStore::try_acquire_or_renew`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseResult {
+    /// Whether the caller holds the lease after the call (acquired or renewed).
+    pub acquired: bool,
+    /// The token of the current term: the caller's when `acquired`, the holder's otherwise.
+    pub fencing_token: FencingToken,
+    /// When the current term ends unless renewed, on store time.
+    pub expires_at: SystemTime,
+    /// The owner holding the lease after the call.
+    pub holder: String,
+    /// The store time at which the call was decided.
+    pub now: SystemTime,
+}
+
+impl LeaseResult {
+    /// Time left in the current term as judged by the store at the call (`expires_at - now`).
+    pub fn remaining(&self) -> Duration {
+        self.expires_at
+            .duration_since(self.now)
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A read-only view of one role's lease, from [`LeaseStore::get`] and [`LeaseStore::list`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseInfo {
+    /// The role this lease is for.
+    pub role: String,
+    /// The owner of the latest term, or `None` once it was released.
+    pub holder: Option<String>,
+    /// The latest token handed out for this role (it survives release and expiry).
+    pub fencing_token: FencingToken,
+    /// When the latest term ends (or ended), on store time.
+    pub expires_at: SystemTime,
+    /// The store time at which this view was read.
+    pub now: SystemTime,
+}
+
+impl LeaseInfo {
+    /// The live holder, if any: set, not released, and `now < expires_at`.
+    pub fn live_holder(&self) -> Option<&str> {
+        match &self.holder {
+            Some(holder) if self.now < self.expires_at => Some(holder),
+            _ => None,
+        }
+    }
+
+    /// Time left in the current term at `now` (zero when expired or released).
+    pub fn remaining(&self) -> Duration {
+        if self.live_holder().is_none() {
+            return Duration::ZERO;
+        }
+        self.expires_at
+            .duration_since(self.now)
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A store of renewable, fenced leases, one per role.
+///
+/// Every call is one atomic step decided on *store time* (the injected clock for
+/// in-memory stores, the server's clock for shared ones):
+///
+/// 1. held by `owner` and live (`now < expires_at`): **renew**, `expires_at = now + ttl`,
+///    token unchanged;
+/// 2. free, released or expired (`now >= expires_at`), even when the expired holder is
+///    `owner` itself: **acquire** with token = previous + 1 (the first is 1);
+/// 3. otherwise **not acquired**, and the result describes the live holder.
+///
+/// Tokens are never handed out twice for a role: the counter survives release, expiry
+/// and (for durable backends) restarts.
+///
+/// The trait is object safe: the CLI picks a backend from a URL and holds an
+/// `Arc<dyn LeaseStore>`.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Renews the caller's live term, or starts a new one, or reports the live holder.
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult>;
+
+    /// Ends the term `(role, owner, token)` at once so a successor need not wait out the
+    /// TTL. Returns whether it did; releasing a term that is no longer live is a no-op
+    /// returning `false`.
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool>;
+
+    /// Reads a role's lease without changing it; `None` if the role never had one.
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>>;
+
+    /// Every role's lease, sorted by role.
+    async fn list(&self) -> Result<Vec<LeaseInfo>>;
+
+    /// Waits until the term `observed` of `role` has ended (released, or replaced by a
+    /// term with another token) or until `deadline`, whichever comes first.
+    ///
+    /// A backend that can push (a notification, a watch) returns as soon as the change
+    /// happens, so a released lease is taken over in one round trip rather than one
+    /// retry interval. It may return early spuriously; callers then just try again. It
+    /// must not return early in a loop when its push channel is broken: then it sleeps
+    /// to the deadline, as this default does.
+    async fn wait_for_change(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) {
+        let _ = (role, observed);
+        tokio::time::sleep_until(deadline).await;
+    }
+
+    /// The smallest TTL this backend can honour (etcd: one second).
+    fn min_ttl(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+}
+
+/// Checks a role, owner or node id: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL
+/// and no control characters.
+pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes long, at most {MAX_NAME_LEN} allowed",
+                value.len()
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain a NUL byte"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a TTL: at least `min` (and so never zero), and `now + ttl` representable.
+pub fn validate_ttl(ttl: Duration, min: Duration, now: SystemTime) -> Result<SystemTime> {
+    if ttl.is_zero() {
+        return Err(Error::invalid("ttl", "must be greater than zero"));
+    }
+    if ttl < min {
+        return Err(Error::invalid(
+            "ttl",
+            format!("{ttl:?} is below the store's minimum of {min:?}"),
+        ));
+    }
+    now.checked_add(ttl)
+        .ok_or_else(|| Error::invalid("ttl", format!("{ttl:?} is too large: now + ttl overflows")))
+}
+
+/// Checks the arguments of [`LeaseStore::try_acquire_or_renew`] and returns `now + ttl`.
+pub fn validate_acquire(
+    role: &str,
+    owner: &str,
+    ttl: Duration,
+    min_ttl: Duration,
+    now: SystemTime,
+) -> Result<SystemTime> {
+    validate_name("role", role)?;
+    validate_name("owner", owner)?;
+    validate_ttl(ttl, min_ttl, now)
+}
+
+/// Checks the arguments of [`LeaseStore::release`].
+pub fn validate_release(role: &str, owner: &str) -> Result<()> {
+    validate_name("role", role)?;
+    validate_name("owner", owner)
+}

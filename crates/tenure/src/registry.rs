@@ -1,0 +1,164 @@
+//! Heartbeat membership: which instances are live right now.
+//!
+//! A node is live while its last heartbeat is within the registry's TTL on store time
+//! (`now < last + ttl`). Membership is a hint, eventually consistent: use a lease, not
+//! the member list, to decide who may act.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::validate_name;
+use crate::{Error, Result};
+
+/// Free-form node metadata (address, version, zone): a small string map.
+pub type Metadata = BTreeMap<String, String>;
+
+/// At most this many metadata entries per node.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+/// At most this many bytes per metadata key.
+pub const MAX_METADATA_KEY_LEN: usize = 255;
+/// At most this many bytes per metadata value.
+pub const MAX_METADATA_VALUE_LEN: usize = 4096;
+
+/// One live member, from [`NodeRegistry::members`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeInfo {
+    /// The node's id.
+    pub node_id: String,
+    /// Store time of the node's last heartbeat.
+    pub last_heartbeat: SystemTime,
+    /// Store time of the first heartbeat of the node's current membership (a node that
+    /// lapsed or left and came back starts over).
+    pub first_seen: SystemTime,
+    /// What the node said about itself with its last [`NodeRegistry::heartbeat_with`].
+    pub metadata: Metadata,
+    /// Store time at which this view was read.
+    pub now: SystemTime,
+}
+
+impl NodeInfo {
+    /// How long ago the last heartbeat was, on store time.
+    pub fn heartbeat_age(&self) -> Duration {
+        self.now
+            .duration_since(self.last_heartbeat)
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A registry of nodes that prove they are alive by heartbeating.
+#[async_trait]
+pub trait NodeRegistry: Send + Sync + 'static {
+    /// Records that `node_id` is alive as of store now, keeping its metadata.
+    async fn heartbeat(&self, node_id: &str) -> Result<()>;
+
+    /// Records that `node_id` is alive as of store now and replaces its metadata.
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()>;
+
+    /// The ids of live nodes, sorted.
+    async fn live_nodes(&self) -> Result<Vec<String>>;
+
+    /// Live nodes with their heartbeat times and metadata, sorted by id.
+    async fn members(&self) -> Result<Vec<NodeInfo>>;
+
+    /// Removes `node_id` at once; returns whether it was a member.
+    async fn leave(&self, node_id: &str) -> Result<bool>;
+
+    /// The liveness TTL: a node is live for this long after a heartbeat.
+    fn ttl(&self) -> Duration;
+}
+
+/// Checks metadata against the size limits.
+pub fn validate_metadata(metadata: &Metadata) -> Result<()> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(Error::invalid(
+            "metadata",
+            format!(
+                "has {} entries, at most {MAX_METADATA_ENTRIES} allowed",
+                metadata.len()
+            ),
+        ));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > MAX_METADATA_KEY_LEN || key.contains('\0') {
+            return Err(Error::invalid(
+                "metadata",
+                format!("key {key:?} must be 1 to {MAX_METADATA_KEY_LEN} bytes without NUL"),
+            ));
+        }
+        if value.len() > MAX_METADATA_VALUE_LEN || value.contains('\0') {
+            return Err(Error::invalid(
+                "metadata",
+                format!(
+                    "value of {key:?} must be at most {MAX_METADATA_VALUE_LEN} bytes without NUL"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a heartbeat's arguments.
+pub fn validate_heartbeat(node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+    validate_name("node_id", node_id)?;
+    metadata.map_or(Ok(()), validate_metadata)
+}
+
+/// Heartbeats `node_id` every `interval` until `cancel` fires, then leaves.
+///
+/// Failed heartbeats are logged and retried on the next tick; they never end the loop.
+/// Pick `interval` well under the registry's TTL (a third of it is usual).
+pub async fn run_heartbeat(
+    registry: Arc<dyn NodeRegistry>,
+    node_id: String,
+    metadata: Metadata,
+    interval: Duration,
+    cancel: CancellationToken,
+) -> Result<()> {
+    validate_heartbeat(&node_id, Some(&metadata))?;
+    if interval.is_zero() {
+        return Err(Error::invalid("interval", "must be greater than zero"));
+    }
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = ticker.tick() => {
+                if let Err(error) = registry.heartbeat_with(&node_id, &metadata).await {
+                    tracing::warn!(node_id = %node_id, %error, "heartbeat failed; retrying next tick");
+                    metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
+                } else {
+                    metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
+                }
+            }
+        }
+    }
+    match registry.leave(&node_id).await {
+        Ok(_) => tracing::debug!(node_id = %node_id, "left membership"),
+        Err(error) => {
+            tracing::warn!(node_id = %node_id, %error, "leave failed; the node lapses after the ttl")
+        }
+    }
+    Ok(())
+}
+
+/// Spawns [`run_heartbeat`] on the current tokio runtime.
+pub fn spawn_heartbeat(
+    registry: Arc<dyn NodeRegistry>,
+    node_id: impl Into<String>,
+    metadata: Metadata,
+    interval: Duration,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<Result<()>> {
+    tokio::spawn(run_heartbeat(
+        registry,
+        node_id.into(),
+        metadata,
+        interval,
+        cancel,
+    ))
+}
