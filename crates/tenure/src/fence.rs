@@ -61,3 +61,30 @@ impl Fence {
         self.highest.lock().get(resource).copied()
     }
 }
+
+/// A fence kept by a store: the same compare-and-reject as [`Fence`], shared by every
+/// process that reaches the store (SQL backends keep it in a table).
+///
+/// The CLI's `tenure fence` and the demo admit tokens through this trait, whatever the
+/// backend.
+#[async_trait::async_trait]
+pub trait FenceStore: Send + Sync + 'static {
+    /// Admits `token` for `resource` if it is at least the highest admitted so far, and
+    /// records it; otherwise returns [`Error::Fenced`].
+    async fn admit(&self, resource: &str, token: FencingToken) -> Result<()>;
+
+    /// The highest token admitted for `resource`, if any.
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>>;
+}
+
+#[async_trait::async_trait]
+impl FenceStore for Fence {
+    async fn admit(&self, resource: &str, token: FencingToken) -> Result<()> {
+        Fence::admit(self, resource, token)
+    }
+
+    async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
+        crate::lease::validate_name("resource", resource)?;
+        Ok(Fence::highest(self, resource))
+    }
+}

@@ -149,10 +149,15 @@ pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
             ),
         ));
     }
-    if value.contains('\0') {
+    if value.as_bytes().contains(&0) {
         return Err(Error::invalid(field, "must not contain a NUL byte"));
     }
-    if value.chars().any(char::is_control) {
+    let has_control = if value.is_ascii() {
+        value.bytes().any(|b| b.is_ascii_control())
+    } else {
+        value.chars().any(char::is_control)
+    };
+    if has_control {
         return Err(Error::invalid(field, "must not contain control characters"));
     }
     Ok(())

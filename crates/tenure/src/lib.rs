@@ -75,7 +75,7 @@ pub use elector::{
     default_owner_id, ElectionState, LeaseLeaderElector, LeaseLeaderOptions, WorkOutcome,
 };
 pub use error::{BoxError, Error, Result};
-pub use fence::Fence;
+pub use fence::{Fence, FenceStore};
 pub use lease::{LeaseInfo, LeaseResult, LeaseStore};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use tokio::sync::Notify;
 
-use crate::lease::{validate_acquire, validate_name, validate_release};
+use crate::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
 use crate::{Clock, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SystemClock};
 
 const SHARDS: usize = 16;
@@ -124,8 +124,23 @@ impl InMemoryLeaseStore {
     /// allocating when the caller already holds the role.
     pub fn decide(&self, role: &str, owner: &str, ttl: Duration) -> Result<Decision> {
         let now = self.clock.now();
-        let expires_at = validate_acquire(role, owner, ttl, Duration::from_nanos(1), now)?;
+        let expires_at = validate_ttl(ttl, Duration::from_nanos(1), now)?;
         let mut shard = self.shard(role).lock();
+        // Renewal fast path: a stored role and holder were validated when they were
+        // stored, so a live holder equal to `owner` needs no further checks.
+        if let Some(slot) = shard.get_mut(role) {
+            if now < slot.expires_at && slot.holder.as_deref() == Some(owner) {
+                slot.expires_at = expires_at;
+                return Ok(Decision {
+                    acquired: true,
+                    fencing_token: slot.token,
+                    expires_at,
+                    now,
+                    other_holder: None,
+                });
+            }
+        }
+        validate_acquire(role, owner, ttl, Duration::from_nanos(1), now)?;
         let Some(slot) = shard.get_mut(role) else {
             shard.insert(
                 role.to_owned(),
