@@ -1,0 +1,348 @@
+//! [`SqliteLeaseStore`]: the lease contract on one row per role in a local file.
+//!
+//! Each call that writes is one `BEGIN IMMEDIATE` transaction: it takes the file's
+//! write lock, advances the persisted store time, reads the role's row and decides
+//! exactly as the in-memory reference store does. Rows are never deleted; release
+//! clears the holder and keeps the token, so the counter survives everything.
+
+use std::path::Path;
+
+use async_trait::async_trait;
+use sqlx::sqlite::SqliteConnection;
+use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use tokio::time::Instant;
+
+use crate::database::{
+    column, from_nanos, store_error, to_nanos, token_from_db, token_to_db, SqliteDatabase,
+    SqliteOptions,
+};
+use crate::BACKEND;
+
+/// The lease row of one role.
+struct LeaseRow {
+    holder: Option<String>,
+    token: i64,
+    expires_at: i64,
+}
+
+impl LeaseRow {
+    fn is_live_term(&self, token: i64, now: i64) -> bool {
+        self.holder.is_some() && self.token == token && now < self.expires_at
+    }
+}
+
+async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<LeaseRow>> {
+    let row = sqlx::query("SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1")
+        .bind(role)
+        .fetch_optional(conn)
+        .await
+        .map_err(store_error("cannot read the lease"))?;
+    row.map(|row| {
+        Ok(LeaseRow {
+            holder: column(&row, 0)?,
+            token: column(&row, 1)?,
+            expires_at: column(&row, 2)?,
+        })
+    })
+    .transpose()
+}
+
+/// Durable, fenced leases in a SQLite file, shared by every process on the host that
+/// opens the same file.
+///
+/// Store time is the host clock, never moving backwards (see [`SqliteDatabase`]).
+/// [`wait_for_change`](LeaseStore::wait_for_change) wakes at once for a release or
+/// takeover written through the same [`SqliteDatabase`], and within the polling
+/// interval (10 ms by default) for one written by another process.
+///
+/// # Examples
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tenure::LeaseStore;
+/// use tenure_sqlite::SqliteLeaseStore;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = SqliteLeaseStore::open(dir.path().join("leases.db")).await?;
+/// let lease = store.try_acquire_or_renew("reports", "node-a", Duration::from_secs(15)).await?;
+/// assert!(lease.acquired);
+/// assert_eq!(lease.fencing_token.get(), 1);
+/// assert!(store.release("reports", "node-a", lease.fencing_token).await?);
+/// let next = store.try_acquire_or_renew("reports", "node-b", Duration::from_secs(15)).await?;
+/// assert_eq!(next.fencing_token.get(), 2);
+/// # Ok::<(), tenure::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteLeaseStore {
+    db: SqliteDatabase,
+}
+
+impl SqliteLeaseStore {
+    /// A lease store over an opened database.
+    pub fn new(db: &SqliteDatabase) -> Self {
+        SqliteLeaseStore { db: db.clone() }
+    }
+
+    /// Opens the file at `path`; see [`SqliteDatabase::open`].
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Ok(Self::new(&SqliteDatabase::open(path).await?))
+    }
+
+    /// Opens the file at `path` with options (an injected clock, for instance).
+    pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
+        Ok(Self::new(&SqliteDatabase::open_with(path, options).await?))
+    }
+
+    /// A store over an existing pool; see [`SqliteDatabase::from_pool`].
+    pub async fn from_pool(pool: sqlx::SqlitePool) -> Result<Self> {
+        Ok(Self::new(&SqliteDatabase::from_pool(pool).await?))
+    }
+
+    /// A store over an existing pool with options.
+    pub async fn from_pool_with(pool: sqlx::SqlitePool, options: SqliteOptions) -> Result<Self> {
+        Ok(Self::new(
+            &SqliteDatabase::from_pool_with(pool, options).await?,
+        ))
+    }
+
+    /// The database this store writes to.
+    pub fn database(&self) -> &SqliteDatabase {
+        &self.db
+    }
+
+    /// Whether `(role, observed)` is still the live term, on store time.
+    async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT l.holder, l.token, l.expires_at, c.high_water \
+             FROM tenure_clock c LEFT JOIN tenure_leases l ON l.role = ?1 WHERE c.id = 0",
+        )
+        .bind(role)
+        .fetch_one(self.db.pool())
+        .await
+        .map_err(store_error("cannot read the lease"))?;
+        let token: Option<i64> = column(&row, 1)?;
+        let Some(token) = token else {
+            return Ok(false);
+        };
+        let holder: Option<String> = column(&row, 0)?;
+        let expires_at: i64 = column(&row, 2)?;
+        let high_water: i64 = column(&row, 3)?;
+        let now = self.db.read_now(high_water)?;
+        let current = LeaseRow {
+            holder,
+            token,
+            expires_at,
+        };
+        Ok(current.is_live_term(observed, now))
+    }
+
+    fn info_from(&self, row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<LeaseInfo> {
+        let role: String = column(row, 0)?;
+        let holder: Option<String> = column(row, 1)?;
+        let token: i64 = column(row, 2)?;
+        let expires_at: i64 = column(row, 3)?;
+        Ok(LeaseInfo {
+            role,
+            holder,
+            fencing_token: token_from_db(token)?,
+            expires_at: from_nanos(expires_at),
+            now: from_nanos(now),
+        })
+    }
+
+    async fn read_leases(&self, role: Option<&str>) -> Result<Vec<LeaseInfo>> {
+        // One statement, so the leases and the store clock come from one snapshot.
+        let rows = sqlx::query(
+            "SELECT l.role, l.holder, l.token, l.expires_at, c.high_water \
+             FROM tenure_leases l JOIN tenure_clock c ON c.id = 0 \
+             WHERE ?1 IS NULL OR l.role = ?1 ORDER BY l.role",
+        )
+        .bind(role)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(store_error("cannot read leases"))?;
+        let Some(first) = rows.first() else {
+            return Ok(Vec::new());
+        };
+        let high_water: i64 = column(first, 4)?;
+        let now = self.db.read_now(high_water)?;
+        rows.iter().map(|row| self.info_from(row, now)).collect()
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqliteLeaseStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseResult> {
+        // Bad input is refused before the store is touched.
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.clock_now())?;
+        let mut tx = self.db.begin_immediate().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let now_time = from_nanos(now);
+        let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
+        let expires_at = to_nanos(expires_time).map_err(|_| {
+            Error::invalid(
+                "ttl",
+                format!("{ttl:?} is too large: now + ttl is past the year 2262"),
+            )
+        })?;
+        let current = read_row(&mut tx, role).await?;
+        let (token, new_term) = match current {
+            None => {
+                sqlx::query(
+                    "INSERT INTO tenure_leases (role, holder, token, expires_at) \
+                     VALUES (?1, ?2, 1, ?3)",
+                )
+                .bind(role)
+                .bind(owner)
+                .bind(expires_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(store_error("cannot write the lease"))?;
+                (1, true)
+            }
+            Some(row) if now < row.expires_at && row.holder.as_deref() == Some(owner) => {
+                sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
+                    .bind(role)
+                    .bind(expires_at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error("cannot renew the lease"))?;
+                (row.token, false)
+            }
+            Some(LeaseRow {
+                holder: Some(holder),
+                token,
+                expires_at: held_until,
+            }) if now < held_until => {
+                // Not acquired: the transaction only advanced the store clock.
+                tx.commit()
+                    .await
+                    .map_err(store_error("cannot commit the lease check"))?;
+                return Ok(LeaseResult {
+                    acquired: false,
+                    fencing_token: token_from_db(token)?,
+                    expires_at: from_nanos(held_until),
+                    holder,
+                    now: now_time,
+                });
+            }
+            Some(row) => {
+                let next = row.token.checked_add(1).ok_or_else(|| {
+                    Error::store_msg(
+                        BACKEND,
+                        format!("the token counter of role {role:?} is exhausted"),
+                    )
+                })?;
+                sqlx::query(
+                    "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4 \
+                     WHERE role = ?1",
+                )
+                .bind(role)
+                .bind(owner)
+                .bind(next)
+                .bind(expires_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(store_error("cannot write the lease"))?;
+                (next, true)
+            }
+        };
+        tx.commit()
+            .await
+            .map_err(store_error("cannot commit the lease"))?;
+        if new_term {
+            self.db.signal_change(role);
+        }
+        Ok(LeaseResult {
+            acquired: true,
+            fencing_token: token_from_db(token)?,
+            expires_at: expires_time,
+            holder: owner.to_owned(),
+            now: now_time,
+        })
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        validate_release(role, owner)?;
+        let Ok(token) = token_to_db(token) else {
+            // No such token was ever handed out, so it is not the live term.
+            return Ok(false);
+        };
+        let mut tx = self.db.begin_immediate().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let released = match read_row(&mut tx, role).await? {
+            Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
+                sqlx::query(
+                    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2 WHERE role = ?1",
+                )
+                .bind(role)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(store_error("cannot release the lease"))?;
+                true
+            }
+            _ => false,
+        };
+        tx.commit()
+            .await
+            .map_err(store_error("cannot commit the release"))?;
+        if released {
+            self.db.signal_change(role);
+        }
+        Ok(released)
+    }
+
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        validate_name("role", role)?;
+        Ok(self.read_leases(Some(role)).await?.pop())
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.read_leases(None).await
+    }
+
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        let Ok(observed) = token_to_db(observed) else {
+            return;
+        };
+        let signal = self.db.change_signal(role);
+        let poll = self.db.poll_interval();
+        loop {
+            let notified = signal.notified();
+            tokio::pin!(notified);
+            // Subscribe before reading, so a change between the read and the wait wakes us.
+            notified.as_mut().enable();
+            match tokio::time::timeout_at(deadline, self.is_live_term(role, observed)).await {
+                Ok(Ok(false)) => return,
+                Ok(Ok(true)) => {}
+                // A failing store is not a change: keep polling until the deadline
+                // rather than returning early in a loop.
+                Ok(Err(error)) => {
+                    tracing::debug!(role, %error, "cannot poll the lease; retrying");
+                }
+                Err(_) => return,
+            }
+            let next = (Instant::now() + poll).min(deadline);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! [`SqliteNodeRegistry`]: heartbeat membership in the same file as the leases.
+//!
+//! One row per node: last heartbeat, first seen of its current membership, metadata as
+//! JSON text. Heartbeats are write transactions on the shared, never-decreasing store
+//! time; reads filter by liveness and never write.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure::lease::validate_name;
+use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
+use tenure::{Error, NodeRegistry, Result};
+
+use crate::database::{column, from_nanos, store_error, SqliteDatabase, SqliteOptions};
+use crate::BACKEND;
+
+/// Rows of nodes that lapsed this long ago are deleted by later heartbeats, so ids of
+/// past process incarnations do not pile up. Generous, because another registry on the
+/// same file may use a longer liveness TTL.
+const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+fn nanos(duration: Duration) -> i128 {
+    i128::try_from(duration.as_nanos()).unwrap_or(i128::MAX)
+}
+
+/// `now < last + ttl`, exactly, without overflow.
+fn is_live(last: i64, ttl: Duration, now: i64) -> bool {
+    i128::from(now) < i128::from(last).saturating_add(nanos(ttl))
+}
+
+/// The smallest `last_heartbeat` that is still live at `now`, as a bound for SQL
+/// (`last_heartbeat > bound`).
+fn live_bound(now: i64, ttl: Duration) -> i64 {
+    let bound = i128::from(now).saturating_sub(nanos(ttl));
+    i64::try_from(bound.max(i128::from(i64::MIN))).unwrap_or(i64::MIN)
+}
+
+/// Heartbeat membership kept in a SQLite file, shared by every process on the host
+/// that opens it.
+///
+/// A node is live while `now < last_heartbeat + ttl` on store time; `ttl` belongs to
+/// this registry value, so processes sharing a file should agree on it.
+///
+/// # Examples
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tenure::{Metadata, NodeRegistry};
+/// use tenure_sqlite::SqliteNodeRegistry;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let registry = SqliteNodeRegistry::open(dir.path().join("nodes.db"), Duration::from_secs(10)).await?;
+/// let mut metadata = Metadata::new();
+/// metadata.insert("addr".into(), "10.0.0.7:8080".into());
+/// registry.heartbeat_with("node-a", &metadata).await?;
+/// assert_eq!(registry.live_nodes().await?, ["node-a"]);
+/// # Ok::<(), tenure::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteNodeRegistry {
+    db: SqliteDatabase,
+    ttl: Duration,
+}
+
+impl SqliteNodeRegistry {
+    /// A registry over an opened database where a node is live for `ttl` after a
+    /// heartbeat; `ttl == 0` is [`Error::InvalidArgument`].
+    pub fn new(db: &SqliteDatabase, ttl: Duration) -> Result<Self> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("ttl", "must be greater than zero"));
+        }
+        Ok(SqliteNodeRegistry {
+            db: db.clone(),
+            ttl,
+        })
+    }
+
+    /// Opens the file at `path` (see [`SqliteDatabase::open`]) as a registry.
+    pub async fn open(path: impl AsRef<Path>, ttl: Duration) -> Result<Self> {
+        Self::open_with(path, ttl, SqliteOptions::default()).await
+    }
+
+    /// Opens the file at `path` with options (an injected clock, for instance).
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        ttl: Duration,
+        options: SqliteOptions,
+    ) -> Result<Self> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("ttl", "must be greater than zero"));
+        }
+        Self::new(&SqliteDatabase::open_with(path, options).await?, ttl)
+    }
+
+    /// The database this registry writes to.
+    pub fn database(&self) -> &SqliteDatabase {
+        &self.db
+    }
+
+    async fn record(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        validate_heartbeat(node_id, metadata)?;
+        let metadata_json = metadata
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
+        let mut tx = self.db.begin_immediate().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let current = sqlx::query(
+            "SELECT last_heartbeat, first_seen, metadata FROM tenure_nodes WHERE node_id = ?1",
+        )
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(store_error("cannot read the node"))?;
+        let (last, first_seen, kept_metadata) = match current {
+            Some(row) => {
+                let last: i64 = column(&row, 0)?;
+                let first: i64 = column(&row, 1)?;
+                let kept: String = column(&row, 2)?;
+                // A node that lapsed starts a new membership.
+                let first = if is_live(last, self.ttl, now) {
+                    first
+                } else {
+                    now
+                };
+                (last.max(now), first, kept)
+            }
+            None => (now, now, "{}".to_owned()),
+        };
+        sqlx::query(
+            "INSERT INTO tenure_nodes (node_id, last_heartbeat, first_seen, metadata) \
+             VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (node_id) DO UPDATE SET last_heartbeat = excluded.last_heartbeat, \
+             first_seen = excluded.first_seen, metadata = excluded.metadata",
+        )
+        .bind(node_id)
+        .bind(last)
+        .bind(first_seen)
+        .bind(metadata_json.unwrap_or(kept_metadata))
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error("cannot record the heartbeat"))?;
+        let forget = live_bound(now, self.ttl.saturating_add(FORGET_AFTER));
+        sqlx::query("DELETE FROM tenure_nodes WHERE last_heartbeat <= ?1")
+            .bind(forget)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error("cannot forget long-lapsed nodes"))?;
+        tx.commit()
+            .await
+            .map_err(store_error("cannot commit the heartbeat"))
+    }
+
+    /// The live rows, sorted by id, and the store time they were judged at.
+    async fn live_rows(&self, with_details: bool) -> Result<(Vec<sqlx::sqlite::SqliteRow>, i64)> {
+        let high_water: i64 =
+            sqlx::query_scalar("SELECT high_water FROM tenure_clock WHERE id = 0")
+                .fetch_one(self.db.pool())
+                .await
+                .map_err(store_error("cannot read the store clock"))?;
+        let now = self.db.read_now(high_water)?;
+        let sql = if with_details {
+            "SELECT node_id, last_heartbeat, first_seen, metadata FROM tenure_nodes \
+             WHERE last_heartbeat > ?1 ORDER BY node_id"
+        } else {
+            "SELECT node_id FROM tenure_nodes WHERE last_heartbeat > ?1 ORDER BY node_id"
+        };
+        let rows = sqlx::query(sql)
+            .bind(live_bound(now, self.ttl))
+            .fetch_all(self.db.pool())
+            .await
+            .map_err(store_error("cannot read nodes"))?;
+        Ok((rows, now))
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for SqliteNodeRegistry {
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.record(node_id, None).await
+    }
+
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.record(node_id, Some(metadata)).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        let (rows, _) = self.live_rows(false).await?;
+        rows.iter().map(|row| column(row, 0)).collect()
+    }
+
+    async fn members(&self) -> Result<Vec<NodeInfo>> {
+        let (rows, now) = self.live_rows(true).await?;
+        rows.iter()
+            .map(|row| {
+                let node_id: String = column(row, 0)?;
+                let last: i64 = column(row, 1)?;
+                let first: i64 = column(row, 2)?;
+                let metadata: String = column(row, 3)?;
+                let metadata: Metadata = serde_json::from_str(&metadata).map_err(|e| {
+                    Error::store(BACKEND, format!("corrupt metadata of node {node_id:?}"), e)
+                })?;
+                Ok(NodeInfo {
+                    node_id,
+                    last_heartbeat: from_nanos(last),
+                    first_seen: from_nanos(first),
+                    metadata,
+                    now: from_nanos(now),
+                })
+            })
+            .collect()
+    }
+
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        validate_name("node_id", node_id)?;
+        let mut tx = self.db.begin_immediate().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let last: Option<i64> = sqlx::query_scalar(
+            "DELETE FROM tenure_nodes WHERE node_id = ?1 RETURNING last_heartbeat",
+        )
+        .bind(node_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(store_error("cannot remove the node"))?;
+        tx.commit()
+            .await
+            .map_err(store_error("cannot commit the leave"))?;
+        Ok(last.is_some_and(|last| is_live(last, self.ttl, now)))
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_arithmetic_is_exact_and_saturates() {
+        let ttl = Duration::from_nanos(10);
+        assert!(is_live(100, ttl, 109));
+        assert!(!is_live(100, ttl, 110));
+        assert_eq!(live_bound(110, ttl), 100);
+        assert!(is_live(i64::MAX, Duration::MAX, i64::MAX));
+        assert_eq!(live_bound(i64::MIN + 5, ttl), i64::MIN);
+        assert_eq!(live_bound(0, Duration::MAX), i64::MIN);
+    }
+}

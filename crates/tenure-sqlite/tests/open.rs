@@ -1,0 +1,263 @@
+//! Opening a database file: permissions, WAL, schema, urls, and every wrong path.
+//!
+//! A wrong path must be an error that names the path and the problem, and must leave
+//! the file system as it was: no new file, no byte written to somebody else's file.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use tenure::{Error, LeaseStore};
+use tenure_sqlite::{connect, SqliteDatabase, SqliteLeaseStore};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The `reason` of an `InvalidArgument` for `path`, or a panic describing what came back.
+fn path_error<T: std::fmt::Debug>(result: tenure::Result<T>) -> String {
+    match result {
+        Err(Error::InvalidArgument {
+            field: "path",
+            reason,
+        }) => reason,
+        other => panic!("expected an invalid path error, got {other:?}"),
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A new file is created with mode 0600, in WAL mode, and its WAL file inherits the mode.
+#[tokio::test]
+async fn new_file_is_private_and_in_wal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.db");
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    let lease = db
+        .lease_store()
+        .try_acquire_or_renew("r", "a", TTL)
+        .await
+        .unwrap();
+    assert!(lease.acquired);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "database file mode is {mode:o}");
+    let wal = dir.path().join("tenure.db-wal");
+    let wal_mode = std::fs::metadata(&wal).unwrap().permissions().mode() & 0o777;
+    assert_eq!(wal_mode, 0o600, "wal file mode is {wal_mode:o}");
+    let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(journal, "wal");
+}
+
+/// A missing parent directory is an error naming it; nothing is created.
+#[tokio::test]
+async fn missing_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nowhere").join("tenure.db");
+    let reason = path_error(SqliteDatabase::open(&path).await);
+    assert!(reason.contains(&path.display().to_string()), "{reason}");
+    assert!(reason.contains("does not exist"), "{reason}");
+    assert!(entries(dir.path()).is_empty(), "nothing may be created");
+}
+
+/// A directory given as the database path is an error.
+#[tokio::test]
+async fn directory_path_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let reason = path_error(SqliteDatabase::open(dir.path()).await);
+    assert!(reason.contains("is a directory"), "{reason}");
+    assert!(
+        reason.contains(&dir.path().display().to_string()),
+        "{reason}"
+    );
+    assert!(entries(dir.path()).is_empty(), "nothing may be created");
+}
+
+/// A file with other content is refused without a single byte written, and no WAL or
+/// shared-memory file appears beside it.
+#[tokio::test]
+async fn foreign_file_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    let content: Vec<u8> = b"these are my notes, not a database\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(10_000)
+        .collect();
+    std::fs::write(&path, &content).unwrap();
+    let reason = path_error(SqliteLeaseStore::open(&path).await);
+    assert!(reason.contains("not a SQLite database"), "{reason}");
+    assert!(reason.contains(&path.display().to_string()), "{reason}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        content,
+        "the file was changed"
+    );
+    assert_eq!(entries(dir.path()), ["notes.txt"]);
+    // Short files too (shorter than the SQLite header).
+    std::fs::write(&path, b"hi").unwrap();
+    path_error(SqliteLeaseStore::open(&path).await);
+    assert_eq!(std::fs::read(&path).unwrap(), b"hi");
+}
+
+/// A read-only database file is refused by its mode bits (so even root is told), and
+/// left unchanged.
+#[tokio::test]
+async fn read_only_file_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.db");
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    db.lease_store()
+        .try_acquire_or_renew("r", "a", TTL)
+        .await
+        .unwrap();
+    db.pool().close().await;
+    drop(db);
+    // The last connection checkpoints the WAL into the file and deletes it, on SQLite's
+    // worker thread, possibly after `close` returned: wait for that before taking bytes.
+    let wal = dir.path().join("tenure.db-wal");
+    let waited = std::time::Instant::now();
+    while wal.exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the wal file stays"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let reason = path_error(SqliteDatabase::open(&path).await);
+    assert!(reason.contains("read-only"), "{reason}");
+    assert!(reason.contains(&path.display().to_string()), "{reason}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o400
+    );
+}
+
+/// An existing database of another application gains tenure's tables and keeps its own.
+#[tokio::test]
+async fn existing_database_keeps_its_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO orders (item) VALUES ('tea')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    let lease = db
+        .lease_store()
+        .try_acquire_or_renew("r", "a", TTL)
+        .await
+        .unwrap();
+    assert_eq!(lease.fencing_token.get(), 1);
+    let item: String = sqlx::query_scalar("SELECT item FROM orders")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(item, "tea");
+}
+
+/// A pool made elsewhere works too: the schema is created on it.
+#[tokio::test]
+async fn from_pool_creates_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("pool.db"))
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let store = SqliteLeaseStore::from_pool(pool.clone()).await.unwrap();
+    let a = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    assert!(a.acquired);
+    // Idempotent: a second store on the same pool sees the same lease.
+    let again = SqliteLeaseStore::from_pool(pool).await.unwrap();
+    let info = again.get("r").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("a"));
+}
+
+/// Many pools opening one new file at once all succeed on one schema and one counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_opens_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let opens: Vec<_> = (0..8)
+        .map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move { SqliteLeaseStore::open(path).await })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for open in opens {
+        stores.push(open.await.unwrap().unwrap());
+    }
+    let mut tokens = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let owner = format!("node-{i}");
+        let lease = store.try_acquire_or_renew("r", &owner, TTL).await.unwrap();
+        assert!(lease.acquired, "{owner} after a release must acquire");
+        tokens.push(lease.fencing_token.get());
+        assert!(store
+            .release("r", &owner, lease.fencing_token)
+            .await
+            .unwrap());
+    }
+    assert_eq!(tokens, (1..=8).collect::<Vec<u64>>());
+}
+
+/// `connect` takes `sqlite:PATH` and `sqlite://PATH`; a bad url is an error that does
+/// not repeat the url.
+#[tokio::test]
+async fn connect_parses_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("url.db");
+    let a = connect(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    let lease = a
+        .lease_store()
+        .try_acquire_or_renew("r", "a", TTL)
+        .await
+        .unwrap();
+    let b = connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let info = b.lease_store().get("r").await.unwrap().unwrap();
+    assert_eq!(
+        info.fencing_token, lease.fencing_token,
+        "one file, two urls"
+    );
+    assert_eq!(b.path(), Some(path.as_path()));
+
+    let secret_url = "postgres://admin:hunter2@db.example/tenure";
+    match connect(secret_url).await {
+        Err(error @ Error::InvalidArgument { field: "url", .. }) => {
+            let shown = error.to_string();
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("sqlite:"), "says what is expected: {shown}");
+        }
+        other => panic!("expected an invalid url, got {other:?}"),
+    }
+    let missing = dir.path().join("no-such-dir").join("x.db");
+    let reason = path_error(connect(&format!("sqlite:{}", missing.display())).await);
+    assert!(reason.contains("does not exist"), "{reason}");
+}

@@ -1,0 +1,472 @@
+//! Behaviour beyond the shared suite: monotonic store time, waking waiters, fenced
+//! transactions, and the elector over a SQLite file.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tenure::{
+    Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore,
+    ManualClock, NodeRegistry,
+};
+use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteOptions};
+use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+async fn open_at(path: &std::path::Path, clock: &ManualClock) -> SqliteDatabase {
+    SqliteDatabase::open_with(path, SqliteOptions::new().with_clock(clock.clone()))
+        .await
+        .unwrap()
+}
+
+/// Setup: a lease taken at t0 with a 10 s TTL; the clock moves to t0+10 s and a write
+/// records that time; then the wall clock steps back to t0+5 s and the file is reopened.
+/// The expired term must not come back to life (its holder gets a new token, its old
+/// token cannot be released) and must not look live to anyone else (who may take it).
+#[tokio::test]
+async fn clock_step_back_neither_revives_nor_extends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clock.db");
+    let clock = ManualClock::new(t0());
+    let db = open_at(&path, &clock).await;
+    let store = db.lease_store();
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert_eq!(a.expires_at, t0() + TTL);
+
+    tracing::info!("--- time passes the expiry and a write sees it");
+    clock.advance(TTL);
+    let other = store
+        .try_acquire_or_renew("other-role", "node-x", TTL)
+        .await
+        .unwrap();
+    assert_eq!(other.now, t0() + TTL);
+
+    tracing::info!("--- the wall clock steps back; a new process opens the file");
+    clock.set(t0() + secs(5));
+    let reopened = open_at(&path, &clock).await.lease_store();
+    let info = reopened.get("r").await.unwrap().unwrap();
+    assert_eq!(info.now, t0() + TTL, "reads use the persisted store time");
+    assert_eq!(info.live_holder(), None, "the expired term stays expired");
+    assert!(
+        !reopened
+            .release("r", "node-a", a.fencing_token)
+            .await
+            .unwrap(),
+        "an expired term cannot be released as if live"
+    );
+    // Without the persisted time, b would be refused until t0+10 s: the lease extended.
+    let b = reopened
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(b.acquired, "the lease is free on store time: {b:?}");
+    assert_eq!(b.fencing_token.get(), 2);
+    assert_eq!(b.now, t0() + TTL);
+    assert_eq!(b.expires_at, t0() + TTL + TTL);
+
+    tracing::info!("--- the old holder cannot revive its term either");
+    clock.set(t0() + secs(1));
+    let late = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(!late.acquired);
+    assert_eq!(late.holder, "node-b");
+    assert!(
+        late.now >= t0() + TTL,
+        "store time never went back: {late:?}"
+    );
+
+    tracing::info!("--- b's own lapse cannot be resumed after another step back");
+    clock.set(t0() + TTL + TTL);
+    let c = store
+        .try_acquire_or_renew("r2", "node-c", TTL)
+        .await
+        .unwrap();
+    assert_eq!(c.now, t0() + TTL + TTL);
+    clock.set(t0() + TTL);
+    let again = reopened
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(again.acquired);
+    assert_eq!(
+        again.fencing_token.get(),
+        3,
+        "a lapsed term is a new term, even for its own holder"
+    );
+}
+
+/// Heartbeat times follow the same never-decreasing store time.
+#[tokio::test]
+async fn registry_time_never_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(t0());
+    let db = open_at(&dir.path().join("nodes.db"), &clock).await;
+    let registry = db.node_registry(secs(10)).unwrap();
+    clock.advance(secs(20));
+    registry.heartbeat("node-a").await.unwrap();
+    clock.set(t0());
+    registry.heartbeat("node-b").await.unwrap();
+    let members = registry.members().await.unwrap();
+    assert_eq!(members.len(), 2);
+    for member in members {
+        assert_eq!(member.last_heartbeat, t0() + secs(20), "{member:?}");
+        assert_eq!(member.now, t0() + secs(20));
+    }
+}
+
+/// A waiter on the same database is woken by the release itself, not by polling: with
+/// a 30 s polling interval it still returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_in_process_wakes_waiter_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteOptions::new().poll_interval(secs(30));
+    let db = SqliteDatabase::open_with(dir.path().join("w.db"), options)
+        .await
+        .unwrap();
+    let store = Arc::new(db.lease_store());
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    let waiter = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .wait_for_change("r", a.fencing_token, Instant::now() + secs(60))
+                .await;
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    let woke_at = timeout(secs(5), waiter)
+        .await
+        .expect("waiter must wake on release")
+        .unwrap();
+    let delay = woke_at.saturating_duration_since(released_at);
+    assert!(delay < secs(2), "woke {delay:?} after the release");
+}
+
+/// A waiter on another database instance (another process, in effect) sees the
+/// release by polling, well before its deadline; renewals do not wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_elsewhere_is_seen_by_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let waiter_db = SqliteDatabase::open(&path).await.unwrap();
+    let writer = SqliteDatabase::open(&path).await.unwrap().lease_store();
+    let a = writer
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    let store = Arc::new(waiter_db.lease_store());
+    // A renewal is not a change of term: the waiter keeps waiting.
+    let short = Instant::now() + Duration::from_millis(300);
+    let renewing = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer
+            .try_acquire_or_renew("r", "node-a", TTL)
+            .await
+            .unwrap()
+    };
+    let (_, renewed) = tokio::join!(store.wait_for_change("r", a.fencing_token, short), renewing);
+    assert!(renewed.acquired);
+    assert!(Instant::now() >= short, "a renewal must not end the wait");
+
+    let waiter = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .wait_for_change("r", a.fencing_token, Instant::now() + secs(60))
+                .await;
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    assert!(writer
+        .release("r", "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let woke_at = timeout(secs(10), waiter)
+        .await
+        .expect("waiter must see the release")
+        .unwrap();
+    let delay = woke_at.saturating_duration_since(released_at);
+    assert!(delay < secs(2), "saw the release {delay:?} late");
+}
+
+async fn ledger(db: &SqliteDatabase) -> Vec<String> {
+    sqlx::query_scalar("SELECT entry FROM ledger ORDER BY rowid")
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
+async fn ledger_db() -> (tempfile::TempDir, SqliteDatabase) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(dir.path().join("ledger.db"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE ledger (entry TEXT NOT NULL)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    (dir, db)
+}
+
+fn token(n: u64) -> FencingToken {
+    FencingToken::from(n)
+}
+
+/// A fresh token's transaction commits its write; a stale token's transaction is
+/// refused with `Fenced` and none of its writes (made before or after) survive.
+#[tokio::test]
+async fn fenced_transaction_commits_only_under_a_current_token() {
+    let (_dir, db) = ledger_db().await;
+    let mut tx = db.begin_immediate().await.unwrap();
+    fence_in_transaction(&mut tx, "ledger", token(2))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO ledger VALUES ('fresh')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // The same term writes again: an equal token is admitted.
+    let mut tx = db.begin_immediate().await.unwrap();
+    fence_in_transaction(&mut tx, "ledger", token(2))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO ledger VALUES ('fresh again')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut stale = db.begin_immediate().await.unwrap();
+    sqlx::query("INSERT INTO ledger VALUES ('stale')")
+        .execute(&mut *stale)
+        .await
+        .unwrap();
+    match fence_in_transaction(&mut stale, "ledger", token(1)).await {
+        Err(Error::Fenced { presented, highest }) => {
+            assert_eq!((presented, highest), (token(1), token(2)));
+        }
+        other => panic!("a stale token must be fenced, got {other:?}"),
+    }
+    drop(stale); // what a caller does with `?`: the transaction rolls back
+    assert_eq!(ledger(&db).await, ["fresh", "fresh again"]);
+    assert_eq!(db.fence().highest("ledger").await.unwrap(), Some(token(2)));
+    // Resources are independent.
+    assert_eq!(db.fence().highest("other").await.unwrap(), None);
+}
+
+/// A fresh writer holds its transaction open while a stale writer tries: the stale one
+/// waits for the write lock, then is refused; only the fresh write is in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_and_fresh_writers_serialise() {
+    let (_dir, db) = ledger_db().await;
+    db.fence().admit("ledger", token(1)).await.unwrap();
+
+    let mut fresh = db.begin_immediate().await.unwrap();
+    fence_in_transaction(&mut fresh, "ledger", token(2))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO ledger VALUES ('fresh')")
+        .execute(&mut *fresh)
+        .await
+        .unwrap();
+
+    let stale_db = db.clone();
+    let stale = tokio::spawn(async move {
+        // A separate connection, as another process would have.
+        let mut tx = stale_db.begin_immediate().await?;
+        fence_in_transaction(&mut tx, "ledger", token(1)).await?;
+        sqlx::query("INSERT INTO ledger VALUES ('stale')")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Error::store("sqlite", "insert", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| Error::store("sqlite", "commit", e))
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !stale.is_finished(),
+        "the stale writer must wait for the lock"
+    );
+    fresh.commit().await.unwrap();
+
+    let outcome = timeout(secs(10), stale).await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, Err(Error::Fenced { presented, highest })
+            if presented == token(1) && highest == token(2)),
+        "stale writer after the fresh commit: {outcome:?}"
+    );
+    assert_eq!(ledger(&db).await, ["fresh"]);
+}
+
+/// The `FenceStore` view: admit, refuse, report, and reject bad input.
+#[tokio::test]
+async fn fence_store_admits_and_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = SqliteDatabase::open(dir.path().join("f.db")).await.unwrap();
+    let fence: Arc<dyn FenceStore> = Arc::new(db.fence());
+    assert_eq!(fence.highest("res").await.unwrap(), None);
+    fence.admit("res", token(5)).await.unwrap();
+    fence.admit("res", token(5)).await.unwrap();
+    assert!(matches!(
+        fence.admit("res", token(4)).await,
+        Err(Error::Fenced { presented, highest }) if presented == token(4) && highest == token(5)
+    ));
+    fence.admit("res", token(9)).await.unwrap();
+    assert_eq!(fence.highest("res").await.unwrap(), Some(token(9)));
+    // Durable: another open of the file sees it.
+    let again = SqliteDatabase::open(dir.path().join("f.db")).await.unwrap();
+    assert_eq!(again.fence().highest("res").await.unwrap(), Some(token(9)));
+    assert!(matches!(
+        fence.admit("", token(1)).await,
+        Err(Error::InvalidArgument {
+            field: "resource",
+            ..
+        })
+    ));
+    assert!(matches!(
+        fence.admit("res", token(u64::MAX)).await,
+        Err(Error::InvalidArgument { field: "token", .. })
+    ));
+    assert_eq!(fence.highest("res").await.unwrap(), Some(token(9)));
+}
+
+/// One term of work as the work saw it.
+#[derive(Clone, Debug)]
+struct Term {
+    elector: &'static str,
+    token: FencingToken,
+    start: Instant,
+    end: Instant,
+}
+
+/// Setup: two electors on two opens of one file (retry interval 60 s, TTL 10 s), each
+/// doing 300 ms of work and returning. They never run work at the same time, and when
+/// the first returns (and releases) the second takes over well under a second later:
+/// by seeing the release, not by its retry timer or the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn electors_hand_over_on_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("elect.db");
+    let running = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicBool::new(false));
+    let terms: Arc<Mutex<Vec<Term>>> = Arc::default();
+
+    let mut runs = Vec::new();
+    for name in ["elector-a", "elector-b"] {
+        let store = Arc::new(SqliteDatabase::open(&path).await.unwrap().lease_store());
+        let elector = LeaseLeaderElector::new(
+            store,
+            LeaseLeaderOptions {
+                owner_id: name.to_owned(),
+                lease_ttl: TTL,
+                renew_interval: secs(3),
+                retry_interval: secs(60),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let (running, overlaps, terms) = (running.clone(), overlaps.clone(), terms.clone());
+        runs.push(tokio::spawn(async move {
+            elector
+                .run(
+                    "singleton",
+                    move |token, leadership: CancellationToken| {
+                        let (running, overlaps, terms) =
+                            (running.clone(), overlaps.clone(), terms.clone());
+                        async move {
+                            let start = Instant::now();
+                            if running.swap(true, Ordering::SeqCst) {
+                                overlaps.store(true, Ordering::SeqCst);
+                            }
+                            tokio::select! {
+                                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                                _ = leadership.cancelled() => {}
+                            }
+                            running.store(false, Ordering::SeqCst);
+                            terms.lock().push(Term {
+                                elector: name,
+                                token,
+                                start,
+                                end: Instant::now(),
+                            });
+                            Ok::<(), Error>(())
+                        }
+                    },
+                    CancellationToken::new(),
+                )
+                .await
+        }));
+    }
+    for run in runs {
+        timeout(secs(30), run)
+            .await
+            .expect("both electors finish their work")
+            .unwrap()
+            .unwrap();
+    }
+    assert!(!overlaps.load(Ordering::SeqCst), "work ran twice at once");
+    let terms = terms.lock().clone();
+    assert_eq!(terms.len(), 2, "{terms:?}");
+    let (first, second) = (&terms[0], &terms[1]);
+    assert_ne!(first.elector, second.elector, "each elector leads once");
+    assert!(
+        second.token > first.token,
+        "the second term has a higher token"
+    );
+    assert!(second.start >= first.end, "terms do not overlap: {terms:?}");
+    let handover = second.start.duration_since(first.end);
+    assert!(
+        handover < secs(1),
+        "takeover took {handover:?} after release (retry interval 60 s, ttl 10 s)"
+    );
+}
+
+/// A TTL that SystemTime can represent but the file's nanosecond INTEGERs cannot (past
+/// the year 2262) is `InvalidArgument` for `ttl`, and creates nothing.
+#[tokio::test]
+async fn ttl_past_the_representable_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteDatabase::open(dir.path().join("t.db"))
+        .await
+        .unwrap()
+        .lease_store();
+    let centuries = Duration::from_secs(300 * 365 * 86_400);
+    assert!(matches!(
+        store.try_acquire_or_renew("r", "a", centuries).await,
+        Err(Error::InvalidArgument { field: "ttl", .. })
+    ));
+    assert!(matches!(
+        store
+            .try_acquire_or_renew("r", "a", Duration::from_micros(999))
+            .await,
+        Err(Error::InvalidArgument { field: "ttl", .. })
+    ));
+    assert!(store.list().await.unwrap().is_empty());
+}
