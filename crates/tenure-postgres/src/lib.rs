@@ -1,1 +1,259 @@
-//! The postgres backend for tenure (in progress).
+//! # tenure-postgres: durable shared leases, membership and fenced transactions
+//!
+//! The PostgreSQL backend of [tenure](tenure): leadership across machines with the
+//! database clock as the single arbiter.
+//!
+//! - [`PgLeaseStore`]: the [`LeaseStore`](tenure::LeaseStore) contract, one autocommit
+//!   statement per operation, expiry on `statement_timestamp()`, push-based takeover
+//!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter).
+//! - [`PgNodeRegistry`]: heartbeat membership on database time, metadata as `jsonb`.
+//! - [`PgFence`]: fenced transactions inside the caller's own transaction, and the
+//!   [`FenceStore`](tenure::FenceStore) the CLI uses.
+//! - [`AdvisoryLockElector`]: the connection-bound elector (a session advisory lock),
+//!   simpler but blind to a stalled leader.
+//!
+//! Everything runs over the caller's own [`sqlx::PgPool`]; [`connect`] builds one from a
+//! `postgres://` URL for the CLI.
+//!
+//! ## Automated: the elector over a PostgreSQL lease
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), tenure::Error> {
+//! use std::sync::Arc;
+//! use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
+//! use tenure_postgres::{PgLeaseStore, Schema};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let store = PgLeaseStore::new(pool, Schema::default());
+//! store.migrate().await?;
+//! let elector = LeaseLeaderElector::new(Arc::new(store), LeaseLeaderOptions::default())?;
+//! elector
+//!     .run("reports", |token, leadership| async move {
+//!         // ... work stamped with `token`, stopping when `leadership` is cancelled ...
+//!         leadership.cancelled().await;
+//!     }, CancellationToken::new())
+//!     .await
+//! # }
+//! ```
+//!
+//! ## Manual: the raw store and a fenced transaction
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tenure::LeaseStore;
+//! use tenure_postgres::{PgFence, PgLeaseStore, Schema};
+//!
+//! let store = PgLeaseStore::new(pool.clone(), Schema::default());
+//! let fence = PgFence::new(pool.clone(), Schema::default());
+//! let lease = store.try_acquire_or_renew("reports", "node-a", Duration::from_secs(15)).await?;
+//! if lease.acquired {
+//!     let mut tx = pool.begin().await?;
+//!     fence.fence_in_transaction(&mut tx, "report-table", lease.fencing_token).await?;
+//!     sqlx::query("UPDATE reports SET done = true").execute(&mut *tx).await?;
+//!     tx.commit().await?;
+//!     store.release("reports", "node-a", lease.fencing_token).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Requirements
+//!
+//! - **Durability.** Tokens are only as durable as the commit: keep
+//!   `synchronous_commit = on` (the default) for the role tenure uses, and synchronous
+//!   replication if the database can fail over to a replica; otherwise a crash or
+//!   failover can forget a handed-out token and hand it out again.
+//! - **Isolation.** tenure's statements run at READ COMMITTED (the default). Fenced
+//!   transactions refuse REPEATABLE READ and SERIALIZABLE.
+//! - **Privileges.** [`migrate`] needs `CREATE` on the database (or an existing schema
+//!   the role may create tables in). At run time the role needs `SELECT, INSERT, UPDATE`
+//!   on `tenure_leases`, `tenure_fences` and `tenure_advisory_terms`, and additionally
+//!   `DELETE` on `tenure_nodes`, all in the configured schema (default `tenure`).
+//! - **Poolers.** Leases and fences work through any pooler; LISTEN/NOTIFY and the
+//!   advisory-lock elector need session pooling (not PgBouncer transaction mode).
+#![deny(missing_docs)]
+
+mod advisory;
+mod error;
+mod fence;
+mod lease;
+mod notify;
+mod registry;
+mod schema;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tenure::{Error, Result};
+
+pub use advisory::{advisory_key, AdvisoryLockElector, AdvisoryLockOptions};
+pub use fence::PgFence;
+pub use lease::{PgLeaseStore, MAX_TTL, MIN_TTL};
+pub use registry::PgNodeRegistry;
+pub use schema::{migrate, Schema, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
+
+use crate::error::pg_error_scrubbed;
+
+/// How [`connect`] builds the pool and the stores.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// The schema holding tenure's tables. Default `tenure`.
+    pub schema: String,
+    /// The liveness TTL of the node registry. Default 15 s.
+    pub registry_ttl: Duration,
+    /// The pool's size. Default 8.
+    pub max_connections: u32,
+    /// How long to wait for a connection. Default 10 s.
+    pub connect_timeout: Duration,
+    /// Whether to run [`migrate`] after connecting. Default true.
+    pub migrate: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            registry_ttl: Duration::from_secs(15),
+            max_connections: 8,
+            connect_timeout: Duration::from_secs(10),
+            migrate: true,
+        }
+    }
+}
+
+/// Everything [`connect`] opens over one pool.
+#[derive(Clone, Debug)]
+pub struct PgBackend {
+    /// The pool (also usable for the caller's own fenced transactions).
+    pub pool: PgPool,
+    /// The lease store.
+    pub leases: PgLeaseStore,
+    /// The node registry.
+    pub registry: PgNodeRegistry,
+    /// The fences.
+    pub fence: PgFence,
+}
+
+/// Connects to `url` (`postgres://user:password@host:port/db?...`), checks that the
+/// server answers, optionally migrates, and returns the stores.
+///
+/// Errors never contain the URL or its password.
+pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
+    let schema = Schema::new(&options.schema)?;
+    if options.max_connections == 0 {
+        return Err(Error::invalid(
+            "max_connections",
+            "must be greater than zero",
+        ));
+    }
+    let connect_options = PgConnectOptions::from_str(url).map_err(|_| {
+        // The parser's message may quote the URL; say what is expected instead.
+        Error::invalid(
+            "url",
+            "is not a valid PostgreSQL URL; expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+        )
+    })?;
+    let connect_options = connect_options.application_name("tenure");
+    let secrets = url_secrets(url);
+    let pool = PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.connect_timeout)
+        .connect_with(connect_options)
+        .await
+        .map_err(|e| pg_error_scrubbed("could not connect to the database", e, &secrets))?;
+    let registry = PgNodeRegistry::new(pool.clone(), schema.clone(), options.registry_ttl)?;
+    let backend = PgBackend {
+        leases: PgLeaseStore::new(pool.clone(), schema.clone()),
+        fence: PgFence::new(pool.clone(), schema.clone()),
+        registry,
+        pool,
+    };
+    if options.migrate {
+        migrate(&backend.pool, &schema).await?;
+    }
+    Ok(backend)
+}
+
+/// The password of a URL, raw and percent-decoded, for scrubbing error messages.
+fn url_secrets(url: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = after_scheme.split(['/', '?']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        if let Some((_, password)) = userinfo.split_once(':') {
+            secrets.push(password.to_owned());
+            secrets.push(percent_decode(password));
+        }
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        for pair in query.split('&') {
+            if let Some(password) = pair.strip_prefix("password=") {
+                secrets.push(password.to_owned());
+                secrets.push(percent_decode(password));
+            }
+        }
+    }
+    secrets.retain(|s| !s.is_empty());
+    secrets
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Some(byte) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(byte);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_found_raw_and_decoded() {
+        let secrets = url_secrets("postgres://bob:p%40ss@db:5432/x?sslmode=disable");
+        assert!(secrets.contains(&"p%40ss".to_owned()));
+        assert!(secrets.contains(&"p@ss".to_owned()));
+        let secrets = url_secrets("postgres://db/x?user=bob&password=hunter2");
+        assert!(secrets.contains(&"hunter2".to_owned()));
+        assert!(url_secrets("postgres://bob@db/x").is_empty());
+    }
+
+    #[test]
+    fn schema_names_are_checked() {
+        assert!(Schema::new("tenure_1").is_ok());
+        for bad in ["", "1abc", "a-b", "a\"b", "pg_x", "a b", &"x".repeat(49)] {
+            assert!(
+                matches!(
+                    Schema::new(bad),
+                    Err(Error::InvalidArgument {
+                        field: "schema",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn advisory_keys_are_stable() {
+        assert_eq!(advisory_key("reports"), advisory_key("reports"));
+        assert_ne!(advisory_key("reports"), advisory_key("reports2"));
+    }
+}

@@ -1,0 +1,346 @@
+//! [`PgLeaseStore`]: the lease contract on PostgreSQL, decided on the database clock.
+//!
+//! Every operation is one autocommit statement and one round trip. Expiry is judged on
+//! `statement_timestamp()`, a single value per statement taken after the request
+//! arrived, so hosts' clocks never matter.
+//!
+//! **Acquire-or-renew** is one `INSERT ... ON CONFLICT DO UPDATE ... RETURNING`. The
+//! update always fires; for a caller that loses it rewrites the row unchanged. That is
+//! deliberate: a `DO UPDATE ... WHERE` that skips losers returns no row, and reading the
+//! holder with a second `SELECT` in the same statement sees the statement's snapshot,
+//! which under READ COMMITTED predates a concurrent winner's commit (it would report the
+//! previous term, or no row at all when the winner created it). The row version the
+//! upsert locks and returns is always the latest committed one, so every answer names
+//! the current term. The cost is one small HOT update per losing call, and losers that
+//! arrive together queue on the row lock for microseconds.
+//!
+//! **Release** clears the holder and keeps the token; a lease row is never deleted, so
+//! the counter survives release, expiry, server restarts and new store instances.
+//!
+//! Release and every change of term `NOTIFY` the schema's channel from inside the same
+//! statement; [`LeaseStore::wait_for_change`] listens through one shared connection.
+//!
+//! Tokens are only as durable as the commit: run with `synchronous_commit = on` (the
+//! default), and with synchronous replication when the database may fail over, or a
+//! failover can hand out a token twice.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use sqlx::{PgPool, Row};
+use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use time::OffsetDateTime;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
+use crate::error::{pg_error, BACKEND};
+use crate::notify::{ListenState, Notifier};
+use crate::schema::Schema;
+
+/// The longest TTL accepted: PostgreSQL timestamps end in 294276 AD, and a lease that
+/// outlives its holder by centuries is a mistake, not a configuration.
+pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// The smallest TTL: PostgreSQL keeps time in microseconds; tenure asks for a millisecond.
+pub const MIN_TTL: Duration = Duration::from_millis(1);
+
+/// A [`LeaseStore`] on PostgreSQL, over the caller's own pool.
+///
+/// Cloning is cheap and clones share the notification listener. Call
+/// [`migrate`](crate::migrate) (or [`PgLeaseStore::migrate`]) once before use.
+///
+/// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` (and `CREATE` for the
+/// migration). Runs at READ COMMITTED: a database or role whose
+/// `default_transaction_isolation` is stricter makes racing acquires fail with
+/// serialization errors (reported as store errors and retried by the elector), never
+/// hand out a token twice.
+#[derive(Clone, Debug)]
+pub struct PgLeaseStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    schema: Schema,
+    notifier: Notifier,
+    acquire_sql: String,
+    release_sql: String,
+    get_sql: String,
+    list_sql: String,
+}
+
+impl PgLeaseStore {
+    /// A store over `pool` using tables in `schema` (see [`Schema::new`]).
+    pub fn new(pool: PgPool, schema: Schema) -> PgLeaseStore {
+        let t = schema.table("tenure_leases");
+        let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
+        let acquire_sql = format!(
+            "WITH up AS (
+                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
+                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current())
+                ON CONFLICT (role) DO UPDATE SET
+                    holder = CASE WHEN {free} OR l.holder = EXCLUDED.holder
+                        THEN EXCLUDED.holder ELSE l.holder END,
+                    fencing_token = CASE WHEN {free}
+                        THEN l.fencing_token + 1 ELSE l.fencing_token END,
+                    expires_at = CASE WHEN {free} OR l.holder = EXCLUDED.holder
+                        THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                    term_txid = CASE WHEN {free}
+                        THEN EXCLUDED.term_txid ELSE l.term_txid END
+                RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
+            )
+            SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
+                (SELECT count(*) FROM (SELECT pg_notify($4, $1) FROM up WHERE up.new_term) n) AS notified
+            FROM up"
+        );
+        let release_sql = format!(
+            "WITH rel AS (
+                UPDATE {t} SET holder = NULL, expires_at = statement_timestamp()
+                WHERE role = $1 AND holder = $2 AND fencing_token = $3
+                    AND expires_at > statement_timestamp()
+                RETURNING role
+            )
+            SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"
+        );
+        let get_sql = format!(
+            "SELECT role, holder, fencing_token, expires_at, statement_timestamp() AS now
+             FROM {t} WHERE role = $1"
+        );
+        let list_sql = format!(
+            "SELECT role, holder, fencing_token, expires_at, statement_timestamp() AS now
+             FROM {t} ORDER BY role COLLATE \"C\""
+        );
+        let notifier = Notifier::new(pool.clone(), schema.channel());
+        PgLeaseStore {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                notifier,
+                acquire_sql,
+                release_sql,
+                get_sql,
+                list_sql,
+            }),
+        }
+    }
+
+    /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
+    pub async fn migrate(&self) -> Result<()> {
+        crate::schema::migrate(&self.inner.pool, &self.inner.schema).await
+    }
+
+    /// The pool this store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema holding the tables.
+    pub fn schema(&self) -> &Schema {
+        &self.inner.schema
+    }
+
+    async fn fetch_info(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        let row = sqlx::query(&self.inner.get_sql)
+            .bind(role)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not read the lease", e))?;
+        row.map(|row| lease_info(&row)).transpose()
+    }
+}
+
+pub(crate) fn system_time(t: OffsetDateTime) -> SystemTime {
+    SystemTime::from(t)
+}
+
+pub(crate) fn token_from_db(value: i64) -> Result<FencingToken> {
+    u64::try_from(value).map(FencingToken::from).map_err(|_| {
+        Error::store_msg(
+            BACKEND,
+            format!("negative fencing token {value} in the lease table"),
+        )
+    })
+}
+
+pub(crate) fn token_to_db(field: &'static str, token: FencingToken) -> Result<i64> {
+    i64::try_from(token.get()).map_err(|_| {
+        Error::invalid(
+            field,
+            format!(
+                "{token} is beyond the largest token PostgreSQL stores ({})",
+                i64::MAX
+            ),
+        )
+    })
+}
+
+fn decode<'r, T>(row: &'r sqlx::postgres::PgRow, column: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(column)
+        .map_err(|e| pg_error(format!("could not decode column {column}"), e))
+}
+
+fn lease_info(row: &sqlx::postgres::PgRow) -> Result<LeaseInfo> {
+    Ok(LeaseInfo {
+        role: decode(row, "role")?,
+        holder: decode(row, "holder")?,
+        fencing_token: token_from_db(decode(row, "fencing_token")?)?,
+        expires_at: system_time(decode(row, "expires_at")?),
+        now: system_time(decode(row, "now")?),
+    })
+}
+
+fn ttl_micros(ttl: Duration) -> Result<i64> {
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!("{ttl:?} is too large: at most {MAX_TTL:?} on postgres"),
+        ));
+    }
+    // Whole microseconds, rounded up so the granted term is never shorter than asked.
+    let micros = ttl.as_nanos().div_ceil(1_000);
+    i64::try_from(micros).map_err(|_| Error::invalid("ttl", format!("{ttl:?} is too large")))
+}
+
+#[async_trait]
+impl LeaseStore for PgLeaseStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        // The overflow check needs some "now"; the host's is close enough to the
+        // database's for a bound measured in centuries.
+        validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
+        let micros = ttl_micros(ttl)?;
+        let row = sqlx::query(&self.inner.acquire_sql)
+            .bind(role)
+            .bind(owner)
+            .bind(micros)
+            .bind(self.inner.schema.channel())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not acquire or renew the lease", e))?;
+        let holder: Option<String> = decode(&row, "holder")?;
+        let holder = holder.ok_or_else(|| {
+            Error::store_msg(BACKEND, "acquire returned a lease without a holder")
+        })?;
+        Ok(LeaseResult {
+            acquired: holder == owner,
+            fencing_token: token_from_db(decode(&row, "fencing_token")?)?,
+            expires_at: system_time(decode(&row, "expires_at")?),
+            holder,
+            now: system_time(decode(&row, "now")?),
+        })
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        validate_release(role, owner)?;
+        let Ok(token) = i64::try_from(token.get()) else {
+            // No such token was ever handed out.
+            return Ok(false);
+        };
+        let released: i64 = sqlx::query_scalar(&self.inner.release_sql)
+            .bind(role)
+            .bind(owner)
+            .bind(token)
+            .bind(self.inner.schema.channel())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not release the lease", e))?;
+        Ok(released > 0)
+    }
+
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        validate_name("role", role)?;
+        self.fetch_info(role).await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        let rows = sqlx::query(&self.inner.list_sql)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not list leases", e))?;
+        rows.iter().map(lease_info).collect()
+    }
+
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        // Subscribe first, then check the row, then wait: a change committed between
+        // the check and the wait is still seen as a notification.
+        let (mut events, mut state) = self.inner.notifier.subscribe();
+        let generation = loop {
+            let current = *state.borrow_and_update();
+            match current {
+                ListenState::Listening(generation) => break generation,
+                ListenState::Down => {
+                    // No push channel: sleep until it is back (then re-check) or the
+                    // deadline, never spin.
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => return,
+                        changed = state.changed() => if changed.is_err() {
+                            tokio::time::sleep_until(deadline).await;
+                            return;
+                        },
+                    }
+                }
+            }
+        };
+        match self.fetch_info(role).await {
+            Ok(Some(info)) if info.fencing_token == observed && info.live_holder().is_some() => {}
+            Ok(_) => return,
+            Err(error) => {
+                tracing::debug!(role, %error, "could not re-check the lease before waiting; sleeping to the deadline");
+                tokio::time::sleep_until(deadline).await;
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                event = events.recv() => match event {
+                    Ok(changed) if &*changed == role => return,
+                    Ok(_) => {}
+                    // Missed some: one of them may have been ours.
+                    Err(RecvError::Lagged(_)) => return,
+                    Err(RecvError::Closed) => {
+                        tokio::time::sleep_until(deadline).await;
+                        return;
+                    }
+                },
+                changed = state.changed() => {
+                    if changed.is_err() {
+                        tokio::time::sleep_until(deadline).await;
+                        return;
+                    }
+                    let now = *state.borrow_and_update();
+                    if now != ListenState::Listening(generation) {
+                        // Notifications may have been lost in the gap: wait until the
+                        // listener is back (or the deadline) and let the caller re-check.
+                        loop {
+                            if matches!(*state.borrow_and_update(), ListenState::Listening(_)) {
+                                return;
+                            }
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(deadline) => return,
+                                changed = state.changed() => if changed.is_err() {
+                                    tokio::time::sleep_until(deadline).await;
+                                    return;
+                                },
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn min_ttl(&self) -> Duration {
+        MIN_TTL
+    }
+}

@@ -1,0 +1,147 @@
+//! One LISTEN connection per lease store, shared by every waiting contender.
+//!
+//! Release and every change of term send `NOTIFY` on the schema's channel with the
+//! role as payload (inside the same statement, so it is delivered exactly at commit).
+//! The listener task is started on the first wait, fans notifications out through a
+//! broadcast channel, and publishes whether it is currently listening. When its
+//! connection fails it reconnects with a backoff; waiters then fall back to sleeping to
+//! their deadline, never spinning.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// Whether the listener connection is subscribed right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ListenState {
+    /// Not (yet, or no longer) subscribed: pushes may be missed.
+    Down,
+    /// Subscribed; the number grows with every (re)subscription, so a waiter can tell
+    /// that a gap (when notifications may have been lost) happened.
+    Listening(u64),
+}
+
+/// The shared listener of one store.
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    pool: PgPool,
+    channel: String,
+    events: broadcast::Sender<Arc<str>>,
+    state: watch::Sender<ListenState>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    stop: CancellationToken,
+}
+
+impl Notifier {
+    pub(crate) fn new(pool: PgPool, channel: String) -> Notifier {
+        Notifier {
+            pool,
+            channel,
+            events: broadcast::channel(1024).0,
+            state: watch::Sender::new(ListenState::Down),
+            task: Mutex::new(None),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Subscribes to notifications and to the listener's state, starting the listener
+    /// task if it is not running (first use, or its runtime went away).
+    pub(crate) fn subscribe(
+        &self,
+    ) -> (broadcast::Receiver<Arc<str>>, watch::Receiver<ListenState>) {
+        let events = self.events.subscribe();
+        let state = self.state.subscribe();
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let running = task.as_ref().is_some_and(|t| !t.is_finished());
+        if !running {
+            self.state.send_replace(ListenState::Down);
+            *task = Some(tokio::spawn(listen_loop(
+                self.pool.clone(),
+                self.channel.clone(),
+                self.events.clone(),
+                self.state.clone(),
+                self.stop.clone(),
+            )));
+        }
+        (events, state)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+async fn listen_loop(
+    pool: PgPool,
+    channel: String,
+    events: broadcast::Sender<Arc<str>>,
+    state: watch::Sender<ListenState>,
+    stop: CancellationToken,
+) {
+    let mut generation = 0u64;
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let subscribed = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            // Report a lost connection at once instead of reconnecting silently, so
+            // waiters learn about the gap in which notifications may have been lost.
+            listener.eager_reconnect(false);
+            listener.ignore_pool_close_event(true);
+            listener.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let result = tokio::select! {
+            _ = stop.cancelled() => return,
+            result = subscribed => result,
+        };
+        match result {
+            Ok(mut listener) => {
+                generation += 1;
+                backoff = BACKOFF_MIN;
+                debug!(channel = %channel, generation, "listening for lease changes");
+                state.send_replace(ListenState::Listening(generation));
+                loop {
+                    let received = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        received = listener.try_recv() => received,
+                    };
+                    match received {
+                        Ok(Some(notification)) => {
+                            let _ = events.send(Arc::from(notification.payload()));
+                        }
+                        Ok(None) => {
+                            warn!(channel = %channel, "lease listener connection lost; reconnecting");
+                            break;
+                        }
+                        Err(error) => {
+                            warn!(channel = %channel, %error, "lease listener failed; reconnecting");
+                            break;
+                        }
+                    }
+                }
+                state.send_replace(ListenState::Down);
+            }
+            Err(error) => {
+                state.send_replace(ListenState::Down);
+                warn!(channel = %channel, %error, retry_in = ?backoff,
+                    "could not listen for lease changes; waiters fall back to their retry timers");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}

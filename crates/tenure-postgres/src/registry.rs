@@ -1,0 +1,155 @@
+//! [`PgNodeRegistry`]: heartbeat membership on PostgreSQL, judged on the database clock.
+//!
+//! A heartbeat is one upsert stamped with `statement_timestamp()`; liveness
+//! (`now < last_heartbeat + ttl`) is evaluated by the database in the same statement
+//! that reads it, so hosts' clocks never matter. Metadata is stored as `jsonb`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::{PgPool, Row};
+use tenure::lease::validate_name;
+use tenure::registry::validate_heartbeat;
+use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
+
+use crate::error::{pg_error, BACKEND};
+use crate::lease::{system_time, MAX_TTL};
+use crate::schema::Schema;
+
+/// A [`NodeRegistry`] on PostgreSQL.
+///
+/// Needs `SELECT, INSERT, UPDATE, DELETE` on `<schema>.tenure_nodes`.
+#[derive(Clone, Debug)]
+pub struct PgNodeRegistry {
+    pool: PgPool,
+    ttl: Duration,
+    ttl_micros: i64,
+    heartbeat_sql: String,
+    live_sql: String,
+    members_sql: String,
+    leave_sql: String,
+}
+
+impl PgNodeRegistry {
+    /// A registry over `pool` in `schema`, where a node is live for `ttl` after its
+    /// last heartbeat.
+    pub fn new(pool: PgPool, schema: Schema, ttl: Duration) -> Result<PgNodeRegistry> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("ttl", "must be greater than zero"));
+        }
+        if ttl > MAX_TTL {
+            return Err(Error::invalid(
+                "ttl",
+                format!("{ttl:?} is too large: at most {MAX_TTL:?}"),
+            ));
+        }
+        let ttl_micros = i64::try_from(ttl.as_nanos().div_ceil(1_000))
+            .map_err(|_| Error::invalid("ttl", "is too large"))?;
+        let t = schema.table("tenure_nodes");
+        let live = "n.last_heartbeat + $1 * interval '1 microsecond' > statement_timestamp()";
+        Ok(PgNodeRegistry {
+            pool,
+            ttl,
+            ttl_micros,
+            // A node whose last heartbeat lapsed starts a new membership: first_seen
+            // restarts. Metadata is replaced only when given ($3 not null).
+            heartbeat_sql: format!(
+                "INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
+                 VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
+                 ON CONFLICT (node_id) DO UPDATE SET
+                     first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
+                     last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
+                     metadata = COALESCE($3::jsonb, n.metadata)"
+            ),
+            live_sql: format!(
+                "SELECT node_id FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
+            ),
+            members_sql: format!(
+                "SELECT node_id, first_seen, last_heartbeat, metadata::text AS metadata,
+                     statement_timestamp() AS now
+                 FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
+            ),
+            leave_sql: format!(
+                "WITH gone AS (DELETE FROM {t} n WHERE node_id = $2 RETURNING {live} AS was_live)
+                 SELECT COALESCE(bool_or(was_live), false) FROM gone"
+            ),
+        })
+    }
+
+    /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
+    pub async fn migrate(&self, schema: &Schema) -> Result<()> {
+        crate::schema::migrate(&self.pool, schema).await
+    }
+
+    async fn record(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        validate_heartbeat(node_id, metadata)?;
+        let json = metadata
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| Error::store(BACKEND, "could not encode metadata", e))?;
+        sqlx::query(&self.heartbeat_sql)
+            .bind(self.ttl_micros)
+            .bind(node_id)
+            .bind(json)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| pg_error("could not record the heartbeat", e))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for PgNodeRegistry {
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.record(node_id, None).await
+    }
+
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.record(node_id, Some(metadata)).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        sqlx::query_scalar(&self.live_sql)
+            .bind(self.ttl_micros)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| pg_error("could not read live nodes", e))
+    }
+
+    async fn members(&self) -> Result<Vec<NodeInfo>> {
+        let rows = sqlx::query(&self.members_sql)
+            .bind(self.ttl_micros)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| pg_error("could not read members", e))?;
+        rows.iter()
+            .map(|row| {
+                let get = |e| pg_error("could not decode a member", e);
+                let metadata: String = row.try_get("metadata").map_err(get)?;
+                Ok(NodeInfo {
+                    node_id: row.try_get("node_id").map_err(get)?,
+                    first_seen: system_time(row.try_get("first_seen").map_err(get)?),
+                    last_heartbeat: system_time(row.try_get("last_heartbeat").map_err(get)?),
+                    metadata: serde_json::from_str(&metadata).map_err(|e| {
+                        Error::store(BACKEND, "member metadata is not a string map", e)
+                    })?,
+                    now: system_time(row.try_get("now").map_err(get)?),
+                })
+            })
+            .collect()
+    }
+
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        validate_name("node_id", node_id)?;
+        sqlx::query_scalar(&self.leave_sql)
+            .bind(self.ttl_micros)
+            .bind(node_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| pg_error("could not remove the node", e))
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}

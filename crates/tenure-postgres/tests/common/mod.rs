@@ -1,0 +1,50 @@
+//! Helpers shared by this crate's integration tests: pools and fresh schemas on a
+//! throwaway server.
+#![allow(dead_code)]
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tenure_postgres::Schema;
+use tenure_testkit::postgres::PgServer;
+
+/// A pool on `server` of at most `max` connections, tagged with `app` (so tests can
+/// find and terminate its backends).
+pub async fn pool(server: &PgServer, max: u32, app: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options(server).application_name(app))
+        .await
+        .expect("connect to the test server")
+}
+
+/// A pool that does not connect until used (for servers that are down).
+pub fn lazy_pool(server: &PgServer, max: u32, app: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(options(server).application_name(app))
+}
+
+pub fn options(server: &PgServer) -> PgConnectOptions {
+    PgConnectOptions::from_str(&server.url()).expect("test url")
+}
+
+/// A schema name no other scenario in this run uses.
+pub fn fresh_schema() -> Schema {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    Schema::new(&format!("t{}_{n}", std::process::id())).expect("valid schema")
+}
+
+/// Logs to the test output when RUST_LOG is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

@@ -1,0 +1,567 @@
+//! Faults on real servers: restarts, kills, outages, terminated connections, and
+//! contenders in separate OS processes.
+//!
+//! Tests that stop or kill a server start their own throwaway server; the rest share
+//! one. Every wait is bounded.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::Row;
+use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure_postgres::{migrate, PgLeaseStore, Schema};
+use tenure_testkit::postgres::PgServer;
+use tokio_util::sync::CancellationToken;
+
+/// Tokens keep increasing across release, a new store instance, a clean server
+/// restart and a SIGKILL of the server; an old pool recovers after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_survive_release_restart_and_kill() {
+    common::init_tracing();
+    let server = PgServer::start();
+    let schema = common::fresh_schema();
+    let ttl = Duration::from_secs(5);
+    let first_pool = common::pool(&server, 2, "survive").await;
+    migrate(&first_pool, &schema).await.unwrap();
+    let first = PgLeaseStore::new(first_pool, schema.clone());
+
+    let t1 = first.try_acquire_or_renew("r", "a", ttl).await.unwrap();
+    assert!(t1.acquired);
+    assert!(first.release("r", "a", t1.fencing_token).await.unwrap());
+
+    let second = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
+    let t2 = second.try_acquire_or_renew("r", "b", ttl).await.unwrap();
+    assert!(t2.acquired && t2.fencing_token > t1.fencing_token, "{t2:?}");
+    assert!(second.release("r", "b", t2.fencing_token).await.unwrap());
+
+    tokio::task::block_in_place(|| server.restart());
+    let third = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
+    let t3 = third.try_acquire_or_renew("r", "c", ttl).await.unwrap();
+    assert!(
+        t3.acquired && t3.fencing_token > t2.fencing_token,
+        "after restart: {t3:?}"
+    );
+
+    // Killed with the lease held: the term is still there after crash recovery, and
+    // the next owner gets a higher token once it expires.
+    tokio::task::block_in_place(|| {
+        server.kill();
+        server.start_again();
+    });
+    let fourth = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
+    let held = fourth.try_acquire_or_renew("r", "d", ttl).await.unwrap();
+    assert!(
+        !held.acquired && held.fencing_token == t3.fencing_token,
+        "{held:?}"
+    );
+    tokio::time::sleep(held.remaining() + Duration::from_millis(50)).await;
+    // The first store's pool lost its connections twice; it recovers on its own.
+    let mut t4 = None;
+    for _ in 0..20 {
+        match first.try_acquire_or_renew("r", "a", ttl).await {
+            Ok(result) => {
+                t4 = Some(result);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let t4 = t4.expect("old pool reconnects");
+    assert!(t4.acquired && t4.fencing_token > t3.fencing_token, "{t4:?}");
+}
+
+/// The server stops for longer than the TTL while an elector leads: its local deadline
+/// cancels `leadership` before the lease could have expired, it logs and retries, and
+/// after the restart it leads again with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_outage_longer_than_ttl() {
+    common::init_tracing();
+    let server = Arc::new(PgServer::start());
+    let schema = common::fresh_schema();
+    let pool = common::lazy_pool(&server, 4, "outage");
+    migrate(&pool, &schema).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let store = Arc::new(PgLeaseStore::new(pool, schema));
+    let elector = Arc::new(
+        LeaseLeaderElector::new(
+            store,
+            LeaseLeaderOptions {
+                owner_id: "outage-leader".into(),
+                lease_ttl: ttl,
+                renew_interval: Duration::from_millis(400),
+                retry_interval: Duration::from_millis(300),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let terms = Arc::new(Mutex::new(
+        Vec::<(FencingToken, Instant, Option<Instant>)>::new(),
+    ));
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (elector, terms, shutdown) = (elector.clone(), terms.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            elector
+                .run(
+                    "outage",
+                    move |token, leadership| {
+                        let terms = terms.clone();
+                        async move {
+                            let index = {
+                                let mut terms = terms.lock().unwrap();
+                                terms.push((token, Instant::now(), None));
+                                terms.len() - 1
+                            };
+                            leadership.cancelled().await;
+                            terms.lock().unwrap()[index].2 = Some(Instant::now());
+                        }
+                    },
+                    shutdown,
+                )
+                .await
+        })
+    };
+    let first = wait_for(&terms, 1, Duration::from_secs(10)).await[0].0;
+
+    tracing::info!("--- stopping the server");
+    let stopped = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || {
+            server.stop();
+            Instant::now()
+        })
+        .await
+        .unwrap()
+    };
+    // Cancelled by the local deadline: within one TTL of the last successful renewal,
+    // which was before the stop finished.
+    let deadline = stopped + ttl + Duration::from_millis(500);
+    let cancelled = loop {
+        if let Some(at) = terms.lock().unwrap()[0].2 {
+            break at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leadership not cancelled within the TTL of the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        cancelled <= stopped + ttl,
+        "cancelled {:?} after the stop",
+        cancelled - stopped
+    );
+    // Stay down past the TTL; the elector keeps retrying without panicking.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    assert!(!run.is_finished(), "store errors never end run");
+    assert_eq!(
+        terms.lock().unwrap().len(),
+        1,
+        "no term while the server is down"
+    );
+
+    tracing::info!("--- restarting the server");
+    {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || server.start_again())
+            .await
+            .unwrap();
+    }
+    let terms_now = wait_for(&terms, 2, Duration::from_secs(15)).await;
+    assert!(
+        terms_now[1].0 > first,
+        "a new term after the outage: {:?}",
+        terms_now[1].0
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns on shutdown")
+        .unwrap()
+        .unwrap();
+}
+
+/// `pg_terminate_backend` on every connection of the leader's pool: the next renewal
+/// runs on a new connection, leadership is never lost, and the lease is renewed within
+/// about one renew interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connections_do_not_lose_leadership() {
+    common::init_tracing();
+    let server = PgServer::shared();
+    let schema = common::fresh_schema();
+    let pool = common::pool(server, 4, "terminated-leader").await;
+    migrate(&pool, &schema).await.unwrap();
+    let observer = PgLeaseStore::new(common::pool(server, 1, "observer").await, schema.clone());
+    let renew = Duration::from_millis(500);
+    let elector = Arc::new(
+        LeaseLeaderElector::new(
+            Arc::new(PgLeaseStore::new(pool, schema)),
+            LeaseLeaderOptions {
+                owner_id: "terminated".into(),
+                lease_ttl: Duration::from_secs(4),
+                renew_interval: renew,
+                retry_interval: Duration::from_millis(200),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let cancelled = CancellationToken::new();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (elector, cancelled, shutdown) = (elector.clone(), cancelled.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            elector
+                .run(
+                    "terminated",
+                    move |_, leadership| {
+                        let cancelled = cancelled.clone();
+                        async move {
+                            leadership.cancelled().await;
+                            cancelled.cancel();
+                        }
+                    },
+                    shutdown,
+                )
+                .await
+        })
+    };
+    let mut state = elector.watch();
+    let token = tokio::time::timeout(
+        Duration::from_secs(10),
+        state.wait_for(ElectionState::is_leader),
+    )
+    .await
+    .expect("leads")
+    .unwrap()
+    .clone();
+    let before = observer.get("terminated").await.unwrap().unwrap();
+    let killed = server.psql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'terminated-leader'",
+    );
+    assert_ne!(killed, "0", "the leader's connections were terminated");
+    let terminated_at = std::time::SystemTime::now();
+    // Within about one renew interval (plus a retry), the lease is renewed again.
+    let deadline = Instant::now() + renew * 2 + Duration::from_secs(1);
+    loop {
+        let now = observer.get("terminated").await.unwrap().unwrap();
+        assert_eq!(now.fencing_token, before.fencing_token, "same term");
+        if now.expires_at > before.expires_at
+            && now.expires_at > terminated_at + Duration::from_secs(2)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no renewal after the connections were terminated"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(renew * 2).await;
+    assert!(
+        !cancelled.is_cancelled(),
+        "leadership must survive a terminated connection"
+    );
+    assert_eq!(*elector.watch().borrow(), token);
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The server is down when the elector starts: store errors are logged (without the
+/// password), nothing panics, and the elector leads once the server is up.
+#[test]
+fn server_down_at_start_then_leads() {
+    let logs = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let writer = {
+        let logs = logs.clone();
+        move || Capture(logs.clone())
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = Arc::new(PgServer::start());
+    let schema = common::fresh_schema();
+    runtime.block_on(async {
+        let pool = common::lazy_pool(&server, 2, "down-at-start");
+        migrate(&pool, &schema).await.unwrap();
+        server.stop();
+        let elector = Arc::new(
+            LeaseLeaderElector::new(
+                Arc::new(PgLeaseStore::new(pool, schema.clone())),
+                LeaseLeaderOptions {
+                    owner_id: "late".into(),
+                    lease_ttl: Duration::from_secs(2),
+                    renew_interval: Duration::from_millis(500),
+                    retry_interval: Duration::from_millis(300),
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        let shutdown = CancellationToken::new();
+        let run = {
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                elector
+                    .run(
+                        "late",
+                        |_, leadership| async move { leadership.cancelled().await },
+                        shutdown,
+                    )
+                    .await
+            })
+        };
+        // Longer than the pool's 2 s acquire timeout, so attempts fail and are retried.
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        assert!(!run.is_finished(), "store errors never end run");
+        assert!(!elector.watch().borrow().is_leader());
+        let restarting = server.clone();
+        tokio::task::spawn_blocking(move || restarting.start_again())
+            .await
+            .unwrap();
+        let mut state = elector.watch();
+        tokio::time::timeout(
+            Duration::from_secs(15),
+            state.wait_for(ElectionState::is_leader),
+        )
+        .await
+        .expect("leads once the server is up")
+        .unwrap();
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
+    let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let warned = logs
+        .lines()
+        .take_while(|line| !line.contains("elected"))
+        .any(|line| line.contains("WARN") && line.contains("role=\"late\""));
+    assert!(
+        warned,
+        "failed attempts are logged as warnings before leading:\n{logs}"
+    );
+    assert!(logs.contains("elected"), "{logs}");
+    assert!(
+        !logs.contains(server.password()),
+        "the password leaked into the logs"
+    );
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn wait_for<T: Clone>(items: &Mutex<Vec<T>>, n: usize, within: Duration) -> Vec<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        {
+            let items = items.lock().unwrap();
+            if items.len() >= n {
+                return items.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {n} terms within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const CHILD_URL: &str = "TENURE_PG_CHILD_URL";
+const CHILD_SCHEMA: &str = "TENURE_PG_CHILD_SCHEMA";
+const CHILD_OWNER: &str = "TENURE_PG_CHILD_OWNER";
+const CHILD_SECONDS: &str = "TENURE_PG_CHILD_SECONDS";
+
+/// Electors in separate OS processes (this test binary re-executed in child mode)
+/// never run work at the same time: every process stamps database-clock marks while it
+/// leads, handing over by release and by being killed with SIGKILL; ordered by time,
+/// the marks' tokens never go back and each token belongs to one process.
+#[test]
+fn elector_processes_never_overlap() {
+    let server = PgServer::shared();
+    let schema = common::fresh_schema();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let pool = common::pool(server, 1, "processes").await;
+        migrate(&pool, &schema).await.unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE \"{}\".marks (owner text, token bigint, at timestamptz)",
+            schema.name()
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    });
+    let spawn = |owner: &str, seconds: u64| {
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "elector_child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_URL, server.url())
+            .env(CHILD_SCHEMA, schema.name())
+            .env(CHILD_OWNER, owner)
+            .env(CHILD_SECONDS, seconds.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut a = spawn("proc-a", 8);
+    let b = spawn("proc-b", 8);
+    std::thread::sleep(Duration::from_secs(3));
+    a.kill().unwrap();
+    let _ = a.wait();
+    let c = spawn("proc-c", 4);
+    for (name, child) in [("proc-b", b), ("proc-c", c)] {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "{name} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let marks: Vec<(String, i64)> = runtime.block_on(async {
+        let pool = common::pool(server, 1, "processes").await;
+        sqlx::query(&format!(
+            "SELECT owner, token FROM \"{}\".marks ORDER BY at, token",
+            schema.name()
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.get("owner"), row.get("token")))
+        .collect()
+    });
+    assert!(
+        marks.len() > 50,
+        "the processes did work: {} marks",
+        marks.len()
+    );
+    let mut owners = std::collections::BTreeMap::new();
+    for window in marks.windows(2) {
+        assert!(
+            window[1].1 >= window[0].1,
+            "two processes worked at once: {:?} then {:?}",
+            window[0],
+            window[1]
+        );
+    }
+    for (owner, token) in &marks {
+        let first = owners.entry(*token).or_insert_with(|| owner.clone());
+        assert_eq!(first, owner, "token {token} used by two processes");
+    }
+    let distinct: std::collections::BTreeSet<_> = marks.iter().map(|(o, _)| o).collect();
+    assert!(owners.len() >= 3, "several terms: {owners:?}");
+    assert!(distinct.len() >= 2, "several processes led: {distinct:?}");
+}
+
+/// Child mode of [`elector_processes_never_overlap`]: does nothing unless started by it.
+#[test]
+fn elector_child_process() {
+    let (Ok(url), Ok(schema), Ok(owner), Ok(seconds)) = (
+        std::env::var(CHILD_URL),
+        std::env::var(CHILD_SCHEMA),
+        std::env::var(CHILD_OWNER),
+        std::env::var(CHILD_SECONDS),
+    ) else {
+        return;
+    };
+    let seconds: u64 = seconds.parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .unwrap();
+        let schema = Schema::new(&schema).unwrap();
+        let marks = format!("\"{}\".marks", schema.name());
+        let store = Arc::new(PgLeaseStore::new(pool.clone(), schema));
+        let elector = LeaseLeaderElector::new(
+            store,
+            LeaseLeaderOptions {
+                owner_id: owner.clone(),
+                lease_ttl: Duration::from_secs(2),
+                renew_interval: Duration::from_millis(300),
+                retry_interval: Duration::from_millis(200),
+                max_clock_drift: 0.1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let end = Instant::now() + Duration::from_secs(seconds);
+        while Instant::now() < end {
+            let (pool, owner, marks) = (pool.clone(), owner.clone(), marks.clone());
+            let shutdown = CancellationToken::new();
+            let stop_at = {
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(end.into()).await;
+                    shutdown.cancel();
+                })
+            };
+            elector
+                .run(
+                    "processes",
+                    move |token, leadership| {
+                        let (pool, owner, marks) = (pool.clone(), owner.clone(), marks.clone());
+                        async move {
+                            // Lead for about a second, then hand over by returning.
+                            let until = Instant::now() + Duration::from_millis(900);
+                            while !leadership.is_cancelled() && Instant::now() < until {
+                                sqlx::query(&format!(
+                                    "INSERT INTO {marks} VALUES ($1, $2, clock_timestamp())"
+                                ))
+                                .bind(&owner)
+                                .bind(token.get() as i64)
+                                .execute(&pool)
+                                .await
+                                .unwrap();
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        }
+                    },
+                    shutdown,
+                )
+                .await
+                .unwrap();
+            stop_at.abort();
+            // Give the others a chance at the next term.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}

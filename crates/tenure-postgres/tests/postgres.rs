@@ -1,0 +1,723 @@
+//! PostgreSQL-specific behaviour on real throwaway servers: races over separate
+//! connections, durable tokens, push takeover, fenced transactions, the advisory-lock
+//! elector, migrations and bad input.
+//!
+//! Tests that only read and write use the binary's shared server; tests that stop,
+//! kill or restart a server start their own (see `faults.rs`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure_postgres::{
+    connect, migrate, AdvisoryLockElector, AdvisoryLockOptions, ConnectOptions, PgFence,
+    PgLeaseStore, Schema,
+};
+use tenure_testkit::postgres::PgServer;
+use tokio_util::sync::CancellationToken;
+
+async fn setup(app: &str) -> (PgPool, Schema) {
+    common::init_tracing();
+    let pool = common::pool(PgServer::shared(), 8, app).await;
+    let schema = common::fresh_schema();
+    migrate(&pool, &schema).await.expect("migrate");
+    (pool, schema)
+}
+
+/// 32 tasks, each on its own connection (its own pool), race for one role over
+/// several rounds: a fresh role (the row is created by the race), after a release, and
+/// after an expiry. Exactly one winner per round, every answer names the winner's
+/// term, and no token is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_32_connections_one_winner_per_term() {
+    let (pool, schema) = setup("race-setup").await;
+    let mut stores = Vec::new();
+    for _ in 0..32 {
+        let pool = common::pool(PgServer::shared(), 1, "race").await;
+        stores.push(Arc::new(PgLeaseStore::new(pool, schema.clone())));
+    }
+    let ttl = Duration::from_millis(1500);
+    let admin = PgLeaseStore::new(pool, schema.clone());
+    let mut seen = BTreeSet::new();
+    for round in 0..6 {
+        // Rounds 0 and 3 race for a role no one ever held: the row is created by the race.
+        let role = format!("race-{}", round / 3);
+        let barrier = Arc::new(tokio::sync::Barrier::new(stores.len()));
+        let tasks: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let store = Arc::clone(store);
+                let barrier = Arc::clone(&barrier);
+                let role = role.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let owner = format!("owner-{round}-{i}");
+                    let result = store.try_acquire_or_renew(&role, &owner, ttl).await;
+                    (owner, result.unwrap())
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut tokens = BTreeSet::new();
+        let mut holders = BTreeSet::new();
+        for task in tasks {
+            let (owner, result) = task.await.unwrap();
+            tokens.insert(result.fencing_token);
+            holders.insert(result.holder.clone());
+            if result.acquired {
+                assert_eq!(result.holder, owner);
+                winners.push((owner, result));
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: one winner: {winners:?}");
+        assert_eq!(
+            tokens.len(),
+            1,
+            "round {round}: one term in every answer: {tokens:?}"
+        );
+        assert_eq!(
+            holders.len(),
+            1,
+            "round {round}: one holder in every answer: {holders:?}"
+        );
+        let (winner, result) = winners.remove(0);
+        assert!(
+            seen.insert((role.clone(), result.fencing_token)),
+            "round {round}: token {} handed out twice",
+            result.fencing_token
+        );
+        match round % 3 {
+            0 | 1 => assert!(admin
+                .release(&role, &winner, result.fencing_token)
+                .await
+                .unwrap()),
+            _ => tokio::time::sleep(ttl + Duration::from_millis(50)).await,
+        }
+    }
+    // Per role, tokens 1, 2, 3 in order.
+    for role in ["race-0", "race-1"] {
+        let tokens: Vec<u64> = seen
+            .iter()
+            .filter(|(r, _)| r == role)
+            .map(|(_, t)| t.get())
+            .collect();
+        assert_eq!(tokens, [1, 2, 3], "{role}");
+    }
+}
+
+/// A released lease is taken over by a waiting elector in well under a second, although
+/// its retry interval is 60 s and the lease's TTL 30 s: the release is pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_takeover_well_under_a_second() {
+    let (pool, schema) = setup("push").await;
+    let options = |owner: &str| LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: Duration::from_secs(30),
+        renew_interval: Duration::from_secs(10),
+        retry_interval: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let store_a = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
+    let other_pool = common::pool(PgServer::shared(), 4, "push-b").await;
+    let store_b = Arc::new(PgLeaseStore::new(other_pool, schema.clone()));
+    let a = Arc::new(LeaseLeaderElector::new(store_a, options("node-a")).unwrap());
+    let b = Arc::new(LeaseLeaderElector::new(store_b, options("node-b")).unwrap());
+
+    let stop_a = CancellationToken::new();
+    let (a_led_tx, a_led) = tokio::sync::oneshot::channel();
+    let a_task = {
+        let a = Arc::clone(&a);
+        let stop_a = stop_a.clone();
+        let mut a_led_tx = Some(a_led_tx);
+        tokio::spawn(async move {
+            a.run(
+                "push",
+                move |token, leadership| {
+                    if let Some(tx) = a_led_tx.take() {
+                        let _ = tx.send(token);
+                    }
+                    async move { leadership.cancelled().await }
+                },
+                stop_a,
+            )
+            .await
+        })
+    };
+    let a_token = tokio::time::timeout(Duration::from_secs(10), a_led)
+        .await
+        .expect("a leads")
+        .unwrap();
+
+    let stop_b = CancellationToken::new();
+    let b_started = Arc::new(Mutex::new(None::<(Instant, FencingToken)>));
+    let b_task = {
+        let b = Arc::clone(&b);
+        let stop_b = stop_b.clone();
+        let b_started = Arc::clone(&b_started);
+        tokio::spawn(async move {
+            b.run(
+                "push",
+                move |token, leadership| {
+                    *b_started.lock().unwrap() = Some((Instant::now(), token));
+                    async move { leadership.cancelled().await }
+                },
+                stop_b,
+            )
+            .await
+        })
+    };
+    // Let b lose once and settle into waiting on the lease.
+    let mut watch = b.watch();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        watch.wait_for(|s| matches!(s, tenure::ElectionState::Follower { holder: Some(_) })),
+    )
+    .await
+    .expect("b follows")
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    stop_a.cancel();
+    tokio::time::timeout(Duration::from_secs(10), a_task)
+        .await
+        .expect("a stops")
+        .unwrap()
+        .unwrap();
+    let released = Instant::now();
+    let deadline = released + Duration::from_secs(5);
+    let (started, b_token) = loop {
+        if let Some(started) = *b_started.lock().unwrap() {
+            break started;
+        }
+        assert!(Instant::now() < deadline, "b did not take over within 5 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let takeover = started.saturating_duration_since(released);
+    assert!(b_token > a_token);
+    assert!(
+        takeover < Duration::from_millis(800),
+        "takeover took {takeover:?}; expected a push, not the 60 s retry"
+    );
+    stop_b.cancel();
+    b_task.await.unwrap().unwrap();
+}
+
+/// The shared listener's connection is terminated while a contender waits: the waiter
+/// never spins (a few early returns at most), the listener reconnects, and a later
+/// release is still pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_reconnects_without_spinning() {
+    let (pool, schema) = setup("listener-setup").await;
+    let holder = PgLeaseStore::new(pool, schema.clone());
+    let waiter_pool = common::pool(PgServer::shared(), 4, "listener-waiter").await;
+    let waiter = PgLeaseStore::new(waiter_pool, schema.clone());
+    let lease = holder
+        .try_acquire_or_renew("listened", "node-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let returns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let released = Arc::new(Mutex::new(None::<Instant>));
+    let woke = {
+        let (returns, released) = (returns.clone(), released.clone());
+        tokio::spawn(async move {
+            // What an elector does: wait, and on an early return re-check and wait again.
+            loop {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                waiter
+                    .wait_for_change("listened", lease.fencing_token, deadline)
+                    .await;
+                returns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Some(at) = *released.lock().unwrap() {
+                    return at.elapsed();
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..2 {
+        PgServer::shared().psql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'listener-waiter'",
+        );
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let early = returns.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        early <= 4,
+        "the waiter spun: {early} returns while the lease was held"
+    );
+    *released.lock().unwrap() = Some(Instant::now());
+    assert!(holder
+        .release("listened", "node-a", lease.fencing_token)
+        .await
+        .unwrap());
+    let after = tokio::time::timeout(Duration::from_secs(5), woke)
+        .await
+        .expect("the release is pushed after the listener reconnected")
+        .unwrap();
+    assert!(
+        after < Duration::from_secs(2),
+        "woke {after:?} after the release"
+    );
+}
+
+/// A fresh token's fenced transaction commits; a stale token's is rejected with
+/// `Fenced`, and even committing it afterwards writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_transaction_stale_writes_nothing() {
+    let (pool, schema) = setup("fence").await;
+    let fence = PgFence::new(pool.clone(), schema.clone());
+    let ledger = format!("\"{}\".ledger", schema.name());
+    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint, note text)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    fence
+        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(5))
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO {ledger} VALUES (5, 'fresh')"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // A term writes many times: the same token is admitted again.
+    fence.admit("ledger", FencingToken::from(5)).await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {ledger} VALUES (4, 'stale, written before the check')"
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let stale = fence
+        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(4))
+        .await;
+    assert!(
+        matches!(stale, Err(Error::Fenced { presented, highest }) if presented.get() == 4 && highest.get() == 5),
+        "{stale:?}"
+    );
+    // A careless caller commits anyway: the transaction was aborted, so nothing lands.
+    let _ = sqlx::query(&format!("INSERT INTO {ledger} VALUES (4, 'stale, after')"))
+        .execute(&mut *tx)
+        .await;
+    let _ = tx.commit().await;
+    let notes: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT note FROM {ledger} ORDER BY token"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(notes, ["fresh"]);
+    assert_eq!(
+        fence.highest("ledger").await.unwrap(),
+        Some(FencingToken::from(5))
+    );
+    assert_eq!(fence.highest("other").await.unwrap(), None);
+    let late = fence.admit("ledger", FencingToken::from(3)).await;
+    assert!(matches!(late, Err(Error::Fenced { .. })), "{late:?}");
+}
+
+/// A fresh and a stale writer racing serialise on the fence row: the stale one waits
+/// for the fresh transaction to end and is then rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_transactions_racing_serialise() {
+    let (pool, schema) = setup("fence-race").await;
+    let fence = PgFence::new(pool.clone(), schema.clone());
+    let ledger = format!("\"{}\".ledger", schema.name());
+    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    fence.admit("ledger", FencingToken::from(6)).await.unwrap();
+
+    let hold = Duration::from_millis(500);
+    let (locked_tx, locked) = tokio::sync::oneshot::channel();
+    let fresh = {
+        let (pool, fence, ledger) = (pool.clone(), fence.clone(), ledger.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            fence
+                .fence_in_transaction(&mut tx, "ledger", FencingToken::from(7))
+                .await
+                .unwrap();
+            let _ = locked_tx.send(());
+            sqlx::query(&format!("INSERT INTO {ledger} VALUES (7)"))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tokio::time::sleep(hold).await;
+            tx.commit().await.unwrap();
+        })
+    };
+    locked.await.unwrap();
+    let started = Instant::now();
+    let mut tx = pool.begin().await.unwrap();
+    // Token 6 was current a moment ago; the fresh transaction now holds the row.
+    let stale = fence
+        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(6))
+        .await;
+    let waited = started.elapsed();
+    drop(tx);
+    fresh.await.unwrap();
+    assert!(
+        matches!(stale, Err(Error::Fenced { presented, highest }) if presented.get() == 6 && highest.get() == 7),
+        "{stale:?}"
+    );
+    assert!(
+        waited >= hold / 2,
+        "the stale writer must wait for the row lock, waited {waited:?}"
+    );
+    let tokens: Vec<i64> = sqlx::query_scalar(&format!("SELECT token FROM {ledger}"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tokens, [7]);
+}
+
+/// The same-database form: a transaction holding the live lease blocks a takeover until
+/// it commits, and a token that is no longer live is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_lease_blocks_takeover_and_rejects_stale() {
+    let (pool, schema) = setup("hold").await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let fence = PgFence::new(pool.clone(), schema.clone());
+    let ttl = Duration::from_secs(1);
+    let a = store
+        .try_acquire_or_renew("job", "node-a", ttl)
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    fence
+        .hold_lease_in_transaction(&mut tx, "job", a.fencing_token)
+        .await
+        .unwrap();
+    // The lease expires while the transaction runs; b's takeover must wait for it.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let taker = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let b = store
+                .try_acquire_or_renew("job", "node-b", ttl)
+                .await
+                .unwrap();
+            (started.elapsed(), b)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    tx.commit().await.unwrap();
+    let (waited, b) = taker.await.unwrap();
+    assert!(b.acquired && b.fencing_token > a.fencing_token, "{b:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "takeover must wait for the holder's transaction: {waited:?}"
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    let stale = fence
+        .hold_lease_in_transaction(&mut tx, "job", a.fencing_token)
+        .await;
+    assert!(
+        matches!(stale, Err(Error::Fenced { presented, highest }) if presented == a.fencing_token && highest == b.fencing_token),
+        "{stale:?}"
+    );
+    drop(tx);
+    let mut tx = pool.begin().await.unwrap();
+    let unknown = fence
+        .hold_lease_in_transaction(&mut tx, "never", FencingToken::from(1))
+        .await;
+    assert!(matches!(unknown, Err(Error::Fenced { .. })), "{unknown:?}");
+}
+
+/// Fenced transactions refuse REPEATABLE READ (and roll the transaction back), and the
+/// fence is not advanced by the refused attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_is_refused() {
+    let (pool, schema) = setup("rr").await;
+    let fence = PgFence::new(pool.clone(), schema.clone());
+    fence.admit("res", FencingToken::from(1)).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let refused = fence
+            .fence_in_transaction(&mut tx, "res", FencingToken::from(9))
+            .await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument { field: "transaction", reason }) if reason.contains(level)),
+            "{level}: {refused:?}"
+        );
+        let _ = tx.commit().await;
+        assert_eq!(
+            fence.highest("res").await.unwrap(),
+            Some(FencingToken::from(1)),
+            "{level}"
+        );
+    }
+}
+
+/// Several processes' worth of concurrent `migrate` calls on one fresh schema all
+/// succeed, and `migrate` is idempotent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_succeed() {
+    common::init_tracing();
+    let schema = common::fresh_schema();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let schema = schema.clone();
+        tasks.push(tokio::spawn(async move {
+            let pool = common::pool(PgServer::shared(), 1, "migrate").await;
+            migrate(&pool, &schema).await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().expect("concurrent migrate");
+    }
+    let pool = common::pool(PgServer::shared(), 1, "migrate").await;
+    migrate(&pool, &schema).await.expect("idempotent");
+}
+
+/// `connect` builds everything from a URL; bad input is refused with messages that
+/// never contain the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_and_bad_input() {
+    common::init_tracing();
+    let server = PgServer::shared();
+    let options = |schema: &str| ConnectOptions {
+        schema: schema.to_owned(),
+        connect_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let schema = common::fresh_schema();
+    let backend = connect(&server.url(), options(schema.name()))
+        .await
+        .expect("connect");
+    let lease = backend
+        .leases
+        .try_acquire_or_renew("cli", "node-a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(lease.acquired);
+    backend
+        .fence
+        .admit("res", lease.fencing_token)
+        .await
+        .unwrap();
+
+    // Invalid schema names never reach SQL.
+    for bad in ["bad-name", "x\"; DROP TABLE y; --", "", "pg_catalog"] {
+        let refused = connect(&server.url(), options(bad)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::InvalidArgument {
+                    field: "schema",
+                    ..
+                })
+            ),
+            "{bad:?}: {:?}",
+            refused.err()
+        );
+    }
+
+    // Not a URL.
+    let refused = connect("postgres://u:sekrit@[::1:5/x", options("tenure")).await;
+    let message = format!("{:?}", refused.err());
+    assert!(
+        message.contains("url") && !message.contains("sekrit"),
+        "{message}"
+    );
+
+    // Unreachable: a port nothing listens on.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let started = Instant::now();
+    let unreachable = connect(
+        &format!("postgres://postgres:hunter2-unreachable@127.0.0.1:{port}/postgres"),
+        options("tenure"),
+    )
+    .await;
+    assert!(
+        matches!(unreachable, Err(Error::Store { .. })),
+        "{unreachable:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let chain = error_chain(&unreachable.err().unwrap());
+    assert!(!chain.contains("hunter2-unreachable"), "{chain}");
+
+    // Wrong password: refused, and the password appears nowhere.
+    let wrong = "Wr0ng-Pa55word-xyzzy";
+    let url = server.url_for("postgres", wrong, "postgres");
+    let refused = connect(&url, options("tenure")).await;
+    let error = refused.expect_err("wrong password must fail");
+    let chain = error_chain(&error);
+    assert!(matches!(error, Error::Store { .. }), "{chain}");
+    assert!(chain.contains("password authentication failed"), "{chain}");
+    assert!(
+        !chain.contains(wrong) && !format!("{error:?}").contains(wrong),
+        "{chain}"
+    );
+}
+
+/// A role without CREATE cannot migrate, and a role without table privileges cannot
+/// acquire: both are store errors that say "permission denied".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_privileges_are_reported() {
+    let (_pool, schema) = setup("privileges").await;
+    let server = PgServer::shared();
+    let role = format!("limited_{}", std::process::id());
+    server.psql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'limited-pw';
+         REVOKE CREATE ON DATABASE postgres FROM PUBLIC;
+         GRANT USAGE ON SCHEMA \"{}\" TO {role};",
+        schema.name()
+    ));
+    let url = server.url_for(&role, "limited-pw", "postgres");
+    let fresh = common::fresh_schema();
+    let refused = connect(
+        &url,
+        ConnectOptions {
+            schema: fresh.name().to_owned(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let chain = error_chain(&refused.expect_err("migrate without CREATE must fail"));
+    assert!(chain.contains("permission denied"), "{chain}");
+
+    let backend = connect(
+        &url,
+        ConnectOptions {
+            schema: schema.name().to_owned(),
+            migrate: false,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect without migrating");
+    let refused = backend
+        .leases
+        .try_acquire_or_renew("r", "a", Duration::from_secs(5))
+        .await;
+    let error = refused.expect_err("acquire without privileges must fail");
+    assert!(error.is_transient());
+    let chain = error_chain(&error);
+    assert!(chain.contains("permission denied"), "{chain}");
+}
+
+/// The advisory-lock elector: one leader at a time; when the leader's connection is
+/// terminated its work is cancelled and a new term begins with a higher token; shutdown
+/// cancels the work and ends `run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_lock_elector_hands_over_on_connection_loss() {
+    let (_pool, schema) = setup("advisory-setup").await;
+    let options = AdvisoryLockOptions {
+        retry_interval: Duration::from_millis(100),
+        check_interval: Duration::from_millis(100),
+        check_timeout: Duration::from_secs(2),
+    };
+    // (elector, token, when work started, when its leadership was cancelled)
+    type Term = (&'static str, FencingToken, Instant, Option<Instant>);
+    let terms = Arc::new(Mutex::new(Vec::<Term>::new()));
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for name in ["adv-a", "adv-b"] {
+        let pool = common::pool(PgServer::shared(), 2, name).await;
+        let elector = AdvisoryLockElector::new(pool, schema.clone(), options.clone()).unwrap();
+        let (terms, stop) = (terms.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            elector
+                .run(
+                    "adv",
+                    move |token, leadership| {
+                        let terms = terms.clone();
+                        async move {
+                            let index = {
+                                let mut terms = terms.lock().unwrap();
+                                terms.push((name, token, Instant::now(), None));
+                                terms.len() - 1
+                            };
+                            leadership.cancelled().await;
+                            terms.lock().unwrap()[index].3 = Some(Instant::now());
+                        }
+                    },
+                    stop,
+                )
+                .await
+        }));
+    }
+    let wait_terms = |n: usize| {
+        let terms = terms.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if terms.lock().unwrap().len() >= n {
+                    return terms.lock().unwrap().clone();
+                }
+                assert!(Instant::now() < deadline, "no term {n} within 10 s");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let first = wait_terms(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(terms.lock().unwrap().len(), 1, "the lock has one holder");
+    let (leader, token, _, _) = first[0];
+    let terminated = Instant::now();
+    PgServer::shared().psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{leader}'"
+    ));
+    let after = wait_terms(2).await;
+    // Either contender may win the next term (the old leader reconnects too).
+    let (_, next_token, _, _) = after[1];
+    assert!(next_token > token, "advisory terms carry increasing tokens");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let cancelled = loop {
+        if let Some(at) = terms.lock().unwrap()[0].3 {
+            break at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old leader's work was not cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(cancelled.duration_since(terminated) < Duration::from_secs(3));
+    stop.cancel();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("electors stop")
+            .unwrap()
+            .unwrap();
+    }
+    let terms = terms.lock().unwrap();
+    assert!(
+        terms.iter().all(|t| t.3.is_some()),
+        "shutdown cancels the running work"
+    );
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}

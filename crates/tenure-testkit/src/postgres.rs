@@ -1,0 +1,568 @@
+//! A throwaway PostgreSQL server for tests: its own data directory, port and socket.
+//!
+//! [`PgServer::start`] runs `initdb` and `postgres` from `PATH` or
+//! `/usr/lib/postgresql/*/bin` in a fresh temporary directory, on a free loopback port
+//! (never 5432, never the system cluster). When the tests run as root the server runs
+//! as the `postgres` user, since PostgreSQL refuses root. Tests can stop, kill (-9),
+//! restart (same data, same port), pause (SIGSTOP) and resume the server.
+//!
+//! No server outlives the test run: `Drop` stops it, the shared server is stopped at
+//! process exit, and every postmaster is started with `PR_SET_PDEATHSIG` from one
+//! long-lived spawner thread, so it is killed even when the test process dies abruptly.
+//!
+//! The harness works at the process level (no database driver); it runs admin SQL
+//! with `psql` over the Unix socket.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The superuser the harness creates; [`PgServer::url`] logs in as it with a password.
+pub const SUPERUSER: &str = "postgres";
+
+const DIR_PREFIX: &str = "tenure-pg-";
+
+/// A running (or stopped, or paused) throwaway PostgreSQL server.
+#[derive(Debug)]
+pub struct PgServer {
+    root: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    password: String,
+    owner: Option<(u32, u32)>,
+    child: Mutex<Option<Child>>,
+}
+
+impl PgServer {
+    /// Creates a cluster in a fresh temporary directory and starts it; panics (this is a
+    /// test harness) with the server log when that fails.
+    pub fn start() -> PgServer {
+        sweep_stale_dirs();
+        let bin = find_bin_dir().unwrap_or_else(|| {
+            panic!(
+                "initdb/postgres not found on PATH or in /usr/lib/postgresql/*/bin; \
+                 install the `postgresql` package"
+            )
+        });
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("create server root");
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).expect("chmod root");
+        let owner = if unsafe { libc::geteuid() } == 0 {
+            Some(
+                postgres_user().expect("running as root needs a `postgres` user to run the server"),
+            )
+        } else {
+            None
+        };
+        let password = random_password();
+        let server = PgServer {
+            root,
+            bin,
+            port: free_port(),
+            password,
+            owner,
+            child: Mutex::new(None),
+        };
+        server.init();
+        server.spawn_and_wait();
+        server
+    }
+
+    /// One server shared by every test of this test binary, started on first use and
+    /// stopped when the process exits. Tests that stop or pause a server start their own.
+    pub fn shared() -> &'static PgServer {
+        static SHARED: OnceLock<PgServer> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let server = PgServer::start();
+            extern "C" fn stop_shared() {
+                if let Some(server) = SHARED.get() {
+                    server.shutdown_and_clean();
+                }
+            }
+            unsafe {
+                libc::atexit(stop_shared);
+            }
+            server
+        })
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory holding the server's Unix socket.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.root.join("sock")
+    }
+
+    /// The superuser's password (scram-authenticated over TCP).
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// `postgres://postgres:PASSWORD@127.0.0.1:PORT/postgres`: password-authenticated.
+    pub fn url(&self) -> String {
+        self.url_for(SUPERUSER, &self.password, "postgres")
+    }
+
+    /// A URL for another role and database on this server.
+    pub fn url_for(&self, user: &str, password: &str, database: &str) -> String {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{database}",
+            self.port
+        )
+    }
+
+    /// The server's log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+    }
+
+    /// Runs admin SQL as the superuser with `psql` over the socket; returns its output
+    /// (unaligned, tuples only) and panics with psql's error on failure.
+    pub fn psql(&self, sql: &str) -> String {
+        let psql = self.bin.join("psql");
+        let psql = if psql.is_file() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        };
+        let output = Command::new(psql)
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(self.socket_dir())
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+                "-c",
+                sql,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run psql");
+        assert!(
+            output.status.success(),
+            "psql failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Fast shutdown (SIGINT), waiting for the server to exit.
+    pub fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut running) = child.take() {
+            let pid = running.id() as libc::pid_t;
+            signal_tree(pid, libc::SIGCONT);
+            unsafe { libc::kill(pid, libc::SIGINT) };
+            if !wait_exit(&mut running, Duration::from_secs(20)) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = running.wait();
+            }
+            wait_children_gone(pid, Duration::from_secs(10));
+        }
+    }
+
+    /// Kills the postmaster with SIGKILL (its backends exit on their own) and waits
+    /// until every server process is gone.
+    pub fn kill(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut running) = child.take() {
+            let pid = running.id() as libc::pid_t;
+            signal_tree(pid, libc::SIGCONT);
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = running.wait();
+            wait_children_gone(pid, Duration::from_secs(10));
+        }
+    }
+
+    /// Starts the server again on the same data directory and port (after `stop` or
+    /// `kill`; stops it first when it is running).
+    pub fn restart(&self) {
+        self.stop();
+        self.spawn_and_wait();
+    }
+
+    /// Starts the server again after `stop` or `kill` (same data, same port).
+    pub fn start_again(&self) {
+        if self
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return;
+        }
+        self.spawn_and_wait();
+    }
+
+    /// Freezes every server process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            signal_tree(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Thaws the server after [`pause`](PgServer::pause).
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            signal_tree(pid, libc::SIGCONT);
+        }
+    }
+
+    /// The postmaster's process id while it runs.
+    pub fn pid(&self) -> Option<libc::pid_t> {
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|c| c.id() as libc::pid_t)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    fn as_owner(&self, command: &mut Command) {
+        if let Some((uid, gid)) = self.owner {
+            command.uid(uid).gid(gid);
+        }
+    }
+
+    fn chown(&self, path: &Path) {
+        if let Some((uid, gid)) = self.owner {
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+            let rc = unsafe { libc::chown(c.as_ptr(), uid, gid) };
+            assert_eq!(
+                rc,
+                0,
+                "chown {}: {}",
+                path.display(),
+                io::Error::last_os_error()
+            );
+        }
+    }
+
+    fn init(&self) {
+        let data = self.data_dir();
+        let sock = self.socket_dir();
+        for dir in [&data, &sock] {
+            fs::create_dir_all(dir).expect("create dir");
+            self.chown(dir);
+        }
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o700)).expect("chmod data");
+        let pwfile = self.root.join("pwfile");
+        fs::write(&pwfile, format!("{}\n", self.password)).expect("write pwfile");
+        self.chown(&pwfile);
+        let mut initdb = Command::new(self.bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .current_dir(&self.root)
+            .stdin(Stdio::null());
+        self.as_owner(&mut initdb);
+        let output = initdb.output().expect("run initdb");
+        let _ = fs::remove_file(&pwfile);
+        assert!(
+            output.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn spawn_and_wait(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.root.join("server.log"))
+                .expect("open server log");
+            let mut command = Command::new(self.bin.join("postgres"));
+            command
+                .arg("-D")
+                .arg(self.data_dir())
+                .args(["-p", &self.port.to_string(), "-k"])
+                .arg(self.socket_dir())
+                .args([
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=300",
+                    "-c",
+                    "shared_buffers=32MB",
+                    "-c",
+                    "logging_collector=off",
+                    "-c",
+                    "log_min_messages=warning",
+                ])
+                .current_dir(&self.root)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log);
+            self.as_owner(&mut command);
+            unsafe {
+                command.pre_exec(|| {
+                    // The postmaster dies with the test process, however that ends.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = spawn_from_keeper(command).expect("spawn postgres");
+            match self.wait_ready(&mut child, deadline) {
+                Ok(()) => {
+                    *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+                    return;
+                }
+                Err(exited) => {
+                    if exited && Instant::now() < deadline {
+                        // A killed predecessor's shared memory may still be detaching.
+                        thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+                    let _ = child.wait();
+                    panic!("postgres did not become ready; log:\n{}", self.log());
+                }
+            }
+        }
+    }
+
+    /// Ok when the server accepts connections; Err(true) when it exited early.
+    fn wait_ready(&self, child: &mut Child, deadline: Instant) -> Result<(), bool> {
+        let pidfile = self.data_dir().join("postmaster.pid");
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(true);
+            }
+            let ready = fs::read_to_string(&pidfile)
+                .map(|s| s.lines().nth(7).is_some_and(|l| l.trim() == "ready"))
+                .unwrap_or(false);
+            if ready && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Err(false)
+    }
+
+    fn shutdown_and_clean(&self) {
+        {
+            let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(mut running) = child.take() {
+                let pid = running.id() as libc::pid_t;
+                signal_tree(pid, libc::SIGCONT);
+                // Immediate shutdown: quick, and it still removes shared memory.
+                unsafe { libc::kill(pid, libc::SIGQUIT) };
+                if !wait_exit(&mut running, Duration::from_secs(5)) {
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    let _ = running.wait();
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.shutdown_and_clean();
+    }
+}
+
+/// Spawns every postmaster from one thread that lives as long as the process, because
+/// `PR_SET_PDEATHSIG` fires when the spawning *thread* exits, and test threads are
+/// short-lived.
+fn spawn_from_keeper(command: Command) -> io::Result<Child> {
+    type Request = (Command, mpsc::Sender<io::Result<Child>>);
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        thread::Builder::new()
+            .name("pg-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("spawn keeper thread");
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    keeper
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((command, reply_tx))
+        .map_err(|_| io::Error::other("spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("spawner thread is gone"))?
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The direct children of `pid` (PostgreSQL backends are all children of the postmaster).
+fn children_of(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|child| {
+            fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The command name may hold spaces; fields resume after the last ')'.
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<libc::pid_t>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn signal_tree(pid: libc::pid_t, signal: libc::c_int) {
+    unsafe { libc::kill(pid, signal) };
+    for child in children_of(pid) {
+        unsafe { libc::kill(child, signal) };
+    }
+}
+
+fn wait_children_gone(pid: libc::pid_t, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let children = children_of(pid);
+        if children.is_empty() || Instant::now() >= deadline {
+            for child in children {
+                unsafe { libc::kill(child, libc::SIGKILL) };
+            }
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Removes data directories left by test processes that died before cleaning up.
+fn sweep_stale_dirs() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn find_bin_dir() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if has_both(&dir) {
+                // Follow symlinks (/usr/local/bin/initdb -> /usr/lib/postgresql/15/bin)
+                // so psql and friends are found beside the real binaries.
+                return fs::canonicalize(dir.join("postgres"))
+                    .ok()
+                    .and_then(|real| real.parent().map(Path::to_path_buf))
+                    .filter(|real| has_both(real))
+                    .or(Some(dir));
+            }
+        }
+    }
+    let mut candidates: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .filter(|(_, dir)| has_both(dir))
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, dir)| dir)
+}
+
+fn postgres_user() -> Option<(u32, u32)> {
+    let name = CString::new("postgres").ok()?;
+    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+    if entry.is_null() {
+        return None;
+    }
+    let entry = unsafe { &*entry };
+    Some((entry.pw_uid, entry.pw_gid))
+}
+
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind a free port");
+        let port = listener.local_addr().expect("local addr").port();
+        if port != 5432 {
+            return port;
+        }
+    }
+}
+
+fn random_password() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::from("pw");
+    for _ in 0..3 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(Instant::now().elapsed().as_nanos());
+        out.push_str(&format!("{:016x}", hasher.finish()));
+    }
+    out
+}
