@@ -7,6 +7,8 @@
 #![deny(missing_docs)]
 
 pub mod conformance;
+pub mod etcd;
 mod fixture;
+pub mod postgres;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

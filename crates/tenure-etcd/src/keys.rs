@@ -1,0 +1,415 @@
+//! The key layout under a prefix, the stored records, and the small helpers every
+//! module shares (time encoding, error mapping, request timeouts).
+//!
+//! Under `<prefix>`:
+//!
+//! | key | value | etcd lease | purpose |
+//! | --- | --- | --- | --- |
+//! | `leases/R` | owner | the term's lease | the live term of role R; token = create revision |
+//! | `terms/R` | [`TermRecord`] (JSON) | none | latest term's token, expiry, release; survives expiry |
+//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, Txn, TxnResponse, WatchOptions,
+    WatchStream,
+};
+use tenure::{Error, Metadata, Result};
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// The longest prefix accepted, in bytes.
+pub const MAX_PREFIX_LEN: usize = 512;
+
+/// The prefix used when an `etcd://` URL names none.
+pub const DEFAULT_PREFIX: &str = "/tenure";
+
+/// etcd's own ceiling on a lease TTL (`MaxLeaseTTL`), in seconds.
+pub(crate) const MAX_TTL_SECS: u64 = 9_000_000_000;
+
+/// Checks a key prefix: non-empty, at most [`MAX_PREFIX_LEN`] bytes, printable (no
+/// control characters or whitespace) and not ending in `/` (the layout adds the `/`).
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        return Err(Error::invalid("prefix", "must not be empty"));
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(Error::invalid(
+            "prefix",
+            format!(
+                "is {} bytes long, at most {MAX_PREFIX_LEN} allowed",
+                prefix.len()
+            ),
+        ));
+    }
+    if prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Error::invalid(
+            "prefix",
+            "must be printable: no control characters, NUL or whitespace",
+        ));
+    }
+    if prefix.ends_with('/') {
+        return Err(Error::invalid(
+            "prefix",
+            "must not end with '/': keys are <prefix>/leases/<role>, so write /app, not /app/",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a TTL for etcd: whole seconds, at least one, at most etcd's maximum.
+pub(crate) fn ttl_secs(ttl: Duration) -> Result<i64> {
+    if ttl.subsec_nanos() != 0 {
+        return Err(Error::invalid(
+            "ttl",
+            format!("{ttl:?} is not a whole number of seconds, which etcd leases need"),
+        ));
+    }
+    let secs = ttl.as_secs();
+    if secs > MAX_TTL_SECS {
+        return Err(Error::invalid(
+            "ttl",
+            format!("{ttl:?} is above etcd's maximum lease TTL of {MAX_TTL_SECS} s"),
+        ));
+    }
+    i64::try_from(secs).map_err(|_| Error::invalid("ttl", "too large"))
+}
+
+/// The keys of one store or registry.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Result<Self> {
+        validate_prefix(prefix)?;
+        Ok(Keys {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn lease(&self, role: &str) -> String {
+        format!("{}/leases/{role}", self.prefix)
+    }
+
+    pub(crate) fn term(&self, role: &str) -> String {
+        format!("{}/terms/{role}", self.prefix)
+    }
+
+    pub(crate) fn node(&self, node_id: &str) -> String {
+        format!("{}/nodes/{node_id}", self.prefix)
+    }
+
+    pub(crate) fn leases_dir(&self) -> String {
+        format!("{}/leases/", self.prefix)
+    }
+
+    pub(crate) fn terms_dir(&self) -> String {
+        format!("{}/terms/", self.prefix)
+    }
+
+    pub(crate) fn nodes_dir(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+}
+
+/// The name after a directory prefix (`<prefix>/leases/` + name), if `key` is under it.
+pub(crate) fn name_under<'a>(key: &'a [u8], dir: &str) -> Option<&'a str> {
+    let rest = key.strip_prefix(dir.as_bytes())?;
+    std::str::from_utf8(rest).ok().filter(|s| !s.is_empty())
+}
+
+/// The non-leased record of a role's latest term.
+///
+/// Written by the acquire transaction without `token` (the token is then the record's
+/// mod revision, which equals the lease key's create revision: one transaction), and
+/// with `token` by renewals and release.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TermRecord {
+    pub(crate) owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) token: Option<u64>,
+    /// Expiry as reported to the holder, nanoseconds since the Unix epoch.
+    pub(crate) expires_at_ns: u64,
+    /// The TTL the holder asked for, in seconds.
+    pub(crate) ttl_secs: i64,
+    /// The TTL etcd granted (higher when etcd raised it to its minimum); 0 if unknown.
+    #[serde(default)]
+    pub(crate) lease_secs: i64,
+    #[serde(default)]
+    pub(crate) released: bool,
+}
+
+impl TermRecord {
+    /// The token of the term this record describes, given the record's mod revision.
+    pub(crate) fn token_at(&self, mod_revision: i64) -> u64 {
+        self.token
+            .unwrap_or_else(|| u64::try_from(mod_revision).unwrap_or(0))
+    }
+}
+
+/// A node's membership record.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct NodeRecord {
+    pub(crate) first_seen_ns: u64,
+    pub(crate) last_heartbeat_ns: u64,
+    #[serde(default)]
+    pub(crate) metadata: Metadata,
+}
+
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| Error::store(BACKEND, "encoding a record", e))
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    serde_json::from_slice(bytes).ok()
+}
+
+/// Nanoseconds since the Unix epoch (saturating; 2554 is far off).
+pub(crate) fn to_ns(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+pub(crate) fn from_ns(ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns)
+}
+
+/// `time` as it reads back from a record, so a holder and a reader see equal values.
+pub(crate) fn round_trip(time: SystemTime) -> SystemTime {
+    from_ns(to_ns(time))
+}
+
+pub(crate) fn store_err(what: &str, error: etcd_client::Error) -> Error {
+    Error::store(BACKEND, what.to_owned(), error)
+}
+
+/// Whether an etcd error says the lease does not exist (expired or revoked).
+pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::LeaseKeepAliveError(message) => message.contains("not found"),
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Whether the request provably never reached a server: the connection to the endpoint
+/// the client's balancer picked could not be opened. Such a request is safe to resend,
+/// and resending lets the balancer pick a live member (it keeps picking dead ones).
+fn never_sent(error: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return false;
+    };
+    // gRPC status 14, UNAVAILABLE.
+    if status.code() as i32 != 14 {
+        return false;
+    }
+    if status.message().contains("tcp connect error") {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// The caller's etcd client and the per-request timeout, with the few calls the
+/// backend makes. Every call is bounded by the timeout and resent (within it) when it
+/// never reached a server.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    pub(crate) timeout: Duration,
+}
+
+const MAX_SENDS: usize = 4;
+
+impl Conn {
+    async fn call<T, F, Fut>(&self, what: &str, mut make: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut sends = 0;
+        loop {
+            sends += 1;
+            match tokio::time::timeout_at(deadline, make()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) if sends < MAX_SENDS && never_sent(&error) => {
+                    tracing::trace!(what, %error, "request not sent; resending");
+                }
+                Ok(Err(error)) => return Err(store_err(what, error)),
+                Err(elapsed) => {
+                    return Err(Error::store(
+                        BACKEND,
+                        format!("{what}: no answer within {:?}", self.timeout),
+                        elapsed,
+                    ))
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, || {
+            let mut kv = self.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: &str,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse> {
+        self.call(what, || {
+            let mut kv = self.client.kv_client();
+            let options = options.clone();
+            async move { kv.get(key, options).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn delete(
+        &self,
+        what: &str,
+        key: &str,
+        options: Option<DeleteOptions>,
+    ) -> Result<DeleteResponse> {
+        self.call(what, || {
+            let mut kv = self.client.kv_client();
+            let options = options.clone();
+            async move { kv.delete(key, options).await }
+        })
+        .await
+    }
+
+    /// Grants an etcd lease: its id, the granted TTL (at least `ttl_secs`; etcd raises
+    /// TTLs below its minimum), and the local time just before the request was sent.
+    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
+        let started = SystemTime::now();
+        let granted = self
+            .call("granting an etcd lease", || {
+                let mut leases = self.client.lease_client();
+                async move { leases.grant(ttl_secs, None).await }
+            })
+            .await?;
+        Ok((granted.id(), granted.ttl().max(ttl_secs), started))
+    }
+
+    pub(crate) async fn watch(
+        &self,
+        what: &str,
+        key: &str,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        self.call(what, || {
+            let mut watches = self.client.watch_client();
+            let options = options.clone();
+            async move { watches.watch(key, Some(options)).await }
+        })
+        .await
+    }
+
+    /// Keeps `lease` alive once; `Ok(false)` when etcd no longer has it.
+    pub(crate) async fn keep_alive_once(&self, lease: i64) -> Result<bool> {
+        let answer = self
+            .call("keeping the etcd lease alive", || {
+                let mut leases = self.client.lease_client();
+                async move {
+                    match leases.keep_alive(lease).await {
+                        Ok(_keeper_and_stream) => Ok(true),
+                        Err(error) if is_lease_not_found(&error) => Ok(false),
+                        Err(error) => Err(error),
+                    }
+                }
+            })
+            .await;
+        answer
+    }
+
+    /// Revokes `lease`, logging (not returning) failures: callers revoke only to clean
+    /// up after the key that mattered is already gone or moved.
+    pub(crate) async fn revoke_quietly(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        let revoked = self
+            .call("revoking an etcd lease", || {
+                let mut leases = self.client.lease_client();
+                async move {
+                    match leases.revoke(lease).await {
+                        Ok(_) => Ok(()),
+                        Err(error) if is_lease_not_found(&error) => Ok(()),
+                        Err(error) => Err(error),
+                    }
+                }
+            })
+            .await;
+        if let Err(error) = revoked {
+            tracing::debug!(lease, %error, "revoking an unused etcd lease failed; it expires by itself");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        for good in ["/tenure", "tenure", "/a/b-c_d.e", "/ünï"] {
+            validate_prefix(good).unwrap();
+        }
+        for bad in ["", "/", "/app/", "a b", "a\0b", "a\nb"] {
+            assert!(
+                matches!(
+                    validate_prefix(bad),
+                    Err(Error::InvalidArgument {
+                        field: "prefix",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(validate_prefix(&"x".repeat(MAX_PREFIX_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(ttl_secs(Duration::from_secs(3)).unwrap(), 3);
+        assert!(ttl_secs(Duration::from_millis(1500)).is_err());
+        assert!(ttl_secs(Duration::from_secs(MAX_TTL_SECS + 1)).is_err());
+    }
+
+    #[test]
+    fn names_and_times() {
+        let keys = Keys::new("/p").unwrap();
+        assert_eq!(keys.lease("a/b"), "/p/leases/a/b");
+        assert_eq!(
+            name_under(b"/p/leases/a/b", &keys.leases_dir()),
+            Some("a/b")
+        );
+        assert_eq!(name_under(b"/p/terms/a", &keys.leases_dir()), None);
+        let t = SystemTime::now();
+        assert_eq!(round_trip(t), from_ns(to_ns(t)));
+        assert_eq!(round_trip(round_trip(t)), round_trip(t));
+    }
+}

@@ -1,0 +1,891 @@
+//! [`EtcdLeaseStore`]: tenure leases on etcd leases, fencing tokens from create revisions.
+//!
+//! The term of role R is the key `<prefix>/leases/R`, holding the owner and attached to
+//! an etcd lease of the term's TTL. Its create revision is the fencing token: etcd
+//! revisions only grow, survive restarts, and a key deleted and created again gets a
+//! new one, so tokens strictly increase per role (they are not consecutive). Expiry is
+//! etcd's: the term ends when etcd expires or revokes the lease and deletes the key.
+//!
+//! # Time
+//!
+//! etcd has no wall clock in its answers. `now` is this host's clock when the answer
+//! arrived; `expires_at` is this host's clock just before the request that (re)started
+//! the etcd lease was sent, plus the TTL. etcd counts the TTL from when it handled the
+//! request, so `expires_at` is a lower bound of the real end (up to one round trip
+//! early, ignoring clock rate), which is the safe side for a holder. Other contenders read
+//! the holder's `expires_at` from the `terms/R` record. etcd checks expiry every 500 ms,
+//! so a key can outlive its reported `expires_at` by about that much: such a term is
+//! still held (nobody else can acquire it) and is reported live with `expires_at` =
+//! `now` + 500 ms. A holder renewing in that window keeps its token.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use parking_lot::Mutex;
+use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+
+use crate::keys::{
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Conn, Keys, TermRecord,
+    BACKEND,
+};
+
+/// How long a key may outlive its reported expiry before etcd deletes it: etcd's
+/// expiry check period.
+pub const EXPIRY_GRACE: Duration = Duration::from_millis(500);
+
+/// The default timeout of one etcd request.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times one call re-reads after losing a race before giving up.
+const MAX_ATTEMPTS: usize = 6;
+
+/// At most this many unused etcd leases are kept for the next acquire.
+const MAX_SPARE_LEASES: usize = 8;
+
+/// A [`LeaseStore`] on etcd (v3 API, etcd 3.4 or later).
+///
+/// Takes the caller's own [`etcd_client::Client`] and a key prefix. Every operation is
+/// one transaction (plus, for renewals, a keep-alive of the term's etcd lease sent
+/// concurrently, so a renewal costs one round trip); release is a transaction that
+/// compares the create revision, never an unconditional delete.
+///
+/// Tokens are the lease key's create revision: strictly increasing per role and durable
+/// across etcd restarts, but not consecutive. `get` and `list` also show terms that
+/// ended (released or expired), from the `terms/R` record.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> tenure::Result<()> {
+/// use std::time::Duration;
+/// use tenure::LeaseStore;
+/// use tenure_etcd::EtcdLeaseStore;
+///
+/// let client = etcd_client::Client::connect(["http://127.0.0.1:2379"], None)
+///     .await
+///     .map_err(|e| tenure::Error::store("etcd", "connect", e))?;
+/// let store = EtcdLeaseStore::new(client, "/myapp")?;
+/// let lease = store.try_acquire_or_renew("reports", "node-a", Duration::from_secs(10)).await?;
+/// if lease.acquired {
+///     // ... work stamped with lease.fencing_token ...
+///     store.release("reports", "node-a", lease.fencing_token).await?;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct EtcdLeaseStore {
+    conn: Conn,
+    keys: Keys,
+    /// Our live terms as last seen by this instance, so a renewal needs no read first.
+    /// Only a hint: every renewal is checked by the transaction's compares.
+    terms: Mutex<HashMap<String, OwnTerm>>,
+    /// Granted but unused etcd leases, so an acquire after a lost race (or a push) is
+    /// one round trip.
+    spare: Mutex<Vec<SpareLease>>,
+}
+
+impl std::fmt::Debug for EtcdLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLeaseStore")
+            .field("prefix", &self.keys.prefix())
+            .field("request_timeout", &self.conn.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct OwnTerm {
+    owner: String,
+    token: i64,
+    lease: i64,
+    /// The TTL the caller asked for.
+    ttl_secs: i64,
+    /// The TTL etcd granted (etcd raises TTLs below its minimum).
+    lease_secs: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SpareLease {
+    id: i64,
+    ttl_secs: i64,
+    lease_secs: i64,
+    /// Local time just before the request that last (re)started it was sent.
+    started: SystemTime,
+    /// Usable until then: half its TTL after the request that (re)started it was sent.
+    usable_until: tokio::time::Instant,
+}
+
+/// A role's state as one read saw it.
+#[derive(Clone, Debug)]
+enum Seen {
+    Absent,
+    Held(Holder),
+}
+
+#[derive(Clone, Debug)]
+struct Holder {
+    owner: String,
+    token: i64,
+    lease: i64,
+    /// The requested and granted TTLs, when the term record says them.
+    ttl_secs: Option<(i64, i64)>,
+    /// The expiry the holder was last told, when the term record is this term's.
+    expires_at: Option<SystemTime>,
+}
+
+impl Holder {
+    fn token(&self) -> FencingToken {
+        FencingToken::from(u64::try_from(self.token).unwrap_or(0))
+    }
+
+    /// The expiry to report at `now`: the recorded one, or `now + EXPIRY_GRACE` when it
+    /// has passed (or is unknown) but etcd still holds the key.
+    fn expires_at(&self, now: SystemTime) -> SystemTime {
+        match self.expires_at {
+            Some(at) if at > now => at,
+            _ => now + EXPIRY_GRACE,
+        }
+    }
+
+    fn refusal(&self) -> LeaseResult {
+        let now = SystemTime::now();
+        LeaseResult {
+            acquired: false,
+            fencing_token: self.token(),
+            expires_at: self.expires_at(now),
+            holder: self.owner.clone(),
+            now,
+        }
+    }
+}
+
+/// What one attempt ended with.
+enum Step {
+    Done(LeaseResult),
+    /// The role looked different than assumed; decide again from this.
+    Saw(Seen),
+    /// Read the role afresh.
+    Reread,
+    /// Our term's etcd lease is gone but its key may linger for etcd's expiry check:
+    /// wait (briefly) for the key to go, then read again.
+    Lapsing(FencingToken),
+}
+
+impl EtcdLeaseStore {
+    /// A store over `client`, keeping its keys under `prefix` (for example `/myapp`).
+    ///
+    /// `prefix` must be non-empty, printable, without whitespace and not end in `/`;
+    /// anything else is `InvalidArgument` naming `prefix`.
+    pub fn new(client: Client, prefix: &str) -> Result<Self> {
+        Ok(EtcdLeaseStore {
+            conn: Conn {
+                client,
+                timeout: DEFAULT_REQUEST_TIMEOUT,
+            },
+            keys: Keys::new(prefix)?,
+            terms: Mutex::new(HashMap::new()),
+            spare: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Sets the timeout of each etcd request (default [`DEFAULT_REQUEST_TIMEOUT`]); a
+    /// request without an answer by then fails with `Error::Store`.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "request_timeout",
+                "must be greater than zero",
+            ));
+        }
+        self.conn.timeout = timeout;
+        Ok(self)
+    }
+
+    /// The etcd client this store uses.
+    pub fn client(&self) -> &Client {
+        &self.conn.client
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.keys.prefix()
+    }
+
+    /// The key of role `role`'s live term, `<prefix>/leases/<role>`; its create revision
+    /// is the fencing token.
+    pub fn lease_key(&self, role: &str) -> Result<String> {
+        validate_name("role", role)?;
+        Ok(self.keys.lease(role))
+    }
+
+    /// Reads the role's lease key and term record in one transaction; also returns the
+    /// store revision of the read.
+    async fn read_role(&self, role: &str) -> Result<(Seen, Option<(TermRecord, i64)>, i64)> {
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.keys.lease(role), None),
+            TxnOp::get(self.keys.term(role), None),
+        ]);
+        let response = self.conn.txn("reading a lease", txn).await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let (lease_kv, term_kv) = two_gets(&response);
+        let record = term_kv.as_ref().and_then(parse_term);
+        Ok((
+            seen_from(lease_kv.as_ref(), record.as_ref()),
+            record,
+            revision,
+        ))
+    }
+
+    /// A spare or freshly granted etcd lease for `ttl_secs`: its id, the TTL etcd
+    /// granted, and the local time just before the request that last started it was
+    /// sent (it ends no earlier than that plus the granted TTL).
+    async fn lease_for(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
+        let now = tokio::time::Instant::now();
+        {
+            let mut spare = self.spare.lock();
+            spare.retain(|s| s.usable_until > now);
+            if let Some(at) = spare.iter().position(|s| s.ttl_secs == ttl_secs) {
+                let lease = spare.swap_remove(at);
+                return Ok((lease.id, lease.lease_secs, lease.started));
+            }
+        }
+        self.conn.grant(ttl_secs).await
+    }
+
+    async fn put_back_spare(&self, lease: SpareLease) {
+        let surplus = {
+            let mut spare = self.spare.lock();
+            if spare.len() < MAX_SPARE_LEASES {
+                spare.push(lease);
+                None
+            } else {
+                Some(lease.id)
+            }
+        };
+        if let Some(id) = surplus {
+            self.conn.revoke_quietly(id).await;
+        }
+    }
+
+    /// Starts a new term: one transaction `key absent => put`, with the etcd lease kept
+    /// alive concurrently (so the term's TTL counts from this round trip).
+    async fn acquire(&self, role: &str, owner: &str, ttl: Duration, secs: i64) -> Result<Step> {
+        let (lease, lease_secs, started) = self.lease_for(secs).await?;
+        let lease_ttl = lease_duration(ttl, secs, lease_secs);
+        let sent = SystemTime::now();
+        let sent_mono = tokio::time::Instant::now();
+        let expires_at = round_trip(sent + lease_ttl);
+        let record = TermRecord {
+            owner: owner.to_owned(),
+            token: None,
+            expires_at_ns: to_ns(expires_at),
+            ttl_secs: secs,
+            lease_secs,
+            released: false,
+        };
+        let lease_key = self.keys.lease(role);
+        let term_key = self.keys.term(role);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                lease_key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    lease_key.clone(),
+                    owner,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(term_key.clone(), encode(&record)?, None),
+            ])
+            .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]);
+        let (txn_result, alive) = tokio::join!(
+            self.conn.txn("acquiring a lease", txn),
+            self.conn.keep_alive_once(lease),
+        );
+        let response = match txn_result {
+            Ok(response) => response,
+            Err(error) => {
+                self.conn.revoke_quietly(lease).await;
+                if lease_missing(&error) {
+                    return Ok(Step::Reread);
+                }
+                return Err(error);
+            }
+        };
+        if !response.succeeded() {
+            if matches!(alive, Ok(true)) {
+                self.put_back_spare(SpareLease {
+                    id: lease,
+                    ttl_secs: secs,
+                    lease_secs,
+                    started: sent,
+                    usable_until: sent_mono + lease_ttl / 2,
+                })
+                .await;
+            } else {
+                self.conn.revoke_quietly(lease).await;
+            }
+            let (lease_kv, term_kv) = two_gets(&response);
+            let record = term_kv.as_ref().and_then(parse_term);
+            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+        }
+        let revision = response.header().map_or(0, |h| h.revision());
+        if !matches!(alive, Ok(true)) {
+            // The put succeeded with the lease attached, so the lease existed; without
+            // the keep-alive its TTL counts from the grant, which was earlier still.
+            tracing::debug!(
+                role,
+                "keep-alive beside an acquire failed; the term is shorter"
+            );
+        }
+        self.terms.lock().insert(
+            role.to_owned(),
+            OwnTerm {
+                owner: owner.to_owned(),
+                token: revision,
+                lease,
+                ttl_secs: secs,
+                lease_secs,
+            },
+        );
+        let expires_at = if matches!(alive, Ok(true)) {
+            expires_at
+        } else {
+            // The lease's TTL counts from when it was last started, not from this
+            // attempt: tell the holder the earlier end. (The record keeps the later one;
+            // contenders are woken by the delete event anyway.)
+            round_trip(started + lease_ttl)
+        };
+        Ok(Step::Done(LeaseResult {
+            acquired: true,
+            fencing_token: FencingToken::from(u64::try_from(revision).unwrap_or(0)),
+            expires_at,
+            holder: owner.to_owned(),
+            now: SystemTime::now(),
+        }))
+    }
+
+    /// Renews our term `(token, lease)`: a transaction checking the key is still that
+    /// term and recording the new expiry, and a keep-alive of its lease, sent together.
+    async fn renew(&self, role: &str, owner: &str, ttl: Duration, term: &OwnTerm) -> Result<Step> {
+        let sent = SystemTime::now();
+        let expires_at = round_trip(sent + lease_duration(ttl, term.ttl_secs, term.lease_secs));
+        let record = TermRecord {
+            owner: owner.to_owned(),
+            token: Some(u64::try_from(term.token).unwrap_or(0)),
+            expires_at_ns: to_ns(expires_at),
+            ttl_secs: term.ttl_secs,
+            lease_secs: term.lease_secs,
+            released: false,
+        };
+        let lease_key = self.keys.lease(role);
+        let term_key = self.keys.term(role);
+        let txn = Txn::new()
+            .when(self.own_term_compares(role, owner, term.token))
+            .and_then([TxnOp::put(term_key.clone(), encode(&record)?, None)])
+            .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]);
+        let (txn_result, alive) = tokio::join!(
+            self.conn.txn("renewing a lease", txn),
+            self.conn.keep_alive_once(term.lease),
+        );
+        let response = match txn_result {
+            Ok(response) => response,
+            Err(error) => {
+                self.terms.lock().remove(role);
+                return Err(error);
+            }
+        };
+        if !response.succeeded() {
+            self.terms.lock().remove(role);
+            let (lease_kv, term_kv) = two_gets(&response);
+            let record = term_kv.as_ref().and_then(parse_term);
+            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+        }
+        match alive {
+            Ok(true) => {}
+            // etcd has expired the lease and is about to delete the key: the term is
+            // over, and a lapsed term is never resumed.
+            Ok(false) => {
+                self.terms.lock().remove(role);
+                return Ok(Step::Lapsing(FencingToken::from(
+                    u64::try_from(term.token).unwrap_or(0),
+                )));
+            }
+            Err(error) => {
+                self.terms.lock().remove(role);
+                return Err(error);
+            }
+        }
+        self.terms.lock().insert(role.to_owned(), term.clone());
+        Ok(Step::Done(LeaseResult {
+            acquired: true,
+            fencing_token: FencingToken::from(u64::try_from(term.token).unwrap_or(0)),
+            expires_at,
+            holder: owner.to_owned(),
+            now: SystemTime::now(),
+        }))
+    }
+
+    /// Moves our live term onto a new etcd lease with another TTL, keeping the key (and
+    /// so its create revision, the token).
+    async fn change_ttl(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        secs: i64,
+        old: &OwnTerm,
+    ) -> Result<Step> {
+        let (lease, lease_secs, sent) = self.conn.grant(secs).await?;
+        let expires_at = round_trip(sent + lease_duration(ttl, secs, lease_secs));
+        let record = TermRecord {
+            owner: owner.to_owned(),
+            token: Some(u64::try_from(old.token).unwrap_or(0)),
+            expires_at_ns: to_ns(expires_at),
+            ttl_secs: secs,
+            lease_secs,
+            released: false,
+        };
+        let lease_key = self.keys.lease(role);
+        let term_key = self.keys.term(role);
+        let txn = Txn::new()
+            .when(self.own_term_compares(role, owner, old.token))
+            .and_then([
+                TxnOp::put(
+                    lease_key.clone(),
+                    owner,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(term_key.clone(), encode(&record)?, None),
+            ])
+            .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]);
+        let response = self.conn.txn("moving a lease to a new ttl", txn).await;
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                self.conn.revoke_quietly(lease).await;
+                return Err(error);
+            }
+        };
+        if !response.succeeded() {
+            self.conn.revoke_quietly(lease).await;
+            self.terms.lock().remove(role);
+            let (lease_kv, term_kv) = two_gets(&response);
+            let record = term_kv.as_ref().and_then(parse_term);
+            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+        }
+        self.conn.revoke_quietly(old.lease).await;
+        let term = OwnTerm {
+            owner: owner.to_owned(),
+            token: old.token,
+            lease,
+            ttl_secs: secs,
+            lease_secs,
+        };
+        self.terms.lock().insert(role.to_owned(), term);
+        Ok(Step::Done(LeaseResult {
+            acquired: true,
+            fencing_token: FencingToken::from(u64::try_from(old.token).unwrap_or(0)),
+            expires_at,
+            holder: owner.to_owned(),
+            now: SystemTime::now(),
+        }))
+    }
+
+    /// The compares that hold exactly while `(owner, token)` is role's live term.
+    fn own_term_compares(&self, role: &str, owner: &str, token: i64) -> Vec<Compare> {
+        let lease_key = self.keys.lease(role);
+        vec![
+            Compare::create_revision(lease_key.clone(), CompareOp::Equal, token),
+            Compare::value(lease_key, CompareOp::Equal, owner),
+        ]
+    }
+
+    /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
+    /// token`: its `and_then` operations commit only while that term is live.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: &tenure_etcd::EtcdLeaseStore, token: tenure::FencingToken) -> tenure::Result<()> {
+    /// use etcd_client::TxnOp;
+    /// let txn = store
+    ///     .fenced_txn("reports", token)?
+    ///     .and_then([TxnOp::put("/myapp/report", "done", None)]);
+    /// let committed = store.client().clone().txn(txn).await
+    ///     .map_err(|e| tenure::Error::store("etcd", "fenced write", e))?
+    ///     .succeeded();
+    /// # Ok(()) }
+    /// ```
+    pub fn fenced_txn(&self, role: &str, token: FencingToken) -> Result<Txn> {
+        Ok(Txn::new().when([self.fence_compare(role, token)?]))
+    }
+
+    /// The compare behind [`fenced_txn`](Self::fenced_txn), to combine with your own.
+    pub fn fence_compare(&self, role: &str, token: FencingToken) -> Result<Compare> {
+        validate_name("role", role)?;
+        // A token beyond i64 was never handed out by etcd; compare against -1, which
+        // no key's create revision equals, so the write is refused.
+        let revision = i64::try_from(token.get()).unwrap_or(-1);
+        Ok(Compare::create_revision(
+            self.keys.lease(role),
+            CompareOp::Equal,
+            revision,
+        ))
+    }
+
+    /// Runs `ops` in one transaction that commits only while the term `(role, token)`
+    /// is live; otherwise nothing is written and the result is `Error::Fenced`, with
+    /// `highest` the role's latest token.
+    pub async fn commit_fenced(
+        &self,
+        role: &str,
+        token: FencingToken,
+        ops: Vec<TxnOp>,
+    ) -> Result<TxnResponse> {
+        let txn = Txn::new()
+            .when([self.fence_compare(role, token)?])
+            .and_then(ops)
+            .or_else([
+                TxnOp::get(self.keys.lease(role), None),
+                TxnOp::get(self.keys.term(role), None),
+            ]);
+        let response = self
+            .conn
+            .txn("committing a fenced transaction", txn)
+            .await?;
+        if response.succeeded() {
+            return Ok(response);
+        }
+        let (lease_kv, term_kv) = two_gets(&response);
+        let highest = match (&lease_kv, term_kv.as_ref().and_then(parse_term)) {
+            (Some(kv), _) => u64::try_from(kv.create_revision()).unwrap_or(0),
+            (None, Some((record, mod_revision))) => record.token_at(mod_revision),
+            (None, None) => token.get(),
+        };
+        Err(Error::Fenced {
+            presented: token,
+            highest: FencingToken::from(highest),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseStore for EtcdLeaseStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        validate_acquire(role, owner, ttl, self.min_ttl(), SystemTime::now())?;
+        let secs = ttl_secs(ttl)?;
+        let cached = self
+            .terms
+            .lock()
+            .get(role)
+            .filter(|t| t.owner == owner)
+            .cloned();
+        let mut step = match cached {
+            Some(term) if term.ttl_secs == secs => self.renew(role, owner, ttl, &term).await?,
+            _ => Step::Reread,
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let seen = match step {
+                Step::Done(result) => return Ok(result),
+                Step::Saw(seen) => seen,
+                Step::Reread => self.read_role(role).await?.0,
+                Step::Lapsing(token) => {
+                    let gone =
+                        tokio::time::timeout(EXPIRY_GRACE * 3, self.watch_term(role, token)).await;
+                    if !matches!(gone, Ok(Ok(()))) {
+                        tracing::debug!(role, "a lapsed term's key outlived etcd's expiry check");
+                    }
+                    self.read_role(role).await?.0
+                }
+            };
+            step = match seen {
+                Seen::Absent => self.acquire(role, owner, ttl, secs).await?,
+                Seen::Held(holder) if holder.owner == owner => {
+                    let (ttl_secs, lease_secs) = holder.ttl_secs.unwrap_or((secs, secs));
+                    let term = OwnTerm {
+                        owner: owner.to_owned(),
+                        token: holder.token,
+                        lease: holder.lease,
+                        ttl_secs,
+                        lease_secs,
+                    };
+                    if term.ttl_secs == secs {
+                        self.renew(role, owner, ttl, &term).await?
+                    } else {
+                        self.change_ttl(role, owner, ttl, secs, &term).await?
+                    }
+                }
+                Seen::Held(holder) => return Ok(holder.refusal()),
+            };
+        }
+        Err(Error::store_msg(
+            BACKEND,
+            "the lease kept changing during the call; try again",
+        ))
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        validate_release(role, owner)?;
+        let Ok(revision) = i64::try_from(token.get()) else {
+            return Ok(false);
+        };
+        let now = round_trip(SystemTime::now());
+        let (ttl_secs, lease_secs) = self
+            .terms
+            .lock()
+            .get(role)
+            .filter(|t| t.token == revision)
+            .map_or((0, 0), |t| (t.ttl_secs, t.lease_secs));
+        let record = TermRecord {
+            owner: owner.to_owned(),
+            token: Some(token.get()),
+            expires_at_ns: to_ns(now),
+            ttl_secs,
+            lease_secs,
+            released: true,
+        };
+        let txn = Txn::new()
+            .when(self.own_term_compares(role, owner, revision))
+            .and_then([
+                TxnOp::delete(
+                    self.keys.lease(role),
+                    Some(DeleteOptions::new().with_prev_key()),
+                ),
+                TxnOp::put(self.keys.term(role), encode(&record)?, None),
+            ]);
+        let response = self.conn.txn("releasing a lease", txn).await?;
+        {
+            let mut terms = self.terms.lock();
+            if terms.get(role).is_some_and(|t| t.token == revision) {
+                terms.remove(role);
+            }
+        }
+        if !response.succeeded() {
+            return Ok(false);
+        }
+        let lease = response
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Delete(delete) => delete.prev_kvs().first().map(KeyValue::lease),
+                _ => None,
+            })
+            .unwrap_or(0);
+        // The term already ended with the delete; revoking only frees etcd's lease early.
+        self.conn.revoke_quietly(lease).await;
+        Ok(true)
+    }
+
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        validate_name("role", role)?;
+        let (seen, record, _) = self.read_role(role).await?;
+        Ok(lease_info(role, &seen, record.as_ref(), SystemTime::now()))
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        let txn = Txn::new().and_then([
+            TxnOp::get(
+                self.keys.leases_dir(),
+                Some(GetOptions::new().with_prefix()),
+            ),
+            TxnOp::get(self.keys.terms_dir(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let response = self.conn.txn("listing leases", txn).await?;
+        let mut ranges = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            });
+        let leases = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
+        let terms = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
+        let mut roles: BTreeMap<String, (Option<KeyValue>, Option<KeyValue>)> = BTreeMap::new();
+        for kv in leases {
+            if let Some(role) = name_under(kv.key(), &self.keys.leases_dir()) {
+                roles.entry(role.to_owned()).or_default().0 = Some(kv.clone());
+            }
+        }
+        for kv in terms {
+            if let Some(role) = name_under(kv.key(), &self.keys.terms_dir()) {
+                roles.entry(role.to_owned()).or_default().1 = Some(kv.clone());
+            }
+        }
+        let now = SystemTime::now();
+        Ok(roles
+            .into_iter()
+            .filter_map(|(role, (lease_kv, term_kv))| {
+                let record = term_kv.as_ref().and_then(parse_term);
+                let seen = seen_from(lease_kv.as_ref(), record.as_ref());
+                lease_info(&role, &seen, record.as_ref(), now)
+            })
+            .collect())
+    }
+
+    /// Watches the role's lease key from the revision after a fresh read, and returns
+    /// on its delete (release or expiry) or on a new term. Sleeps to the deadline when
+    /// the watch cannot be set up or breaks.
+    async fn wait_for_change(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        let watched = tokio::time::timeout_at(deadline, self.watch_term(role, observed)).await;
+        match watched {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(role, %error, "lease watch failed; waiting for the deadline");
+                tokio::time::sleep_until(deadline).await;
+            }
+        }
+    }
+
+    fn min_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+impl EtcdLeaseStore {
+    /// Returns once the term `observed` is no longer the role's live term.
+    async fn watch_term(&self, role: &str, observed: FencingToken) -> Result<()> {
+        let (seen, _, revision) = self.read_role(role).await?;
+        match seen {
+            Seen::Held(holder) if holder.token() == observed => {}
+            _ => return Ok(()),
+        }
+        // Start right after the read: a watch from a past revision joins etcd's live set
+        // only on a 100 ms background loop, which would delay the push by that much.
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let mut stream = self
+            .conn
+            .watch("watching a lease", &self.keys.lease(role), options)
+            .await?;
+        loop {
+            let message = stream
+                .message()
+                .await
+                .map_err(|e| Error::store(BACKEND, "watching a lease", e))?;
+            let Some(response) = message else {
+                return Err(Error::store_msg(BACKEND, "the lease watch ended"));
+            };
+            if response.canceled() {
+                return Err(Error::store_msg(
+                    BACKEND,
+                    format!(
+                        "the lease watch was cancelled: {}",
+                        response.cancel_reason()
+                    ),
+                ));
+            }
+            for event in response.events() {
+                let ended = match event.event_type() {
+                    EventType::Delete => true,
+                    EventType::Put => event.kv().is_some_and(|kv| {
+                        u64::try_from(kv.create_revision()).ok() != Some(observed.get())
+                    }),
+                };
+                if ended {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
+    let mut gets = response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            _ => None,
+        });
+    let first = gets.next().flatten();
+    let second = gets.next().flatten();
+    (first, second)
+}
+
+fn parse_term(kv: &KeyValue) -> Option<(TermRecord, i64)> {
+    decode::<TermRecord>(kv.value()).map(|record| (record, kv.mod_revision()))
+}
+
+/// Whether an error says the etcd lease named in a put does not exist (a spare that
+/// expired): retry with a fresh lease.
+fn lease_missing(error: &Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<etcd_client::Error>())
+        .is_some_and(crate::keys::is_lease_not_found)
+}
+
+fn seen_from(lease_kv: Option<&KeyValue>, record: Option<&(TermRecord, i64)>) -> Seen {
+    let Some(kv) = lease_kv else {
+        return Seen::Absent;
+    };
+    let owner = String::from_utf8_lossy(kv.value()).into_owned();
+    let token = kv.create_revision();
+    let this_term = record.filter(|(r, mod_revision)| {
+        i64::try_from(r.token_at(*mod_revision)).ok() == Some(token) && r.owner == owner
+    });
+    Seen::Held(Holder {
+        owner,
+        token,
+        lease: kv.lease(),
+        ttl_secs: this_term.map(|(r, _)| (r.ttl_secs, r.lease_secs.max(r.ttl_secs))),
+        expires_at: this_term.map(|(r, _)| from_ns(r.expires_at_ns)),
+    })
+}
+
+fn lease_info(
+    role: &str,
+    seen: &Seen,
+    record: Option<&(TermRecord, i64)>,
+    now: SystemTime,
+) -> Option<LeaseInfo> {
+    match seen {
+        Seen::Held(holder) => Some(LeaseInfo {
+            role: role.to_owned(),
+            holder: Some(holder.owner.clone()),
+            fencing_token: holder.token(),
+            expires_at: holder.expires_at(now),
+            now,
+        }),
+        Seen::Absent => record.map(|(r, mod_revision)| {
+            let recorded = from_ns(r.expires_at_ns);
+            LeaseInfo {
+                role: role.to_owned(),
+                // A released term has no holder; a lapsed one keeps its last owner.
+                holder: (!r.released).then(|| r.owner.clone()),
+                fencing_token: FencingToken::from(r.token_at(*mod_revision)),
+                // The key is gone, so the term ended by now at the latest.
+                expires_at: recorded.min(now),
+                now,
+            }
+        }),
+    }
+}
+
+/// How long an etcd lease granted `lease_secs` for a request of `ttl` (`ttl_secs`) lasts:
+/// the request, unless etcd raised it to its minimum (1.5 election timeouts).
+fn lease_duration(ttl: Duration, ttl_secs: i64, lease_secs: i64) -> Duration {
+    if lease_secs > ttl_secs {
+        Duration::from_secs(u64::try_from(lease_secs).unwrap_or(0))
+    } else {
+        ttl
+    }
+}

@@ -1,0 +1,70 @@
+//! # tenure-etcd: tenure leases and membership on etcd
+//!
+//! When one database is not enough, leases can come from a replicated consensus store.
+//! This crate implements tenure's [`LeaseStore`](tenure::LeaseStore) and
+//! [`NodeRegistry`](tenure::NodeRegistry) on etcd's v3 API (etcd 3.4 or later), over the
+//! caller's own [`etcd_client::Client`]:
+//!
+//! - [`EtcdLeaseStore`]: the term of role R is the key `<prefix>/leases/R` (value: the
+//!   owner) attached to an etcd lease of the term's TTL; the fencing token is the key's
+//!   create revision (strictly increasing per role, durable, not consecutive). TTLs are
+//!   whole seconds, at least one.
+//! - push takeover: [`wait_for_change`](tenure::LeaseStore::wait_for_change) watches the
+//!   role's key, so a released lease is taken over in one notification round trip;
+//! - fenced etcd writes: [`EtcdLeaseStore::fenced_txn`] and
+//!   [`EtcdLeaseStore::commit_fenced`] build transactions guarded by
+//!   `create_revision(lease key) == token`, so writes to etcd itself commit only while the
+//!   term is live;
+//! - [`EtcdNodeRegistry`]: `<prefix>/nodes/ID` keys on per-node etcd leases, with a
+//!   stream of membership changes ([`EtcdNodeRegistry::watch_members`]);
+//! - [`connect`] and [`EtcdUrl`]: `etcd://host:port[,host:port...][/prefix]` URLs.
+//!
+//! ## What it guarantees, and what it does not
+//!
+//! At most one live term per role, as judged by etcd's lease expiry (driven by the etcd
+//! leader). etcd reports no wall-clock time, so a result's `now` and `expires_at` are this
+//! host's clock (see [`lease`] for how `expires_at` stays on the safe side). A paused
+//! process can still act after its term ended: only fences stop it.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # async fn demo() -> tenure::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let store = Arc::new(tenure_etcd::connect("etcd://127.0.0.1:2379/myapp").await?);
+//! let elector = LeaseLeaderElector::new(
+//!     store,
+//!     LeaseLeaderOptions {
+//!         lease_ttl: Duration::from_secs(10),
+//!         renew_interval: Duration::from_secs(3),
+//!         ..Default::default()
+//!     },
+//! )?;
+//! elector
+//!     .run("reports", |token, leadership| async move {
+//!         // ... stamp every write with `token`; stop when `leadership` is cancelled ...
+//!         leadership.cancelled().await;
+//!         Ok::<(), tenure::Error>(())
+//!     }, CancellationToken::new())
+//!     .await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod keys;
+pub mod lease;
+pub mod registry;
+pub mod url;
+
+pub use keys::{validate_prefix, DEFAULT_PREFIX, MAX_PREFIX_LEN};
+pub use lease::EtcdLeaseStore;
+pub use registry::{EtcdNodeRegistry, MembershipChange, MembershipWatch};
+pub use url::{connect, connect_client, connect_options, EtcdUrl};
+
+/// The etcd client crate this backend is built on, re-exported so callers use the same
+/// version.
+pub use etcd_client;

@@ -1,0 +1,386 @@
+//! [`EtcdNodeRegistry`]: heartbeat membership on etcd leases.
+//!
+//! Node ID is the key `<prefix>/nodes/ID` attached to an etcd lease of the registry's
+//! TTL; its value records first seen, last heartbeat and metadata (JSON). A heartbeat
+//! keeps the node's lease alive and records the time. The live set is one range read,
+//! filtered by `now < last_heartbeat + ttl` on this host's clock, so a node is gone at
+//! its TTL even in the up to 500 ms before etcd's expiry check deletes its key. Times are
+//! this host's clock (etcd has none to offer): membership is a hint, not a lease.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions, WatchStream,
+};
+use tenure::lease::validate_name;
+use tenure::registry::validate_heartbeat;
+use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
+
+use crate::keys::{
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Conn, Keys, NodeRecord,
+    BACKEND,
+};
+use crate::lease::DEFAULT_REQUEST_TIMEOUT;
+
+const MAX_ATTEMPTS: usize = 6;
+
+/// A [`NodeRegistry`] on etcd: one key per node on a per-node etcd lease.
+#[derive(Clone)]
+pub struct EtcdNodeRegistry {
+    conn: Conn,
+    keys: Keys,
+    ttl: Duration,
+    ttl_secs: i64,
+}
+
+impl std::fmt::Debug for EtcdNodeRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdNodeRegistry")
+            .field("prefix", &self.keys.prefix())
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One change of membership, from [`MembershipWatch::next`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MembershipChange {
+    /// A node started a membership (first heartbeat, or the first after it lapsed).
+    Joined {
+        /// The node's id.
+        node_id: String,
+        /// What the node said about itself.
+        metadata: Metadata,
+    },
+    /// A node left, or etcd expired its lease.
+    Left {
+        /// The node's id.
+        node_id: String,
+    },
+}
+
+/// A stream of [`MembershipChange`]s from an etcd watch on the registry's nodes.
+pub struct MembershipWatch {
+    stream: WatchStream,
+    dir: String,
+    pending: std::collections::VecDeque<MembershipChange>,
+}
+
+impl std::fmt::Debug for MembershipWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MembershipWatch")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MembershipWatch {
+    /// The next change; `Ok(None)` when etcd closed the watch, `Err` when it broke
+    /// (watch again, after reading [`EtcdNodeRegistry::members`] to catch up).
+    pub async fn next(&mut self) -> Result<Option<MembershipChange>> {
+        loop {
+            if let Some(change) = self.pending.pop_front() {
+                return Ok(Some(change));
+            }
+            let message = self
+                .stream
+                .message()
+                .await
+                .map_err(|e| Error::store(BACKEND, "watching membership", e))?;
+            let Some(response) = message else {
+                return Ok(None);
+            };
+            if response.canceled() {
+                return Err(Error::store_msg(
+                    BACKEND,
+                    format!(
+                        "the membership watch was cancelled: {}",
+                        response.cancel_reason()
+                    ),
+                ));
+            }
+            for event in response.events() {
+                let Some(kv) = event.kv() else { continue };
+                let Some(node_id) = name_under(kv.key(), &self.dir) else {
+                    continue;
+                };
+                let node_id = node_id.to_owned();
+                match event.event_type() {
+                    EventType::Delete => self.pending.push_back(MembershipChange::Left { node_id }),
+                    EventType::Put => {
+                        let Some(record) = decode::<NodeRecord>(kv.value()) else {
+                            continue;
+                        };
+                        if record.first_seen_ns == record.last_heartbeat_ns {
+                            self.pending.push_back(MembershipChange::Joined {
+                                node_id,
+                                metadata: record.metadata,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl EtcdNodeRegistry {
+    /// A registry over `client` with keys under `prefix` and liveness TTL `ttl`, which
+    /// must be whole seconds, at least one (etcd lease TTLs are).
+    pub fn new(client: Client, prefix: &str, ttl: Duration) -> Result<Self> {
+        let keys = Keys::new(prefix)?;
+        if ttl < Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "ttl",
+                format!("{ttl:?} is below etcd's minimum of 1s"),
+            ));
+        }
+        let ttl_secs = ttl_secs(ttl)?;
+        Ok(EtcdNodeRegistry {
+            conn: Conn {
+                client,
+                timeout: DEFAULT_REQUEST_TIMEOUT,
+            },
+            keys,
+            ttl,
+            ttl_secs,
+        })
+    }
+
+    /// Sets the timeout of each etcd request (default 5 s).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "request_timeout",
+                "must be greater than zero",
+            ));
+        }
+        self.conn.timeout = timeout;
+        Ok(self)
+    }
+
+    /// Watches membership from now on: joins and departures (including etcd expiring a
+    /// node's lease) as they happen.
+    pub async fn watch_members(&self) -> Result<MembershipWatch> {
+        let dir = self.keys.nodes_dir();
+        let stream = self
+            .conn
+            .watch(
+                "watching membership",
+                &dir,
+                WatchOptions::new().with_prefix(),
+            )
+            .await?;
+        Ok(MembershipWatch {
+            stream,
+            dir,
+            pending: Default::default(),
+        })
+    }
+
+    fn is_live(&self, record: &NodeRecord, now: SystemTime) -> bool {
+        from_ns(record.last_heartbeat_ns)
+            .checked_add(self.ttl)
+            .is_some_and(|until| now < until)
+    }
+
+    async fn beat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        validate_heartbeat(node_id, metadata)?;
+        let key = self.keys.node(node_id);
+        for _ in 0..MAX_ATTEMPTS {
+            let current = self.conn.get("reading a node", &key, None).await?;
+            let kv = current.kvs().first().cloned();
+            let now = round_trip(SystemTime::now());
+            let record = kv
+                .as_ref()
+                .and_then(|kv| decode::<NodeRecord>(kv.value()).map(|r| (kv.clone(), r)));
+            let observed_revision = kv.as_ref().map_or(0, |kv| kv.mod_revision());
+            let guard = Compare::mod_revision(key.clone(), CompareOp::Equal, observed_revision);
+            let live = record
+                .as_ref()
+                .filter(|(kv, r)| kv.lease() != 0 && self.is_live(r, now))
+                .cloned();
+            if let Some((kv, mut record)) = live {
+                // A live membership: refresh its lease and record the heartbeat.
+                record.last_heartbeat_ns = to_ns(now);
+                if let Some(metadata) = metadata {
+                    record.metadata = metadata.clone();
+                }
+                let txn = Txn::new().when([guard]).and_then([TxnOp::put(
+                    key.clone(),
+                    encode(&record)?,
+                    Some(PutOptions::new().with_lease(kv.lease())),
+                )]);
+                let (written, alive) = tokio::join!(
+                    self.conn.txn("recording a heartbeat", txn),
+                    self.conn.keep_alive_once(kv.lease()),
+                );
+                match (written, alive?) {
+                    (Ok(response), true) if response.succeeded() => return Ok(()),
+                    // Raced with another heartbeat of this node; read again.
+                    (Ok(_), true) => continue,
+                    // The lease expired under us: start a new membership below, next round.
+                    (_, false) => {
+                        let old_metadata = Some(record.metadata.clone());
+                        if self
+                            .start_membership(
+                                node_id,
+                                &key,
+                                kv.mod_revision(),
+                                kv.lease(),
+                                metadata,
+                                old_metadata,
+                            )
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                    (Err(error), true) => return Err(error),
+                }
+            }
+            // Absent, lapsed or unreadable: a new membership on a new lease.
+            let previous = record.map(|(kv, r)| (kv.lease(), r.metadata));
+            let (old_lease, old_metadata) = previous.map_or((0, None), |(l, m)| (l, Some(m)));
+            if self
+                .start_membership(
+                    node_id,
+                    &key,
+                    observed_revision,
+                    old_lease,
+                    metadata,
+                    old_metadata,
+                )
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(Error::store_msg(
+            BACKEND,
+            "the node's record kept changing during the heartbeat; try again",
+        ))
+    }
+
+    /// Writes a fresh membership (first seen = now) on a new etcd lease if the key is
+    /// still at `observed_revision`; revokes the previous lease. Returns whether it won.
+    async fn start_membership(
+        &self,
+        node_id: &str,
+        key: &str,
+        observed_revision: i64,
+        old_lease: i64,
+        metadata: Option<&Metadata>,
+        old_metadata: Option<Metadata>,
+    ) -> Result<bool> {
+        let (lease, _, _) = self.conn.grant(self.ttl_secs).await?;
+        let now = to_ns(round_trip(SystemTime::now()));
+        let record = NodeRecord {
+            first_seen_ns: now,
+            last_heartbeat_ns: now,
+            metadata: metadata.cloned().or(old_metadata).unwrap_or_default(),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                observed_revision,
+            )])
+            .and_then([TxnOp::put(
+                key,
+                encode(&record)?,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let written = self.conn.txn("recording a heartbeat", txn).await;
+        match written {
+            Ok(response) if response.succeeded() => {
+                if old_lease != lease {
+                    self.conn.revoke_quietly(old_lease).await;
+                }
+                tracing::debug!(node_id, "membership started");
+                Ok(true)
+            }
+            other => {
+                self.conn.revoke_quietly(lease).await;
+                other.map(|_| false)
+            }
+        }
+    }
+
+    async fn read_nodes(&self) -> Result<Vec<NodeInfo>> {
+        let dir = self.keys.nodes_dir();
+        let response = self
+            .conn
+            .get("listing nodes", &dir, Some(GetOptions::new().with_prefix()))
+            .await?;
+        let now = SystemTime::now();
+        let mut nodes: Vec<NodeInfo> = response
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let node_id = name_under(kv.key(), &dir)?;
+                let record = decode::<NodeRecord>(kv.value())?;
+                self.is_live(&record, now).then(|| NodeInfo {
+                    node_id: node_id.to_owned(),
+                    last_heartbeat: from_ns(record.last_heartbeat_ns),
+                    first_seen: from_ns(record.first_seen_ns),
+                    metadata: record.metadata,
+                    now,
+                })
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        Ok(nodes)
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for EtcdNodeRegistry {
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.beat(node_id, None).await
+    }
+
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.beat(node_id, Some(metadata)).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        Ok(self
+            .read_nodes()
+            .await?
+            .into_iter()
+            .map(|n| n.node_id)
+            .collect())
+    }
+
+    async fn members(&self) -> Result<Vec<NodeInfo>> {
+        self.read_nodes().await
+    }
+
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        validate_name("node_id", node_id)?;
+        let response = self
+            .conn
+            .delete(
+                "removing a node",
+                &self.keys.node(node_id),
+                Some(DeleteOptions::new().with_prev_key()),
+            )
+            .await?;
+        let Some(previous) = response.prev_kvs().first() else {
+            return Ok(false);
+        };
+        self.conn.revoke_quietly(previous.lease()).await;
+        let was_live = decode::<NodeRecord>(previous.value())
+            .is_some_and(|record| self.is_live(&record, SystemTime::now()));
+        Ok(was_live)
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}

@@ -1,0 +1,490 @@
+//! etcd-specific behaviour on a single member: durable tokens across restarts, push
+//! takeover, fenced etcd transactions, TTL changes, the membership stream, and bad input
+//! (TTLs etcd cannot honour, unreachable endpoints, malformed prefixes and URLs).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::TxnOp;
+use tenure::{
+    ElectionState, Error, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore,
+    NodeRegistry,
+};
+use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, MembershipChange};
+use tenure_testkit::etcd::EtcdServer;
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+async fn shared_store(tag: &str) -> EtcdLeaseStore {
+    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    EtcdLeaseStore::new(client, &common::unique_prefix(tag)).unwrap()
+}
+
+fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
+    match result {
+        Err(Error::InvalidArgument { field: f, .. }) if f == field => {}
+        other => panic!("expected InvalidArgument for {field}, got {other:?}"),
+    }
+}
+
+/// Setup: a private single-member etcd. Tokens strictly increase across release,
+/// takeover after expiry, a graceful etcd restart and a SIGKILL restart; none repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_release_takeover_and_restart() {
+    common::init_tracing();
+    let server = EtcdServer::start();
+    let endpoints = vec![server.endpoint()];
+    let prefix = common::unique_prefix("durable");
+    let store = EtcdLeaseStore::new(common::client(&endpoints).await, &prefix).unwrap();
+    let mut seen = BTreeSet::new();
+    let record = |token: FencingToken, seen: &mut BTreeSet<FencingToken>| {
+        let last = seen.last().copied().unwrap_or_default();
+        assert!(token > last, "token {token} after {last}");
+        assert!(seen.insert(token), "token {token} handed out twice");
+    };
+
+    tracing::info!("--- release");
+    let a = store
+        .try_acquire_or_renew("job", "a", SECOND)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    record(a.fencing_token, &mut seen);
+    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    let b = store
+        .try_acquire_or_renew("job", "b", SECOND)
+        .await
+        .unwrap();
+    assert!(b.acquired);
+    record(b.fencing_token, &mut seen);
+
+    tracing::info!("--- takeover after expiry");
+    tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
+    let c = store
+        .try_acquire_or_renew("job", "c", SECOND)
+        .await
+        .unwrap();
+    assert!(c.acquired, "{c:?}");
+    record(c.fencing_token, &mut seen);
+
+    for (phase, graceful) in [("graceful restart", true), ("kill -9 restart", false)] {
+        tracing::info!("--- {phase}");
+        if graceful {
+            server.stop();
+        } else {
+            server.kill();
+        }
+        server.restart();
+        // A fresh client and store: a process restart on top of the etcd restart.
+        let store = EtcdLeaseStore::new(common::client(&endpoints).await, &prefix).unwrap();
+        let info = store
+            .get("job")
+            .await
+            .unwrap()
+            .expect("role survives restart");
+        assert!(Some(&info.fencing_token) >= seen.last(), "{info:?}");
+        // etcd extends leases on restart; wait until the old term is surely over.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let d = loop {
+            let d = store
+                .try_acquire_or_renew("job", "d", SECOND)
+                .await
+                .unwrap();
+            if d.acquired || Instant::now() > deadline {
+                break d;
+            }
+            store
+                .wait_for_change(
+                    "job",
+                    d.fencing_token,
+                    tokio::time::Instant::now() + Duration::from_secs(3),
+                )
+                .await;
+        };
+        assert!(d.acquired, "{phase}: d never acquired: {d:?}");
+        record(d.fencing_token, &mut seen);
+        assert!(store.release("job", "d", d.fencing_token).await.unwrap());
+    }
+}
+
+/// Setup: two electors on the shared etcd with a 60 s retry interval. When the leader's
+/// work returns (releasing the lease), the follower takes over through the watch push in
+/// well under a second, three times in a row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_takeover_beats_a_long_retry_interval() {
+    common::init_tracing();
+    let prefix = common::unique_prefix("push");
+    let endpoint = EtcdServer::shared().endpoint();
+    let options = |owner: &str| LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: Duration::from_secs(10),
+        renew_interval: Duration::from_secs(3),
+        retry_interval: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<(String, Instant)>();
+    let mut handovers = Vec::new();
+    let mut owners: Vec<String> = vec!["first".into(), "second".into()];
+    // Each elector leads until told to stop (then its work returns and it releases).
+    let spawn = |owner: String, store: Arc<EtcdLeaseStore>| {
+        let started_tx = started_tx.clone();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let elector = LeaseLeaderElector::new(store, options(&owner)).unwrap();
+        let state = elector.watch();
+        let handle = tokio::spawn(async move {
+            elector
+                .run(
+                    "job",
+                    move |_token, leadership| {
+                        let started_tx = started_tx.clone();
+                        let owner = owner.clone();
+                        let mut stop_rx = stop_rx.clone();
+                        async move {
+                            let _ = started_tx.send((owner, Instant::now()));
+                            tokio::select! {
+                                _ = stop_rx.wait_for(|stop| *stop) => {}
+                                _ = leadership.cancelled() => {}
+                            }
+                        }
+                    },
+                    CancellationToken::new(),
+                )
+                .await
+        });
+        (handle, stop_tx, state)
+    };
+    let new_store = || async {
+        Arc::new(
+            EtcdLeaseStore::new(
+                common::client(std::slice::from_ref(&endpoint)).await,
+                &prefix,
+            )
+            .unwrap(),
+        )
+    };
+    let mut leader = spawn(owners[0].clone(), new_store().await);
+    let (who, _) = timeout(Duration::from_secs(10), started_rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(who, owners[0]);
+    for round in 0..3 {
+        let follower = spawn(owners[1].clone(), new_store().await);
+        let mut state = follower.2.clone();
+        timeout(
+            Duration::from_secs(10),
+            state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
+        )
+        .await
+        .expect("follower sees the holder")
+        .unwrap();
+        // Let the follower's watch get established.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stopped = Instant::now();
+        leader.1.send(true).unwrap();
+        let (who, started) = timeout(Duration::from_secs(10), started_rx.recv())
+            .await
+            .expect("takeover within 10 s (the retry interval is 60 s)")
+            .unwrap();
+        assert_eq!(who, owners[1], "round {round}");
+        let handover = started.duration_since(stopped);
+        handovers.push(handover);
+        leader.0.await.unwrap().unwrap();
+        leader = follower;
+        owners.swap(0, 1);
+    }
+    tracing::info!(?handovers, "release -> takeover");
+    for handover in &handovers {
+        assert!(
+            *handover < Duration::from_millis(1000),
+            "handover took {handover:?}: {handovers:?}"
+        );
+    }
+    leader.1.send(true).unwrap();
+    leader.0.await.unwrap().unwrap();
+}
+
+/// Setup: a term on the shared etcd. A fenced transaction commits while the term is
+/// live, and is rejected (nothing written) after release and after a lapse, with the
+/// newer token reported as the highest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_txn_rejected_after_the_term_ends() {
+    let store = shared_store("fence").await;
+    let data = format!("{}/data", store.prefix());
+    let mut kv = store.client().kv_client();
+    let a = store
+        .try_acquire_or_renew("job", "a", SECOND)
+        .await
+        .unwrap();
+    let ok = store
+        .commit_fenced(
+            "job",
+            a.fencing_token,
+            vec![TxnOp::put(data.clone(), "a1", None)],
+        )
+        .await
+        .unwrap();
+    assert!(ok.succeeded());
+    // The builder form, composed by hand.
+    let txn = store
+        .fenced_txn("job", a.fencing_token)
+        .unwrap()
+        .and_then([TxnOp::put(data.clone(), "a2", None)]);
+    assert!(kv.txn(txn).await.unwrap().succeeded());
+
+    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    match store
+        .commit_fenced(
+            "job",
+            a.fencing_token,
+            vec![TxnOp::put(data.clone(), "late", None)],
+        )
+        .await
+    {
+        Err(Error::Fenced { presented, highest }) => {
+            assert_eq!(presented, a.fencing_token);
+            assert_eq!(highest, a.fencing_token, "no successor yet");
+        }
+        other => panic!("expected Fenced after release, got {other:?}"),
+    }
+    let b = store
+        .try_acquire_or_renew("job", "b", SECOND)
+        .await
+        .unwrap();
+    assert!(b.acquired);
+    match store
+        .commit_fenced(
+            "job",
+            a.fencing_token,
+            vec![TxnOp::put(data.clone(), "late", None)],
+        )
+        .await
+    {
+        Err(Error::Fenced { highest, .. }) => assert_eq!(highest, b.fencing_token),
+        other => panic!("expected Fenced under a successor, got {other:?}"),
+    }
+    let txn = store
+        .fenced_txn("job", a.fencing_token)
+        .unwrap()
+        .and_then([TxnOp::put(data.clone(), "late", None)]);
+    assert!(!kv.txn(txn).await.unwrap().succeeded());
+
+    // b lapses without release: its token is fenced too.
+    tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
+    assert!(store
+        .commit_fenced(
+            "job",
+            b.fencing_token,
+            vec![TxnOp::put(data.clone(), "late", None)]
+        )
+        .await
+        .is_err());
+    let value = kv.get(data, None).await.unwrap();
+    assert_eq!(value.kvs()[0].value(), b"a2", "no stale write landed");
+}
+
+/// Setup: the shared etcd. Renewing with another TTL keeps the term and token (the key
+/// moves to a new etcd lease), and the new TTL is what counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_with_a_new_ttl_keeps_the_token() {
+    let store = shared_store("ttl-change").await;
+    let a = store
+        .try_acquire_or_renew("job", "a", SECOND)
+        .await
+        .unwrap();
+    let longer = store
+        .try_acquire_or_renew("job", "a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(longer.acquired);
+    assert_eq!(longer.fencing_token, a.fencing_token);
+    assert!(longer.remaining() > Duration::from_secs(4), "{longer:?}");
+    tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
+    let other = store
+        .try_acquire_or_renew("job", "b", SECOND)
+        .await
+        .unwrap();
+    assert!(
+        !other.acquired,
+        "the 5 s term outlives the old 1 s lease: {other:?}"
+    );
+    assert_eq!(other.holder, "a");
+}
+
+/// Setup: a registry on the shared etcd. The membership stream reports a join, a leave,
+/// and etcd expiring a node's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_stream_reports_joins_and_departures() {
+    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    let registry =
+        EtcdNodeRegistry::new(client, &common::unique_prefix("members"), SECOND).unwrap();
+    let mut changes = registry.watch_members().await.unwrap();
+    async fn next(changes: &mut tenure_etcd::MembershipWatch) -> MembershipChange {
+        timeout(Duration::from_secs(5), changes.next())
+            .await
+            .expect("a change within 5 s")
+            .unwrap()
+            .expect("watch open")
+    }
+    let mut meta = tenure::Metadata::new();
+    meta.insert("addr".into(), "10.0.0.1:80".into());
+    registry.heartbeat_with("n1", &meta).await.unwrap();
+    assert_eq!(
+        next(&mut changes).await,
+        MembershipChange::Joined {
+            node_id: "n1".into(),
+            metadata: meta.clone()
+        }
+    );
+    registry.heartbeat("n1").await.unwrap(); // a refresh is not a change
+    registry.heartbeat("n2").await.unwrap();
+    assert!(
+        matches!(next(&mut changes).await, MembershipChange::Joined { node_id, .. } if node_id == "n2")
+    );
+    assert!(registry.leave("n1").await.unwrap());
+    assert_eq!(
+        next(&mut changes).await,
+        MembershipChange::Left {
+            node_id: "n1".into()
+        }
+    );
+    // n2 stops heartbeating: etcd expires its lease and the stream says so.
+    assert_eq!(
+        next(&mut changes).await,
+        MembershipChange::Left {
+            node_id: "n2".into()
+        }
+    );
+    assert!(registry.live_nodes().await.unwrap().is_empty());
+}
+
+/// Setup: the shared etcd. TTLs etcd cannot honour, malformed prefixes and malformed
+/// URLs are `InvalidArgument` naming the field, before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_invalid_argument() {
+    let store = shared_store("bad").await;
+    assert_eq!(store.min_ttl(), SECOND);
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(500),
+        Duration::from_millis(999),
+        Duration::from_millis(1500),
+        Duration::from_secs(9_000_000_001),
+    ] {
+        assert_invalid(store.try_acquire_or_renew("r", "a", ttl).await, "ttl");
+    }
+    assert!(store.list().await.unwrap().is_empty());
+    let client = store.client().clone();
+    for prefix in ["", "/", "/app/", "a b", "a\0b", "tab\there"] {
+        assert_invalid(EtcdLeaseStore::new(client.clone(), prefix), "prefix");
+        assert_invalid(
+            EtcdNodeRegistry::new(client.clone(), prefix, SECOND),
+            "prefix",
+        );
+    }
+    assert_invalid(
+        EtcdNodeRegistry::new(client.clone(), "/ok", Duration::from_millis(500)),
+        "ttl",
+    );
+    assert_invalid(
+        EtcdNodeRegistry::new(client.clone(), "/ok", Duration::from_millis(1500)),
+        "ttl",
+    );
+    for url in [
+        "http://127.0.0.1:2379",
+        "etcd://",
+        "etcd://host",
+        "etcd://h:1/p/",
+    ] {
+        let result = tenure_etcd::connect(url).await;
+        assert!(
+            matches!(result, Err(Error::InvalidArgument { .. })),
+            "{url}: {result:?}"
+        );
+    }
+}
+
+/// Setup: a closed loopback port. Connecting reports a store error naming the endpoint;
+/// an elector on a store whose etcd is down keeps retrying (never returns an error) and
+/// leads once etcd comes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoints_error_clearly_and_electors_retry() {
+    common::init_tracing();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let started = Instant::now();
+    let error = tenure_etcd::connect(&format!("etcd://127.0.0.1:{port}/app"))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(error.is_transient(), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("127.0.0.1:{port}")),
+        "error names the endpoint: {message}"
+    );
+
+    // An elector whose etcd is down at first.
+    let server = Arc::new(EtcdServer::start());
+    let client = common::client(&[server.endpoint()]).await;
+    server.stop();
+    let store = Arc::new(
+        EtcdLeaseStore::new(client, "/retry")
+            .unwrap()
+            .with_request_timeout(Duration::from_secs(1))
+            .unwrap(),
+    );
+    let elector = LeaseLeaderElector::new(
+        store,
+        LeaseLeaderOptions {
+            owner_id: "patient".into(),
+            lease_ttl: Duration::from_secs(3),
+            renew_interval: SECOND,
+            retry_interval: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut state = elector.watch();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            elector
+                .run(
+                    "job",
+                    |_token, leadership| async move { leadership.cancelled().await },
+                    shutdown,
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!run.is_finished(), "store errors must not end run");
+    assert!(!state.borrow().is_leader());
+    let restarted = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || server.restart())
+    };
+    timeout(
+        Duration::from_secs(30),
+        state.wait_for(ElectionState::is_leader),
+    )
+    .await
+    .expect("leads once etcd is back")
+    .unwrap();
+    restarted.await.unwrap();
+    shutdown.cancel();
+    timeout(Duration::from_secs(10), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,106 @@
+//! The shared conformance suite on a real single-member etcd (one server per test
+//! binary, a fresh key prefix per scenario). etcd TTLs are whole seconds and expiry is
+//! checked every 500 ms, so scenarios use a 4 s TTL and `pass_time` sleeps past the
+//! requested time by [`common::EXPIRY_MARGIN`].
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure::{LeaseStore, NodeRegistry};
+use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry};
+use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+
+struct Etcd;
+
+struct EtcdFixture {
+    endpoints: Vec<String>,
+    prefix: String,
+    store: Arc<EtcdLeaseStore>,
+}
+
+async fn store_on(endpoints: &[String], prefix: &str) -> Arc<EtcdLeaseStore> {
+    let client = common::client(endpoints).await;
+    Arc::new(EtcdLeaseStore::new(client, prefix).unwrap())
+}
+
+#[async_trait]
+impl LeaseBackend for Etcd {
+    async fn create(&self) -> Box<dyn LeaseFixture> {
+        let endpoints = vec![EtcdServer::shared().endpoint()];
+        let prefix = common::unique_prefix("conformance");
+        let store = store_on(&endpoints, &prefix).await;
+        Box::new(EtcdFixture {
+            endpoints,
+            prefix,
+            store,
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseFixture for EtcdFixture {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    async fn reopen(&self) -> Arc<dyn LeaseStore> {
+        store_on(&self.endpoints, &self.prefix).await
+    }
+
+    async fn pass_time(&self, by: Duration) {
+        tokio::time::sleep(by + common::EXPIRY_MARGIN).await;
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(4)
+    }
+
+    fn exact_clock(&self) -> bool {
+        false
+    }
+
+    fn contenders(&self) -> usize {
+        32
+    }
+}
+
+struct EtcdRegistryFixture {
+    registry: Arc<EtcdNodeRegistry>,
+}
+
+#[async_trait]
+impl RegistryBackend for Etcd {
+    async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
+        let endpoints = vec![EtcdServer::shared().endpoint()];
+        let client = common::client(&endpoints).await;
+        let registry =
+            EtcdNodeRegistry::new(client, &common::unique_prefix("registry"), ttl).unwrap();
+        Box::new(EtcdRegistryFixture {
+            registry: Arc::new(registry),
+        })
+    }
+}
+
+#[async_trait]
+impl RegistryFixture for EtcdRegistryFixture {
+    fn registry(&self) -> Arc<dyn NodeRegistry> {
+        self.registry.clone()
+    }
+
+    async fn pass_time(&self, by: Duration) {
+        // Liveness is judged on this host's clock (`now < last + ttl`), so a small margin
+        // for scheduling is enough.
+        tokio::time::sleep(by + Duration::from_millis(20)).await;
+    }
+
+    fn exact_clock(&self) -> bool {
+        false
+    }
+}
+
+tenure_testkit::lease_scenarios!(Etcd, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::registry_scenarios!(Etcd, flavor = "multi_thread", worker_threads = 2);

@@ -1,0 +1,569 @@
+//! Throwaway etcd servers for tests: one member, or a small cluster, on loopback.
+//!
+//! [`EtcdServer::start`] runs one `etcd` member (from `$ETCD_BIN`, `PATH` or
+//! `/usr/bin/etcd`, the Debian `etcd-server` package) on free loopback ports with a fresh
+//! data directory (on `/dev/shm` when it exists, so fsync is cheap on a loaded machine).
+//! [`EtcdCluster::start`] runs several members that form one cluster. Each member can be
+//! stopped (SIGTERM), killed (SIGKILL), restarted on the same ports and data, paused
+//! (SIGSTOP) and resumed (SIGCONT).
+//!
+//! Nothing outlives the test run: `Drop` kills the members and removes their data, and
+//! every member is started with `PR_SET_PDEATHSIG` from one long-lived spawner thread,
+//! so it is killed even when the test process dies abruptly. Data directories left by a
+//! test process that died are swept on the next start.
+//!
+//! The harness manages processes only; it speaks no etcd protocol beyond the plain
+//! HTTP `/health` probe, so building it needs no `protoc`.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const DIR_PREFIX: &str = "tenure-etcd-";
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the `etcd` binary is: `$ETCD_BIN`, then `PATH`, then `/usr/bin/etcd`.
+pub fn etcd_binary() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("ETCD_BIN") {
+        let bin = PathBuf::from(bin);
+        return bin.is_file().then_some(bin);
+    }
+    let from_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("etcd"))
+            .find(|candidate| candidate.is_file())
+    });
+    from_path.or_else(|| {
+        ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// One member of a throwaway cluster: its ports, data directory and process.
+#[derive(Debug)]
+pub struct EtcdMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    args: Vec<String>,
+    child: Mutex<Option<Child>>,
+}
+
+impl EtcdMember {
+    /// The member's name in the cluster (`m0`, `m1`, ...).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client endpoint without a scheme, `127.0.0.1:PORT` (the form `etcd://` URLs use).
+    pub fn host_port(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The peer (raft) port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer_port
+    }
+
+    /// The member's data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The process id while the member runs.
+    pub fn pid(&self) -> Option<libc::pid_t> {
+        let child = lock(&self.child);
+        child
+            .as_ref()
+            .and_then(|c| libc::pid_t::try_from(c.id()).ok())
+    }
+
+    /// Whether the member's process is running (or paused).
+    pub fn is_running(&self) -> bool {
+        let mut child = lock(&self.child);
+        match child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The member's log (stdout and stderr of every run so far).
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Stops the member gracefully (SIGTERM, then SIGKILL after 10 s). Data is kept.
+    pub fn stop(&self) {
+        let mut child = lock(&self.child);
+        if let Some(mut c) = child.take() {
+            signal(&c, libc::SIGCONT);
+            signal(&c, libc::SIGTERM);
+            if !wait_exit(&mut c, Duration::from_secs(10)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Kills the member at once (SIGKILL), as a crash would. Data is kept.
+    pub fn kill(&self) {
+        let mut child = lock(&self.child);
+        if let Some(mut c) = child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Freezes the member (SIGSTOP): its sockets stay open but it answers nothing.
+    pub fn pause(&self) {
+        if let Some(c) = lock(&self.child).as_ref() {
+            signal(c, libc::SIGSTOP);
+        }
+    }
+
+    /// Thaws a paused member (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(c) = lock(&self.child).as_ref() {
+            signal(c, libc::SIGCONT);
+        }
+    }
+
+    /// Starts the member again on the same ports and data (stopping it first if it runs)
+    /// and waits until its client port accepts connections. It serves requests once it
+    /// sees a quorum; use [`wait_healthy`](EtcdMember::wait_healthy) for that.
+    pub fn restart(&self) {
+        self.stop();
+        self.spawn();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                panic!(
+                    "etcd member {} exited on restart:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            if TcpStream::connect_timeout(&self.client_addr(), Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "etcd member {} did not listen within {START_TIMEOUT:?}:\n{}",
+            self.name,
+            self.log()
+        );
+    }
+
+    /// Whether the member answers `/health` with `"health":"true"` (it has a leader and
+    /// can serve a linearizable read).
+    pub fn is_healthy(&self) -> bool {
+        health_probe(self.client_addr()).unwrap_or(false)
+    }
+
+    /// Waits until [`is_healthy`](EtcdMember::is_healthy), or panics with the log after
+    /// `within`.
+    pub fn wait_healthy(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.is_healthy() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "etcd member {} not healthy within {within:?}:\n{}",
+            self.name,
+            self.log()
+        );
+    }
+
+    fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.client_port))
+    }
+
+    fn spawn(&self) {
+        let bin = etcd_binary().unwrap_or_else(|| {
+            panic!("etcd not found ($ETCD_BIN, PATH, /usr/bin); install the `etcd-server` package")
+        });
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open etcd log");
+        let log_err = log.try_clone().expect("clone etcd log handle");
+        let mut command = Command::new(bin);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err));
+        let child = spawn_from_keeper(command).expect("spawn etcd");
+        *lock(&self.child) = Some(child);
+    }
+}
+
+/// A throwaway etcd cluster of one or more members on loopback.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    root: PathBuf,
+    members: Vec<EtcdMember>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members forming one cluster and waits until every member is
+    /// healthy; panics (this is a test harness) with the logs when that fails. Retries
+    /// once on fresh ports in case another process took a port between probe and bind.
+    pub fn start(size: usize) -> EtcdCluster {
+        assert!(size >= 1, "a cluster needs at least one member");
+        sweep_stale_dirs();
+        let mut last_failure = String::new();
+        for _attempt in 0..3 {
+            let cluster = Self::create(size);
+            for member in &cluster.members {
+                member.spawn();
+            }
+            match cluster.wait_all_healthy(START_TIMEOUT) {
+                Ok(()) => return cluster,
+                Err(failure) => last_failure = failure,
+            }
+        }
+        panic!("etcd cluster of {size} did not start:\n{last_failure}");
+    }
+
+    fn create(size: usize) -> EtcdCluster {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let root = base.join(format!(
+            "{DIR_PREFIX}{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("create etcd root dir");
+        let ports = free_ports(size * 2);
+        let token = root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tenure-etcd".into());
+        let initial_cluster = (0..size)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let members = (0..size)
+            .map(|i| {
+                let name = format!("m{i}");
+                let client_port = ports[2 * i];
+                let peer_port = ports[2 * i + 1];
+                let data_dir = root.join(&name);
+                let client_url = format!("http://127.0.0.1:{client_port}");
+                let peer_url = format!("http://127.0.0.1:{peer_port}");
+                let args = vec![
+                    format!("--name={name}"),
+                    format!("--data-dir={}", data_dir.display()),
+                    format!("--listen-client-urls={client_url}"),
+                    format!("--advertise-client-urls={client_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster={initial_cluster}"),
+                    "--initial-cluster-state=new".to_string(),
+                    format!("--initial-cluster-token={token}"),
+                    // Short raft timers: failover in tests takes about a second.
+                    "--heartbeat-interval=50".to_string(),
+                    "--election-timeout=500".to_string(),
+                    "--log-level=warn".to_string(),
+                    "--logger=zap".to_string(),
+                ];
+                EtcdMember {
+                    log_path: root.join(format!("{name}.log")),
+                    name,
+                    client_port,
+                    peer_port,
+                    data_dir,
+                    args,
+                    child: Mutex::new(None),
+                }
+            })
+            .collect();
+        EtcdCluster { root, members }
+    }
+
+    fn wait_all_healthy(&self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(dead) = self.members.iter().find(|m| !m.is_running()) {
+                return Err(format!("member {} exited:\n{}", dead.name, dead.log()));
+            }
+            if self.members.iter().all(EtcdMember::is_healthy) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .members
+                    .iter()
+                    .map(|m| format!("--- {}:\n{}", m.name, m.log()))
+                    .collect();
+                return Err(format!(
+                    "not healthy within {within:?}\n{}",
+                    logs.join("\n")
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The members, in start order.
+    pub fn members(&self) -> &[EtcdMember] {
+        &self.members
+    }
+
+    /// Member `i`.
+    pub fn member(&self, i: usize) -> &EtcdMember {
+        &self.members[i]
+    }
+
+    /// Every member's client endpoint (`http://127.0.0.1:PORT`).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdMember::endpoint).collect()
+    }
+
+    /// Every member's `127.0.0.1:PORT`, comma-separated: the host list of an `etcd://` URL.
+    pub fn host_list(&self) -> String {
+        self.members
+            .iter()
+            .map(EtcdMember::host_port)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Waits until every running member is healthy, or panics with the logs.
+    pub fn wait_healthy(&self, within: Duration) {
+        if let Err(failure) = self.wait_all_healthy(within) {
+            panic!("etcd cluster unhealthy: {failure}");
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &self.members {
+            member.kill();
+        }
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A throwaway single-member etcd server.
+#[derive(Debug)]
+pub struct EtcdServer {
+    cluster: EtcdCluster,
+}
+
+impl EtcdServer {
+    /// Starts one member on free loopback ports with a fresh data directory and waits
+    /// until it is healthy; panics with the log when that fails.
+    pub fn start() -> EtcdServer {
+        EtcdServer {
+            cluster: EtcdCluster::start(1),
+        }
+    }
+
+    /// One server shared by every test of this test binary (scenarios isolate themselves
+    /// by key prefix), started on first use and killed at process exit. Tests that stop,
+    /// kill or pause a server start their own instead.
+    pub fn shared() -> &'static EtcdServer {
+        static SHARED: OnceLock<EtcdServer> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            extern "C" fn kill_shared() {
+                if let Some(server) = SHARED.get() {
+                    server.member().kill();
+                    let _ = fs::remove_dir_all(&server.cluster.root);
+                }
+            }
+            let server = EtcdServer::start();
+            // SAFETY: registers a plain extern "C" function to run at exit.
+            unsafe {
+                libc::atexit(kill_shared);
+            }
+            server
+        })
+    }
+
+    /// The client endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.member().endpoint()
+    }
+
+    /// The client endpoint without a scheme, `127.0.0.1:PORT`.
+    pub fn host_port(&self) -> String {
+        self.member().host_port()
+    }
+
+    /// The one member, for its process controls.
+    pub fn member(&self) -> &EtcdMember {
+        self.cluster.member(0)
+    }
+
+    /// Stops the server gracefully; data is kept.
+    pub fn stop(&self) {
+        self.member().stop();
+    }
+
+    /// Kills the server (SIGKILL); data is kept.
+    pub fn kill(&self) {
+        self.member().kill();
+    }
+
+    /// Restarts the server on the same port and data and waits until it is healthy.
+    pub fn restart(&self) {
+        self.member().restart();
+        self.member().wait_healthy(START_TIMEOUT);
+    }
+
+    /// Freezes the server (SIGSTOP).
+    pub fn pause(&self) {
+        self.member().pause();
+    }
+
+    /// Thaws the server (SIGCONT).
+    pub fn resume(&self) {
+        self.member().resume();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child's pid; the child is not reaped yet (we hold it).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// One plain HTTP/1.0 `GET /health`; true when the body says `"health":"true"`.
+fn health_probe(addr: SocketAddr) -> io::Result<bool> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response.contains("\"health\":\"true\""))
+}
+
+/// Free loopback ports, all held open at once so they are distinct.
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+/// Spawns from one long-lived thread with `PR_SET_PDEATHSIG`.
+///
+/// The death signal fires when the spawning *thread* exits, and test threads (and
+/// tokio's blocking threads) come and go, so every member is spawned from a thread that
+/// lives as long as the process.
+fn spawn_from_keeper(command: Command) -> io::Result<Child> {
+    type Request = (Command, mpsc::Sender<io::Result<Child>>);
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        thread::Builder::new()
+            .name("etcd-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run
+                    // between fork and exec.
+                    let parent = unsafe { libc::getpid() };
+                    unsafe {
+                        command.pre_exec(move || {
+                            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                            if libc::getppid() != parent {
+                                libc::_exit(1);
+                            }
+                            Ok(())
+                        });
+                    }
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("start the etcd spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    lock(keeper)
+        .send((command, reply_tx))
+        .map_err(|_| io::Error::other("etcd spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("etcd spawner thread is gone"))?
+}
+
+/// Removes data directories of test processes that no longer exist.
+fn sweep_stale_dirs() {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| {
+        for base in [PathBuf::from("/dev/shm"), std::env::temp_dir()] {
+            let Ok(entries) = fs::read_dir(&base) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(rest) = name.strip_prefix(DIR_PREFIX) else {
+                    continue;
+                };
+                let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+                if let Some(pid) = pid {
+                    // SAFETY: kill with signal 0 only checks whether the pid exists.
+                    let alive = unsafe { libc::kill(pid, 0) } == 0;
+                    if !alive {
+                        let _ = fs::remove_dir_all(entry.path());
+                    }
+                }
+            }
+        }
+    });
+}
