@@ -235,9 +235,14 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
         narrator.clone(),
         shutdown_a.clone(),
     );
-    let token_a = wait_leader(&elector_a, ttl * 4).await.context("node-a never led")?;
+    let token_a = wait_leader(&elector_a, ttl * 4)
+        .await
+        .context("node-a never led")?;
     let first = writes.recv().await.context("node-a never wrote")?;
-    ensure!(first.admitted, "node-a's first write was refused: {first:?}");
+    ensure!(
+        first.admitted,
+        "node-a's first write was refused: {first:?}"
+    );
 
     narrator.say("node-b", "starts and contends for the role");
     let node_b = spawn_node(
@@ -267,8 +272,13 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
     );
     stall_a.set(true);
     let stall_started = Instant::now();
-    let token_b = wait_leader(&elector_b, ttl * 3).await.context("node-b never took over")?;
-    ensure!(token_b > token_a, "takeover token {token_b} is not above {token_a}");
+    let token_b = wait_leader(&elector_b, ttl * 3)
+        .await
+        .context("node-b never took over")?;
+    ensure!(
+        token_b > token_a,
+        "takeover token {token_b} is not above {token_a}"
+    );
     loop {
         let write = writes.recv().await.context("node-b never wrote")?;
         if write.node == "node-b" && write.admitted {
@@ -279,10 +289,16 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
     print_members(&narrator, stores.registry.as_ref()).await?;
 
     tokio::time::sleep_until(stall_started + stall_for).await;
-    narrator.say("node-a", "WAKES UP and finishes the write it started before the stall");
+    narrator.say(
+        "node-a",
+        "WAKES UP and finishes the write it started before the stall",
+    );
     stall_a.set(false);
     let stale = loop {
-        let write = writes.recv().await.context("node-a never retried its write")?;
+        let write = writes
+            .recv()
+            .await
+            .context("node-a never retried its write")?;
         if write.node == "node-a" {
             break write;
         }
@@ -297,9 +313,14 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
     narrator.say("node-b", "shuts down gracefully and releases the lease");
     let handover = Instant::now();
     shutdown_b.cancel();
-    let token_c = wait_leader(&elector_a, ttl * 3).await.context("node-a never took over after release")?;
+    let token_c = wait_leader(&elector_a, ttl * 3)
+        .await
+        .context("node-a never took over after release")?;
     let took = handover.elapsed();
-    ensure!(token_c > token_b, "handover token {token_c} is not above {token_b}");
+    ensure!(
+        token_c > token_b,
+        "handover token {token_c} is not above {token_b}"
+    );
     narrator.say(
         "node-a",
         format!(
@@ -308,7 +329,10 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
         ),
     );
     loop {
-        let write = writes.recv().await.context("node-a never wrote in its new term")?;
+        let write = writes
+            .recv()
+            .await
+            .context("node-a never wrote in its new term")?;
         if write.node == "node-a" && write.admitted && write.token == token_c {
             break;
         }
@@ -334,7 +358,10 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
     Ok(())
 }
 
-async fn wait_leader(elector: &LeaseLeaderElector, within: Duration) -> anyhow::Result<FencingToken> {
+async fn wait_leader(
+    elector: &LeaseLeaderElector,
+    within: Duration,
+) -> anyhow::Result<FencingToken> {
     let mut state = elector.watch();
     let leader = tokio::time::timeout(within, state.wait_for(ElectionState::is_leader))
         .await
@@ -355,7 +382,10 @@ fn spawn_state_narrator(elector: &LeaseLeaderElector, label: &'static str, narra
         while state.changed().await.is_ok() {
             let now_leading = state.borrow_and_update().is_leader();
             if leading && !now_leading {
-                narrator.say(label, "elector cancels leadership (its term is over on its own clock)");
+                narrator.say(
+                    label,
+                    "elector ends its leadership (leadership token cancelled)",
+                );
             }
             leading = now_leading;
         }
@@ -461,4 +491,40 @@ fn spawn_node(
             )
             .await
     })
+}
+
+/// `tenure demo --store URL`: virtual time in memory, real time (short TTLs) elsewhere.
+pub fn run_cli(url: &crate::store::StoreUrl) -> anyhow::Result<()> {
+    use crate::store::StoreUrl;
+    if let StoreUrl::Memory = url {
+        // Virtual time: the story's seconds pass in milliseconds.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()?;
+        return runtime.block_on(async {
+            let timing = DemoTiming::fast();
+            let stores = crate::store::memory(timing.ttl)?;
+            run(into_demo(stores), timing, false).await
+        });
+    }
+    let timing = match url {
+        StoreUrl::Etcd(_) => DemoTiming::coarse(),
+        _ => DemoTiming::fast(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let stores = crate::store::open(url, timing.ttl).await?;
+        run(into_demo(stores), timing, true).await
+    })
+}
+
+fn into_demo(stores: crate::store::Stores) -> DemoStores {
+    DemoStores {
+        leases: stores.leases,
+        registry: stores.registry,
+        fence: stores.fence,
+    }
 }

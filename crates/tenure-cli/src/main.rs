@@ -1,28 +1,57 @@
 //! `tenure`: fenced leader election from the shell.
 //!
-//! Exit codes are documented in [`exit`] and in the README.
+//! Every command picks its store with `--store URL` or `TENURE_STORE`; the default is a
+//! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
 mod demo;
+mod inspect;
+mod output;
+mod run;
 mod store;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::store::StoreUrl;
 
-/// Exit codes shared by every subcommand.
+/// Exit codes. A command run by `tenure run` passes its own code through, so a child
+/// exiting with one of these is indistinguishable from tenure saying it (as with
+/// `timeout(1)`); stderr tells which.
 pub mod exit {
-    /// Success.
+    /// Success (for `run`: the command exited 0).
     pub const OK: u8 = 0;
-    /// A runtime failure (store unreachable, I/O error, a broken invariant in the demo).
+    /// A runtime failure: store unreachable, I/O error, the demo's story did not hold.
     pub const FAILURE: u8 = 1;
-    /// Bad usage: unknown flag, malformed URL or duration, invalid option.
+    /// Bad usage: unknown flag, malformed URL or duration, invalid option, bad database file.
     pub const USAGE: u8 = 2;
+    /// `tenure fence`: the token is older than one the fence already admitted.
+    pub const FENCED: u8 = 3;
+    /// `tenure run`: leadership was lost while the command ran; it was stopped.
+    pub const LOST: u8 = 4;
+    /// `tenure run --no-wait`: another owner holds the role (as `flock -n`).
+    pub const BUSY: u8 = 75;
+    /// `tenure run --wait-timeout`: not leader in time.
+    pub const TIMEOUT: u8 = 124;
+    /// `tenure run`: tenure itself failed before or while running the command.
+    pub const RUN_FAILED: u8 = 125;
+    /// `tenure run`: the command was found but could not be executed.
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// `tenure run`: the command was not found.
+    pub const NOT_FOUND: u8 = 127;
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "tenure", version, about = "Fenced leader election and membership", long_about = None)]
+#[command(
+    name = "tenure",
+    version,
+    about = "Fenced leader election and membership: run a command as a cluster-wide singleton",
+    after_help = "Exit codes: 0 ok, 1 failure, 2 usage, 3 fenced, 4 leadership lost, 75 busy \
+                  (--no-wait), 124 wait timeout, 125 tenure failed, 126/127 command not \
+                  executable/found; otherwise the command's own code (128+N if killed by signal N)."
+)]
 struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -40,21 +69,124 @@ enum LogFormat {
     Json,
 }
 
+/// `--store`, shared by every command that talks to a store.
+#[derive(Args, Debug, Clone)]
+struct StoreArg {
+    /// Store URL: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX], memory:.
+    /// Default: sqlite under $XDG_STATE_HOME (or ~/.local/state)/tenure/tenure.db.
+    #[arg(long = "store", env = "TENURE_STORE", hide_env_values = true)]
+    url: Option<String>,
+    /// Membership liveness TTL: a node is live this long after its last heartbeat.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    member_ttl: Duration,
+}
+
+impl StoreArg {
+    fn raw(&self) -> anyhow::Result<String> {
+        match &self.url {
+            Some(url) => Ok(url.clone()),
+            None => store::default_url(),
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a command as the cluster-wide singleton of a role.
+    Run {
+        /// The role to lead (one singleton job or resource).
+        #[arg(long)]
+        role: String,
+        /// How long a term lasts without renewal.
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// How often the leader renews.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        renew_every: Duration,
+        /// How often a waiting instance retries when not woken sooner.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        retry_every: Duration,
+        /// Owner id (default: host-pid-random, unique per process).
+        #[arg(long)]
+        owner: Option<String>,
+        /// Exit at once (code 75) if another owner leads.
+        #[arg(long, conflicts_with = "wait_timeout")]
+        no_wait: bool,
+        /// Give up (code 124) if not leader within this long.
+        #[arg(long, value_parser = parse_duration)]
+        wait_timeout: Option<Duration>,
+        /// On lost leadership: SIGTERM, then SIGKILL after this long.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        kill_after: Duration,
+        /// Also heartbeat membership as this node while running.
+        #[arg(long)]
+        node_id: Option<String>,
+        #[command(flatten)]
+        store: StoreArg,
+        /// The command to run, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
+    /// Show leases: role, holder, token, time to expiry.
+    Status {
+        /// Only this role.
+        #[arg(long)]
+        role: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Show live members: last heartbeat, membership age, metadata.
+    Members {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Admit a fencing token for a resource (exit 0) or refuse a stale one (exit 3).
+    Fence {
+        /// The resource the token guards.
+        #[arg(long)]
+        resource: String,
+        /// The token, usually "$TENURE_FENCING_TOKEN".
+        #[arg(long)]
+        token: String,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Tell the stalled-leader story: a paused leader is fenced out.
     Demo {
         /// The store to run the demo on (default: in memory, on virtual time).
-        #[arg(long, env = "TENURE_DEMO_STORE", default_value = "memory:")]
+        #[arg(
+            long,
+            env = "TENURE_DEMO_STORE",
+            default_value = "memory:",
+            hide_env_values = true
+        )]
         store: String,
     },
+}
+
+fn parse_duration(raw: &str) -> Result<Duration, String> {
+    humantime::parse_duration(raw.trim())
+        .map_err(|error| format!("{error}: expected a number with a unit, e.g. 500ms, 15s, 2m"))
 }
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let code = if error.use_stderr() { exit::USAGE } else { exit::OK };
+            let code = if error.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
             let _ = error.print();
             return ExitCode::from(code);
         }
@@ -66,18 +198,25 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             eprintln!("tenure: {error:#}");
-            let usage = error.chain().any(|cause| {
-                matches!(
-                    cause.downcast_ref::<tenure::Error>(),
-                    Some(tenure::Error::InvalidArgument { .. })
-                ) || cause.downcast_ref::<UsageError>().is_some()
-            });
-            ExitCode::from(if usage { exit::USAGE } else { exit::FAILURE })
+            ExitCode::from(if is_usage(&error) {
+                exit::USAGE
+            } else {
+                exit::FAILURE
+            })
         }
     }
 }
 
-/// A mistake on the command line, reported with exit code 2.
+fn is_usage(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<tenure::Error>(),
+            Some(tenure::Error::InvalidArgument { .. })
+        ) || cause.downcast_ref::<UsageError>().is_some()
+    })
+}
+
+/// A mistake on the command line, reported with [`exit::USAGE`].
 #[derive(Debug)]
 pub struct UsageError(pub String);
 
@@ -89,40 +228,143 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
-fn usage(error: anyhow::Error) -> anyhow::Error {
-    anyhow::Error::new(UsageError(format!("{error:#}")))
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    // One thread: the command is spawned from it, and its parent-death signal is tied
+    // to the spawning thread staying alive.
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn dispatch(command: Command) -> anyhow::Result<u8> {
     match command {
-        Command::Demo { store } => {
-            let url = StoreUrl::parse(&store).map_err(usage)?;
-            match url {
-                StoreUrl::Memory => {
-                    // Virtual time: the story's seconds pass in milliseconds.
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .start_paused(true)
-                        .build()?;
-                    runtime.block_on(async {
-                        let timing = demo::DemoTiming::fast();
-                        let stores = store::memory(timing.ttl)?;
-                        demo::run(
-                            demo::DemoStores {
-                                leases: stores.leases,
-                                registry: stores.registry,
-                                fence: stores.fence,
-                            },
-                            timing,
-                            false,
-                        )
-                        .await
-                    })?;
-                }
-            }
+        Command::Run {
+            role,
+            ttl,
+            renew_every,
+            retry_every,
+            owner,
+            no_wait,
+            wait_timeout,
+            kill_after,
+            node_id,
+            store,
+            command,
+        } => {
+            let raw = store.raw()?;
+            let url = StoreUrl::parse(&raw)?;
+            url.require_shared("run")?;
+            let args = run::RunArgs {
+                role,
+                ttl,
+                renew_every,
+                retry_every,
+                owner,
+                no_wait,
+                wait_timeout,
+                kill_after,
+                node_id,
+                store_url: raw,
+                command,
+            };
+            check_run_flags(&args)?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, store.member_ttl).await?;
+                run::run(stores, args).await
+            })
+        }
+        Command::Status {
+            role,
+            json,
+            watch,
+            store: arg,
+        } => {
+            let url = StoreUrl::parse(&arg.raw()?)?;
+            url.require_shared("status")?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, arg.member_ttl).await?;
+                inspect::status(&stores, role.as_deref(), json, watch).await
+            })
+        }
+        Command::Members { json, store: arg } => {
+            let url = StoreUrl::parse(&arg.raw()?)?;
+            url.require_shared("members")?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, arg.member_ttl).await?;
+                inspect::members(&stores, json).await
+            })
+        }
+        Command::Fence {
+            resource,
+            token,
+            store: arg,
+        } => {
+            let url = StoreUrl::parse(&arg.raw()?)?;
+            url.require_shared("fence")?;
+            let token = inspect::parse_token(&token)?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, arg.member_ttl).await?;
+                inspect::fence(&stores, &resource, token).await
+            })
+        }
+        Command::Demo { store: raw } => {
+            let url = StoreUrl::parse(&raw)?;
+            demo::run_cli(&url)?;
             Ok(exit::OK)
         }
     }
+}
+
+/// Flag-level checks, so messages name the flags rather than the library's options.
+fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
+    let show = |d: Duration| output::human(d);
+    // Names are checked here, before the store is opened, so a bad one creates nothing.
+    let names = [
+        ("--role", "role", Some(&args.role)),
+        ("--owner", "owner", args.owner.as_ref()),
+        ("--node-id", "node_id", args.node_id.as_ref()),
+    ];
+    for (flag, field, value) in names {
+        let Some(value) = value else { continue };
+        if let Err(tenure::Error::InvalidArgument { reason, .. }) =
+            tenure::lease::validate_name(field, value)
+        {
+            return Err(UsageError(format!("{flag} {value:?} {reason}")));
+        }
+    }
+    if args.ttl.is_zero() {
+        return Err(UsageError("--ttl must be greater than 0s".to_owned()));
+    }
+    if args.renew_every.is_zero() || args.retry_every.is_zero() {
+        return Err(UsageError(
+            "--renew-every and --retry-every must be greater than 0s".to_owned(),
+        ));
+    }
+    if args.renew_every >= args.ttl {
+        return Err(UsageError(format!(
+            "--renew-every ({}) must be less than --ttl ({})",
+            show(args.renew_every),
+            show(args.ttl)
+        )));
+    }
+    if let Err(tenure::Error::InvalidArgument { reason, .. }) = args.options().validate() {
+        return Err(UsageError(format!(
+            "--ttl {}, --renew-every {} and --kill-after {} do not fit: {reason}; \
+             the command must be stopped (--kill-after) before the lease can expire, \
+             with time to renew before that",
+            show(args.ttl),
+            show(args.renew_every),
+            show(args.kill_after)
+        )));
+    }
+    if args
+        .command
+        .first()
+        .is_some_and(|program| program.is_empty())
+    {
+        return Err(UsageError("the command after -- is empty".to_owned()));
+    }
+    Ok(())
 }
 
 fn init_logging(format: LogFormat, verbose: u8, quiet: bool) {

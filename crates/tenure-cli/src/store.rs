@@ -1,55 +1,118 @@
 //! Store URLs: which backend a command talks to.
 //!
-//! `memory:` (this process only), `sqlite:PATH`, `postgres://...`, `etcd://...`. Errors
-//! name the problem and never echo a password.
+//! `memory:` (this process only), `sqlite:PATH` (the default, a file under the user's
+//! state directory), `postgres://...`, `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
+//! Errors name the problem and never echo a password.
 
-use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(not(feature = "etcd"))]
 use anyhow::bail;
-use tenure::{Fence, FenceStore, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, NodeRegistry, TokioClock};
+use anyhow::Context;
+use tenure::{
+    Fence, FenceStore, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, NodeRegistry,
+    TokioClock,
+};
 
-/// A parsed `--store` value.
-#[derive(Clone, PartialEq, Eq)]
+use crate::UsageError;
+
+/// What every accepted URL looks like, for error messages.
+const ACCEPTED: &str =
+    "expected one of memory:, sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX]";
+
+/// A parsed `--store` value. The raw URL is kept only for the backend's own parser and
+/// is never printed.
+#[derive(Clone)]
 pub enum StoreUrl {
     /// `memory:`: in this process only.
     Memory,
+    /// `sqlite:PATH`.
+    Sqlite(String),
+    /// `postgres://...` or `postgresql://...`.
+    Postgres(String),
+    /// `etcd://...`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Etcd(String),
 }
 
-impl fmt::Debug for StoreUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreUrl::Memory => f.write_str("memory:"),
-        }
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.scheme())
     }
 }
 
 impl StoreUrl {
-    /// Parses a store URL; the error says what is wrong and what is accepted.
-    pub fn parse(raw: &str) -> anyhow::Result<Self> {
+    /// Parses a store URL's scheme; the backend checks the rest when it opens.
+    pub fn parse(raw: &str) -> Result<Self, UsageError> {
         let raw = raw.trim();
+        if raw.is_empty() {
+            return Err(UsageError(format!("the store URL is empty; {ACCEPTED}")));
+        }
         let Some((scheme, _rest)) = raw.split_once(':') else {
-            bail!("store URL has no scheme; expected one of memory:, sqlite:PATH, postgres://..., etcd://HOST:PORT");
+            return Err(UsageError(format!(
+                "the store URL has no scheme; {ACCEPTED}"
+            )));
         };
         match scheme {
             "memory" => Ok(StoreUrl::Memory),
-            other => bail!(
-                "unknown store scheme {:?}; expected one of memory:, sqlite:PATH, postgres://..., etcd://HOST:PORT",
-                redact_scheme(other)
-            ),
+            "sqlite" => Ok(StoreUrl::Sqlite(raw.to_owned())),
+            "postgres" | "postgresql" => Ok(StoreUrl::Postgres(raw.to_owned())),
+            "etcd" => Ok(StoreUrl::Etcd(raw.to_owned())),
+            other => {
+                // Only a short, printable prefix: a mangled URL may hold a password.
+                let shown: String = other
+                    .chars()
+                    .take(20)
+                    .filter(|c| c.is_ascii_alphanumeric() || "+-.".contains(*c))
+                    .collect();
+                Err(UsageError(format!(
+                    "unknown store scheme {shown:?}; {ACCEPTED}"
+                )))
+            }
         }
     }
 
-    /// Whether several processes can share this store.
-    pub fn is_shared(&self) -> bool {
-        !matches!(self, StoreUrl::Memory)
+    /// The scheme, for messages.
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            StoreUrl::Memory => "memory:",
+            StoreUrl::Sqlite(_) => "sqlite:",
+            StoreUrl::Postgres(_) => "postgres:",
+            StoreUrl::Etcd(_) => "etcd:",
+        }
+    }
+
+    /// Refuses `memory:` for commands that need a store other processes can see.
+    pub fn require_shared(&self, command: &str) -> Result<(), UsageError> {
+        if matches!(self, StoreUrl::Memory) {
+            return Err(UsageError(format!(
+                "`tenure {command}` needs a store shared between processes; memory: lives only \
+                 inside one process (use sqlite:PATH, postgres://... or etcd://...)"
+            )));
+        }
+        Ok(())
     }
 }
 
-/// A scheme as typed, cut short so a mistyped URL cannot leak credentials into a message.
-fn redact_scheme(scheme: &str) -> String {
-    scheme.chars().take(20).collect()
+/// The default store: `sqlite:` on a file under the user's state directory.
+pub fn default_url() -> anyhow::Result<String> {
+    let dir = state_dir()
+        .context("cannot find a state directory (set XDG_STATE_HOME or HOME, or pass --store)")?;
+    Ok(format!(
+        "sqlite:{}",
+        dir.join("tenure").join("tenure.db").display()
+    ))
+}
+
+fn state_dir() -> Option<PathBuf> {
+    let non_empty = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    non_empty("XDG_STATE_HOME").or_else(|| non_empty("HOME").map(|home| home.join(".local/state")))
 }
 
 /// Everything a command may need from one backend.
@@ -70,4 +133,83 @@ pub fn memory(registry_ttl: Duration) -> anyhow::Result<Stores> {
         registry: Arc::new(InMemoryNodeRegistry::with_clock(registry_ttl, clock)?),
         fence: Arc::new(Fence::new()),
     })
+}
+
+/// Opens a store; `registry_ttl` is the liveness TTL membership is judged with.
+pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stores> {
+    match url {
+        StoreUrl::Memory => memory(registry_ttl),
+        StoreUrl::Sqlite(raw) => {
+            if let Ok(path) = tenure_sqlite::path_from_url(raw) {
+                create_default_dir(&path)?;
+            }
+            let db = tenure_sqlite::connect(raw).await?;
+            Ok(Stores {
+                leases: Arc::new(db.lease_store()),
+                registry: Arc::new(db.node_registry(registry_ttl)?),
+                fence: Arc::new(db.fence()),
+            })
+        }
+        StoreUrl::Postgres(raw) => {
+            let backend = tenure_postgres::connect(
+                raw,
+                tenure_postgres::ConnectOptions {
+                    registry_ttl,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            Ok(Stores {
+                leases: Arc::new(backend.leases),
+                registry: Arc::new(backend.registry),
+                fence: Arc::new(backend.fence),
+            })
+        }
+        #[cfg(feature = "etcd")]
+        StoreUrl::Etcd(raw) => {
+            let url = tenure_etcd::EtcdUrl::parse(raw)?;
+            let client = tenure_etcd::connect_client(&url).await?;
+            Ok(Stores {
+                leases: Arc::new(tenure_etcd::EtcdLeaseStore::new(
+                    client.clone(),
+                    url.prefix(),
+                )?),
+                registry: Arc::new(tenure_etcd::EtcdNodeRegistry::new(
+                    client.clone(),
+                    url.prefix(),
+                    registry_ttl,
+                )?),
+                fence: Arc::new(tenure_etcd::EtcdFence::new(client, url.prefix())?),
+            })
+        }
+        #[cfg(not(feature = "etcd"))]
+        StoreUrl::Etcd(_) => bail!(UsageError(
+            "this build of tenure has no etcd backend: build it with `--features etcd` \
+             (needs protoc, Debian package protobuf-compiler)"
+                .to_owned()
+        )),
+    }
+}
+
+/// The default database's directory is created on first use (mode 0700); any other
+/// missing directory is the user's mistake and reported as such by the backend.
+fn create_default_dir(path: &std::path::Path) -> anyhow::Result<()> {
+    let Some(state) = state_dir() else {
+        return Ok(());
+    };
+    let default_dir = state.join("tenure");
+    if path.parent() != Some(default_dir.as_path()) || default_dir.exists() {
+        return Ok(());
+    }
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&default_dir)
+        .with_context(|| {
+            format!(
+                "cannot create the state directory {}",
+                default_dir.display()
+            )
+        })
 }

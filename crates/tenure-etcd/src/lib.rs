@@ -15,6 +15,7 @@
 //!   [`EtcdLeaseStore::commit_fenced`] build transactions guarded by
 //!   `create_revision(lease key) == token`, so writes to etcd itself commit only while the
 //!   term is live;
+//! - [`EtcdFence`]: a compare-and-reject fence kept in etcd, for side effects elsewhere;
 //! - [`EtcdNodeRegistry`]: `<prefix>/nodes/ID` keys on per-node etcd leases, with a
 //!   stream of membership changes ([`EtcdNodeRegistry::watch_members`]);
 //! - [`connect`] and [`EtcdUrl`]: `etcd://host:port[,host:port...][/prefix]` URLs.
@@ -55,11 +56,13 @@
 //! ```
 #![deny(missing_docs)]
 
+mod fence;
 mod keys;
 pub mod lease;
 pub mod registry;
 pub mod url;
 
+pub use fence::EtcdFence;
 pub use keys::{validate_prefix, DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use lease::EtcdLeaseStore;
 pub use registry::{EtcdNodeRegistry, MembershipChange, MembershipWatch};
