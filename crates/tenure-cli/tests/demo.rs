@@ -14,7 +14,11 @@ fn demo_tells_the_stalled_leader_story() {
         .expect("run tenure demo");
     let took = started.elapsed();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     for beat in [
         "node-a   elected with fencing token 1",
         "node-a   writes batch 1 with token 1: admitted",
@@ -29,8 +33,14 @@ fn demo_tells_the_stalled_leader_story() {
         assert!(stdout.contains(beat), "missing {beat:?} in:\n{stdout}");
     }
     let order = |needle: &str| stdout.find(needle).unwrap();
-    assert!(order("fencing token 2") < order("REJECTED"), "takeover precedes the rejected write");
-    assert!(took < Duration::from_secs(10), "virtual time: took {took:?}");
+    assert!(
+        order("fencing token 2") < order("REJECTED"),
+        "takeover precedes the rejected write"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "virtual time: took {took:?}"
+    );
 }
 
 /// A bad store URL is a usage error (exit 2) naming the problem.
@@ -42,6 +52,9 @@ fn demo_rejects_unknown_scheme() {
         .expect("run tenure demo");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("unknown store scheme \"mysql\""), "{stderr}");
+    assert!(
+        stderr.contains("unknown store scheme \"mysql\""),
+        "{stderr}"
+    );
     assert!(!stderr.contains("hunter2"), "password echoed: {stderr}");
 }

@@ -1,0 +1,641 @@
+//! `tenure run` scenarios written once and run against every store URL (SQLite,
+//! PostgreSQL): each takes a fresh store and a scratch directory for the scripts' files.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::*;
+
+/// Generous bound for anything that is not itself the point of a test.
+const LONG: Duration = Duration::from_secs(30);
+
+/// The state letter of a process (`R`, `S`, `T`, `Z`, ...), if it exists.
+pub fn state(pid: Pid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// The token on the first log line that starts with `prefix ` (the line's last word).
+fn token_of(log: &Path, prefix: &str) -> Option<u64> {
+    lines(log)
+        .iter()
+        .find(|line| line.starts_with(&format!("{prefix} ")))
+        .and_then(|line| line.split_whitespace().last()?.parse().ok())
+}
+
+/// Waits for a log line starting with `prefix `; panics with `context` otherwise.
+fn await_line(log: &Path, prefix: &str, within: Duration, context: impl Fn() -> String) -> String {
+    let mut found = None;
+    let ok = wait_until(within, || {
+        found = lines(log)
+            .into_iter()
+            .find(|l| l.starts_with(&format!("{prefix} ")));
+        found.is_some()
+    });
+    assert!(
+        ok,
+        "no {prefix:?} line in {:?} after {within:?}; {}",
+        lines(log),
+        context()
+    );
+    found.unwrap()
+}
+
+/// Starts a leader on `role` whose command records `start TOKEN` in `log`, writes its
+/// pid to `pid_file` and sleeps; returns once the command runs.
+pub fn hold(store: &str, role: &str, owner: &str, dir: &Path) -> (Proc, Pid) {
+    let pid_file = dir.join(format!("{owner}.pid"));
+    let script = format!(
+        "echo \"{owner} $TENURE_FENCING_TOKEN\" >> '{log}'; echo $$ > '{pid}'; exec sleep 60",
+        log = dir.join("log").display(),
+        pid = pid_file.display()
+    );
+    let mut leader = Proc::spawn(&mut run_sh(store, role, &["--owner", owner], &script));
+    let mut child = None;
+    let started = wait_until(LONG, || {
+        child = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        child.is_some() || leader.exited().is_some()
+    });
+    let child = match child {
+        Some(pid) if started => Pid::from_raw(pid),
+        _ => panic!(
+            "leader {owner} did not start its command; stderr:\n{}",
+            leader.stderr()
+        ),
+    };
+    leader.own_group(child);
+    (leader, child)
+}
+
+/// Three `tenure run` processes, three rounds each, on one store: the commands never
+/// overlap and their fencing tokens strictly increase.
+pub fn executions_never_overlap(store: &str, dir: &Path) {
+    let tokens = overlap_scenario(store, &dir.join("overlap.log"), 3, 3);
+    assert_eq!(tokens.len(), 9);
+}
+
+/// The leading `tenure` alone is stopped (SIGSTOP) past the TTL while a second one
+/// waits: the second runs its command with a higher token. On SIGCONT the first
+/// finds its leadership lost, kills its command (which kept running while it was
+/// stopped) and exits 4.
+pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &Path) {
+    let log = dir.join("log");
+    let (mut first, first_child) = hold(store, "r", "first", dir);
+    let second_script = format!(
+        "echo \"second $TENURE_FENCING_TOKEN\" >> '{}'",
+        log.display()
+    );
+    let mut second = Proc::spawn(&mut run_sh(
+        store,
+        "r",
+        &["--owner", "second"],
+        &second_script,
+    ));
+    assert!(
+        second.wait_stderr("is held by first", LONG),
+        "second never saw first leading: {}",
+        second.stderr()
+    );
+    assert!(
+        token_of(&log, "second").is_none(),
+        "second ran while first led"
+    );
+
+    first.signal(Signal::SIGSTOP);
+    assert!(
+        wait_until(LONG, || state(first.pid()) == Some('T')),
+        "first not stopped"
+    );
+    let second_line = await_line(&log, "second", LONG, || second.stderr());
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+    // Nothing could stop the command while its tenure was frozen.
+    assert!(
+        !dead(first_child),
+        "the stopped tenure's command died early"
+    );
+
+    first.signal(Signal::SIGCONT);
+    let code = first.code_within(LONG);
+    assert_eq!(
+        code,
+        4,
+        "first should report lost leadership; stderr:\n{}",
+        first.stderr()
+    );
+    assert!(
+        first
+            .stderr()
+            .contains("leadership of role \"r\" was lost; the command was stopped"),
+        "{}",
+        first.stderr()
+    );
+    assert!(
+        dead(first_child),
+        "the first command survived lost leadership"
+    );
+    let first_token = token_of(&log, "first").unwrap();
+    let second_token: u64 = second_line
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        second_token > first_token,
+        "{second_token} <= {first_token}"
+    );
+}
+
+/// The first `tenure` and its command are all frozen past the TTL: a successor runs and
+/// admits a higher token on the fence. Thawed, the old command's fenced write (with its
+/// stale `$TENURE_FENCING_TOKEN`) is refused with exit 3 and the highest token on
+/// stderr; then its tenure kills it and exits 4.
+pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
+    let log = dir.join("log");
+    let pid_file = dir.join("a.pid");
+    let go = dir.join("go");
+    let a_err = dir.join("a.err");
+    let script = format!(
+        "\"$TENURE_BIN\" fence --resource res --token \"$TENURE_FENCING_TOKEN\"; \
+         echo \"a-first $? $TENURE_FENCING_TOKEN\" >> '{log}'; \
+         echo $$ > '{pid}'; \
+         while [ ! -e '{go}' ]; do sleep 0.02; done; \
+         \"$TENURE_BIN\" fence --resource res --token \"$TENURE_FENCING_TOKEN\" 2> '{err}'; \
+         echo \"a-second $?\" >> '{log}'; \
+         exec sleep 60",
+        log = log.display(),
+        pid = pid_file.display(),
+        go = go.display(),
+        err = a_err.display(),
+    );
+    let mut first =
+        Proc::spawn_in_own_group(&mut run_sh(store, "r", &["--owner", "first"], &script));
+    let child = read_pid(&pid_file, LONG);
+    first.own_group(child);
+    let first_line = await_line(&log, "a-first", LONG, || first.stderr());
+    let first_token: u64 = first_line
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        first_line.starts_with("a-first 0 "),
+        "first fenced write refused: {first_line}"
+    );
+
+    // Freeze everything: tenure's group and the command's own group.
+    killpg(first.pid(), Signal::SIGSTOP).unwrap();
+    killpg(child, Signal::SIGSTOP).unwrap();
+    // A shell frozen mid-vfork shows `D` (waiting on its stopped child): frozen too.
+    let frozen = |pid| matches!(state(pid), Some('T' | 'D'));
+    assert!(
+        wait_until(LONG, || frozen(first.pid()) && frozen(child)),
+        "not stopped: tenure {:?}, command {:?}; stderr:\n{}",
+        state(first.pid()),
+        state(child),
+        first.stderr()
+    );
+
+    let second_script = format!(
+        "\"$TENURE_BIN\" fence --resource res --token \"$TENURE_FENCING_TOKEN\"; \
+         echo \"b $? $TENURE_FENCING_TOKEN\" >> '{}'",
+        log.display()
+    );
+    let second = Proc::spawn(&mut run_sh(
+        store,
+        "r",
+        &["--owner", "second"],
+        &second_script,
+    ));
+    let output = second.finish(LONG);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let b_line = await_line(&log, "b", LONG, String::new);
+    let second_token: u64 = b_line.split_whitespace().last().unwrap().parse().unwrap();
+    assert!(
+        b_line.starts_with("b 0 "),
+        "successor's fenced write refused: {b_line}"
+    );
+    assert!(second_token > first_token);
+
+    // Thaw the old command first: it does its fenced write with the stale token.
+    std::fs::write(&go, b"").unwrap();
+    killpg(child, Signal::SIGCONT).unwrap();
+    let a_second = await_line(&log, "a-second", LONG, || first.stderr());
+    assert_eq!(a_second, "a-second 3", "stale write not fenced");
+    let err = std::fs::read_to_string(&a_err).unwrap();
+    assert!(err.contains(&format!("highest={second_token}")), "{err}");
+    assert!(
+        err.contains(&format!("token {first_token} is older")),
+        "{err}"
+    );
+
+    killpg(first.pid(), Signal::SIGCONT).unwrap();
+    assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
+    assert!(dead(child), "the old command survived");
+}
+
+/// SIGTERM to the leading `tenure` is forwarded to its command, which dies; the lease
+/// is released at once, so a waiting `tenure` that would otherwise retry only every
+/// 60 s starts its command within a second.
+pub fn sigterm_hands_over_at_once(store: &str, dir: &Path) {
+    let log = dir.join("log");
+    let (mut first, first_child) = hold(store, "r", "first", dir);
+    let second_script = format!(
+        "echo \"second $TENURE_FENCING_TOKEN\" >> '{}'",
+        log.display()
+    );
+    let flags = [
+        "--ttl",
+        "20s",
+        "--renew-every",
+        "2s",
+        "--kill-after",
+        "1s",
+        "--retry-every",
+        "60s",
+        "--owner",
+        "second",
+    ];
+    let mut second = Proc::spawn(&mut run_sh_with(store, "r", &flags, &second_script));
+    assert!(
+        second.wait_stderr("is held by first", LONG),
+        "{}",
+        second.stderr()
+    );
+    // Let the waiter settle into its wait for a change.
+    std::thread::sleep(Duration::from_millis(200));
+
+    let sent = Instant::now();
+    first.signal(Signal::SIGTERM);
+    let (mut child_died, mut first_exited, mut started) = (None, None, None);
+    assert!(
+        wait_until(LONG, || {
+            if child_died.is_none() && dead(first_child) {
+                child_died = Some(sent.elapsed());
+            }
+            if first_exited.is_none() && first.exited().is_some() {
+                first_exited = Some(sent.elapsed());
+            }
+            if started.is_none() && token_of(&log, "second").is_some() {
+                started = Some(sent.elapsed());
+            }
+            started.is_some()
+        }),
+        "second never started: {}",
+        second.stderr()
+    );
+    let took = started.unwrap();
+    let timeline = format!(
+        "command died after {child_died:?}, first tenure exited after {first_exited:?}, \
+         second command started after {took:?}"
+    );
+    eprintln!("SIGTERM handover: {timeline}");
+    assert!(took < Duration::from_secs(1), "too slow: {timeline}");
+    assert_eq!(first.code_within(LONG), 128 + 15, "{}", first.stderr());
+    assert!(dead(first_child));
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+}
+
+/// While another owner leads: `--no-wait` exits 75 at once, `--wait-timeout 1s` exits
+/// 124 after about a second, and SIGTERM to a waiting `tenure` exits 143; none of them
+/// runs its command.
+pub fn busy_role(store: &str, dir: &Path) {
+    let (_leader, _) = hold(store, "busy", "holder", dir);
+    let ran = dir.join("ran");
+    let script = format!("touch '{}'", ran.display());
+
+    let started = Instant::now();
+    let output = output_within(&mut run_sh(store, "busy", &["--no-wait"], &script), LONG);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("is held by holder (token"), "{stderr}");
+    assert!(stderr.contains("not waiting (--no-wait)"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "--no-wait waited {:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let output = output_within(
+        &mut run_sh(store, "busy", &["--wait-timeout", "1s"], &script),
+        LONG,
+    );
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(124), "{stderr}");
+    assert!(
+        stderr.contains("not leader of role \"busy\" within --wait-timeout 1.0s"),
+        "{stderr}"
+    );
+    assert!(took >= Duration::from_secs(1), "gave up early: {took:?}");
+    assert!(took < Duration::from_secs(15), "gave up late: {took:?}");
+
+    let mut waiter = Proc::spawn(&mut run_sh(store, "busy", &[], &script));
+    assert!(waiter.wait_stderr("; waiting", LONG), "{}", waiter.stderr());
+    waiter.signal(Signal::SIGTERM);
+    assert_eq!(waiter.code_within(LONG), 128 + 15, "{}", waiter.stderr());
+    assert!(
+        waiter
+            .stderr()
+            .contains("while waiting for role \"busy\"; giving up"),
+        "{}",
+        waiter.stderr()
+    );
+
+    assert!(!ran.exists(), "a command ran while the role was held");
+}
+
+/// The command's exit code passes through (7; 128+9 when killed by SIGKILL); a missing
+/// program is 127 and a non-executable one 126, with a message. Each run releases the
+/// lease, so the next `--no-wait` run gets it.
+pub fn exit_codes_pass_through(store: &str, dir: &Path) {
+    let not_exec = dir.join("not-executable.sh");
+    std::fs::write(&not_exec, "#!/bin/sh\nexit 0\n").unwrap();
+    let missing = dir.join("no-such-program");
+    let not_exec = not_exec.display().to_string();
+    let missing = missing.display().to_string();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["sh", "-c", "exit 7"], 7, ""),
+        (vec!["sh", "-c", "kill -KILL $$"], 128 + 9, ""),
+        (vec![&missing], 127, "cannot run"),
+        (vec![&not_exec], 126, "cannot run"),
+        (vec!["true"], 0, ""),
+        (vec!["sh", "-c", "exit 255"], 255, ""),
+    ];
+    for (command, code, message) in cases {
+        let mut run = tenure();
+        run.args(["run", "--role", "codes", "--store", store, "--no-wait"])
+            .args(FAST)
+            .arg("--")
+            .args(&command);
+        let output = output_within(&mut run, LONG);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{command:?}: {stderr}");
+        assert!(stderr.contains(message), "{command:?}: {stderr}");
+    }
+}
+
+/// `TENURE_FENCING_TOKEN`, `TENURE_ROLE`, `TENURE_OWNER` and `TENURE_STORE` are set by
+/// tenure, overriding values inherited from its own environment; other variables pass
+/// through. The token is the one the store records.
+pub fn env_overrides_inherited(store: &str, dir: &Path) {
+    let out = dir.join("env.txt");
+    let script = format!(
+        "printf '%s\\n' \"$TENURE_FENCING_TOKEN\" \"$TENURE_ROLE\" \"$TENURE_OWNER\" \
+         \"$TENURE_STORE\" \"$UNRELATED\" > '{}'",
+        out.display()
+    );
+    let mut run = run_sh(store, "env-role", &["--owner", "env-owner"], &script);
+    run.env("TENURE_FENCING_TOKEN", "bogus")
+        .env("TENURE_ROLE", "bogus")
+        .env("TENURE_OWNER", "bogus")
+        .env("TENURE_STORE", "sqlite:/bogus/elsewhere.db")
+        .env("UNRELATED", "kept");
+    let output = output_within(&mut run, LONG);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let env = lines(&out);
+    assert_eq!(env.len(), 5, "{env:?}");
+    let token: u64 = env[0]
+        .parse()
+        .unwrap_or_else(|_| panic!("token {:?}", env[0]));
+    assert!(token >= 1);
+    assert_eq!(&env[1..], ["env-role", "env-owner", store, "kept"]);
+
+    let mut status = tenure();
+    status.args(["status", "--role", "env-role", "--json", "--store", store]);
+    let output = output_within(&mut status, LONG);
+    let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(rows[0]["fencing_token"], token, "{rows}");
+    assert_eq!(rows[0]["live"], false, "released on exit: {rows}");
+}
+
+/// SIGINT is forwarded: a command that traps it exits with its own code, which tenure
+/// passes through.
+pub fn sigint_is_forwarded(store: &str, dir: &Path) {
+    let log = dir.join("log");
+    let pid_file = dir.join("trap.pid");
+    let script = format!(
+        "trap 'echo got-int >> \"{log}\"; exit 42' INT; echo $$ > '{pid}'; \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        pid = pid_file.display()
+    );
+    let mut run = Proc::spawn(&mut run_sh(store, "int", &[], &script));
+    let child = read_pid(&pid_file, LONG);
+    run.own_group(child);
+    // Leadership is observed before the command starts; give the loop a moment anyway.
+    std::thread::sleep(Duration::from_millis(100));
+    run.signal(Signal::SIGINT);
+    assert_eq!(run.code_within(LONG), 42, "{}", run.stderr());
+    assert_eq!(lines(&log), ["got-int"]);
+}
+
+/// Runs `tenure ARGS --store STORE` to completion; returns (exit code, stdout, stderr).
+pub fn tenure_on(store: &str, args: &[&str]) -> (i32, String, String) {
+    let mut command = tenure();
+    command.args(args).args(["--store", store]);
+    let output = output_within(&mut command, LONG);
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `status --json` parsed, asserting exit 0.
+fn status_json(store: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["status", "--json"];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = tenure_on(store, &args);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
+}
+
+/// `status` (table and `--json`) and `members` (table and `--json`) while a
+/// `tenure run --node-id` leads, and after it exits: the holder, token and expiry; the
+/// node with its metadata, gone once it left.
+pub fn status_and_members(store: &str, dir: &Path) {
+    assert_eq!(status_json(store, &[]), serde_json::json!([]));
+    let (code, stdout, _) = tenure_on(store, &["status"]);
+    assert_eq!((code, stdout.as_str()), (0, "no leases\n"));
+    let (code, stdout, _) = tenure_on(store, &["members"]);
+    assert_eq!((code, stdout.as_str()), (0, "no live members\n"));
+
+    let pid_file = dir.join("leader.pid");
+    let script = format!("echo $$ > '{}'; exec sleep 60", pid_file.display());
+    let mut leader = Proc::spawn(&mut run_sh(
+        store,
+        "reports",
+        &["--owner", "owner-1", "--node-id", "node-1"],
+        &script,
+    ));
+    let child = read_pid(&pid_file, LONG);
+    leader.own_group(child);
+
+    let rows = status_json(store, &[]);
+    let lease = &rows[0];
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(lease["role"], "reports");
+    assert_eq!(lease["holder"], "owner-1");
+    assert_eq!(lease["live"], true);
+    let token = lease["fencing_token"].as_u64().expect("token");
+    assert!(token >= 1);
+    let expires = lease["expires_in_ms"].as_u64().expect("expiry");
+    assert!(
+        expires > 0 && expires <= 3_000,
+        "expires in {expires} ms with a 3 s ttl"
+    );
+    let one = status_json(store, &["--role", "reports"]);
+    assert_eq!(one.as_array().unwrap().len(), 1, "{one}");
+    for field in ["role", "holder", "live", "fencing_token"] {
+        assert_eq!(one[0][field], lease[field], "{one}");
+    }
+    assert_eq!(
+        status_json(store, &["--role", "other"]),
+        serde_json::json!([])
+    );
+
+    let (code, stdout, _) = tenure_on(store, &["status"]);
+    assert_eq!(code, 0);
+    let table: Vec<&str> = stdout.lines().collect();
+    assert_eq!(table.len(), 2, "{stdout}");
+    let header: Vec<&str> = table[0].split_whitespace().collect();
+    assert_eq!(header, ["ROLE", "HOLDER", "TOKEN", "EXPIRES"]);
+    let row: Vec<&str> = table[1].split_whitespace().collect();
+    assert_eq!(
+        row[..3],
+        ["reports", "owner-1", token.to_string().as_str()],
+        "{stdout}"
+    );
+    assert_eq!(row[3], "in", "{stdout}");
+    // Columns line up: each cell starts where its header does.
+    assert_eq!(
+        table[1].find("owner-1"),
+        table[0].find("HOLDER"),
+        "{stdout}"
+    );
+
+    let (code, stdout, stderr) = tenure_on(store, &["members", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let members: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(members.as_array().unwrap().len(), 1, "{members}");
+    let node = &members[0];
+    assert_eq!(node["node_id"], "node-1");
+    assert_eq!(node["metadata"]["role"], "reports");
+    assert_eq!(node["metadata"]["owner"], "owner-1");
+    assert_eq!(node["metadata"]["pid"], leader.pid().as_raw().to_string());
+    let age = node["last_heartbeat_age_ms"].as_u64().expect("age");
+    assert!(
+        age < 15_000,
+        "heartbeat {age} ms old with a 15 s member ttl"
+    );
+    assert!(node["member_for_ms"].as_u64().is_some(), "{node}");
+
+    let (code, stdout, _) = tenure_on(store, &["members"]);
+    assert_eq!(code, 0);
+    let table: Vec<&str> = stdout.lines().collect();
+    assert_eq!(table.len(), 2, "{stdout}");
+    assert!(table[0].starts_with("NODE"), "{stdout}");
+    assert!(
+        table[0].contains("LAST HEARTBEAT") && table[0].contains("METADATA"),
+        "{stdout}"
+    );
+    assert!(table[1].starts_with("node-1 "), "{stdout}");
+    assert!(table[1].contains(" ago"), "{stdout}");
+    assert!(
+        table[1].contains("owner=owner-1") && table[1].contains("role=reports"),
+        "{stdout}"
+    );
+
+    leader.signal(Signal::SIGTERM);
+    assert_eq!(leader.code_within(LONG), 128 + 15, "{}", leader.stderr());
+    let rows = status_json(store, &[]);
+    assert_eq!(rows[0]["role"], "reports");
+    assert_eq!(rows[0]["live"], false, "released: {rows}");
+    assert_eq!(rows[0]["holder"], serde_json::Value::Null);
+    assert_eq!(
+        rows[0]["fencing_token"], token,
+        "the token survives release"
+    );
+    assert_eq!(rows[0]["expires_in_ms"], serde_json::Value::Null);
+    let (_, stdout, _) = tenure_on(store, &["status"]);
+    assert!(
+        stdout.lines().nth(1).unwrap().ends_with("released"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = tenure_on(store, &["members", "--json"]);
+    assert_eq!((code, stdout.trim()), (0, "[]"), "the node left on exit");
+}
+
+/// A leader killed with SIGKILL cannot release: its lease shows as expired (holder in
+/// parentheses) once the TTL passes, and its command died with it.
+pub fn killed_leader_lease_expires(store: &str, dir: &Path) {
+    let (leader, child) = hold(store, "crashy", "doomed", dir);
+    leader.signal(Signal::SIGKILL);
+    // The command's parent-death signal takes it down with tenure.
+    assert!(
+        wait_until(LONG, || dead(child)),
+        "the command outlived tenure"
+    );
+    let rows = status_json(store, &["--role", "crashy"]);
+    assert_eq!(
+        rows[0]["live"], true,
+        "still held until the ttl passes: {rows}"
+    );
+    assert!(
+        wait_until(LONG, || status_json(store, &["--role", "crashy"])[0]
+            ["live"]
+            == false),
+        "never expired"
+    );
+    let (code, stdout, _) = tenure_on(store, &["status", "--role", "crashy"]);
+    assert_eq!(code, 0);
+    let row: Vec<&str> = stdout.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[0], "crashy");
+    assert_eq!(row[1], "(doomed)");
+    assert_eq!(row[3], "expired", "{stdout}");
+}
+
+/// `tenure fence`: tokens at or above the highest are admitted (exit 0); an older one is
+/// refused with exit 3 and `highest=N` on stderr; resources are independent.
+pub fn fence_admits_and_refuses(store: &str, _dir: &Path) {
+    let fence = |resource: &str, token: &str| {
+        tenure_on(store, &["fence", "--resource", resource, "--token", token])
+    };
+    assert_eq!(fence("db", "5").0, 0);
+    assert_eq!(fence("db", "5").0, 0, "an equal token is admitted");
+    let (code, stdout, stderr) = fence("db", "3");
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("token 3 is older than the highest admitted token for \"db\""),
+        "{stderr}"
+    );
+    assert!(stderr.lines().any(|l| l == "highest=5"), "{stderr}");
+    assert_eq!(fence("other", "1").0, 0, "resources are independent");
+    assert_eq!(fence("db", "8").0, 0);
+    let (code, _, stderr) = fence("db", "7");
+    assert_eq!(code, 3);
+    assert!(stderr.lines().any(|l| l == "highest=8"), "{stderr}");
+}

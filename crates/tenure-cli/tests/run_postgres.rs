@@ -1,0 +1,56 @@
+//! `tenure run` against a throwaway PostgreSQL server (from the testkit): the same
+//! scenarios as on SQLite, each on its own fresh database so no two tests share leases.
+
+mod common;
+
+use common::{output_within, scenarios, tempdir, tenure};
+use std::time::Duration;
+use tenure_testkit::postgres::{PgServer, SUPERUSER};
+
+/// A fresh database on the shared server; returns its URL (password included).
+fn fresh_database(name: &str) -> String {
+    let server = PgServer::shared();
+    let database = format!("cli_{name}_{}", std::process::id());
+    server.psql(&format!("CREATE DATABASE {database}"));
+    server.url_for(SUPERUSER, server.password(), &database)
+}
+
+macro_rules! postgres_scenarios {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let dir = tempdir();
+            let url = fresh_database(stringify!($name));
+            scenarios::$name(&url, dir.path());
+        }
+    )*};
+}
+
+postgres_scenarios!(
+    executions_never_overlap,
+    stopped_tenure_loses_leadership_and_kills_its_command,
+    paused_group_is_fenced_out,
+    sigterm_hands_over_at_once,
+    busy_role,
+    exit_codes_pass_through,
+    env_overrides_inherited,
+    status_and_members,
+    killed_leader_lease_expires,
+    fence_admits_and_refuses,
+);
+
+/// A wrong password is a runtime failure (exit 1) that names neither the password nor
+/// the URL.
+#[test]
+fn wrong_password_is_not_echoed() {
+    let server = PgServer::shared();
+    let url = server.url_for(SUPERUSER, "not-the-password-42", "postgres");
+    let mut status = tenure();
+    status.args(["status", "--store", &url]);
+    let output = output_within(&mut status, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("could not connect"), "{stderr}");
+    assert!(!stderr.contains("not-the-password-42"), "{stderr}");
+    assert!(!stderr.contains(&server.port().to_string()), "{stderr}");
+}
