@@ -189,6 +189,8 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
         tokio::select! {
             joined = &mut elected => break joined,
             Some(signal) = signals.recv() => {
+                // Leadership may have begun an instant ago, before this loop saw it.
+                led = led || state.borrow().is_leader();
                 if led {
                     info!(role = %args.role, ?signal, "forwarding signal to the command");
                     let _ = forward_tx.send(signal);

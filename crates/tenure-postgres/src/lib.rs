@@ -157,6 +157,40 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     })?;
     let connect_options = connect_options.application_name("tenure");
     let secrets = url_secrets(url);
+    // One direct connection first: a pool that cannot connect only says it timed out,
+    // while this names the server and the real cause (refused, bad password, ...).
+    let endpoint = format!(
+        "{}:{}",
+        connect_options.get_host(),
+        connect_options.get_port()
+    );
+    match tokio::time::timeout(
+        options.connect_timeout,
+        sqlx::Connection::connect_with(&connect_options),
+    )
+    .await
+    {
+        Ok(Ok(probe)) => {
+            let probe: sqlx::PgConnection = probe;
+            let _ = sqlx::Connection::close(probe).await;
+        }
+        Ok(Err(e)) => {
+            return Err(pg_error_scrubbed(
+                &format!("could not connect to {endpoint}"),
+                e,
+                &secrets,
+            ))
+        }
+        Err(_) => {
+            return Err(Error::store_msg(
+                crate::error::BACKEND,
+                format!(
+                    "could not connect to {endpoint}: no answer within {:?}",
+                    options.connect_timeout
+                ),
+            ))
+        }
+    }
     let pool = PgPoolOptions::new()
         .max_connections(options.max_connections)
         .acquire_timeout(options.connect_timeout)

@@ -38,7 +38,13 @@ fn renew(c: &mut Criterion) {
     let mut group = c.benchmark_group("renew");
     group.throughput(Throughput::Elements(1));
     group.bench_function("decide", |b| {
-        b.iter(|| black_box(store.decide(black_box("hot"), black_box("node-a"), TTL).unwrap()))
+        b.iter(|| {
+            black_box(
+                store
+                    .decide(black_box("hot"), black_box("node-a"), TTL)
+                    .unwrap(),
+            )
+        })
     });
     let dyn_store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::new());
     ready(dyn_store.try_acquire_or_renew("hot", "node-a", TTL)).unwrap();

@@ -65,6 +65,10 @@ pub struct LeaseLeaderOptions {
     /// The largest rate difference tolerated between this host's monotonic clock and the
     /// store's clock, as a fraction. Default 0.01 (1%).
     pub max_clock_drift: f64,
+    /// How long before the local deadline `leadership` is cancelled, so work has that
+    /// long to stop while the lease is still surely its own (`tenure run` sets it to the
+    /// time it needs to kill its command). Default zero: cancel at the local deadline.
+    pub work_grace: Duration,
 }
 
 impl Default for LeaseLeaderOptions {
@@ -76,6 +80,7 @@ impl Default for LeaseLeaderOptions {
             retry_interval: Duration::from_secs(2),
             retry_jitter: 0.2,
             max_clock_drift: 0.01,
+            work_grace: Duration::ZERO,
         }
     }
 }
@@ -129,6 +134,26 @@ impl LeaseLeaderOptions {
                 ),
             ));
         }
+        if self.work_grace >= self.local_window() {
+            return Err(Error::invalid(
+                "work_grace",
+                format!(
+                    "work_grace ({:?}) must be less than lease_ttl * (1 - max_clock_drift) ({:?})",
+                    self.work_grace,
+                    self.local_window()
+                ),
+            ));
+        }
+        if !self.work_grace.is_zero() && self.renew_interval >= self.leadership_window() {
+            return Err(Error::invalid(
+                "renew_interval",
+                format!(
+                    "renew_interval ({:?}) must be less than lease_ttl * (1 - max_clock_drift) - work_grace ({:?})",
+                    self.renew_interval,
+                    self.leadership_window()
+                ),
+            ));
+        }
         if self.renew_interval >= self.local_window() {
             return Err(Error::invalid(
                 "renew_interval",
@@ -145,6 +170,12 @@ impl LeaseLeaderOptions {
     /// How long after sending a successful request the elector still trusts its term.
     pub fn local_window(&self) -> Duration {
         self.lease_ttl.mul_f64(1.0 - self.max_clock_drift)
+    }
+
+    /// How long after sending a successful request the elector keeps `leadership`
+    /// uncancelled: the local window less `work_grace`.
+    pub fn leadership_window(&self) -> Duration {
+        self.local_window().saturating_sub(self.work_grace)
     }
 }
 
@@ -283,6 +314,11 @@ impl LeaseLeaderElector {
 
     /// Contends for `role` until `shutdown` fires or `work` returns while leader.
     ///
+    /// After a term ends locally (the local deadline passed while the store was slow),
+    /// the store may still hold this owner's lease; contending then renews it, and
+    /// `work` is called again with the same token. The two calls never overlap, and
+    /// fences treat them as one term.
+    ///
     /// Each term calls `work(token, leadership)` once; `leadership` is cancelled when the
     /// term ends (lost, local deadline, shutdown) and the elector awaits the work before
     /// contending again, so work must return promptly once `leadership` is cancelled.
@@ -352,12 +388,28 @@ impl LeaseLeaderElector {
                 }
             }
             let sent = Instant::now();
+            // An answer arriving after the local window could not start a usable term
+            // (its deadline would have passed), so a call that has not answered by then
+            // is abandoned; waiting on it could block this contender forever.
+            let attempt = tokio::time::timeout(
+                self.options.leadership_window(),
+                self.store.try_acquire_or_renew(
+                    role,
+                    &self.options.owner_id,
+                    self.options.lease_ttl,
+                ),
+            );
             let result = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(None),
-                result = self.store.try_acquire_or_renew(role, &self.options.owner_id, self.options.lease_ttl) => result,
+                result = attempt => result,
             };
             let received = Instant::now();
+            let Ok(result) = result else {
+                warn!(role, owner = %self.options.owner_id, waited = ?(received - sent),
+                    "acquire got no answer within the local window; retrying");
+                continue;
+            };
             match result {
                 Ok(result) if result.acquired => {
                     return Ok(Some(Answer {
@@ -428,7 +480,7 @@ impl LeaseLeaderElector {
     {
         let owner = self.options.owner_id.as_str();
         let token = term.result.fencing_token;
-        let window = self.options.local_window();
+        let window = self.options.leadership_window();
         let mut deadline = term.sent + window;
         let mut next_renew = term.sent + self.options.renew_interval;
 
@@ -459,6 +511,7 @@ impl LeaseLeaderElector {
                 _ = tokio::time::sleep_until(deadline) => {
                     warn!(role, owner, token = %token, reason = "local deadline passed without a successful renewal",
                         "leadership lost");
+                    self.state.send_replace(ElectionState::Follower { holder: None });
                     self.stop_work(role, token, &leadership, task).await;
                     break TermEnd::Lost(None);
                 }
@@ -470,8 +523,11 @@ impl LeaseLeaderElector {
                     match result {
                         Ok(result) if result.acquired && result.fencing_token == token => {
                             metrics::counter!("tenure_renewals_total", "role" => role.to_owned(), "outcome" => "ok").increment(1);
+                            // Late: the renewal (retries included) used more than half the
+                            // slack between the renew schedule and the local deadline.
                             let spare = deadline.saturating_duration_since(received);
-                            if spare < self.options.renew_interval {
+                            let slack = window.saturating_sub(self.options.renew_interval);
+                            if spare < slack / 2 {
                                 warn!(role, owner, token = %token, spare = ?spare, latency = ?(received - sent),
                                     "renewed late: the local deadline was close");
                             } else {
@@ -489,6 +545,12 @@ impl LeaseLeaderElector {
                                 warn!(role, owner, token = %token, holder = %result.holder,
                                     holder_token = %result.fencing_token, reason = "another owner holds the lease",
                                     "leadership lost");
+                            }
+                            // Not leading from here on, even while the old work winds down.
+                            if result.acquired {
+                                self.state.send_replace(ElectionState::Follower { holder: None });
+                            } else {
+                                self.publish_follower(&result);
                             }
                             self.stop_work(role, token, &leadership, task).await;
                             break TermEnd::Lost(Some(Answer { result, sent, received }));
@@ -525,6 +587,15 @@ impl LeaseLeaderElector {
         task: JoinHandle<T>,
     ) {
         leadership.cancel();
+        // Watchers learn of the loss now, not when the work gets round to returning.
+        self.state.send_if_modified(|state| {
+            let was_leader = state.is_leader();
+            if was_leader {
+                *state = ElectionState::Follower { holder: None };
+            }
+            was_leader
+        });
+        metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(0.0);
         if let Err(error) = work_outcome(task.await) {
             error!(role, owner = %self.options.owner_id, token = %token, %error,
                 "leader work failed after leadership ended");

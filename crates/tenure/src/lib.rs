@@ -32,13 +32,19 @@
 //!         let fence = work_fence.clone();
 //!         async move {
 //!             // Stamp every side effect with the token; stop when leadership ends.
-//!             fence.admit("report-table", token)?;
-//!             leadership.cancelled().await;
+//!             for batch in 0..3 {
+//!                 if leadership.is_cancelled() {
+//!                     break;
+//!                 }
+//!                 fence.admit("report-table", token)?;
+//!                 println!("wrote batch {batch} under token {token}");
+//!             }
+//!             // Returning while leader releases the lease and ends `run`.
 //!             Ok::<(), tenure::Error>(())
 //!         }
 //!     }, CancellationToken::new())
-//!     .await
-//!     .ok();
+//!     .await?;
+//! assert_eq!(fence.highest("report-table").map(|t| t.get()), Some(1));
 //! # Ok::<(), tenure::Error>(())
 //! # }).unwrap();
 //! ```

@@ -1,0 +1,1131 @@
+//! The fenced elector, deterministically: paused tokio time, the in-memory store on a
+//! [`TokioClock`] (so store expiry and the elector's timers move together), and small
+//! store wrappers that hang, lapse, steal or fail on a switch.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use tenure::{
+    Clock, ElectionState, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseInfo,
+    LeaseLeaderElector, LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
+};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const ROLE: &str = "reports";
+const LEDGER: &str = "ledger";
+
+fn start() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn clock() -> TokioClock {
+    TokioClock::starting_at(start())
+}
+
+fn memory(clock: &TokioClock) -> Arc<InMemoryLeaseStore> {
+    Arc::new(InMemoryLeaseStore::with_clock(clock.clone()))
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn options(owner: &str, ttl: Duration, renew: Duration, retry: Duration) -> LeaseLeaderOptions {
+    LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: ttl,
+        renew_interval: renew,
+        retry_interval: retry,
+        ..Default::default()
+    }
+}
+
+/// ttl 10 s, renew 3 s, retry 1 s: the shape most tests use.
+fn standard(owner: &str) -> LeaseLeaderOptions {
+    options(owner, secs(10), secs(3), secs(1))
+}
+
+fn elector(store: Arc<dyn LeaseStore>, options: LeaseLeaderOptions) -> Arc<LeaseLeaderElector> {
+    Arc::new(LeaseLeaderElector::new(store, options).unwrap())
+}
+
+/// Waits (in virtual time, bounded) until the elector's state satisfies `pred`.
+async fn wait_state(
+    rx: &mut watch::Receiver<ElectionState>,
+    what: &str,
+    pred: impl FnMut(&ElectionState) -> bool,
+) -> ElectionState {
+    match tokio::time::timeout(secs(600), rx.wait_for(pred)).await {
+        Ok(Ok(state)) => state.clone(),
+        Ok(Err(_)) => panic!("elector dropped while waiting for {what}"),
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+async fn wait_leader(rx: &mut watch::Receiver<ElectionState>, what: &str) -> FencingToken {
+    match wait_state(rx, what, ElectionState::is_leader).await {
+        ElectionState::Leader { fencing_token } => fencing_token,
+        other => unreachable!("{other:?}"),
+    }
+}
+
+async fn join<T>(handle: JoinHandle<T>, what: &str) -> T {
+    match tokio::time::timeout(secs(600), handle).await {
+        Ok(Ok(value)) => value,
+        Ok(Err(error)) => panic!("{what} task failed: {error}"),
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// Work that admits its token to the fence, then waits for the end of its term and
+/// reports the store time at which `leadership` was cancelled.
+fn fenced_work(
+    clock: TokioClock,
+    fence: Arc<Fence>,
+    cancelled_at: Arc<Mutex<Vec<(FencingToken, SystemTime)>>>,
+) -> impl FnMut(FencingToken, CancellationToken) -> BoxedWork + Send + 'static {
+    move |token, leadership| {
+        let clock = clock.clone();
+        let fence = fence.clone();
+        let cancelled_at = cancelled_at.clone();
+        Box::pin(async move {
+            fence.admit(LEDGER, token).unwrap();
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = leadership.cancelled() => {
+                        cancelled_at.lock().push((token, clock.now()));
+                        return;
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                        fence.admit(LEDGER, token).unwrap();
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A boxed unit future, so work closures can be named in helper signatures.
+type BoxedWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
+fn spawn_run<W, Fut>(
+    elector: &Arc<LeaseLeaderElector>,
+    work: W,
+    shutdown: &CancellationToken,
+) -> JoinHandle<Result<()>>
+where
+    W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: tenure::WorkOutcome,
+{
+    let elector = elector.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move { elector.run(ROLE, work, shutdown).await })
+}
+
+/// Delegates to the in-memory store; while `hang` is set, `try_acquire_or_renew` never
+/// answers (a wedged connection). Remembers the last answer that granted the lease.
+struct HangingStore {
+    inner: Arc<InMemoryLeaseStore>,
+    hang: AtomicBool,
+    last_granted: Mutex<Option<LeaseResult>>,
+}
+
+impl HangingStore {
+    fn new(inner: Arc<InMemoryLeaseStore>) -> Arc<Self> {
+        Arc::new(HangingStore {
+            inner,
+            hang: AtomicBool::new(false),
+            last_granted: Mutex::new(None),
+        })
+    }
+
+    fn last_granted(&self) -> LeaseResult {
+        self.last_granted.lock().clone().expect("a granted answer")
+    }
+}
+
+#[async_trait]
+impl LeaseStore for HangingStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let result = self.inner.try_acquire_or_renew(role, owner, ttl).await?;
+        if result.acquired {
+            *self.last_granted.lock() = Some(result.clone());
+        }
+        Ok(result)
+    }
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        self.inner.release(role, owner, token).await
+    }
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        self.inner.get(role).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.inner.list().await
+    }
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        self.inner.wait_for_change(role, observed, deadline).await
+    }
+}
+
+/// What a [`TwistStore`] does to the next `try_acquire_or_renew` when armed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Twist {
+    None,
+    /// End the caller's live term and start a new one for the same owner before
+    /// answering, so the renewal comes back with a new token.
+    Lapse,
+    /// End the caller's live term and give the lease to `intruder`, so the renewal
+    /// answers "not acquired".
+    Steal,
+}
+
+/// Delegates to the in-memory store and applies a one-shot [`Twist`] to the next call.
+struct TwistStore {
+    inner: Arc<InMemoryLeaseStore>,
+    clock: TokioClock,
+    next: Mutex<Twist>,
+    /// Store time and answer of the twisted call.
+    twisted: Mutex<Option<(SystemTime, LeaseResult)>>,
+}
+
+impl TwistStore {
+    fn new(inner: Arc<InMemoryLeaseStore>, clock: TokioClock) -> Arc<Self> {
+        Arc::new(TwistStore {
+            inner,
+            clock,
+            next: Mutex::new(Twist::None),
+            twisted: Mutex::new(None),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaseStore for TwistStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        let twist = std::mem::replace(&mut *self.next.lock(), Twist::None);
+        if twist != Twist::None {
+            let info = self.inner.get(role).await?.expect("a lease to twist");
+            assert_eq!(info.live_holder(), Some(owner), "twist only a live term");
+            assert!(self.inner.release(role, owner, info.fencing_token).await?);
+            if twist == Twist::Steal {
+                let stolen = self
+                    .inner
+                    .try_acquire_or_renew(role, "intruder", ttl)
+                    .await?;
+                assert!(stolen.acquired);
+            }
+        }
+        let result = self.inner.try_acquire_or_renew(role, owner, ttl).await?;
+        if twist != Twist::None {
+            *self.twisted.lock() = Some((self.clock.now(), result.clone()));
+        }
+        Ok(result)
+    }
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        self.inner.release(role, owner, token).await
+    }
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        self.inner.get(role).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.inner.list().await
+    }
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        self.inner.wait_for_change(role, observed, deadline).await
+    }
+}
+
+/// Delegates to the in-memory store, but the next `fail_next` calls of
+/// `try_acquire_or_renew` fail with [`Error::Store`].
+struct FlakyStore {
+    inner: Arc<InMemoryLeaseStore>,
+    fail_next: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+#[async_trait]
+impl LeaseStore for FlakyStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        let failing = self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::store_msg("memory", "injected failure"));
+        }
+        self.inner.try_acquire_or_renew(role, owner, ttl).await
+    }
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        self.inner.release(role, owner, token).await
+    }
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        self.inner.get(role).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.inner.list().await
+    }
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        self.inner.wait_for_change(role, observed, deadline).await
+    }
+}
+
+async fn live_holder(store: &InMemoryLeaseStore) -> Option<(String, FencingToken)> {
+    let info = store.get(ROLE).await.unwrap()?;
+    info.live_holder()
+        .map(|holder| (holder.to_owned(), info.fencing_token))
+}
+
+/// Setup: one in-memory store on a TokioClock; node-a alone, then node-b contending.
+/// node-a's work gets token 1 and its watch shows Idle -> Leader(1); node-b's watch shows
+/// Follower(holder node-a, 1); after node-a shuts down, node-b leads with token 2 and
+/// node-a's watch is back to Idle.
+#[tokio::test(start_paused = true)]
+async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let b = elector(store.clone(), standard("node-b"));
+    let mut a_state = a.watch();
+    let mut b_state = b.watch();
+    assert_eq!(*a_state.borrow(), ElectionState::Idle);
+    assert_eq!(*b_state.borrow(), ElectionState::Idle);
+
+    tracing::info!("--- node-a is elected");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let shutdown_a = CancellationToken::new();
+    let a_seen = seen.clone();
+    let run_a = spawn_run(
+        &a,
+        move |token, leadership: CancellationToken| {
+            a_seen.lock().push(("node-a", token));
+            async move { leadership.cancelled().await }
+        },
+        &shutdown_a,
+    );
+    assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 1);
+    assert_eq!(*seen.lock(), vec![("node-a", FencingToken::from(1))]);
+    assert_eq!(
+        live_holder(&store).await,
+        Some(("node-a".to_owned(), FencingToken::from(1)))
+    );
+
+    tracing::info!("--- node-b follows node-a");
+    let shutdown_b = CancellationToken::new();
+    let b_seen = seen.clone();
+    let run_b = spawn_run(
+        &b,
+        move |token, leadership: CancellationToken| {
+            b_seen.lock().push(("node-b", token));
+            async move { leadership.cancelled().await }
+        },
+        &shutdown_b,
+    );
+    let follower = wait_state(&mut b_state, "node-b follows", |s| {
+        matches!(s, ElectionState::Follower { .. })
+    })
+    .await;
+    assert_eq!(
+        follower,
+        ElectionState::Follower {
+            holder: Some(("node-a".to_owned(), FencingToken::from(1)))
+        }
+    );
+    // Many renewals later node-a still leads the same term and node-b still follows.
+    tokio::time::sleep(secs(60)).await;
+    assert_eq!(
+        *a_state.borrow(),
+        ElectionState::Leader {
+            fencing_token: FencingToken::from(1)
+        }
+    );
+    assert!(!b_state.borrow().is_leader());
+    assert_eq!(seen.lock().len(), 1);
+
+    tracing::info!("--- node-a shuts down, node-b takes over");
+    shutdown_a.cancel();
+    join(run_a, "node-a run").await.unwrap();
+    assert_eq!(*a_state.borrow(), ElectionState::Idle);
+    assert_eq!(wait_leader(&mut b_state, "node-b leads").await.get(), 2);
+    assert_eq!(
+        *seen.lock(),
+        vec![
+            ("node-a", FencingToken::from(1)),
+            ("node-b", FencingToken::from(2))
+        ]
+    );
+    shutdown_b.cancel();
+    join(run_b, "node-b run").await.unwrap();
+    assert_eq!(*b_state.borrow(), ElectionState::Idle);
+}
+
+/// Delegates to the in-memory store; every `try_acquire_or_renew` first waits until
+/// `stalled_until` (a wedged connection that recovers).
+struct StallStore {
+    inner: Arc<InMemoryLeaseStore>,
+    stalled_until: Mutex<Instant>,
+}
+
+#[async_trait]
+impl LeaseStore for StallStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        let until = *self.stalled_until.lock();
+        tokio::time::sleep_until(until).await;
+        self.inner.try_acquire_or_renew(role, owner, ttl).await
+    }
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        self.inner.release(role, owner, token).await
+    }
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        self.inner.get(role).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.inner.list().await
+    }
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        self.inner.wait_for_change(role, observed, deadline).await
+    }
+}
+
+/// One running incarnation of an elector in [`electors_never_run_work_concurrently`].
+struct Incarnation {
+    owner: String,
+    shutdown: CancellationToken,
+    store: Arc<StallStore>,
+}
+
+/// Setup: three electors (ttl 900 ms, renew 300 ms, retry 200 ms) on one store and
+/// role, each in a loop that restarts it as a new owner when `run` returns. Work lasts a
+/// token-dependent number of steps and then returns (releasing), or runs until
+/// leadership is cancelled. Every 2.5 s the test either shuts the current leader down or
+/// stalls its store for 2 s (so it loses at its local deadline and a contender takes over
+/// after the store expiry). A shared counter of running works must never exceed one over
+/// 60 terms, and the tokens of successive terms must strictly increase.
+#[tokio::test(start_paused = true)]
+async fn electors_never_run_work_concurrently() {
+    let clock = clock();
+    let store = memory(&clock);
+    let running = Arc::new(AtomicUsize::new(0));
+    let max_running = Arc::new(AtomicUsize::new(0));
+    let terms: Arc<Mutex<Vec<(String, FencingToken)>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = CancellationToken::new();
+    let incarnations: Arc<Mutex<Vec<Incarnation>>> = Arc::default();
+
+    let mut loops = Vec::new();
+    for (index, node) in ["node-a", "node-b", "node-c"].into_iter().enumerate() {
+        let store = store.clone();
+        let (running, max_running, terms, stop, incarnations) = (
+            running.clone(),
+            max_running.clone(),
+            terms.clone(),
+            stop.clone(),
+            incarnations.clone(),
+        );
+        loops.push(tokio::spawn(async move {
+            let mut incarnation = 0;
+            while !stop.is_cancelled() {
+                incarnation += 1;
+                // A restarted process is a new owner.
+                let owner = format!("{node}-{incarnation}");
+                let stall = Arc::new(StallStore {
+                    inner: store.clone(),
+                    stalled_until: Mutex::new(Instant::now()),
+                });
+                let elector = elector(
+                    stall.clone(),
+                    options(
+                        &owner,
+                        Duration::from_millis(900),
+                        Duration::from_millis(300),
+                        Duration::from_millis(200),
+                    ),
+                );
+                let shutdown = stop.child_token();
+                incarnations.lock().push(Incarnation {
+                    owner: owner.clone(),
+                    shutdown: shutdown.clone(),
+                    store: stall,
+                });
+                let (running, max_running, terms) =
+                    (running.clone(), max_running.clone(), terms.clone());
+                let work_owner = owner.clone();
+                let outcome = elector
+                    .run(
+                        ROLE,
+                        move |token: FencingToken, leadership: CancellationToken| {
+                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                            max_running.fetch_max(now, Ordering::SeqCst);
+                            terms.lock().push((work_owner.clone(), token));
+                            let running = running.clone();
+                            // Every third term runs until it loses; others return.
+                            let steps = if token.get() % 3 == 0 {
+                                u64::MAX
+                            } else {
+                                token.get() % 7 + 1
+                            };
+                            async move {
+                                let mut step = 0;
+                                while step < steps {
+                                    tokio::select! {
+                                        biased;
+                                        _ = leadership.cancelled() => break,
+                                        _ = tokio::time::sleep(Duration::from_millis(130)) => step += 1,
+                                    }
+                                }
+                                running.fetch_sub(1, Ordering::SeqCst);
+                            }
+                        },
+                        shutdown,
+                    )
+                    .await;
+                assert!(outcome.is_ok(), "{owner}: {outcome:?}");
+                // A restart takes a moment, so the waiting contenders get their turn.
+                tokio::time::sleep(Duration::from_millis(40 + 90 * index as u64)).await;
+            }
+        }));
+    }
+
+    tracing::info!("--- many terms: work returns, the leader shuts down or stalls");
+    let (mut round, mut stalls, mut shutdowns) = (0, 0, 0);
+    while terms.lock().len() < 60 {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        round += 1;
+        let Some((owner, _)) = live_holder(&store).await else {
+            continue;
+        };
+        let incarnations = incarnations.lock();
+        let Some(leader) = incarnations.iter().find(|i| i.owner == owner) else {
+            continue;
+        };
+        if round % 2 == 0 {
+            leader.shutdown.cancel();
+            shutdowns += 1;
+        } else {
+            *leader.store.stalled_until.lock() = Instant::now() + secs(2);
+            stalls += 1;
+        }
+    }
+    stop.cancel();
+    for handle in loops {
+        join(handle, "elector loop").await;
+    }
+
+    assert_eq!(max_running.load(Ordering::SeqCst), 1);
+    assert_eq!(running.load(Ordering::SeqCst), 0);
+    let terms = terms.lock();
+    for pair in terms.windows(2) {
+        assert!(
+            pair[0].1 < pair[1].1,
+            "tokens of successive terms must increase: {pair:?}"
+        );
+    }
+    let nodes: std::collections::BTreeSet<&str> = terms.iter().map(|(o, _)| &o[..6]).collect();
+    assert_eq!(nodes.len(), 3, "every node led at some point: {terms:?}");
+    assert!(
+        stalls > 3 && shutdowns > 3,
+        "{stalls} stalls, {shutdowns} shutdowns"
+    );
+}
+
+/// Setup: ttl 10 s, renew 3 s, max drift 1 % (local window 9.9 s). node-a leads through
+/// a HangingStore; node-b contends on the plain store. After two renewals node-a's
+/// store hangs. node-a's `leadership` must be cancelled at its last successful request
+/// + 9.9 s, before the store expiry of that answer; node-b then takes over with token
+/// 2; node-a's late write with token 1 is rejected by the fence.
+#[tokio::test(start_paused = true)]
+async fn hung_renewals_cancel_leadership_before_store_expiry() {
+    let clock = clock();
+    let store = memory(&clock);
+    let hanging = HangingStore::new(store.clone());
+    let fence = Arc::new(Fence::new());
+    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let a = elector(hanging.clone(), standard("node-a"));
+    let b = elector(store.clone(), standard("node-b"));
+    let (mut a_state, mut b_state) = (a.watch(), b.watch());
+    let shutdown = CancellationToken::new();
+
+    tracing::info!("--- node-a leads, node-b follows");
+    let run_a = spawn_run(
+        &a,
+        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
+        &shutdown,
+    );
+    let token_a = wait_leader(&mut a_state, "node-a leads").await;
+    assert_eq!(token_a.get(), 1);
+    let run_b = spawn_run(
+        &b,
+        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
+        &shutdown,
+    );
+    wait_state(&mut b_state, "node-b follows", |s| {
+        matches!(s, ElectionState::Follower { .. })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+
+    tracing::info!("--- node-a's store hangs");
+    hanging.hang.store(true, Ordering::SeqCst);
+    let last = hanging.last_granted();
+    assert_eq!(last.fencing_token, token_a);
+    assert!(
+        last.now >= start() + secs(6),
+        "node-a renewed at least twice"
+    );
+    let token_b = wait_leader(&mut b_state, "node-b takes over").await;
+    let took_over = clock.now();
+    assert_eq!(token_b.get(), 2);
+
+    let cancelled = cancelled_at.lock().clone();
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    let (token, at) = cancelled[0];
+    assert_eq!(token, token_a);
+    // The last successful request was sent (and, with no latency, decided) at `last.now`.
+    assert_eq!(at, last.now + Duration::from_millis(9_900));
+    assert!(at < last.expires_at, "{at:?} vs {:?}", last.expires_at);
+    assert!(took_over >= last.expires_at);
+    assert!(!a_state.borrow().is_leader());
+
+    tracing::info!("--- node-a's late write is fenced");
+    assert_eq!(fence.highest(LEDGER), Some(token_b));
+    match fence.admit(LEDGER, token_a) {
+        Err(Error::Fenced { presented, highest }) => {
+            assert_eq!(presented, token_a);
+            assert_eq!(highest, token_b);
+        }
+        other => panic!("late write must be fenced, got {other:?}"),
+    }
+
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+    join(run_b, "node-b run").await.unwrap();
+}
+
+/// Setup: node-a leads through a TwistStore (ttl 10 s, renew 3 s). The store makes one
+/// renewal come back acquired with a new token (the term lapsed and a new one began).
+/// The old work takes 2 s to wind down after cancellation; the elector must await it
+/// before calling work with the new token.
+#[tokio::test(start_paused = true)]
+async fn renewal_with_a_new_token_awaits_the_old_work_first() {
+    let clock = clock();
+    let store = memory(&clock);
+    let twist = TwistStore::new(store.clone(), clock.clone());
+    let a = elector(twist.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let log: Arc<Mutex<Vec<(String, SystemTime)>>> = Arc::default();
+    let shutdown = CancellationToken::new();
+    let (work_log, work_clock) = (log.clone(), clock.clone());
+    let run = spawn_run(
+        &a,
+        move |token: FencingToken, leadership: CancellationToken| {
+            let (log, clock) = (work_log.clone(), work_clock.clone());
+            log.lock().push((format!("start {token}"), clock.now()));
+            async move {
+                leadership.cancelled().await;
+                log.lock().push((format!("cancelled {token}"), clock.now()));
+                tokio::time::sleep(secs(2)).await;
+                log.lock().push((format!("end {token}"), clock.now()));
+            }
+        },
+        &shutdown,
+    );
+    assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
+    tokio::time::sleep(secs(4)).await;
+
+    tracing::info!("--- the next renewal sees a new token");
+    *twist.next.lock() = Twist::Lapse;
+    let second = wait_state(
+        &mut state,
+        "second term",
+        |s| matches!(s, ElectionState::Leader { fencing_token } if fencing_token.get() == 2),
+    )
+    .await;
+    assert_eq!(
+        second,
+        ElectionState::Leader {
+            fencing_token: FencingToken::from(2)
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    let (twisted_at, answer) = twist.twisted.lock().clone().expect("twisted renewal");
+    assert!(answer.acquired);
+    assert_eq!(answer.fencing_token.get(), 2);
+    let log = log.lock().clone();
+    let names: Vec<&str> = log.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["start 1", "cancelled 1", "end 1", "start 2"]);
+    assert_eq!(
+        log[1].1, twisted_at,
+        "old leadership cancelled at the answer"
+    );
+    assert!(log[2].1 <= log[3].1, "old work finished before the new one");
+    assert_eq!(log[3].1, twisted_at + secs(2));
+
+    shutdown.cancel();
+    join(run, "run").await.unwrap();
+    assert_eq!(live_holder(&store).await, None);
+}
+
+/// Setup: node-a leads through a TwistStore (ttl 10 s, renew 3 s). The store hands the
+/// lease to `intruder` just before one renewal, which therefore answers "not acquired".
+/// `leadership` must be cancelled at that instant (not at the local deadline); node-a
+/// then follows the intruder and takes over with token 3 once its lease expires.
+#[tokio::test(start_paused = true)]
+async fn renewal_not_acquired_cancels_leadership_at_once() {
+    let clock = clock();
+    let store = memory(&clock);
+    let twist = TwistStore::new(store.clone(), clock.clone());
+    let fence = Arc::new(Fence::new());
+    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let a = elector(twist.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
+        &shutdown,
+    );
+    assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+
+    tracing::info!("--- an intruder takes the lease before node-a's renewal");
+    *twist.next.lock() = Twist::Steal;
+    let follower = wait_state(&mut state, "node-a follows the intruder", |s| {
+        matches!(s, ElectionState::Follower { holder: Some(_) })
+    })
+    .await;
+    assert_eq!(
+        follower,
+        ElectionState::Follower {
+            holder: Some(("intruder".to_owned(), FencingToken::from(2)))
+        }
+    );
+    let (twisted_at, answer) = twist.twisted.lock().clone().expect("twisted renewal");
+    assert!(!answer.acquired);
+    assert_eq!(answer.holder, "intruder");
+    assert_eq!(
+        *cancelled_at.lock(),
+        vec![(FencingToken::from(1), twisted_at)],
+        "cancelled at the answer, not at the local deadline"
+    );
+
+    tracing::info!("--- the intruder never renews; node-a takes over at its expiry");
+    assert_eq!(wait_leader(&mut state, "node-a again").await.get(), 3);
+    let retaken = clock.now();
+    assert!(retaken >= answer.expires_at);
+    assert!(retaken <= answer.expires_at + Duration::from_millis(50));
+
+    shutdown.cancel();
+    join(run, "run").await.unwrap();
+}
+
+/// Setup: retry_interval 60 s, ttl 30 s. node-a leads, node-b waits as follower; node-a's
+/// work returns, releasing the lease. Then node-c follows node-b and node-b shuts down.
+/// Each time the waiting contender must take over at once through the store's push, in
+/// far less than the retry interval or the remaining TTL.
+#[tokio::test(start_paused = true)]
+async fn released_lease_is_taken_over_at_once() {
+    let clock = clock();
+    let store = memory(&clock);
+    let slow = |owner: &str| options(owner, secs(30), secs(10), secs(60));
+    let a = elector(store.clone(), slow("node-a"));
+    let b = elector(store.clone(), slow("node-b"));
+    let c = elector(store.clone(), slow("node-c"));
+    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
+    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
+
+    tracing::info!("--- node-a leads, node-b follows");
+    let shutdown_a = CancellationToken::new();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let mut finish_rx = Some(finish_rx);
+    let run_a = spawn_run(
+        &a,
+        move |_token, _leadership| {
+            let finish = finish_rx.take().expect("one term");
+            async move {
+                let _ = finish.await;
+            }
+        },
+        &shutdown_a,
+    );
+    assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 1);
+    let shutdown_b = CancellationToken::new();
+    let run_b = spawn_run(&b, idle, &shutdown_b);
+    wait_state(&mut b_state, "node-b follows", |s| {
+        matches!(s, ElectionState::Follower { .. })
+    })
+    .await;
+    // node-b is now in a long wait: the lease has ~30 s left, the retry is ~60 s.
+    tokio::time::sleep(secs(5)).await;
+
+    tracing::info!("--- node-a's work returns: the lease is released");
+    let released = Instant::now();
+    finish_tx.send(()).unwrap();
+    let token = wait_leader(&mut b_state, "node-b leads").await;
+    let handover = released.elapsed();
+    assert_eq!(token.get(), 2);
+    assert!(
+        handover < Duration::from_millis(10),
+        "push takeover took {handover:?}"
+    );
+    join(run_a, "node-a run").await.unwrap();
+
+    tracing::info!("--- node-c follows node-b; node-b shuts down");
+    let shutdown_c = CancellationToken::new();
+    let run_c = spawn_run(&c, idle, &shutdown_c);
+    wait_state(&mut c_state, "node-c follows", |s| {
+        matches!(s, ElectionState::Follower { .. })
+    })
+    .await;
+    tokio::time::sleep(secs(12)).await;
+    let released = Instant::now();
+    shutdown_b.cancel();
+    let token = wait_leader(&mut c_state, "node-c leads").await;
+    let handover = released.elapsed();
+    assert_eq!(token.get(), 3);
+    assert!(
+        handover < Duration::from_millis(10),
+        "push takeover took {handover:?}"
+    );
+    join(run_b, "node-b run").await.unwrap();
+    shutdown_c.cancel();
+    join(run_c, "node-c run").await.unwrap();
+}
+
+/// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through a HangingStore,
+/// node-b follows on the plain store. node-a's renewals start hanging; node-b must take
+/// over within ttl + a small margin of node-a's last successful renewal (it wakes at the
+/// holder's expiry), not ttl + the 60 s retry interval.
+#[tokio::test(start_paused = true)]
+async fn stalled_leader_is_replaced_within_the_ttl() {
+    let clock = clock();
+    let store = memory(&clock);
+    let hanging = HangingStore::new(store.clone());
+    let a = elector(
+        hanging.clone(),
+        options("node-a", secs(10), secs(3), secs(60)),
+    );
+    let b = elector(
+        store.clone(),
+        options("node-b", secs(10), secs(3), secs(60)),
+    );
+    let (mut a_state, mut b_state) = (a.watch(), b.watch());
+    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
+    let shutdown = CancellationToken::new();
+    let run_a = spawn_run(&a, idle, &shutdown);
+    wait_leader(&mut a_state, "node-a leads").await;
+    let run_b = spawn_run(&b, idle, &shutdown);
+    tokio::time::sleep(Duration::from_millis(13_500)).await;
+    assert!(!b_state.borrow().is_leader());
+
+    tracing::info!("--- node-a stalls");
+    hanging.hang.store(true, Ordering::SeqCst);
+    let last = hanging.last_granted();
+    assert!(
+        last.now > start() + secs(10),
+        "node-a renewed several times"
+    );
+    assert_eq!(
+        wait_leader(&mut b_state, "node-b takes over").await.get(),
+        2
+    );
+    let took_over = clock.now();
+    let after = took_over.duration_since(last.now).unwrap();
+    assert!(after >= secs(10), "{after:?}");
+    assert!(
+        after <= secs(10) + Duration::from_millis(50),
+        "takeover {after:?} after the last renewal"
+    );
+
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+    join(run_b, "node-b run").await.unwrap();
+}
+
+/// Setup: one elector leading alone; `shutdown` fires while it leads. `run` returns Ok
+/// after the work saw `leadership` cancelled, and the store shows no live holder (the
+/// token counter stays).
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_the_lease() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let work_stopped = stopped.clone();
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        move |_token, leadership: CancellationToken| {
+            let stopped = work_stopped.clone();
+            async move {
+                leadership.cancelled().await;
+                stopped.store(true, Ordering::SeqCst);
+            }
+        },
+        &shutdown,
+    );
+    wait_leader(&mut state, "leads").await;
+    tokio::time::sleep(secs(20)).await;
+    let at = clock.now();
+    shutdown.cancel();
+    join(run, "run").await.unwrap();
+    assert_eq!(clock.now(), at, "shutdown releases without waiting");
+    assert!(stopped.load(Ordering::SeqCst));
+    let info = store.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), None);
+    assert_eq!(info.fencing_token.get(), 1);
+    assert_eq!(*state.borrow(), ElectionState::Idle);
+}
+
+/// Setup: one elector whose work returns Ok after 15 s (several renewals). `run` returns
+/// Ok and the lease is released.
+#[tokio::test(start_paused = true)]
+async fn work_returning_ok_releases_and_run_returns_ok() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        |_token, _leadership| async move {
+            tokio::time::sleep(secs(15)).await;
+            Ok::<(), std::io::Error>(())
+        },
+        &shutdown,
+    );
+    join(run, "run").await.unwrap();
+    assert_eq!(clock.now(), start() + secs(15));
+    assert_eq!(live_holder(&store).await, None);
+}
+
+/// Setup: one elector whose work returns an error. `run` returns `Error::Work` carrying
+/// the work's error, and the lease is released so a successor gets in at once.
+#[tokio::test(start_paused = true)]
+async fn work_returning_err_is_error_work_and_releases() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        |_token, _leadership| async move {
+            tokio::time::sleep(secs(1)).await;
+            Err(std::io::Error::other("disk full"))
+        },
+        &shutdown,
+    );
+    match join(run, "run").await {
+        Err(Error::Work(source)) => assert_eq!(source.to_string(), "disk full"),
+        other => panic!("expected Error::Work, got {other:?}"),
+    }
+    assert_eq!(live_holder(&store).await, None);
+    let next = store
+        .try_acquire_or_renew(ROLE, "node-b", secs(10))
+        .await
+        .unwrap();
+    assert!(next.acquired);
+    assert_eq!(next.fencing_token.get(), 2);
+}
+
+/// Setup: one elector whose work panics. `run` returns `Error::WorkPanicked` with the
+/// panic message (the caller does not crash) and the lease is released.
+#[tokio::test(start_paused = true)]
+async fn work_panicking_is_an_error_not_a_crash() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        |token: FencingToken, _leadership| async move {
+            tokio::time::sleep(secs(1)).await;
+            if token.get() > 0 {
+                panic!("work blew up with token {token}");
+            }
+        },
+        &shutdown,
+    );
+    match join(run, "run").await {
+        Err(Error::WorkPanicked(message)) => {
+            assert_eq!(message, "work blew up with token 1")
+        }
+        other => panic!("expected Error::WorkPanicked, got {other:?}"),
+    }
+    assert_eq!(live_holder(&store).await, None);
+}
+
+/// Setup: an elector on a FlakyStore (ttl 10 s, renew 3 s, retry 1 s). Phase 1: the
+/// first five acquires fail; it keeps retrying and leads. Phase 2: two renewals in a row
+/// fail (less than the local window); the term survives. Phase 3: every call fails for
+/// 30 s; the term is lost at the local deadline, `run` keeps going and leads again with a
+/// new token once the store answers again.
+#[tokio::test(start_paused = true)]
+async fn transient_store_errors_never_end_run() {
+    let clock = clock();
+    let store = memory(&clock);
+    let flaky = Arc::new(FlakyStore {
+        inner: store.clone(),
+        fail_next: AtomicUsize::new(5),
+        failed: AtomicUsize::new(0),
+    });
+    let a = elector(flaky.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let work_terms = terms.clone();
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        move |token, leadership: CancellationToken| {
+            work_terms.lock().push(token);
+            async move { leadership.cancelled().await }
+        },
+        &shutdown,
+    );
+
+    tracing::info!("--- acquires fail five times");
+    assert_eq!(wait_leader(&mut state, "leads after errors").await.get(), 1);
+    assert_eq!(flaky.failed.load(Ordering::SeqCst), 5);
+    assert!(
+        clock.now() >= start() + secs(3),
+        "it waited between retries"
+    );
+
+    tracing::info!("--- two renewals fail; the term survives");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    flaky.fail_next.store(2, Ordering::SeqCst);
+    tokio::time::sleep(secs(20)).await;
+    assert_eq!(flaky.failed.load(Ordering::SeqCst), 7);
+    assert_eq!(*terms.lock(), vec![FencingToken::from(1)]);
+    assert_eq!(
+        *state.borrow(),
+        ElectionState::Leader {
+            fencing_token: FencingToken::from(1)
+        }
+    );
+
+    tracing::info!("--- the store fails for 30 s; the term is lost, run goes on");
+    flaky.fail_next.store(usize::MAX, Ordering::SeqCst);
+    wait_state(&mut state, "term lost", |s| !s.is_leader()).await;
+    tokio::time::sleep(secs(30)).await;
+    assert!(!run.is_finished());
+    assert_eq!(live_holder(&store).await, None, "the old term lapsed");
+    flaky.fail_next.store(0, Ordering::SeqCst);
+    assert_eq!(wait_leader(&mut state, "leads again").await.get(), 2);
+    assert_eq!(
+        *terms.lock(),
+        vec![FencingToken::from(1), FencingToken::from(2)]
+    );
+
+    shutdown.cancel();
+    join(run, "run").await.unwrap();
+    assert_eq!(live_holder(&store).await, None);
+}
+
+/// Setup: ttl 10 s, renew 3 s, retry 1 s. node-b leads on the plain store; node-a
+/// follows through a HangingStore whose calls made while `hang` is set never answer.
+/// One of node-a's acquire attempts is swallowed that way; then the store heals and
+/// node-b shuts down. node-a must give up on the lost call (its answer could no longer
+/// start a usable term after the local window) and lead, not wait forever.
+#[tokio::test(start_paused = true)]
+async fn a_hung_acquire_does_not_block_the_contender_forever() {
+    let clock = clock();
+    let store = memory(&clock);
+    let hanging = HangingStore::new(store.clone());
+    let a = elector(hanging.clone(), standard("node-a"));
+    let b = elector(store.clone(), standard("node-b"));
+    let (mut a_state, mut b_state) = (a.watch(), b.watch());
+    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
+    let (shutdown_a, shutdown_b) = (CancellationToken::new(), CancellationToken::new());
+    let run_b = spawn_run(&b, idle, &shutdown_b);
+    wait_leader(&mut b_state, "node-b leads").await;
+    let run_a = spawn_run(&a, idle, &shutdown_a);
+    wait_state(&mut a_state, "node-a follows", |s| {
+        matches!(s, ElectionState::Follower { .. })
+    })
+    .await;
+
+    tracing::info!("--- node-a's next attempt is swallowed");
+    hanging.hang.store(true, Ordering::SeqCst);
+    tokio::time::sleep(secs(2)).await;
+    hanging.hang.store(false, Ordering::SeqCst);
+
+    tracing::info!("--- the store heals, node-b leaves");
+    let left = Instant::now();
+    shutdown_b.cancel();
+    join(run_b, "node-b run").await.unwrap();
+    assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 2);
+    assert!(
+        left.elapsed() <= secs(10),
+        "took over {:?} after node-b left",
+        left.elapsed()
+    );
+    shutdown_a.cancel();
+    join(run_a, "node-a run").await.unwrap();
+}
+
+/// Setup: ttl 10 s, renew 3 s, drift 1 %, `work_grace` 2 s (leadership window 7.9 s).
+/// node-a's renewals hang after it leads; its `leadership` must be cancelled at its last
+/// successful request + 7.9 s: `work_grace` earlier than without it, so work has 2 s to
+/// stop while the lease (store expiry at + 10 s) is still surely its own.
+#[tokio::test(start_paused = true)]
+async fn work_grace_cancels_leadership_that_much_earlier() {
+    let clock = clock();
+    let store = memory(&clock);
+    let hanging = HangingStore::new(store.clone());
+    let fence = Arc::new(Fence::new());
+    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let options = LeaseLeaderOptions {
+        work_grace: secs(2),
+        ..standard("node-a")
+    };
+    let a = elector(hanging.clone(), options);
+    let mut a_state = a.watch();
+    let shutdown = CancellationToken::new();
+    let run_a = spawn_run(
+        &a,
+        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
+        &shutdown,
+    );
+    wait_leader(&mut a_state, "node-a leads").await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    hanging.hang.store(true, Ordering::SeqCst);
+    let last = hanging.last_granted();
+    wait_state(&mut a_state, "node-a gives up", |s| !s.is_leader()).await;
+    let cancelled = cancelled_at.lock().clone();
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert_eq!(cancelled[0].1, last.now + Duration::from_millis(7_900));
+    assert!(cancelled[0].1 + secs(2) < last.expires_at);
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+}

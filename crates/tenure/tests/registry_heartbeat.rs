@@ -1,0 +1,210 @@
+//! The background heartbeat helper (`spawn_heartbeat`) on the in-memory registry, with
+//! paused tokio time and a [`TokioClock`] so the registry's TTL and the loop's ticks move
+//! together.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tenure::{
+    spawn_heartbeat, Clock, Error, InMemoryNodeRegistry, Metadata, NodeInfo, NodeRegistry, Result,
+    TokioClock,
+};
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(3);
+const INTERVAL: Duration = Duration::from_secs(1);
+
+fn clock() -> TokioClock {
+    TokioClock::starting_at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+}
+
+fn registry(clock: &TokioClock) -> Arc<InMemoryNodeRegistry> {
+    Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap())
+}
+
+fn metadata() -> Metadata {
+    Metadata::from([("addr".to_owned(), "10.0.0.7:8080".to_owned())])
+}
+
+/// Delegates to the in-memory registry; while `failing` is set, heartbeats (and leave)
+/// fail with `Error::Store`.
+struct FlakyRegistry {
+    inner: Arc<InMemoryNodeRegistry>,
+    failing: AtomicBool,
+    failed: AtomicUsize,
+}
+
+impl FlakyRegistry {
+    fn fail(&self) -> Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::store_msg("memory", "injected failure"));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for FlakyRegistry {
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.fail()?;
+        self.inner.heartbeat(node_id).await
+    }
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.fail()?;
+        self.inner.heartbeat_with(node_id, metadata).await
+    }
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        self.inner.live_nodes().await
+    }
+    async fn members(&self) -> Result<Vec<NodeInfo>> {
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        self.fail()?;
+        self.inner.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+}
+
+/// Setup: registry TTL 3 s, heartbeat every 1 s. Over 20 TTLs the node is live at every
+/// 250 ms probe with its metadata; on cancel it leaves at once (no store time passes)
+/// while a second node that stopped heartbeating without leaving lapses only after the TTL.
+#[tokio::test(start_paused = true)]
+async fn heartbeat_keeps_a_node_live_and_cancel_leaves_at_once() {
+    let clock = clock();
+    let registry = registry(&clock);
+    registry.heartbeat("node-b").await.unwrap();
+    let cancel = CancellationToken::new();
+    let handle = spawn_heartbeat(
+        registry.clone(),
+        "node-a",
+        metadata(),
+        INTERVAL,
+        cancel.clone(),
+    );
+
+    tracing::info!("--- the loop keeps node-a live for 20 TTLs");
+    let probe = Duration::from_millis(250);
+    let mut probes = 0;
+    while probes * probe < TTL * 20 {
+        tokio::time::sleep(probe).await;
+        probes += 1;
+        let live = registry.live_nodes().await.unwrap();
+        assert!(
+            live.contains(&"node-a".to_owned()),
+            "probe {probes}: {live:?}"
+        );
+        if probe * probes >= TTL {
+            assert_eq!(live, ["node-a"], "node-b lapsed after its TTL");
+        }
+    }
+    let members = registry.members().await.unwrap();
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].metadata, metadata());
+    assert!(members[0].heartbeat_age() <= INTERVAL);
+    assert!(clock.now().duration_since(members[0].first_seen).unwrap() >= TTL * 20);
+
+    tracing::info!("--- cancel: node-a leaves at once");
+    let at = clock.now();
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(clock.now(), at);
+    assert!(registry.live_nodes().await.unwrap().is_empty());
+}
+
+/// Setup: a FlakyRegistry (TTL 3 s, heartbeat every 1 s). Heartbeats fail for 1 s (less
+/// than the TTL: the node stays live), then for 6 s (the node lapses), then succeed
+/// again: the loop never ends and the node comes back with a new first-seen time.
+#[tokio::test(start_paused = true)]
+async fn heartbeat_failures_do_not_end_the_loop() {
+    let clock = clock();
+    let flaky = Arc::new(FlakyRegistry {
+        inner: registry(&clock),
+        failing: AtomicBool::new(false),
+        failed: AtomicUsize::new(0),
+    });
+    let cancel = CancellationToken::new();
+    let handle = spawn_heartbeat(
+        flaky.clone(),
+        "node-a",
+        metadata(),
+        INTERVAL,
+        cancel.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let first_seen = flaky.members().await.unwrap()[0].first_seen;
+
+    tracing::info!("--- failures shorter than the TTL");
+    flaky.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    flaky.failing.store(false, Ordering::SeqCst);
+    assert_eq!(flaky.failed.load(Ordering::SeqCst), 1);
+    assert_eq!(flaky.live_nodes().await.unwrap(), ["node-a"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(flaky.members().await.unwrap()[0].first_seen, first_seen);
+
+    tracing::info!("--- failures longer than the TTL");
+    flaky.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(flaky.live_nodes().await.unwrap().is_empty(), "lapsed");
+    assert!(!handle.is_finished(), "failures never end the loop");
+    flaky.failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let members = flaky.members().await.unwrap();
+    assert_eq!(members.len(), 1, "back after the failures");
+    assert!(members[0].first_seen > first_seen, "a new membership");
+
+    tracing::info!("--- cancel while leave fails: the loop still ends cleanly");
+    flaky.failing.store(true, Ordering::SeqCst);
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    flaky.failing.store(false, Ordering::SeqCst);
+    assert_eq!(
+        flaky.live_nodes().await.unwrap(),
+        ["node-a"],
+        "leave failed"
+    );
+    tokio::time::sleep(TTL).await;
+    assert!(
+        flaky.live_nodes().await.unwrap().is_empty(),
+        "lapsed after the TTL"
+    );
+}
+
+/// Setup: none running. A zero interval or a bad node id makes the heartbeat task end
+/// at once with `InvalidArgument` naming the field, without touching the registry.
+#[tokio::test(start_paused = true)]
+async fn heartbeat_bad_input_is_invalid_argument() {
+    let clock = clock();
+    let registry = registry(&clock);
+    let zero = spawn_heartbeat(
+        registry.clone(),
+        "node-a",
+        Metadata::new(),
+        Duration::ZERO,
+        CancellationToken::new(),
+    );
+    match zero.await.unwrap() {
+        Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "interval"),
+        other => panic!("expected InvalidArgument(interval), got {other:?}"),
+    }
+    for bad in ["", "node\0a"] {
+        let handle = spawn_heartbeat(
+            registry.clone(),
+            bad,
+            Metadata::new(),
+            INTERVAL,
+            CancellationToken::new(),
+        );
+        match handle.await.unwrap() {
+            Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "node_id"),
+            other => panic!("expected InvalidArgument(node_id), got {other:?}"),
+        }
+    }
+    assert!(registry.members().await.unwrap().is_empty());
+}
