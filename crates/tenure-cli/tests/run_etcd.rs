@@ -1,0 +1,42 @@
+//! `tenure run` against a throwaway etcd (from the testkit): the same scenarios as on
+//! SQLite and PostgreSQL, each under its own key prefix. Built with `--features etcd`.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use common::{scenarios, tempdir};
+use tenure_testkit::etcd::EtcdServer;
+
+/// A key prefix no other test uses, on the shared server.
+fn fresh_prefix(name: &str) -> String {
+    let server = EtcdServer::shared();
+    format!(
+        "etcd://{}/cli-{name}-{}",
+        server.host_port(),
+        std::process::id()
+    )
+}
+
+macro_rules! etcd_scenarios {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let dir = tempdir();
+            let url = fresh_prefix(stringify!($name));
+            scenarios::$name(&url, dir.path());
+        }
+    )*};
+}
+
+etcd_scenarios!(
+    executions_never_overlap,
+    stopped_tenure_loses_leadership_and_kills_its_command,
+    paused_group_is_fenced_out,
+    sigterm_hands_over_at_once,
+    busy_role,
+    exit_codes_pass_through,
+    env_overrides_inherited,
+    fence_admits_and_refuses,
+    status_and_members,
+    killed_leader_lease_expires,
+);
