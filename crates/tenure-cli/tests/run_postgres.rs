@@ -52,6 +52,12 @@ fn wrong_password_is_not_echoed() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("could not connect"), "{stderr}");
     assert!(!stderr.contains("not-the-password-42"), "{stderr}");
-    assert!(stderr.contains(&format!("127.0.0.1:{}", server.port())), "{stderr}");
-    assert!(stderr.contains("password authentication failed"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", server.port())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
 }
