@@ -194,6 +194,10 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     let pool = PgPoolOptions::new()
         .max_connections(options.max_connections)
         .acquire_timeout(options.connect_timeout)
+        // Each store call is one statement: a ping before every checkout would double
+        // its round trips. A broken connection fails that statement instead, and the
+        // elector retries.
+        .test_before_acquire(false)
         .connect_with(connect_options)
         .await
         .map_err(|e| pg_error_scrubbed("could not connect to the database", e, &secrets))?;

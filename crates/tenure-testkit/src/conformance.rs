@@ -714,7 +714,7 @@ pub async fn all_registry_scenarios(backend: &dyn RegistryBackend) {
 /// Generates one `#[tokio::test]` per lease scenario. `$backend` is an expression
 /// building the backend (evaluated in each test); `$flavor` is passed to `tokio::test`.
 ///
-/// ```ignore
+/// ```text
 /// tenure_testkit::lease_scenarios!(MemoryBackend, flavor = "current_thread", start_paused = true);
 /// ```
 #[macro_export]
