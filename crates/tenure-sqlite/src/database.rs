@@ -268,6 +268,17 @@ impl SqliteDatabase {
     }
 
     async fn install_schema(&self) -> Result<()> {
+        // An up-to-date file opens without a write transaction (and its fsync): every
+        // `tenure` command opens the store once, so this is most of their start-up.
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
+                .fetch_optional(&self.inner.pool)
+                .await
+                .ok()
+                .flatten();
+        if current == Some(SCHEMA_VERSION) {
+            return Ok(());
+        }
         let mut tx = self.begin_immediate().await?;
         create_schema(&mut tx).await?;
         tx.commit()
