@@ -143,7 +143,9 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
             if let Ok(path) = tenure_sqlite::path_from_url(raw) {
                 create_default_dir(&path)?;
             }
-            let db = tenure_sqlite::connect(raw).await?;
+            // A command needs few connections; opening fewer is most of its start-up.
+            let options = tenure_sqlite::SqliteOptions::new().max_connections(2);
+            let db = tenure_sqlite::connect_with(raw, options).await?;
             Ok(Stores {
                 leases: Arc::new(db.lease_store()),
                 registry: Arc::new(db.node_registry(registry_ttl)?),

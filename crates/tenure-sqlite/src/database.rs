@@ -230,6 +230,9 @@ impl SqliteDatabase {
             .synchronous(SqliteSynchronous::Full);
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
+            // A local file cannot drop a connection: a ping before each checkout would
+            // only add a round trip to sqlx's worker thread.
+            .test_before_acquire(false)
             .connect_with(connect)
             .await
             .map_err(|e| Error::store(BACKEND, format!("cannot open {}", path.display()), e))?;
