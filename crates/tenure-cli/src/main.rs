@@ -3,6 +3,7 @@
 //! Every command picks its store with `--store URL` or `TENURE_STORE`; the default is a
 //! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
+mod chaos;
 mod demo;
 mod inspect;
 mod output;
@@ -171,6 +172,11 @@ enum Command {
         )]
         store: String,
     },
+    /// Inject faults into worker processes on a store and check the lease invariants.
+    Chaos(chaos::ChaosArgs),
+    /// One `tenure chaos` worker process (started by `tenure chaos`).
+    #[command(hide = true)]
+    ChaosWorker(chaos::WorkerFlags),
 }
 
 fn parse_duration(raw: &str) -> Result<Duration, String> {
@@ -312,6 +318,8 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             demo::run_cli(&url)?;
             Ok(exit::OK)
         }
+        Command::Chaos(args) => chaos::run(args),
+        Command::ChaosWorker(flags) => chaos::worker(flags),
     }
 }
 

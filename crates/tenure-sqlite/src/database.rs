@@ -319,11 +319,16 @@ impl SqliteDatabase {
     /// (waiting up to the busy timeout), so a fenced read-modify-write in it cannot fail
     /// half-way with a busy snapshot. Use it for
     /// [`fence_in_transaction`](crate::fence_in_transaction).
+    ///
+    /// Cancel-safe: the BEGIN runs on its own task, so if the caller's future is dropped
+    /// while SQLite waits for the write lock, the task still finishes and dropping the
+    /// transaction it returns rolls back. (Dropped mid-begin, sqlx would hand the
+    /// connection back to the pool holding the write lock for good.)
     pub async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>> {
-        self.inner
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
+        let pool = self.inner.pool.clone();
+        tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
             .await
+            .map_err(|e| Error::store(BACKEND, "the write transaction task failed", e))?
             .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))
     }
 

@@ -470,3 +470,55 @@ async fn ttl_past_the_representable_range_is_refused() {
     ));
     assert!(store.list().await.unwrap().is_empty());
 }
+
+/// Setup: one file, busy timeout 2 s. A writer holds the write lock while another
+/// store's acquire waits for it; that acquire's future is dropped (a timeout, as the
+/// elector's bounded acquire or a SIGSTOP would cause), then the lock is released. The
+/// abandoned BEGIN must not leave a pooled connection holding the write lock: the store
+/// stays writable. (`tenure chaos` once saw a SQLite store lock up for good after
+/// paused acquires; this pins the property, though it has not reproduced that run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_does_not_keep_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let options = || SqliteOptions::new().busy_timeout(secs(2));
+    let holder = SqliteDatabase::open_with(&path, options()).await.unwrap();
+    let db = SqliteDatabase::open_with(&path, options()).await.unwrap();
+    let store = db.lease_store();
+
+    for round in 0..3 {
+        let lock = holder.begin_immediate().await.unwrap();
+        let abandoned = timeout(
+            Duration::from_millis(200),
+            store.try_acquire_or_renew("r", "node-a", TTL),
+        )
+        .await;
+        assert!(
+            abandoned.is_err(),
+            "round {round}: the acquire must still be waiting"
+        );
+        lock.rollback().await.unwrap();
+        // Give the abandoned BEGIN time to get the lock and be rolled back.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let writable = timeout(
+            secs(10),
+            holder
+                .lease_store()
+                .try_acquire_or_renew("r", "node-b", TTL),
+        )
+        .await
+        .expect("no answer: the write lock is held for good")
+        .unwrap_or_else(|e| panic!("round {round}: store no longer writable: {e}"));
+        assert!(writable.acquired || writable.holder == "node-a");
+        let info = holder.lease_store().get("r").await.unwrap().unwrap();
+        holder
+            .lease_store()
+            .release(
+                "r",
+                info.holder.as_deref().unwrap_or("-"),
+                info.fencing_token,
+            )
+            .await
+            .unwrap();
+    }
+}

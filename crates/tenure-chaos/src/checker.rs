@@ -1,0 +1,578 @@
+//! The checker: SPEC section 8 over the recorded histories, the store's log and the
+//! orchestrator's observations of the lease.
+//!
+//! Violations (any one fails the run):
+//! - `token_reused`: one token led by two worker incarnations, or held by two owners as
+//!   observed on the store;
+//! - `token_regressed`: the role's token observed going down over time, or one worker
+//!   leading with a lower token than it led with before;
+//! - `log_order`: a log row (commit order) with a token lower than an earlier row's, i.e.
+//!   the fence admitted a token lower than one it admitted before;
+//! - `stale_ack`: a write acknowledged under token T that was invoked after a write under
+//!   a higher token had already been acknowledged (two leaders' acknowledged writes
+//!   interleaving with decreasing tokens: more than one live term);
+//! - `lost_write`: an acknowledged write missing from the log (or logged under another
+//!   token);
+//! - `refused_committed`: a write its worker saw refused or failed before commit, present
+//!   in the log;
+//! - `phantom_write`: a log row no worker ever invoked.
+//!
+//! Reported, not violations: writes refused by the fence, unknown outcomes, wall-clock
+//! overlap of workers that believed they led, and recovery time after each fault.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::backend::LogRow;
+use crate::config::FaultKind;
+use crate::history::{Event, EventKind};
+
+/// How many examples each violation kind keeps.
+const EXAMPLES: usize = 5;
+
+/// One reading of the role's lease by the orchestrator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// Host monotonic time, nanoseconds.
+    pub t: u64,
+    /// The role's latest token.
+    pub token: u64,
+    /// The holder of the latest term (`None` once released).
+    pub holder: Option<String>,
+}
+
+/// One injected fault, as done.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FaultRecord {
+    /// The kind.
+    pub kind: FaultKind,
+    /// The worker incarnation hit, if any.
+    pub target: Option<String>,
+    /// Injected at (host monotonic ns).
+    pub at: u64,
+    /// Healed at (SIGCONT, server back, new incarnation started).
+    pub healed: u64,
+}
+
+/// Violations of one kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ViolationSummary {
+    /// The kind, e.g. `log_order`.
+    pub kind: String,
+    /// How many.
+    pub count: u64,
+    /// The first few, in words.
+    pub examples: Vec<String>,
+}
+
+/// Write outcomes as the workers saw them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WriteCounts {
+    /// Writes invoked.
+    pub invoked: u64,
+    /// Acknowledged (committed).
+    pub admitted: u64,
+    /// Refused by the fence.
+    pub refused: u64,
+    /// Failed before commit.
+    pub errors: u64,
+    /// Outcome unknown (commit error, timeout, or killed mid-write).
+    pub unknown: u64,
+    /// Of the unknown ones, how many are in the log.
+    pub unknown_committed: u64,
+    /// Rows in the log.
+    pub log_rows: u64,
+}
+
+/// Recovery times of one fault kind, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Recovery {
+    /// Faults of this kind followed by an admitted write.
+    pub recovered: u64,
+    /// Faults after which no write was admitted before the run ended.
+    pub unrecovered: u64,
+    /// Median.
+    pub p50_ms: Option<f64>,
+    /// 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// Worst.
+    pub max_ms: Option<f64>,
+}
+
+/// Everything the checker found.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Analysis {
+    /// Write outcomes.
+    pub writes: WriteCounts,
+    /// Distinct terms (tokens) that workers led.
+    pub terms: u64,
+    /// Wall-clock time during which two or more workers believed they led, ms.
+    pub overlap_ms: f64,
+    /// Per fault kind: fault (or, for a server restart, the server back) to the next
+    /// admitted write invoked after it.
+    pub recovery: BTreeMap<String, Recovery>,
+    /// Violations by kind (empty when the run passed).
+    pub violations: Vec<ViolationSummary>,
+}
+
+impl Analysis {
+    /// Total violations.
+    pub fn violation_count(&self) -> u64 {
+        self.violations.iter().map(|v| v.count).sum()
+    }
+}
+
+#[derive(Default)]
+struct Violations(BTreeMap<&'static str, ViolationSummary>);
+
+impl Violations {
+    fn add(&mut self, kind: &'static str, detail: impl FnOnce() -> String) {
+        let entry = self.0.entry(kind).or_insert_with(|| ViolationSummary {
+            kind: kind.to_owned(),
+            ..Default::default()
+        });
+        entry.count += 1;
+        if entry.examples.len() < EXAMPLES {
+            entry.examples.push(detail());
+        }
+    }
+}
+
+/// One write as the history tells it.
+struct Op {
+    worker: String,
+    seq: u64,
+    token: u64,
+    invoked: u64,
+    outcome: Option<(EventKind, u64)>,
+}
+
+/// Checks a run.
+pub fn check(
+    events: &[Event],
+    log: &[LogRow],
+    observations: &[Observation],
+    faults: &[FaultRecord],
+) -> Analysis {
+    let mut violations = Violations::default();
+    let mut analysis = Analysis::default();
+
+    // Writes, keyed by (worker, seq).
+    let mut ops: HashMap<(String, u64), Op> = HashMap::new();
+    for e in events {
+        let key = (e.worker.clone(), e.seq);
+        match e.ev {
+            EventKind::Invoke => {
+                ops.insert(
+                    key,
+                    Op {
+                        worker: e.worker.clone(),
+                        seq: e.seq,
+                        token: e.token,
+                        invoked: e.t,
+                        outcome: None,
+                    },
+                );
+            }
+            EventKind::Ok | EventKind::Fenced | EventKind::Error | EventKind::Unknown => {
+                if let Some(op) = ops.get_mut(&key) {
+                    op.outcome = Some((e.ev, e.t));
+                }
+            }
+            _ => {}
+        }
+    }
+    let logged: HashMap<(&str, u64), &LogRow> = log
+        .iter()
+        .map(|r| ((r.worker.as_str(), r.seq), r))
+        .collect();
+
+    let w = &mut analysis.writes;
+    w.invoked = ops.len() as u64;
+    w.log_rows = log.len() as u64;
+    for op in ops.values() {
+        let row = logged.get(&(op.worker.as_str(), op.seq));
+        match op.outcome.map(|(kind, _)| kind) {
+            Some(EventKind::Ok) => {
+                w.admitted += 1;
+                match row {
+                    None => violations.add("lost_write", || {
+                        format!(
+                            "{} seq {} (token {}) acknowledged but not in the log",
+                            op.worker, op.seq, op.token
+                        )
+                    }),
+                    Some(row) if row.token != op.token => violations.add("lost_write", || {
+                        format!(
+                            "{} seq {} acknowledged under token {} but logged under {}",
+                            op.worker, op.seq, op.token, row.token
+                        )
+                    }),
+                    Some(_) => {}
+                }
+            }
+            Some(kind @ (EventKind::Fenced | EventKind::Error)) => {
+                if kind == EventKind::Fenced {
+                    w.refused += 1;
+                } else {
+                    w.errors += 1;
+                }
+                if row.is_some() {
+                    violations.add("refused_committed", || {
+                        format!(
+                            "{} seq {} (token {}) was {kind:?} yet is in the log",
+                            op.worker, op.seq, op.token
+                        )
+                    });
+                }
+            }
+            _ => {
+                w.unknown += 1;
+                if row.is_some() {
+                    w.unknown_committed += 1;
+                }
+            }
+        }
+    }
+    for row in log {
+        if !ops.contains_key(&(row.worker.clone(), row.seq)) {
+            violations.add("phantom_write", || {
+                format!(
+                    "log row {} ({} seq {}) was never invoked",
+                    row.id, row.worker, row.seq
+                )
+            });
+        }
+    }
+
+    // The fence's order: commit order never goes down in token.
+    let mut highest: Option<&LogRow> = None;
+    for row in log {
+        match highest {
+            Some(top) if row.token < top.token => violations.add("log_order", || {
+                format!(
+                    "row {} by {} has token {} after row {} by {} with token {}",
+                    row.id, row.worker, row.token, top.id, top.worker, top.token
+                )
+            }),
+            Some(top) if row.token == top.token => {}
+            _ => highest = Some(row),
+        }
+    }
+
+    // Acknowledged writes in real time: once a token's write is acknowledged, no write
+    // invoked later may be acknowledged under a lower token.
+    let mut marks: Vec<(u64, bool, u64, &Op)> = Vec::new();
+    for op in ops.values() {
+        if let Some((EventKind::Ok, done)) = op.outcome {
+            marks.push((op.invoked, false, op.token, op));
+            marks.push((done, true, op.token, op));
+        }
+    }
+    // At equal times a start sorts before an acknowledgement: only strictly earlier
+    // acknowledgements count.
+    marks.sort_by_key(|m| (m.0, m.1));
+    let mut acked: Option<&Op> = None;
+    for (_, is_ack, token, op) in marks {
+        if is_ack {
+            if acked.is_none_or(|top| token > top.token) {
+                acked = Some(op);
+            }
+        } else if let Some(top) = acked.filter(|top| top.token > token) {
+            violations.add("stale_ack", || {
+                format!(
+                    "{} seq {} acknowledged under token {} though invoked after {} seq {} was acknowledged under token {}",
+                    op.worker, op.seq, token, top.worker, top.seq, top.token
+                )
+            });
+        }
+    }
+
+    // Terms: a token belongs to one incarnation; each incarnation's tokens never go down.
+    let mut leaders: BTreeMap<u64, HashSet<&str>> = BTreeMap::new();
+    let mut last_led: HashMap<&str, u64> = HashMap::new();
+    for e in events.iter().filter(|e| e.ev == EventKind::Lead) {
+        leaders
+            .entry(e.token)
+            .or_default()
+            .insert(e.worker.as_str());
+        if let Some(&previous) = last_led.get(e.worker.as_str()) {
+            if e.token < previous {
+                violations.add("token_regressed", || {
+                    format!(
+                        "{} led with token {} after leading with {previous}",
+                        e.worker, e.token
+                    )
+                });
+            }
+        }
+        last_led.insert(e.worker.as_str(), e.token);
+    }
+    analysis.terms = leaders.len() as u64;
+    for (token, workers) in &leaders {
+        if workers.len() > 1 {
+            violations.add("token_reused", || {
+                let mut names: Vec<_> = workers.iter().copied().collect();
+                names.sort_unstable();
+                format!("token {token} led by {}", names.join(", "))
+            });
+        }
+    }
+    let mut holders: HashMap<u64, &str> = HashMap::new();
+    let mut previous: Option<&Observation> = None;
+    for o in observations {
+        if let Some(p) = previous {
+            if o.token < p.token {
+                violations.add("token_regressed", || {
+                    format!("the store's token went from {} to {}", p.token, o.token)
+                });
+            }
+        }
+        previous = Some(o);
+        if let Some(holder) = &o.holder {
+            match holders.get(&o.token) {
+                Some(&first) if first != holder => violations.add("token_reused", || {
+                    format!("token {} held by {first} and by {holder}", o.token)
+                }),
+                Some(_) => {}
+                None => {
+                    holders.insert(o.token, holder);
+                }
+            }
+        }
+    }
+
+    analysis.overlap_ms = overlap_ns(events) as f64 / 1e6;
+    analysis.recovery = recovery(&ops, faults);
+    analysis.violations = violations.0.into_values().collect();
+    analysis
+}
+
+/// Total time during which two or more incarnations believed they led. A term with no
+/// `Unlead` (the worker was killed) ends at its worker's last recorded event.
+fn overlap_ns(events: &[Event]) -> u64 {
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for e in events {
+        last.insert(e.worker.as_str(), e.t);
+    }
+    let mut open: HashMap<(&str, u64), u64> = HashMap::new();
+    let mut intervals: Vec<(u64, u64)> = Vec::new();
+    for e in events {
+        match e.ev {
+            EventKind::Lead => {
+                open.insert((e.worker.as_str(), e.token), e.t);
+            }
+            EventKind::Unlead => {
+                if let Some(start) = open.remove(&(e.worker.as_str(), e.token)) {
+                    intervals.push((start, e.t));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((worker, _), start) in open {
+        intervals.push((start, last.get(worker).copied().unwrap_or(start)));
+    }
+    let mut edges: Vec<(u64, i32)> = Vec::new();
+    for (start, end) in intervals {
+        if end > start {
+            edges.push((start, 1));
+            edges.push((end, -1));
+        }
+    }
+    edges.sort_by_key(|&(t, d)| (t, d));
+    let (mut depth, mut since, mut total) = (0i32, 0u64, 0u64);
+    for (t, d) in edges {
+        if depth >= 2 {
+            total += t - since;
+        }
+        depth += d;
+        since = t;
+    }
+    total
+}
+
+fn recovery(
+    ops: &HashMap<(String, u64), Op>,
+    faults: &[FaultRecord],
+) -> BTreeMap<String, Recovery> {
+    let mut acks: Vec<(u64, u64)> = ops
+        .values()
+        .filter_map(|op| match op.outcome {
+            Some((EventKind::Ok, done)) => Some((op.invoked, done)),
+            _ => None,
+        })
+        .collect();
+    acks.sort_unstable();
+    let mut samples: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
+    for fault in faults {
+        // A server restart is measured from the server being back: its downtime is the
+        // store's, not tenure's. Every other fault from the moment it struck.
+        let from = if fault.kind == FaultKind::Restart {
+            fault.healed
+        } else {
+            fault.at
+        };
+        let first = acks.partition_point(|&(invoked, _)| invoked <= from);
+        let next = acks[first..].iter().map(|&(_, done)| done).min();
+        let entry = samples.entry(fault.kind.name().to_owned()).or_default();
+        match next {
+            Some(done) => entry.0.push(done.saturating_sub(from) as f64 / 1e6),
+            None => entry.1 += 1,
+        }
+    }
+    samples
+        .into_iter()
+        .map(|(kind, (mut ms, unrecovered))| {
+            ms.sort_by(f64::total_cmp);
+            let pick =
+                |q: f64| (!ms.is_empty()).then(|| ms[((ms.len() - 1) as f64 * q).round() as usize]);
+            let recovery = Recovery {
+                recovered: ms.len() as u64,
+                unrecovered,
+                p50_ms: pick(0.5),
+                p99_ms: pick(0.99),
+                max_ms: ms.last().copied(),
+            };
+            (kind, recovery)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(t: u64, worker: &str, ev: EventKind, token: u64, seq: u64) -> Event {
+        Event {
+            t,
+            worker: worker.to_owned(),
+            ev,
+            token,
+            seq,
+            note: None,
+        }
+    }
+
+    fn row(id: i64, worker: &str, token: u64, seq: u64) -> LogRow {
+        LogRow {
+            id,
+            worker: worker.to_owned(),
+            token,
+            seq,
+        }
+    }
+
+    /// A clean handover: a leads with 1, b takes over with 2, a's late write is fenced.
+    fn clean() -> (Vec<Event>, Vec<LogRow>) {
+        use EventKind::*;
+        let events = vec![
+            ev(10, "a", Lead, 1, 0),
+            ev(11, "a", Invoke, 1, 1),
+            ev(12, "a", Ok, 1, 1),
+            ev(20, "a", Invoke, 1, 2),
+            ev(30, "b", Lead, 2, 0),
+            ev(31, "b", Invoke, 2, 1),
+            ev(32, "b", Ok, 2, 1),
+            ev(40, "a", Fenced, 1, 2),
+            ev(41, "a", Unlead, 1, 0),
+        ];
+        (events, vec![row(1, "a", 1, 1), row(2, "b", 2, 1)])
+    }
+
+    #[test]
+    fn a_clean_handover_passes_and_counts_the_refusal() {
+        let (events, log) = clean();
+        let a = check(&events, &log, &[], &[]);
+        assert_eq!(a.violations, vec![]);
+        assert_eq!((a.writes.admitted, a.writes.refused, a.terms), (2, 1, 2));
+        // a believed it led from 10 to 41, b from 30 to its last event at 32.
+        assert_eq!(a.overlap_ms, 2.0 / 1e6);
+    }
+
+    #[test]
+    fn a_stale_write_admitted_after_a_newer_one_is_caught() {
+        use EventKind::*;
+        let (mut events, _) = clean();
+        // a's late write went through unfenced, after b's.
+        events.retain(|e| e.ev != Fenced);
+        events.push(ev(40, "a", Ok, 1, 2));
+        let log = vec![row(1, "a", 1, 1), row(2, "b", 2, 1), row(3, "a", 1, 2)];
+        let a = check(&events, &log, &[], &[]);
+        let kinds: Vec<_> = a.violations.iter().map(|v| v.kind.as_str()).collect();
+        assert_eq!(kinds, ["log_order"]);
+        // Invoked at 20, before b's ack at 32: not a real-time stale ack. Invoked after:
+        events.retain(|e| !(e.worker == "a" && e.seq == 2));
+        events.push(ev(33, "a", Invoke, 1, 2));
+        events.push(ev(40, "a", Ok, 1, 2));
+        events.sort_by_key(|e| e.t);
+        let a = check(&events, &log, &[], &[]);
+        let kinds: Vec<_> = a.violations.iter().map(|v| v.kind.as_str()).collect();
+        assert_eq!(kinds, ["log_order", "stale_ack"]);
+    }
+
+    #[test]
+    fn lost_refused_phantom_and_reused_are_caught() {
+        use EventKind::*;
+        let (mut events, mut log) = clean();
+        log.retain(|r| r.worker != "b"); // b's acknowledged write is gone
+        log.push(row(3, "a", 1, 2)); // a's refused write is there
+        log.push(row(4, "c", 2, 9)); // nobody wrote this
+        events.push(ev(50, "c", Lead, 2, 0)); // token 2 led twice
+        let observations = [
+            Observation {
+                t: 1,
+                token: 2,
+                holder: Some("b".into()),
+            },
+            Observation {
+                t: 2,
+                token: 1,
+                holder: Some("a".into()),
+            },
+        ];
+        let a = check(&events, &log, &observations, &[]);
+        let kinds: Vec<_> = a.violations.iter().map(|v| v.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "lost_write",
+                "phantom_write",
+                "refused_committed",
+                "token_regressed",
+                "token_reused"
+            ]
+        );
+    }
+
+    #[test]
+    fn recovery_runs_from_the_fault_to_the_next_write_invoked_after_it() {
+        let (events, log) = clean();
+        let faults = [
+            FaultRecord {
+                kind: FaultKind::Pause,
+                target: None,
+                at: 15_000_000,
+                healed: 50,
+            },
+            FaultRecord {
+                kind: FaultKind::Kill,
+                target: None,
+                at: 99_000_000,
+                healed: 99,
+            },
+        ];
+        let events: Vec<Event> = events
+            .into_iter()
+            .map(|mut e| {
+                e.t *= 1_000_000;
+                e
+            })
+            .collect();
+        let a = check(&events, &log, &[], &faults);
+        let pause = &a.recovery["pause"];
+        assert_eq!((pause.recovered, pause.p50_ms), (1, Some(17.0)));
+        assert_eq!(a.recovery["kill"].unrecovered, 1);
+    }
+}

@@ -1,0 +1,220 @@
+//! What a chaos run is asked to do: the store, the workers, the faults, the seed.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ChaosError;
+
+/// Which store the run targets, and whether the run owns its server.
+#[derive(Clone)]
+pub enum StoreSpec {
+    /// `sqlite:throwaway`: a fresh database file in the run directory.
+    SqliteThrowaway,
+    /// `sqlite:PATH`: the caller's file (the run uses a role and log rows of its own).
+    Sqlite(String),
+    /// `postgres:throwaway`: a throwaway server from the testkit, owned by the run, so
+    /// `restart` faults can stop and start it.
+    PostgresThrowaway,
+    /// `postgres://...`: the caller's server; `restart` is not available.
+    Postgres(String),
+}
+
+impl fmt::Debug for StoreSpec {
+    // The URL may hold a password: only the kind is ever printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+impl StoreSpec {
+    /// Parses `--store`.
+    pub fn parse(raw: &str) -> Result<Self, ChaosError> {
+        let raw = raw.trim();
+        let (scheme, rest) = raw.split_once(':').unwrap_or((raw, ""));
+        match (scheme, rest) {
+            ("sqlite", "throwaway") => Ok(StoreSpec::SqliteThrowaway),
+            ("sqlite", _) => Ok(StoreSpec::Sqlite(raw.to_owned())),
+            ("postgres" | "postgresql", "throwaway") => Ok(StoreSpec::PostgresThrowaway),
+            ("postgres" | "postgresql", _) => Ok(StoreSpec::Postgres(raw.to_owned())),
+            ("etcd", _) => Err(ChaosError::Usage(
+                "tenure chaos does not drive etcd yet; use sqlite:throwaway, sqlite:PATH, \
+                 postgres:throwaway or postgres://USER@HOST/DB"
+                    .to_owned(),
+            )),
+            _ => Err(ChaosError::Usage(
+                "unknown store for tenure chaos; expected sqlite:throwaway, sqlite:PATH, \
+                 postgres:throwaway or postgres://USER@HOST/DB"
+                    .to_owned(),
+            )),
+        }
+    }
+
+    /// The kind, for reports (never the URL).
+    pub fn describe(&self) -> &'static str {
+        match self {
+            StoreSpec::SqliteThrowaway => "sqlite (throwaway file)",
+            StoreSpec::Sqlite(_) => "sqlite",
+            StoreSpec::PostgresThrowaway => "postgres (throwaway server)",
+            StoreSpec::Postgres(_) => "postgres",
+        }
+    }
+
+    /// True for SQLite stores.
+    pub fn is_sqlite(&self) -> bool {
+        matches!(self, StoreSpec::SqliteThrowaway | StoreSpec::Sqlite(_))
+    }
+}
+
+/// One kind of fault the nemesis injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGSTOP a worker's process group (the leader when known) for 1-3x the TTL.
+    Pause,
+    /// SIGKILL a worker and start a new incarnation in its slot.
+    Kill,
+    /// Stop and start the store server (owned PostgreSQL); on SQLite, SIGKILL the
+    /// leader, which writes continuously and so is almost always mid-transaction.
+    Restart,
+    /// PostgreSQL: `pg_terminate_backend` every worker connection.
+    Cut,
+}
+
+impl FaultKind {
+    /// Every kind, in report order.
+    pub const ALL: [FaultKind; 4] = [
+        FaultKind::Pause,
+        FaultKind::Kill,
+        FaultKind::Restart,
+        FaultKind::Cut,
+    ];
+
+    /// The flag spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Pause => "pause",
+            FaultKind::Kill => "kill",
+            FaultKind::Restart => "restart",
+            FaultKind::Cut => "cut",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FaultKind {
+    type Err = ChaosError;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == raw.trim())
+            .ok_or_else(|| {
+                ChaosError::Usage(format!(
+                    "unknown fault {:?}; expected pause, kill, restart or cut",
+                    raw.chars().take(20).collect::<String>()
+                ))
+            })
+    }
+}
+
+/// Parses `pause,kill,...` (no duplicates, at least one).
+pub fn parse_faults(raw: &str) -> Result<Vec<FaultKind>, ChaosError> {
+    let mut kinds = Vec::new();
+    for part in raw.split(',').filter(|p| !p.trim().is_empty()) {
+        let kind: FaultKind = part.parse()?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    if kinds.is_empty() {
+        return Err(ChaosError::Usage(
+            "--faults names no fault; expected a list such as pause,kill,restart,cut".to_owned(),
+        ));
+    }
+    kinds.sort();
+    Ok(kinds)
+}
+
+/// A whole chaos run.
+#[derive(Clone, Debug)]
+pub struct ChaosConfig {
+    /// The store.
+    pub store: StoreSpec,
+    /// Worker processes contending at once (one per slot).
+    pub workers: usize,
+    /// How long faults are injected.
+    pub duration: Duration,
+    /// Lease TTL; renewals every TTL/4, retries every TTL/2.
+    pub ttl: Duration,
+    /// Mean time between faults (each gap is uniform in 0.5x..1.5x of it).
+    pub fault_every: Duration,
+    /// The fault kinds to inject.
+    pub faults: Vec<FaultKind>,
+    /// The schedule's seed.
+    pub seed: u64,
+    /// How long a leader waits between writes.
+    pub write_every: Duration,
+    /// Negative control: workers write without the fence.
+    pub unsafe_skip_fence: bool,
+    /// How long a SQLite statement waits for another process's write lock; `None`
+    /// means TTL/2, below the elector's local window (see [`crate::backend::Backend::open`]).
+    pub sqlite_busy_timeout: Option<Duration>,
+    /// Give the workers' electors the SQLite lease store as is, without
+    /// [`crate::backend::DetachedLeases`]: reproduces the wedge described in the crate docs.
+    pub sqlite_raw_leases: bool,
+    /// The program to run as a worker and the arguments that put it in worker mode
+    /// (`tenure chaos-worker`).
+    pub worker_command: (PathBuf, Vec<String>),
+    /// Where histories and worker logs go; a fresh temporary directory when `None`.
+    pub run_dir: Option<PathBuf>,
+}
+
+impl ChaosConfig {
+    /// The elector's renew interval for the TTL.
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 4
+    }
+
+    /// The elector's retry interval for the TTL.
+    pub fn retry_every(&self) -> Duration {
+        self.ttl / 2
+    }
+
+    /// The SQLite busy timeout in force.
+    pub fn sqlite_busy(&self) -> Duration {
+        self.sqlite_busy_timeout.unwrap_or(self.ttl / 2)
+    }
+
+    /// Checks the numbers; errors name the flag.
+    pub fn validate(&self) -> Result<(), ChaosError> {
+        let usage = |m: &str| Err(ChaosError::Usage(m.to_owned()));
+        if !(2..=64).contains(&self.workers) {
+            return usage("--workers must be between 2 and 64");
+        }
+        if self.ttl < Duration::from_millis(200) {
+            return usage("--ttl must be at least 200ms");
+        }
+        if self.duration.is_zero() {
+            return usage("--duration must be greater than 0s");
+        }
+        if self.fault_every < Duration::from_millis(10) {
+            return usage("--fault-every must be at least 10ms");
+        }
+        if self.write_every.is_zero() {
+            return usage("--write-every must be greater than 0s");
+        }
+        if self.faults.is_empty() {
+            return usage("--faults names no fault");
+        }
+        Ok(())
+    }
+}

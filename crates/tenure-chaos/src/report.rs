@@ -1,0 +1,142 @@
+//! The run's report: a table for people, JSON for machines.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::checker::Analysis;
+
+/// What a chaos run did and found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The seed that replays the fault plan.
+    pub seed: u64,
+    /// The store kind (never its URL).
+    pub store: String,
+    /// Worker slots.
+    pub workers: usize,
+    /// Fault injection time, ms.
+    pub duration_ms: u64,
+    /// Lease TTL, ms.
+    pub ttl_ms: u64,
+    /// The elector's retry interval, ms.
+    pub retry_ms: u64,
+    /// Whether this was the negative control (workers wrote without the fence).
+    pub unsafe_skip_fence: bool,
+    /// Faults injected.
+    pub faults_total: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Planned faults not injected (no eligible target).
+    pub faults_skipped: u64,
+    /// Workers that exited without being killed (restarted, counted here).
+    pub unexpected_exits: u64,
+    /// Requested fault kinds this store cannot take, and why.
+    pub unavailable: Vec<String>,
+    /// The checker's findings.
+    #[serde(flatten)]
+    pub analysis: Analysis,
+    /// Where the histories and worker logs are (kept for a failed run or `--dir`).
+    pub run_dir: Option<String>,
+    /// Wall time of the whole run, ms.
+    pub elapsed_ms: u64,
+}
+
+impl Report {
+    /// True when the checker found no violation.
+    pub fn passed(&self) -> bool {
+        self.analysis.violation_count() == 0
+    }
+
+    /// The human report.
+    pub fn render(&self) -> String {
+        let a = &self.analysis;
+        let w = &a.writes;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "tenure chaos: {} store, {} workers, ttl {}ms, {:.1}s of faults, seed {}{}",
+            self.store,
+            self.workers,
+            self.ttl_ms,
+            self.duration_ms as f64 / 1000.0,
+            self.seed,
+            if self.unsafe_skip_fence {
+                " (UNSAFE: fence skipped)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<10} {:>6} {:>10} {:>10} {:>10} {:>12}",
+            "FAULT", "COUNT", "P50", "P99", "MAX", "UNRECOVERED"
+        );
+        for (kind, count) in &self.faults {
+            let r = a.recovery.get(kind).cloned().unwrap_or_default();
+            let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
+            let _ = writeln!(
+                out,
+                "{kind:<10} {count:>6} {:>10} {:>10} {:>10} {:>12}",
+                ms(r.p50_ms),
+                ms(r.p99_ms),
+                ms(r.max_ms),
+                r.unrecovered
+            );
+        }
+        let _ = writeln!(out, "{:<10} {:>6}", "total", self.faults_total);
+        let _ = writeln!(
+            out,
+            "recovery = fault (server restart: server back) -> next admitted write; \
+             expected around ttl + retry = {}ms",
+            self.ttl_ms + self.retry_ms
+        );
+        for note in &self.unavailable {
+            let _ = writeln!(out, "not injected: {note}");
+        }
+        if self.faults_skipped > 0 {
+            let _ = writeln!(
+                out,
+                "skipped: {} planned faults had no eligible target",
+                self.faults_skipped
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "writes: {} invoked, {} admitted, {} refused by the fence, {} failed, {} unknown ({} of them committed); {} log rows",
+            w.invoked, w.admitted, w.refused, w.errors, w.unknown, w.unknown_committed, w.log_rows
+        );
+        let _ = writeln!(
+            out,
+            "terms: {}; workers believed they led at the same time for {:.0}ms in total",
+            a.terms, a.overlap_ms
+        );
+        if self.unexpected_exits > 0 {
+            let _ = writeln!(
+                out,
+                "workers that exited on their own: {}",
+                self.unexpected_exits
+            );
+        }
+        let _ = writeln!(out);
+        if self.passed() {
+            let _ = writeln!(out, "violations: 0");
+        } else {
+            let _ = writeln!(out, "violations: {}", a.violation_count());
+            for v in &a.violations {
+                let _ = writeln!(out, "  {}: {}", v.kind, v.count);
+                for example in &v.examples {
+                    let _ = writeln!(out, "    {example}");
+                }
+            }
+            let _ = writeln!(out, "replay the fault plan with --seed {}", self.seed);
+        }
+        if let Some(dir) = &self.run_dir {
+            let _ = writeln!(out, "histories and worker logs: {dir}");
+        }
+        out
+    }
+}

@@ -1,0 +1,515 @@
+//! The orchestrator: owns the store (when throwaway), starts the worker processes, runs
+//! the nemesis on its seeded plan, watches the lease, then stops everything and checks.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tenure::LeaseStore;
+use tenure_testkit::postgres::PgServer;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::backend::Backend;
+use crate::checker::{check, FaultRecord, Observation};
+use crate::config::{ChaosConfig, FaultKind, StoreSpec};
+use crate::history::{mono_ns, read_histories};
+use crate::report::Report;
+use crate::schedule::{plan, PlannedFault};
+use crate::worker::WorkerArgs;
+use crate::ChaosError;
+
+/// How often the orchestrator reads the role's lease.
+const OBSERVE_EVERY: Duration = Duration::from_millis(50);
+
+/// One worker slot and its current incarnation.
+struct Slot {
+    index: usize,
+    incarnation: u32,
+    name: String,
+    child: Child,
+    pgid: Pid,
+    /// When a pause of this slot ends, and which fault record it is.
+    paused: Option<(Instant, usize)>,
+}
+
+/// Everything needed to start a worker incarnation.
+struct Spawner {
+    config: ChaosConfig,
+    url: String,
+    role: String,
+    app_name: String,
+    dir: PathBuf,
+}
+
+impl Spawner {
+    fn spawn(&self, index: usize, incarnation: u32) -> Result<Slot, ChaosError> {
+        let name = format!("w{index}.{incarnation}");
+        let args = WorkerArgs {
+            store_url: self.url.clone(),
+            role: self.role.clone(),
+            name: name.clone(),
+            history: self.dir.join(format!("{name}.jsonl")),
+            ttl: self.config.ttl,
+            write_every: self.config.write_every,
+            app_name: self.app_name.clone(),
+            unsafe_skip_fence: self.config.unsafe_skip_fence,
+            sqlite_busy: self.config.sqlite_busy(),
+            sqlite_raw_leases: self.config.sqlite_raw_leases,
+        };
+        let log =
+            std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
+                ChaosError::Io {
+                    what: "cannot create a worker log",
+                    source,
+                }
+            })?;
+        let (program, prefix) = &self.config.worker_command;
+        let mut command = Command::new(program);
+        command
+            .args(prefix)
+            .args(args.to_flags())
+            // The URL may hold a password: the environment, not the command line.
+            .env("TENURE_STORE", &self.url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            // Its own group, so a pause or kill takes everything it runs.
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                // Workers never outlive the orchestrator, however it ends.
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = command.spawn().map_err(|source| ChaosError::Io {
+            what: "cannot start a worker process",
+            source,
+        })?;
+        let pid = child.id().ok_or_else(|| ChaosError::Io {
+            what: "a worker exited before it could be tracked",
+            source: std::io::Error::other("no pid"),
+        })?;
+        debug!(%name, pid, "worker started");
+        Ok(Slot {
+            index,
+            incarnation,
+            name,
+            child,
+            pgid: Pid::from_raw(pid as i32),
+            paused: None,
+        })
+    }
+}
+
+/// The store's server when the run owns it.
+enum Owned {
+    None,
+    Postgres(Arc<PgServer>),
+}
+
+/// Runs a whole chaos round and checks it.
+pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
+    config.validate()?;
+    let started = Instant::now();
+    let mut kinds = Vec::new();
+    let mut unavailable = Vec::new();
+    for &kind in &config.faults {
+        match (kind, &config.store) {
+            (FaultKind::Restart, StoreSpec::Postgres(_)) => unavailable.push(
+                "restart: the server is not owned by this run (use --store postgres:throwaway)"
+                    .to_owned(),
+            ),
+            (FaultKind::Cut, spec) if spec.is_sqlite() => {
+                unavailable.push("cut: sqlite has no connections to sever".to_owned())
+            }
+            _ => kinds.push(kind),
+        }
+    }
+    if kinds.is_empty() {
+        return Err(ChaosError::Usage(format!(
+            "none of the requested faults can be injected on this store: {}",
+            unavailable.join("; ")
+        )));
+    }
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    let (dir, temporary) = match &config.run_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("tenure-chaos-{}-{run_id}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir).map_err(|source| ChaosError::Io {
+        what: "cannot create the run directory",
+        source,
+    })?;
+    let (url, owned) = match &config.store {
+        StoreSpec::SqliteThrowaway => (
+            format!("sqlite:{}", dir.join("chaos.db").display()),
+            Owned::None,
+        ),
+        StoreSpec::Sqlite(url) | StoreSpec::Postgres(url) => (url.clone(), Owned::None),
+        StoreSpec::PostgresThrowaway => {
+            let server = blocking("start a throwaway PostgreSQL server", PgServer::start).await?;
+            (server.url(), Owned::Postgres(Arc::new(server)))
+        }
+    };
+    let role = format!("chaos-{run_id}");
+    let app_name = format!("tenure-chaos-{run_id}");
+    let backend = Backend::open(
+        &url,
+        &format!("{app_name}-nemesis"),
+        config.ttl,
+        config.sqlite_busy(),
+    )
+    .await?;
+    backend.prepare().await?;
+
+    let schedule = plan(config.seed, &kinds, config.duration, config.fault_every);
+    info!(faults = schedule.len(), seed = config.seed, %role, "chaos run planned");
+
+    let spawner = Spawner {
+        config: config.clone(),
+        url,
+        role: role.clone(),
+        app_name: app_name.clone(),
+        dir: dir.clone(),
+    };
+    let mut slots = Vec::with_capacity(config.workers);
+    for index in 0..config.workers {
+        slots.push(spawner.spawn(index, 0)?);
+    }
+
+    let holder: Arc<Mutex<Option<String>>> = Arc::default();
+    let stop_observer = CancellationToken::new();
+    let observer = tokio::spawn(observe(
+        backend.leases(),
+        role.clone(),
+        holder.clone(),
+        stop_observer.clone(),
+        config.ttl,
+    ));
+
+    let mut nemesis = Nemesis {
+        config: &config,
+        spawner: &spawner,
+        backend: &backend,
+        owned: &owned,
+        holder,
+        slots,
+        faults: Vec::new(),
+        skipped: 0,
+        respawned: 0,
+    };
+    let outcome = nemesis.run(&schedule).await;
+    let stopped = nemesis.stop_all().await;
+    stop_observer.cancel();
+    let observations = observer.await.unwrap_or_default();
+    outcome?;
+    stopped?;
+
+    let log = backend.read_log(&role).await?;
+    let events = read_histories(&dir).map_err(|source| ChaosError::Io {
+        what: "cannot read the histories",
+        source,
+    })?;
+    let analysis = check(&events, &log, &observations, &nemesis.faults);
+    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for fault in &nemesis.faults {
+        *by_kind.entry(fault.kind.name().to_owned()).or_default() += 1;
+    }
+    let passed = analysis.violation_count() == 0;
+    // Keep the evidence of a failed run; a passing temporary one leaves nothing.
+    let keep = !passed || !temporary;
+    let report = Report {
+        seed: config.seed,
+        store: config.store.describe().to_owned(),
+        workers: config.workers,
+        duration_ms: config.duration.as_millis() as u64,
+        ttl_ms: config.ttl.as_millis() as u64,
+        retry_ms: config.retry_every().as_millis() as u64,
+        unsafe_skip_fence: config.unsafe_skip_fence,
+        faults_total: nemesis.faults.len() as u64,
+        faults: by_kind,
+        faults_skipped: nemesis.skipped,
+        unexpected_exits: nemesis.respawned,
+        unavailable,
+        analysis,
+        run_dir: keep.then(|| dir.display().to_string()),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    };
+    drop(backend);
+    if let Owned::Postgres(server) = owned {
+        // Stopping the server blocks; the run is over, so nothing else waits on it.
+        let _ = tokio::task::spawn_blocking(move || drop(server)).await;
+    }
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(report)
+}
+
+/// Runs a testkit call (which panics on failure: it is a test harness) off the runtime,
+/// turning a panic into an error.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ChaosError> {
+    match tokio::task::spawn_blocking(move || std::panic::catch_unwind(AssertUnwindSafe(f))).await {
+        Ok(Ok(value)) => Ok(value),
+        _ => Err(ChaosError::Setup(format!(
+            "cannot {what} (see the message above)"
+        ))),
+    }
+}
+
+/// Reads the role's lease every [`OBSERVE_EVERY`]; publishes the live holder for the
+/// nemesis and returns every change seen.
+async fn observe(
+    leases: Arc<dyn LeaseStore>,
+    role: String,
+    holder: Arc<Mutex<Option<String>>>,
+    stop: CancellationToken,
+    ttl: Duration,
+) -> Vec<Observation> {
+    let mut seen: Vec<Observation> = Vec::new();
+    let mut tick = tokio::time::interval(OBSERVE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return seen,
+            _ = tick.tick() => {}
+        }
+        let read = tokio::time::timeout(ttl, leases.get(&role)).await;
+        let Ok(Ok(Some(lease))) = read else {
+            // Errors while the server restarts are expected; the next tick retries.
+            continue;
+        };
+        let live = lease.live_holder().map(str::to_owned);
+        *holder.lock().unwrap_or_else(|e| e.into_inner()) = live;
+        let observation = Observation {
+            t: mono_ns(),
+            token: lease.fencing_token.get(),
+            holder: lease.holder.clone(),
+        };
+        let changed = seen.last().is_none_or(|last| {
+            (last.token, &last.holder) != (observation.token, &observation.holder)
+        });
+        if changed {
+            seen.push(observation);
+        }
+    }
+}
+
+struct Nemesis<'a> {
+    config: &'a ChaosConfig,
+    spawner: &'a Spawner,
+    backend: &'a Backend,
+    owned: &'a Owned,
+    holder: Arc<Mutex<Option<String>>>,
+    slots: Vec<Slot>,
+    faults: Vec<FaultRecord>,
+    skipped: u64,
+    respawned: u64,
+}
+
+impl Nemesis<'_> {
+    async fn run(&mut self, schedule: &[PlannedFault]) -> Result<(), ChaosError> {
+        let start = Instant::now();
+        let mut next = 0;
+        loop {
+            self.reap_exited()?;
+            let fault_at = schedule.get(next).map(|f| start + f.at);
+            let resume_at = self
+                .slots
+                .iter()
+                .filter_map(|s| s.paused.map(|p| p.0))
+                .min();
+            let wake = match (fault_at, resume_at) {
+                (None, None) => break,
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+            };
+            // Wake at least every 100 ms to notice workers that died on their own.
+            tokio::time::sleep_until(wake.min(Instant::now() + Duration::from_millis(100))).await;
+            let now = Instant::now();
+            for i in 0..self.slots.len() {
+                if self.slots[i].paused.is_some_and(|(until, _)| until <= now) {
+                    self.resume(i);
+                }
+            }
+            if fault_at.is_some_and(|at| at <= now) {
+                self.inject(&schedule[next]).await?;
+                next += 1;
+            }
+        }
+        // Let the last faults heal and be measured before stopping.
+        tokio::time::sleep(self.config.ttl * 2 + self.config.retry_every()).await;
+        Ok(())
+    }
+
+    fn resume(&mut self, i: usize) {
+        if let Some((_, record)) = self.slots[i].paused.take() {
+            let _ = killpg(self.slots[i].pgid, Signal::SIGCONT);
+            self.faults[record].healed = mono_ns();
+        }
+    }
+
+    /// A worker that exited on its own (it should not) is restarted and counted.
+    fn reap_exited(&mut self) -> Result<(), ChaosError> {
+        for i in 0..self.slots.len() {
+            if let Ok(Some(status)) = self.slots[i].child.try_wait() {
+                warn!(worker = %self.slots[i].name, %status, "worker exited unexpectedly; restarting it");
+                self.respawned += 1;
+                self.replace(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn replace(&mut self, i: usize) -> Result<(), ChaosError> {
+        let (index, incarnation) = (self.slots[i].index, self.slots[i].incarnation + 1);
+        self.slots[i] = self.spawner.spawn(index, incarnation)?;
+        Ok(())
+    }
+
+    /// The slot of the live holder, if it is a current incarnation.
+    fn leader(&self) -> Option<usize> {
+        let holder = self
+            .holder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let name = holder.rsplit_once('-').map(|(name, _)| name.to_owned())?;
+        self.slots.iter().position(|s| s.name == name)
+    }
+
+    fn pick(&self, pick: u64, prefer_leader: bool, unpaused_only: bool) -> Option<usize> {
+        if prefer_leader {
+            if let Some(i) = self.leader() {
+                if !unpaused_only || self.slots[i].paused.is_none() {
+                    return Some(i);
+                }
+            }
+        }
+        let candidates: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| !unpaused_only || self.slots[i].paused.is_none())
+            .collect();
+        (!candidates.is_empty()).then(|| candidates[(pick % candidates.len() as u64) as usize])
+    }
+
+    async fn inject(&mut self, fault: &PlannedFault) -> Result<(), ChaosError> {
+        let at = mono_ns();
+        match fault.kind {
+            FaultKind::Pause => {
+                // Keep one worker running: with every worker stopped there is nothing
+                // left to fence out.
+                let running = self.slots.iter().filter(|s| s.paused.is_none()).count();
+                let Some(i) = self.pick(fault.pick, true, true).filter(|_| running > 1) else {
+                    self.skipped += 1;
+                    return Ok(());
+                };
+                let _ = killpg(self.slots[i].pgid, Signal::SIGSTOP);
+                let until = Instant::now() + self.config.ttl.mul_f64(fault.factor);
+                self.slots[i].paused = Some((until, self.faults.len()));
+                self.record(fault.kind, Some(i), at, 0);
+            }
+            FaultKind::Kill => {
+                // Half the kills hit the leader, half anyone.
+                let Some(i) = self.pick(fault.pick, fault.pick % 2 == 0, false) else {
+                    self.skipped += 1;
+                    return Ok(());
+                };
+                self.kill_and_replace(i, fault.kind, at).await?;
+            }
+            FaultKind::Restart => match self.owned {
+                Owned::Postgres(server) => {
+                    let server = server.clone();
+                    blocking("restart the PostgreSQL server", move || server.restart()).await?;
+                    self.record(fault.kind, None, at, mono_ns());
+                }
+                // SQLite has no server: kill the leader, which writes continuously and
+                // so is almost always inside a transaction.
+                Owned::None => {
+                    let Some(i) = self.pick(fault.pick, true, false) else {
+                        self.skipped += 1;
+                        return Ok(());
+                    };
+                    self.kill_and_replace(i, fault.kind, at).await?;
+                }
+            },
+            FaultKind::Cut => {
+                match self.backend.cut(&self.spawner.app_name).await {
+                    Ok(n) => debug!(connections = n, "cut worker connections"),
+                    Err(error) => warn!(%error, "cannot cut worker connections"),
+                }
+                self.record(fault.kind, None, at, mono_ns());
+            }
+        }
+        Ok(())
+    }
+
+    async fn kill_and_replace(
+        &mut self,
+        i: usize,
+        kind: FaultKind,
+        at: u64,
+    ) -> Result<(), ChaosError> {
+        let _ = killpg(self.slots[i].pgid, Signal::SIGKILL);
+        let _ = self.slots[i].child.wait().await;
+        let name = self.slots[i].name.clone();
+        if let Some((_, record)) = self.slots[i].paused.take() {
+            self.faults[record].healed = mono_ns();
+        }
+        self.replace(i)?;
+        self.faults.push(FaultRecord {
+            kind,
+            target: Some(name),
+            at,
+            healed: mono_ns(),
+        });
+        Ok(())
+    }
+
+    fn record(&mut self, kind: FaultKind, slot: Option<usize>, at: u64, healed: u64) {
+        self.faults.push(FaultRecord {
+            kind,
+            target: slot.map(|i| self.slots[i].name.clone()),
+            at,
+            healed,
+        });
+    }
+
+    /// Resumes the paused, asks every worker to stop (SIGTERM: release and exit), and
+    /// kills whoever has not stopped within a term and a bit.
+    async fn stop_all(&mut self) -> Result<(), ChaosError> {
+        for i in 0..self.slots.len() {
+            self.resume(i);
+        }
+        for slot in &self.slots {
+            let _ = killpg(slot.pgid, Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + self.config.ttl * 2 + Duration::from_secs(3);
+        for slot in &mut self.slots {
+            if tokio::time::timeout_at(deadline, slot.child.wait())
+                .await
+                .is_err()
+            {
+                warn!(worker = %slot.name, "worker did not stop on SIGTERM; killing it");
+                let _ = killpg(slot.pgid, Signal::SIGKILL);
+                let _ = slot.child.wait().await;
+            }
+        }
+        Ok(())
+    }
+}

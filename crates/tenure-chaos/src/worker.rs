@@ -1,0 +1,184 @@
+//! A worker: one OS process contending for the role and, while it leads, writing.
+//!
+//! `tenure chaos-worker` runs this. It contends through [`LeaseLeaderElector`]; each
+//! term appends `(worker, token, seq)` rows to the log, one every `write_every` (the time
+//! it takes to "prepare" a write after checking leadership),
+//! recording every write's invocation and outcome in its history file. SIGTERM ends it
+//! cleanly (the elector releases the lease).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::backend::{Backend, DetachedLeases, WriteOutcome};
+use crate::history::{EventKind, HistoryWriter};
+use crate::ChaosError;
+
+/// The settings of one worker process (the flags of `tenure chaos-worker`).
+#[derive(Clone, Debug)]
+pub struct WorkerArgs {
+    /// The store URL (passed in `TENURE_STORE`, never on the command line).
+    pub store_url: String,
+    /// The role to contend for.
+    pub role: String,
+    /// This incarnation's name, `w<slot>.<incarnation>`.
+    pub name: String,
+    /// The history file to append to.
+    pub history: PathBuf,
+    /// Lease TTL.
+    pub ttl: Duration,
+    /// Pause between writes while leading.
+    pub write_every: Duration,
+    /// PostgreSQL application name, so the nemesis can cut these connections.
+    pub app_name: String,
+    /// Negative control: write without the fence.
+    pub unsafe_skip_fence: bool,
+    /// SQLite busy timeout (see [`Backend::open`]).
+    pub sqlite_busy: Duration,
+    /// Give the elector the SQLite lease store as is, not behind [`DetachedLeases`].
+    pub sqlite_raw_leases: bool,
+}
+
+impl WorkerArgs {
+    /// The `tenure chaos-worker` flags for these settings (the store URL goes in the
+    /// environment).
+    pub fn to_flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            "--role".to_owned(),
+            self.role.clone(),
+            "--name".to_owned(),
+            self.name.clone(),
+            "--history".to_owned(),
+            self.history.display().to_string(),
+            "--ttl-ms".to_owned(),
+            self.ttl.as_millis().to_string(),
+            "--write-every-ms".to_owned(),
+            self.write_every.as_millis().to_string(),
+            "--app-name".to_owned(),
+            self.app_name.clone(),
+            "--sqlite-busy-ms".to_owned(),
+            self.sqlite_busy.as_millis().to_string(),
+        ];
+        if self.unsafe_skip_fence {
+            flags.push("--unsafe-skip-fence".to_owned());
+        }
+        if self.sqlite_raw_leases {
+            flags.push("--sqlite-raw-leases".to_owned());
+        }
+        flags
+    }
+}
+
+/// Runs a worker until SIGTERM.
+pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
+    let history =
+        HistoryWriter::create(&args.history, &args.name).map_err(|source| ChaosError::Io {
+            what: "cannot open the history file",
+            source,
+        })?;
+    let owner = format!("{}-{}", args.name, std::process::id());
+    history.record(EventKind::Start, 0, 0, Some(owner.clone()));
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).map_err(|source| ChaosError::Io {
+        what: "cannot listen for SIGTERM",
+        source,
+    })?;
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            term.recv().await;
+            shutdown.cancel();
+        });
+    }
+    // The server may be restarting when this incarnation starts: keep trying.
+    let backend = loop {
+        match Backend::open(&args.store_url, &args.app_name, args.ttl, args.sqlite_busy).await {
+            Ok(backend) => break backend,
+            Err(ChaosError::Usage(m)) => return Err(ChaosError::Usage(m)),
+            Err(error) => {
+                warn!(%error, "cannot open the store yet; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    };
+    let options = LeaseLeaderOptions {
+        owner_id: owner,
+        lease_ttl: args.ttl,
+        renew_interval: args.ttl / 4,
+        retry_interval: args.ttl / 2,
+        ..Default::default()
+    };
+    let leases = match &backend {
+        Backend::Sqlite(_) if !args.sqlite_raw_leases => {
+            Arc::new(DetachedLeases::new(backend.leases())) as Arc<dyn tenure::LeaseStore>
+        }
+        _ => backend.leases(),
+    };
+    let elector = LeaseLeaderElector::new(leases, options)?;
+    let seq = Arc::new(AtomicU64::new(0));
+    let role = args.role.clone();
+    elector
+        .run(
+            &role,
+            move |token, leadership: CancellationToken| {
+                let history = history.clone();
+                let backend = backend.clone();
+                let seq = seq.clone();
+                let args = args.clone();
+                async move {
+                    history.record(EventKind::Lead, token.get(), 0, None);
+                    // A write that hangs past two terms is abandoned as unknown; the
+                    // server may still commit it.
+                    let limit = args.ttl * 2;
+                    // Check, prepare, write: leadership is checked before each write
+                    // is prepared, as a real leader checks "am I still leader?" before
+                    // acting, and not again before the write is sent. A pause while
+                    // preparing is the stalled leader: it wakes and writes with an old
+                    // token, and only the fence stops it.
+                    while !leadership.is_cancelled() {
+                        tokio::time::sleep(args.write_every).await;
+                        let n = seq.fetch_add(1, Ordering::Relaxed) + 1;
+                        history.record(EventKind::Invoke, token.get(), n, None);
+                        // The write runs as its own task: a timeout abandons the wait,
+                        // never the transaction half-way (sqlx cannot roll back a
+                        // `BEGIN` whose future was dropped; the connection would go
+                        // back to the pool holding the SQLite write lock).
+                        let write = {
+                            let (backend, args) = (backend.clone(), args.clone());
+                            tokio::spawn(async move {
+                                backend
+                                    .write(&args.role, &args.name, token, n, args.unsafe_skip_fence)
+                                    .await
+                            })
+                        };
+                        let (kind, note) = match tokio::time::timeout(limit, write).await {
+                            Ok(Ok(WriteOutcome::Ok)) => (EventKind::Ok, None),
+                            Ok(Ok(WriteOutcome::Fenced)) => (EventKind::Fenced, None),
+                            Ok(Ok(WriteOutcome::Error(m))) => (EventKind::Error, Some(m)),
+                            Ok(Ok(WriteOutcome::Unknown(m))) => (EventKind::Unknown, Some(m)),
+                            Ok(Err(join)) => (EventKind::Unknown, Some(join.to_string())),
+                            Err(_) => (EventKind::Unknown, Some("timed out".to_owned())),
+                        };
+                        history.record(kind, token.get(), n, note);
+                        if kind == EventKind::Fenced {
+                            // A fenced term is over; wait for the elector to see it too.
+                            leadership.cancelled().await;
+                        }
+                    }
+                    history.record(EventKind::Unlead, token.get(), 0, None);
+                }
+            },
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! `tenure chaos` and its hidden worker mode: the CLI face of `tenure-chaos`.
+//!
+//! `tenure chaos` re-executes this binary as `tenure chaos-worker` for every worker
+//! process, with the store URL in `TENURE_STORE` (never on a command line).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use tenure_chaos::{ChaosConfig, ChaosError, StoreSpec};
+
+use crate::{exit, parse_duration, UsageError};
+
+/// `tenure chaos` flags.
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway (a server this run
+    /// owns, so `restart` works) or postgres://USER@HOST/DB.
+    #[arg(long, env = "TENURE_STORE", hide_env_values = true)]
+    store: String,
+    /// Worker processes contending for the role.
+    #[arg(long, default_value_t = 5)]
+    workers: usize,
+    /// How long to inject faults.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Lease TTL (renew every TTL/4, retry every TTL/2).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Fault kinds to inject, comma-separated.
+    #[arg(long, default_value = "pause,kill,restart,cut")]
+    faults: String,
+    /// Mean time between faults (default: TTL/4).
+    #[arg(long, value_parser = parse_duration)]
+    fault_every: Option<Duration>,
+    /// Pause between a leader's writes.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    write_every: Duration,
+    /// Seed of the fault plan (default: random, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Negative control: workers write WITHOUT the fence; the checker must report
+    /// violations under pauses.
+    #[arg(long)]
+    unsafe_skip_fence: bool,
+    /// How long a SQLite statement waits for the file's write lock (default: TTL/2).
+    /// Above the TTL, an acquire the elector abandons can leave the lock held for good.
+    #[arg(long, value_parser = parse_duration)]
+    sqlite_busy_timeout: Option<Duration>,
+    /// Give the workers' electors the SQLite lease store without the cancel-safe
+    /// wrapper, to reproduce the store wedge `tenure chaos` found (see tenure-chaos docs).
+    #[arg(long)]
+    sqlite_raw_leases: bool,
+    /// Keep histories and worker logs in this directory (default: a temporary one,
+    /// removed when the run passes).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// `tenure chaos-worker` flags (set by `tenure chaos`; see `tenure_chaos::worker`).
+#[derive(Args, Debug)]
+pub struct WorkerFlags {
+    #[arg(long)]
+    role: String,
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    history: PathBuf,
+    #[arg(long)]
+    ttl_ms: u64,
+    #[arg(long)]
+    write_every_ms: u64,
+    #[arg(long)]
+    app_name: String,
+    #[arg(long)]
+    unsafe_skip_fence: bool,
+    #[arg(long)]
+    sqlite_busy_ms: u64,
+    #[arg(long)]
+    sqlite_raw_leases: bool,
+}
+
+fn usage(error: ChaosError) -> anyhow::Error {
+    match error {
+        ChaosError::Usage(message) => UsageError(message).into(),
+        other => other.into(),
+    }
+}
+
+/// Runs `tenure chaos`; exit 0 when the checker found nothing, 1 on any violation.
+pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
+    let store = StoreSpec::parse(&args.store).map_err(usage)?;
+    let faults = tenure_chaos::parse_faults(&args.faults).map_err(usage)?;
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let config = ChaosConfig {
+        store,
+        workers: args.workers,
+        duration: args.duration,
+        ttl: args.ttl,
+        fault_every: args.fault_every.unwrap_or(args.ttl / 4),
+        faults,
+        seed,
+        write_every: args.write_every,
+        unsafe_skip_fence: args.unsafe_skip_fence,
+        sqlite_busy_timeout: args.sqlite_busy_timeout,
+        sqlite_raw_leases: args.sqlite_raw_leases,
+        worker_command: (std::env::current_exe()?, vec!["chaos-worker".to_owned()]),
+        run_dir: args.dir,
+    };
+    config.validate().map_err(usage)?;
+    if !args.json {
+        eprintln!("tenure chaos: seed {seed}");
+    }
+    let report = crate::runtime()?
+        .block_on(tenure_chaos::run(config))
+        .map_err(usage)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.passed() {
+        exit::OK
+    } else {
+        exit::FAILURE
+    })
+}
+
+/// Runs one worker process until SIGTERM.
+pub fn worker(flags: WorkerFlags) -> anyhow::Result<u8> {
+    let store_url = std::env::var("TENURE_STORE")
+        .map_err(|_| UsageError("chaos-worker needs TENURE_STORE".to_owned()))?;
+    let args = tenure_chaos::worker::WorkerArgs {
+        store_url,
+        role: flags.role,
+        name: flags.name,
+        history: flags.history,
+        ttl: Duration::from_millis(flags.ttl_ms),
+        write_every: Duration::from_millis(flags.write_every_ms),
+        app_name: flags.app_name,
+        unsafe_skip_fence: flags.unsafe_skip_fence,
+        sqlite_busy: Duration::from_millis(flags.sqlite_busy_ms),
+        sqlite_raw_leases: flags.sqlite_raw_leases,
+    };
+    crate::runtime()?
+        .block_on(tenure_chaos::worker::run(args))
+        .map_err(usage)?;
+    Ok(exit::OK)
+}
