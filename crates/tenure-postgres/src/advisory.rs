@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection, PgPool};
 use tenure::lease::validate_name;
-use tenure::{ElectionState, Error, FencingToken, Result, WorkOutcome};
+use tenure::{work_outcome, ElectionState, Error, FencingToken, Result, WorkOutcome};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -295,23 +295,5 @@ impl AdvisoryLockElector {
             info!(role, token = %token, "released (advisory lock)");
         }
         end
-    }
-}
-
-fn work_outcome<T: WorkOutcome>(
-    joined: std::result::Result<T, tokio::task::JoinError>,
-) -> Result<()> {
-    match joined {
-        Ok(outcome) => outcome.into_result().map_err(Error::Work),
-        Err(join) if join.is_panic() => {
-            let panic = join.into_panic();
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_owned());
-            Err(Error::WorkPanicked(message))
-        }
-        Err(_) => Err(Error::WorkPanicked("work task was cancelled".to_owned())),
     }
 }

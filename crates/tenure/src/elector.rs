@@ -629,7 +629,10 @@ impl LeaseLeaderElector {
     }
 }
 
-fn work_outcome<T: WorkOutcome>(
+/// The outcome of a work task: its own result, [`Error::Work`] for its error, and
+/// [`Error::WorkPanicked`] for a panic (contained by the task). For electors of other
+/// kinds that spawn work the same way.
+pub fn work_outcome<T: WorkOutcome>(
     joined: std::result::Result<T, tokio::task::JoinError>,
 ) -> Result<()> {
     match joined {

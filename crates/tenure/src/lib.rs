@@ -78,7 +78,8 @@ mod token;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use elector::{
-    default_owner_id, ElectionState, LeaseLeaderElector, LeaseLeaderOptions, WorkOutcome,
+    default_owner_id, work_outcome, ElectionState, LeaseLeaderElector, LeaseLeaderOptions,
+    WorkOutcome,
 };
 pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
