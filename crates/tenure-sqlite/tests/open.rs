@@ -121,9 +121,21 @@ async fn read_only_file_is_refused_untouched() {
         .unwrap();
     db.pool().close().await;
     drop(db);
-    // The last connection checkpoints the WAL into the file and deletes it, on SQLite's
-    // worker thread, possibly after `close` returned: wait for that before taking bytes.
+    // SQLite deletes the WAL when the last connection closes, but two connections
+    // closing at once can each leave it to the other. One lone connection that
+    // checkpoints and closes folds the WAL into the file and removes it for sure.
     let wal = dir.path().join("tenure.db-wal");
+    {
+        use sqlx::Connection;
+        let mut lone = sqlx::SqliteConnection::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut lone)
+            .await
+            .unwrap();
+        lone.close().await.unwrap();
+    }
     let waited = std::time::Instant::now();
     while wal.exists() {
         assert!(
