@@ -18,8 +18,8 @@
 //! - release -> successor running latency of two `LeaseLeaderElector`s (60 s retry
 //!   interval, so only the LISTEN/NOTIFY push can wake the successor).
 //!
-//! The store's SQL is private to `lease.rs` and `registry.rs` (no accessor), so the
-//! statements below are reproduced verbatim from those files; keep them in step.
+//! The raw baseline issues the store's own statements (`tenure_postgres::statements`),
+//! so the two cannot drift apart.
 //!
 //! Run: `cargo bench -p tenure-postgres --bench pg`.
 
@@ -44,55 +44,10 @@ const TTL: Duration = Duration::from_secs(600);
 const REGISTRY_TTL: Duration = Duration::from_secs(600);
 const CLIENT_COUNTS: [usize; 2] = [1, 16];
 
-/// The acquire-or-renew statement of `PgLeaseStore::new` (lease.rs), verbatim.
-fn acquire_sql(t: &str) -> String {
-    let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
-    format!(
-        "WITH up AS (
-                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
-                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current())
-                ON CONFLICT (role) DO UPDATE SET
-                    holder = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN EXCLUDED.holder ELSE l.holder END,
-                    fencing_token = CASE WHEN {free}
-                        THEN l.fencing_token + 1 ELSE l.fencing_token END,
-                    expires_at = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN EXCLUDED.expires_at ELSE l.expires_at END,
-                    term_txid = CASE WHEN {free}
-                        THEN EXCLUDED.term_txid ELSE l.term_txid END
-                RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
-            )
-            SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
-                (SELECT count(*) FROM (SELECT pg_notify($4, $1) FROM up WHERE up.new_term) n) AS notified
-            FROM up"
-    )
-}
-
-/// The release statement of `PgLeaseStore::new` (lease.rs), verbatim.
-fn release_sql(t: &str) -> String {
-    format!(
-        "WITH rel AS (
-                UPDATE {t} SET holder = NULL, expires_at = statement_timestamp()
-                WHERE role = $1 AND holder = $2 AND fencing_token = $3
-                    AND expires_at > statement_timestamp()
-                RETURNING role
-            )
-            SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"
-    )
-}
-
-/// The heartbeat statement of `PgNodeRegistry::new` (registry.rs), verbatim.
-fn heartbeat_sql(t: &str) -> String {
-    let live = "n.last_heartbeat + $1 * interval '1 microsecond' > statement_timestamp()";
-    format!(
-        "INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
-                 VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
-                 ON CONFLICT (node_id) DO UPDATE SET
-                     first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
-                     last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
-                     metadata = COALESCE($3::jsonb, n.metadata)"
-    )
-}
+use tenure_postgres::statements::{
+    acquire_statement as acquire_sql, heartbeat_statement as heartbeat_sql,
+    release_statement as release_sql,
+};
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap()

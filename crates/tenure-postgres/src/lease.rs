@@ -76,35 +76,8 @@ impl PgLeaseStore {
     /// A store over `pool` using tables in `schema` (see [`Schema::new`]).
     pub fn new(pool: PgPool, schema: Schema) -> PgLeaseStore {
         let t = schema.table("tenure_leases");
-        let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
-        let acquire_sql = format!(
-            "WITH up AS (
-                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
-                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current())
-                ON CONFLICT (role) DO UPDATE SET
-                    holder = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN EXCLUDED.holder ELSE l.holder END,
-                    fencing_token = CASE WHEN {free}
-                        THEN l.fencing_token + 1 ELSE l.fencing_token END,
-                    expires_at = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN EXCLUDED.expires_at ELSE l.expires_at END,
-                    term_txid = CASE WHEN {free}
-                        THEN EXCLUDED.term_txid ELSE l.term_txid END
-                RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
-            )
-            SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
-                (SELECT count(*) FROM (SELECT pg_notify($4, $1) FROM up WHERE up.new_term) n) AS notified
-            FROM up"
-        );
-        let release_sql = format!(
-            "WITH rel AS (
-                UPDATE {t} SET holder = NULL, expires_at = statement_timestamp()
-                WHERE role = $1 AND holder = $2 AND fencing_token = $3
-                    AND expires_at > statement_timestamp()
-                RETURNING role
-            )
-            SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"
-        );
+        let acquire_sql = acquire_statement(&t);
+        let release_sql = release_statement(&t);
         let get_sql = format!(
             "SELECT role, holder, fencing_token, expires_at, statement_timestamp() AS now
              FROM {t} WHERE role = $1"
@@ -343,4 +316,45 @@ impl LeaseStore for PgLeaseStore {
     fn min_ttl(&self) -> Duration {
         MIN_TTL
     }
+}
+
+/// The acquire-or-renew statement on lease table `t` (a quoted, qualified name): one
+/// upsert deciding renew / acquire / refuse on `statement_timestamp()` and notifying on a
+/// new term. Public only so the benchmark issues exactly the store's statement.
+#[doc(hidden)]
+pub fn acquire_statement(t: &str) -> String {
+    let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
+    format!(
+            "WITH up AS (
+                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
+                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current())
+                ON CONFLICT (role) DO UPDATE SET
+                    holder = CASE WHEN {free} OR l.holder = EXCLUDED.holder
+                        THEN EXCLUDED.holder ELSE l.holder END,
+                    fencing_token = CASE WHEN {free}
+                        THEN l.fencing_token + 1 ELSE l.fencing_token END,
+                    expires_at = CASE WHEN {free} OR l.holder = EXCLUDED.holder
+                        THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                    term_txid = CASE WHEN {free}
+                        THEN EXCLUDED.term_txid ELSE l.term_txid END
+                RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
+            )
+            SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
+                (SELECT count(*) FROM (SELECT pg_notify($4, $1) FROM up WHERE up.new_term) n) AS notified
+            FROM up"
+    )
+}
+
+/// The release statement on lease table `t`; see [`acquire_statement`].
+#[doc(hidden)]
+pub fn release_statement(t: &str) -> String {
+    format!(
+        "WITH rel AS (
+                UPDATE {t} SET holder = NULL, expires_at = statement_timestamp()
+                WHERE role = $1 AND holder = $2 AND fencing_token = $3
+                    AND expires_at > statement_timestamp()
+                RETURNING role
+            )
+            SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"
+    )
 }

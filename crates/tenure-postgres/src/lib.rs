@@ -94,6 +94,13 @@ pub use lease::{PgLeaseStore, MAX_TTL, MIN_TTL};
 pub use registry::PgNodeRegistry;
 pub use schema::{migrate, Schema, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
 
+/// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
+#[doc(hidden)]
+pub mod statements {
+    pub use crate::lease::{acquire_statement, release_statement};
+    pub use crate::registry::heartbeat_statement;
+}
+
 use crate::error::pg_error_scrubbed;
 
 /// How [`connect`] builds the pool and the stores.

@@ -46,21 +46,14 @@ impl PgNodeRegistry {
         let ttl_micros = i64::try_from(ttl.as_nanos().div_ceil(1_000))
             .map_err(|_| Error::invalid("ttl", "is too large"))?;
         let t = schema.table("tenure_nodes");
-        let live = "n.last_heartbeat + $1 * interval '1 microsecond' > statement_timestamp()";
+        let live = LIVE;
         Ok(PgNodeRegistry {
             pool,
             ttl,
             ttl_micros,
             // A node whose last heartbeat lapsed starts a new membership: first_seen
             // restarts. Metadata is replaced only when given ($3 not null).
-            heartbeat_sql: format!(
-                "INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
-                 VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
-                 ON CONFLICT (node_id) DO UPDATE SET
-                     first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
-                     last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
-                     metadata = COALESCE($3::jsonb, n.metadata)"
-            ),
+            heartbeat_sql: heartbeat_statement(&t),
             live_sql: format!(
                 "SELECT node_id FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
             ),
@@ -152,4 +145,24 @@ impl NodeRegistry for PgNodeRegistry {
     fn ttl(&self) -> Duration {
         self.ttl
     }
+}
+
+/// A node is live while its last heartbeat is within the TTL ($1, in microseconds).
+const LIVE: &str = "n.last_heartbeat + $1 * interval '1 microsecond' > statement_timestamp()";
+
+/// The heartbeat upsert on node table `t` (a quoted, qualified name): a node whose last
+/// heartbeat lapsed starts a new membership (first_seen restarts); metadata is replaced
+/// only when given ($3 not null). Public only so the benchmark issues exactly the
+/// registry's statement.
+#[doc(hidden)]
+pub fn heartbeat_statement(t: &str) -> String {
+    let live = LIVE;
+    format!(
+                "INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
+                 VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
+                 ON CONFLICT (node_id) DO UPDATE SET
+                     first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
+                     last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
+                     metadata = COALESCE($3::jsonb, n.metadata)"
+            )
 }
