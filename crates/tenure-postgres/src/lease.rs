@@ -1,6 +1,8 @@
 //! [`PgLeaseStore`]: the lease contract on PostgreSQL, decided on the database clock.
 //!
-//! Every operation is one autocommit statement and one round trip. Expiry is judged on
+//! Every operation is one autocommit statement and one round trip; acquire/renew and
+//! release run on connections the store keeps for them (see `direct.rs`: sqlx would
+//! otherwise ping each connection it takes back into the pool). Expiry is judged on
 //! `statement_timestamp()`, a single value per statement taken after the request
 //! arrived, so hosts' clocks never matter.
 //!
@@ -35,6 +37,7 @@ use time::OffsetDateTime;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
+use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::notify::{ListenState, Notifier};
 use crate::schema::Schema;
@@ -64,6 +67,8 @@ pub struct PgLeaseStore {
 #[derive(Debug)]
 struct Inner {
     pool: PgPool,
+    /// Acquire/renew and release: one statement each, on the store's own connections.
+    direct: DirectConnections,
     schema: Schema,
     notifier: Notifier,
     acquire_sql: String,
@@ -89,6 +94,7 @@ impl PgLeaseStore {
         let notifier = Notifier::new(pool.clone(), schema.channel());
         PgLeaseStore {
             inner: Arc::new(Inner {
+                direct: DirectConnections::for_pool(&pool),
                 pool,
                 schema,
                 notifier,
@@ -113,6 +119,23 @@ impl PgLeaseStore {
     /// The schema holding the tables.
     pub fn schema(&self) -> &Schema {
         &self.inner.schema
+    }
+
+    /// The acquire or release statement: `(role, owner, ttl or token, channel)`, one row.
+    async fn term_statement(
+        &self,
+        what: &str,
+        sql: &str,
+        role: &str,
+        owner: &str,
+        value: i64,
+    ) -> Result<sqlx::postgres::PgRow> {
+        let query = sqlx::query(sql)
+            .bind(role)
+            .bind(owner)
+            .bind(value)
+            .bind(self.inner.schema.channel());
+        self.inner.direct.fetch_one(what, query).await
     }
 
     async fn fetch_info(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -192,14 +215,15 @@ impl LeaseStore for PgLeaseStore {
         // database's for a bound measured in centuries.
         validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
         let micros = ttl_micros(ttl)?;
-        let row = sqlx::query(&self.inner.acquire_sql)
-            .bind(role)
-            .bind(owner)
-            .bind(micros)
-            .bind(self.inner.schema.channel())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| pg_error("could not acquire or renew the lease", e))?;
+        let row = self
+            .term_statement(
+                "could not acquire or renew the lease",
+                &self.inner.acquire_sql,
+                role,
+                owner,
+                micros,
+            )
+            .await?;
         let holder: Option<String> = decode(&row, "holder")?;
         let holder = holder.ok_or_else(|| {
             Error::store_msg(BACKEND, "acquire returned a lease without a holder")
@@ -219,14 +243,18 @@ impl LeaseStore for PgLeaseStore {
             // No such token was ever handed out.
             return Ok(false);
         };
-        let released: i64 = sqlx::query_scalar(&self.inner.release_sql)
-            .bind(role)
-            .bind(owner)
-            .bind(token)
-            .bind(self.inner.schema.channel())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| pg_error("could not release the lease", e))?;
+        let row = self
+            .term_statement(
+                "could not release the lease",
+                &self.inner.release_sql,
+                role,
+                owner,
+                token,
+            )
+            .await?;
+        let released: i64 = row
+            .try_get(0)
+            .map_err(|e| pg_error("could not decode the release count", e))?;
         Ok(released > 0)
     }
 

@@ -74,6 +74,7 @@
 #![deny(missing_docs)]
 
 mod advisory;
+mod direct;
 mod error;
 mod fence;
 mod lease;

@@ -4,6 +4,7 @@
 //! (`now < last_heartbeat + ttl`) is evaluated by the database in the same statement
 //! that reads it, so hosts' clocks never matter. Metadata is stored as `jsonb`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,6 +13,7 @@ use tenure::lease::validate_name;
 use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 
+use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::lease::{system_time, MAX_TTL};
 use crate::schema::Schema;
@@ -22,6 +24,8 @@ use crate::schema::Schema;
 #[derive(Clone, Debug)]
 pub struct PgNodeRegistry {
     pool: PgPool,
+    /// Heartbeats: one statement each, on the registry's own connections.
+    direct: Arc<DirectConnections>,
     ttl: Duration,
     ttl_micros: i64,
     heartbeat_sql: String,
@@ -48,6 +52,7 @@ impl PgNodeRegistry {
         let t = schema.table("tenure_nodes");
         let live = LIVE;
         Ok(PgNodeRegistry {
+            direct: Arc::new(DirectConnections::for_pool(&pool)),
             pool,
             ttl,
             ttl_micros,
@@ -80,14 +85,12 @@ impl PgNodeRegistry {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| Error::store(BACKEND, "could not encode metadata", e))?;
-        sqlx::query(&self.heartbeat_sql)
+        const WHAT: &str = "could not record the heartbeat";
+        let query = sqlx::query(&self.heartbeat_sql)
             .bind(self.ttl_micros)
             .bind(node_id)
-            .bind(json)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| pg_error("could not record the heartbeat", e))?;
-        Ok(())
+            .bind(json);
+        self.direct.execute(WHAT, query).await
     }
 }
 

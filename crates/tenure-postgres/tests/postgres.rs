@@ -721,3 +721,71 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     }
     chain
 }
+
+/// The store's own connections: renewals run on kept connections (no new connection per
+/// call), and an acquire cancelled while its statement waits on a row lock leaves the
+/// store answering correctly, with the same term, once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
+    let (admin, schema) = setup("direct-admin").await;
+    let store_pool = common::pool(PgServer::shared(), 4, "direct-store").await;
+    let store = PgLeaseStore::new(store_pool, schema.clone());
+    let ttl = Duration::from_secs(30);
+    let first = store.try_acquire_or_renew("r", "a", ttl).await.unwrap();
+    assert!(first.acquired);
+
+    let pids = || async {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'direct-store' ORDER BY pid",
+        )
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        pids
+    };
+    let before = pids().await;
+    for _ in 0..20 {
+        assert!(
+            store
+                .try_acquire_or_renew("r", "a", ttl)
+                .await
+                .unwrap()
+                .acquired
+        );
+    }
+    assert_eq!(pids().await, before, "renewals reuse the same connections");
+
+    // Hold the row lock so the next renewal blocks inside its statement, then give up on it.
+    let mut blocker = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM \"{}\".tenure_leases WHERE role = 'r' FOR UPDATE",
+        schema.name()
+    ))
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.try_acquire_or_renew("r", "a", ttl),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the renewal waits on the row lock");
+    blocker.rollback().await.unwrap();
+
+    for _ in 0..5 {
+        let lease = tokio::time::timeout(
+            Duration::from_secs(10),
+            store.try_acquire_or_renew("r", "a", ttl),
+        )
+        .await
+        .expect("no call hangs on a connection left mid-statement")
+        .unwrap();
+        assert!(lease.acquired);
+        assert_eq!(
+            lease.fencing_token, first.fencing_token,
+            "still the same term"
+        );
+    }
+    assert!(store.release("r", "a", first.fencing_token).await.unwrap());
+    assert!(!store.release("r", "a", first.fencing_token).await.unwrap());
+}
