@@ -593,7 +593,10 @@ impl LeaseStore for EtcdLeaseStore {
             .cloned();
         let mut step = match cached {
             Some(term) if term.ttl_secs == secs => self.renew(role, owner, ttl, &term).await?,
-            _ => Step::Reread,
+            // No read first: the acquire transaction answers with the current term when
+            // it fails, and a contender that lost keeps its etcd lease as a spare, so a
+            // woken contender takes a released role in one round trip.
+            _ => self.acquire(role, owner, ttl, secs).await?,
         };
         for _ in 0..MAX_ATTEMPTS {
             let seen = match step {
