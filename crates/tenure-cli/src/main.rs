@@ -3,6 +3,7 @@
 //! Every command picks its store with `--store URL` or `TENURE_STORE`; the default is a
 //! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
+mod bench;
 mod chaos;
 mod demo;
 mod inspect;
@@ -172,6 +173,8 @@ enum Command {
         )]
         store: String,
     },
+    /// Measure a store: cost per operation and failover, each beside the raw store.
+    Bench(bench::BenchArgs),
     /// Inject faults into worker processes on a store and check the lease invariants.
     Chaos(chaos::ChaosArgs),
     /// One `tenure chaos` worker process (started by `tenure chaos`).
@@ -318,6 +321,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             demo::run_cli(&url)?;
             Ok(exit::OK)
         }
+        Command::Bench(args) => bench::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::ChaosWorker(flags) => chaos::worker(flags),
     }

@@ -20,8 +20,8 @@
 //!   sharing one `SqliteDatabase` (in-process signal), on two databases in one process
 //!   (polling), and across two processes (polling).
 //!
-//! The store's SQL is private to `lease.rs`/`database.rs` (no accessor), so the
-//! statements below are reproduced verbatim from those files; keep them in step.
+//! The raw baseline issues the store's own statements (`tenure_sqlite::statements`),
+//! so the two cannot drift apart.
 //!
 //! Run: `cargo bench -p tenure-sqlite --bench sqlite`.
 
@@ -37,7 +37,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection};
 use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
-use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore};
+use tenure_sqlite::{statements, SqliteDatabase, SqliteLeaseStore};
 use tokio::io::AsyncBufReadExt;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, Notify};
@@ -173,27 +173,24 @@ impl Client {
 }
 
 /// The statements `SqliteLeaseStore::try_acquire_or_renew` issues to renew a live
-/// term (database.rs `write_now`, lease.rs `read_row` and the renewal update), verbatim,
-/// in one `BEGIN IMMEDIATE` transaction; the decision is reduced to the renewal case.
+/// term (the store-time update, the row read and the renewal update), in one
+/// `BEGIN IMMEDIATE` transaction; the decision is reduced to the renewal case.
 async fn raw_renew(conn: &mut SqliteConnection, role: &str) {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let now: i64 = sqlx::query_scalar(
-        "UPDATE tenure_clock SET high_water = max(high_water, ?1) WHERE id = 0 \
-         RETURNING high_water",
-    )
-    .bind(now_nanos())
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let now: i64 = sqlx::query_scalar(statements::ADVANCE_CLOCK)
+        .bind(now_nanos())
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
     let (holder, _token, expires_at): (Option<String>, i64, i64) =
-        sqlx::query_as("SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1")
+        sqlx::query_as(statements::READ_LEASE)
             .bind(role)
             .fetch_one(&mut *tx)
             .await
             .unwrap();
     assert!(holder.as_deref() == Some(role) && now < expires_at);
     let ttl = i64::try_from(TTL.as_nanos()).unwrap();
-    sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
+    sqlx::query(statements::RENEW_LEASE)
         .bind(role)
         .bind(now + ttl)
         .execute(&mut *tx)

@@ -354,14 +354,11 @@ impl SqliteDatabase {
     /// persisted high-water mark in one statement.
     pub(crate) async fn write_now(&self, conn: &mut SqliteConnection) -> Result<i64> {
         let candidate = self.read_now(i64::MIN)?;
-        let now: i64 = sqlx::query_scalar(
-            "UPDATE tenure_clock SET high_water = max(high_water, ?1) WHERE id = 0 \
-             RETURNING high_water",
-        )
-        .bind(candidate)
-        .fetch_one(conn)
-        .await
-        .map_err(|e| Error::store(BACKEND, "cannot read the store clock", e))?;
+        let now: i64 = sqlx::query_scalar(ADVANCE_CLOCK)
+            .bind(candidate)
+            .fetch_one(conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, "cannot read the store clock", e))?;
         self.inner.local_high.fetch_max(now, Ordering::AcqRel);
         Ok(now)
     }
@@ -389,6 +386,13 @@ impl SqliteDatabase {
         }
     }
 }
+
+/// Advances the persisted store time to at least `?1` and returns it: the first
+/// statement of every write transaction. Public (through `statements`) only so the
+/// benchmark issues exactly the store's statement.
+#[doc(hidden)]
+pub const ADVANCE_CLOCK: &str =
+    "UPDATE tenure_clock SET high_water = max(high_water, ?1) WHERE id = 0 RETURNING high_water";
 
 /// Creates tenure's tables in the database behind `conn` if they are missing (run it
 /// inside a write transaction). [`SqliteDatabase::open`] and

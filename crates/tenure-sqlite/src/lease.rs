@@ -19,6 +19,29 @@ use crate::database::{
 };
 use crate::BACKEND;
 
+// The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
+// after `ADVANCE_CLOCK`. Public (through `statements`) only so the benchmark issues
+// exactly the store's statements.
+
+/// Reads a role's row: `holder, token, expires_at` for role `?1`.
+#[doc(hidden)]
+pub const READ_LEASE: &str = "SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1";
+/// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`.
+#[doc(hidden)]
+pub const INSERT_LEASE: &str =
+    "INSERT INTO tenure_leases (role, holder, token, expires_at) VALUES (?1, ?2, 1, ?3)";
+/// Renews role `?1`'s live term to expire at `?2`.
+#[doc(hidden)]
+pub const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
+/// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`.
+#[doc(hidden)]
+pub const TAKE_OVER_LEASE: &str =
+    "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4 WHERE role = ?1";
+/// Ends role `?1`'s term at store time `?2`, keeping the token.
+#[doc(hidden)]
+pub const RELEASE_LEASE: &str =
+    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2 WHERE role = ?1";
+
 /// The lease row of one role.
 struct LeaseRow {
     holder: Option<String>,
@@ -33,7 +56,7 @@ impl LeaseRow {
 }
 
 async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<LeaseRow>> {
-    let row = sqlx::query("SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1")
+    let row = sqlx::query(READ_LEASE)
         .bind(role)
         .fetch_optional(conn)
         .await
@@ -196,20 +219,17 @@ impl LeaseStore for SqliteLeaseStore {
         let current = read_row(&mut tx, role).await?;
         let (token, new_term) = match current {
             None => {
-                sqlx::query(
-                    "INSERT INTO tenure_leases (role, holder, token, expires_at) \
-                     VALUES (?1, ?2, 1, ?3)",
-                )
-                .bind(role)
-                .bind(owner)
-                .bind(expires_at)
-                .execute(&mut *tx)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
+                sqlx::query(INSERT_LEASE)
+                    .bind(role)
+                    .bind(owner)
+                    .bind(expires_at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error("cannot write the lease"))?;
                 (1, true)
             }
             Some(row) if now < row.expires_at && row.holder.as_deref() == Some(owner) => {
-                sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
+                sqlx::query(RENEW_LEASE)
                     .bind(role)
                     .bind(expires_at)
                     .execute(&mut *tx)
@@ -241,17 +261,14 @@ impl LeaseStore for SqliteLeaseStore {
                         format!("the token counter of role {role:?} is exhausted"),
                     )
                 })?;
-                sqlx::query(
-                    "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4 \
-                     WHERE role = ?1",
-                )
-                .bind(role)
-                .bind(owner)
-                .bind(next)
-                .bind(expires_at)
-                .execute(&mut *tx)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
+                sqlx::query(TAKE_OVER_LEASE)
+                    .bind(role)
+                    .bind(owner)
+                    .bind(next)
+                    .bind(expires_at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error("cannot write the lease"))?;
                 (next, true)
             }
         };
@@ -280,14 +297,12 @@ impl LeaseStore for SqliteLeaseStore {
         let now = self.db.write_now(&mut tx).await?;
         let released = match read_row(&mut tx, role).await? {
             Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
-                sqlx::query(
-                    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2 WHERE role = ?1",
-                )
-                .bind(role)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(store_error("cannot release the lease"))?;
+                sqlx::query(RELEASE_LEASE)
+                    .bind(role)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_error("cannot release the lease"))?;
                 true
             }
             _ => false,

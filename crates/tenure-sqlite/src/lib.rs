@@ -58,6 +58,14 @@ pub use fence::{fence_in_transaction, SqliteFence};
 pub use lease::SqliteLeaseStore;
 pub use registry::SqliteNodeRegistry;
 
+/// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
+#[doc(hidden)]
+pub mod statements {
+    pub use crate::database::ADVANCE_CLOCK;
+    pub use crate::lease::{INSERT_LEASE, READ_LEASE, RELEASE_LEASE, RENEW_LEASE, TAKE_OVER_LEASE};
+    pub use crate::registry::{forget_bound, FORGET_NODES, READ_NODE, UPSERT_NODE};
+}
+
 /// The backend name in [`tenure::Error::Store`].
 const BACKEND: &str = "sqlite";
 

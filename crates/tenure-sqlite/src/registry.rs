@@ -20,6 +20,32 @@ use crate::BACKEND;
 /// same file may use a longer liveness TTL.
 const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
+// The statements of a heartbeat, run in one `BEGIN IMMEDIATE` transaction after
+// `ADVANCE_CLOCK`. Public (through `statements`) only so the benchmark issues exactly
+// the registry's statements.
+
+/// Reads node `?1`: `last_heartbeat, first_seen, metadata`.
+#[doc(hidden)]
+pub const READ_NODE: &str =
+    "SELECT last_heartbeat, first_seen, metadata FROM tenure_nodes WHERE node_id = ?1";
+/// Writes node `?1`: last heartbeat `?2`, first seen `?3`, metadata `?4`.
+#[doc(hidden)]
+pub const UPSERT_NODE: &str =
+    "INSERT INTO tenure_nodes (node_id, last_heartbeat, first_seen, metadata) \
+     VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (node_id) DO UPDATE SET last_heartbeat = excluded.last_heartbeat, \
+     first_seen = excluded.first_seen, metadata = excluded.metadata";
+/// Deletes nodes whose last heartbeat is at or before `?1`.
+#[doc(hidden)]
+pub const FORGET_NODES: &str = "DELETE FROM tenure_nodes WHERE last_heartbeat <= ?1";
+
+/// The `last_heartbeat` at or below which a heartbeat at store time `now` deletes rows
+/// ([`FORGET_NODES`]): nodes lapsed for [`FORGET_AFTER`] beyond `ttl`.
+#[doc(hidden)]
+pub fn forget_bound(now: i64, ttl: Duration) -> i64 {
+    live_bound(now, ttl.saturating_add(FORGET_AFTER))
+}
+
 fn nanos(duration: Duration) -> i128 {
     i128::try_from(duration.as_nanos()).unwrap_or(i128::MAX)
 }
@@ -108,13 +134,11 @@ impl SqliteNodeRegistry {
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
         let mut tx = self.db.begin_immediate().await?;
         let now = self.db.write_now(&mut tx).await?;
-        let current = sqlx::query(
-            "SELECT last_heartbeat, first_seen, metadata FROM tenure_nodes WHERE node_id = ?1",
-        )
-        .bind(node_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_error("cannot read the node"))?;
+        let current = sqlx::query(READ_NODE)
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error("cannot read the node"))?;
         let (last, first_seen, kept_metadata) = match current {
             Some(row) => {
                 let last: i64 = column(&row, 0)?;
@@ -130,21 +154,16 @@ impl SqliteNodeRegistry {
             }
             None => (now, now, "{}".to_owned()),
         };
-        sqlx::query(
-            "INSERT INTO tenure_nodes (node_id, last_heartbeat, first_seen, metadata) \
-             VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (node_id) DO UPDATE SET last_heartbeat = excluded.last_heartbeat, \
-             first_seen = excluded.first_seen, metadata = excluded.metadata",
-        )
-        .bind(node_id)
-        .bind(last)
-        .bind(first_seen)
-        .bind(metadata_json.unwrap_or(kept_metadata))
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error("cannot record the heartbeat"))?;
-        let forget = live_bound(now, self.ttl.saturating_add(FORGET_AFTER));
-        sqlx::query("DELETE FROM tenure_nodes WHERE last_heartbeat <= ?1")
+        sqlx::query(UPSERT_NODE)
+            .bind(node_id)
+            .bind(last)
+            .bind(first_seen)
+            .bind(metadata_json.unwrap_or(kept_metadata))
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error("cannot record the heartbeat"))?;
+        let forget = forget_bound(now, self.ttl);
+        sqlx::query(FORGET_NODES)
             .bind(forget)
             .execute(&mut *tx)
             .await

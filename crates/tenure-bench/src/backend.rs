@@ -1,0 +1,135 @@
+//! What each backend supplies to the generic sections: store handles, raw clients, a
+//! round-trip counter and the floor of a release handover.
+//!
+//! The store side of every measurement is the same code for every backend
+//! ([`StoreClient`] over `dyn LeaseStore` / `dyn NodeRegistry`); only the raw side and
+//! the counters are backend-specific.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure::{Error, LeaseStore, NodeRegistry, Result};
+
+use crate::report::Floor;
+
+/// The lease TTL of throughput clients: long, so a renewal always renews and an
+/// acquired role is still live when the release round comes.
+pub(crate) const BENCH_TTL: Duration = Duration::from_secs(600);
+
+/// The liveness TTL of throughput heartbeats.
+pub(crate) const REGISTRY_TTL: Duration = Duration::from_secs(600);
+
+/// One client's way to the store (or to the raw baseline). Each call is one operation;
+/// an answer other than the expected one (not acquired, not released) is an error, so
+/// a throughput figure never counts a refusal.
+#[async_trait]
+pub(crate) trait Client: Send + 'static {
+    /// Takes the free role `role` for `owner`; returns the token.
+    async fn acquire(&mut self, role: &str, owner: &str) -> Result<u64>;
+    /// Renews `owner`'s live term on `role`.
+    async fn renew(&mut self, role: &str, owner: &str) -> Result<()>;
+    /// Releases `owner`'s term `token` on `role`.
+    async fn release(&mut self, role: &str, owner: &str, token: u64) -> Result<()>;
+    /// Records a heartbeat of `node`.
+    async fn heartbeat(&mut self, node: &str) -> Result<()>;
+}
+
+/// The store handles one client count shares.
+#[derive(Clone)]
+pub(crate) struct Handles {
+    pub leases: Arc<dyn LeaseStore>,
+    pub registry: Arc<dyn NodeRegistry>,
+}
+
+/// What the round-trip counter saw.
+pub(crate) enum Counter {
+    /// A cumulative count of server requests (statements, RPCs).
+    Count(u64),
+    /// Not countable here, and why.
+    NotMeasured(String),
+}
+
+#[async_trait]
+pub(crate) trait Backend: Send + Sync {
+    /// Store handles for `clients` concurrent clients (a pool of that many connections).
+    async fn stores(&self, clients: usize) -> Result<Handles>;
+
+    /// `clients` raw clients, each on its own connection.
+    async fn raw(&self, clients: usize) -> Result<Vec<Box<dyn Client>>>;
+
+    /// What the raw baseline is, for the report.
+    fn raw_label(&self) -> &'static str;
+
+    /// Two lease stores on separate connections for a handover (in-memory: one store).
+    async fn pair(&self) -> Result<(Arc<dyn LeaseStore>, Arc<dyn LeaseStore>)>;
+
+    /// The server's cumulative request count, read without adding to it.
+    async fn requests(&self) -> Result<Counter>;
+
+    /// What the counter counts (`statements (pg_stat_statements)`).
+    fn requests_label(&self) -> &'static str;
+
+    /// The floor or bound of release -> successor running, measured in this run.
+    async fn release_floor(&self, trials: usize, run_id: &str) -> Result<Floor>;
+
+    /// The p99 goal of release -> successor running, in milliseconds.
+    fn release_goal_ms(&self) -> Option<f64>;
+
+    /// How far past the TTL a stalled leader's successor may start (the goal).
+    fn stall_goal(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
+    /// The server's (or library's) version, when cheap to get.
+    async fn version(&self) -> Option<String>;
+
+    /// Closes connections and stops what the run owns.
+    async fn close(&self) {}
+}
+
+/// The store side: the backend's `LeaseStore` and `NodeRegistry` as users call them.
+pub(crate) struct StoreClient(pub Handles);
+
+impl StoreClient {
+    /// Acquires or renews; a refusal is an error. Returns the token.
+    async fn take(&self, role: &str, owner: &str, what: &str) -> Result<u64> {
+        let lease = self
+            .0
+            .leases
+            .try_acquire_or_renew(role, owner, BENCH_TTL)
+            .await?;
+        if !lease.acquired {
+            return Err(unexpected(format!("{what} of {role} was refused")));
+        }
+        Ok(lease.fencing_token.get())
+    }
+}
+
+#[async_trait]
+impl Client for StoreClient {
+    async fn acquire(&mut self, role: &str, owner: &str) -> Result<u64> {
+        self.take(role, owner, "acquire").await
+    }
+
+    async fn renew(&mut self, role: &str, owner: &str) -> Result<()> {
+        self.take(role, owner, "renewal").await.map(drop)
+    }
+
+    async fn release(&mut self, role: &str, owner: &str, token: u64) -> Result<()> {
+        if !self.0.leases.release(role, owner, token.into()).await? {
+            return Err(unexpected(format!("release of {role} found no live term")));
+        }
+        Ok(())
+    }
+
+    async fn heartbeat(&mut self, node: &str) -> Result<()> {
+        self.0.registry.heartbeat(node).await
+    }
+}
+
+/// An answer the bench did not set up for: the store (or a concurrent user of it)
+/// changed a role the bench owns.
+pub(crate) fn unexpected(message: String) -> Error {
+    Error::store_msg("bench", message)
+}

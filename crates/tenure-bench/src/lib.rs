@@ -1,0 +1,123 @@
+//! # tenure-bench: what a store costs per operation and how fast it fails over
+//!
+//! The library behind `tenure bench`. Shared machines are noisy, so every figure stands
+//! beside a baseline measured in the same process and the same minute:
+//!
+//! - **throughput and latency** of acquire, renew, release and heartbeat at each client
+//!   count, in short rounds that alternate the store with the **raw** store (the
+//!   backend's own statements issued directly with sqlx, or a bare locked map for the
+//!   in-memory store; etcd is not measured yet), reported as
+//!   medians and a median per-round ratio;
+//! - **round trips per operation**: PostgreSQL statements from `pg_stat_statements`;
+//! - **failover**: release -> successor's work running (two electors, retry interval
+//!   60 s, so only the push path counts) beside the floor measured in the same run, and
+//!   stall -> successor's work running, as the excess over the TTL, beside the bound
+//!   TTL + retry interval.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tenure_bench::BenchError> {
+//! use tenure_bench::{BenchConfig, StoreSpec};
+//!
+//! let mut config = BenchConfig::new(StoreSpec::parse("sqlite:throwaway")?);
+//! config.trials = 20;
+//! let report = tenure_bench::run(config).await?;
+//! print!("{}", report.render());
+//! # Ok(()) }
+//! ```
+//!
+//! Throwaway stores (`sqlite:throwaway`, `postgres:throwaway`, `etcd:throwaway`) are
+//! created by the run and removed when it ends. On a store of the user's, the bench
+//! writes roles and nodes named `tb<run id>-...` (PostgreSQL: in schema `tenure_bench`).
+#![deny(missing_docs)]
+
+mod backend;
+pub mod config;
+mod driver;
+mod failover;
+mod machine;
+mod memory;
+mod postgres;
+pub mod report;
+mod sqlite;
+pub mod stats;
+
+use std::time::{Duration, SystemTime};
+
+pub use config::{parse_clients, BenchConfig, StoreSpec};
+pub use report::Report;
+
+use crate::backend::Backend;
+
+/// etcd is parsed (so the message is specific) but not measured yet.
+const ETCD_NOT_YET: &str = "--store etcd: tenure bench does not measure etcd yet; \
+                            use `cargo bench -p tenure-etcd --bench etcd`";
+
+/// Why a bench run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A bad setting; the message names the flag. Nothing was created.
+    #[error("{0}")]
+    Usage(String),
+    /// The store failed (or could not be reached) while measuring.
+    #[error(transparent)]
+    Store(#[from] tenure::Error),
+    /// A throwaway store could not be set up.
+    #[error("cannot set up the store: {0}")]
+    Setup(String),
+}
+
+/// Runs every section against the configured store and returns the report.
+pub async fn run(config: BenchConfig) -> Result<Report, BenchError> {
+    config.validate()?;
+    let load_before = machine::load_average();
+    let run_id = run_id();
+    let backend: Box<dyn Backend> = match &config.store {
+        StoreSpec::Memory => Box::new(memory::Memory::new()?),
+        StoreSpec::Sqlite(url) => Box::new(sqlite::Sqlite::open(url, None).await?),
+        StoreSpec::SqliteThrowaway => Box::new(sqlite::Sqlite::throwaway(&run_id).await?),
+        StoreSpec::Postgres(url) => Box::new(postgres::Postgres::open(url, None).await?),
+        StoreSpec::PostgresThrowaway => Box::new(postgres::Postgres::throwaway().await?),
+        StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => {
+            return Err(BenchError::Usage(ETCD_NOT_YET.to_owned()))
+        }
+    };
+    let version = backend.version().await;
+    tracing::info!(store = config.store.describe(), "measuring throughput");
+    let throughput = driver::throughput(&*backend, &config, &run_id).await?;
+    tracing::info!("counting round trips");
+    let round_trips = driver::round_trips(&*backend, &run_id).await?;
+    tracing::info!("measuring failover");
+    let failover = failover::measure(&*backend, &config, &run_id).await?;
+    let machine = machine::Machine::describe(load_before, version);
+    let report = Report {
+        store: config.store.describe().to_owned(),
+        machine,
+        settings: report::Settings {
+            clients: config.clients.clone(),
+            duration_ms: millis(config.duration),
+            rounds: config.rounds(),
+            roles: config.roles,
+            trials: config.trials,
+            ttl_ms: millis(config.ttl()),
+        },
+        raw_baseline: backend.raw_label().to_owned(),
+        throughput,
+        round_trips,
+        failover,
+    };
+    backend.close().await;
+    Ok(report)
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A short id that keeps this run's roles apart from earlier runs on the same store.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!("tb{:x}{:05x}", std::process::id(), nanos & 0xf_ffff)
+}

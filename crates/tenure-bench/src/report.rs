@@ -1,0 +1,325 @@
+//! The report of one run: plain serde data (`--json`) and a table per section.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::machine::Machine;
+use crate::stats::Latency;
+
+/// Everything one run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The store kind (never its URL).
+    pub store: String,
+    /// Where it ran.
+    pub machine: Machine,
+    /// The settings in effect.
+    pub settings: Settings,
+    /// What the raw baseline is for this store.
+    pub raw_baseline: String,
+    /// One row per operation and client count.
+    pub throughput: Vec<ThroughputRow>,
+    /// Server requests per operation.
+    pub round_trips: RoundTrips,
+    /// Release and stall takeover.
+    pub failover: Failover,
+}
+
+/// The settings of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    /// Client counts.
+    pub clients: Vec<usize>,
+    /// Measuring time per operation and client count.
+    pub duration_ms: f64,
+    /// Store/raw round pairs per cell.
+    pub rounds: usize,
+    /// Roles the renewing clients spread over (`null`: one per client).
+    pub roles: Option<usize>,
+    /// Failover trials of each kind.
+    pub trials: usize,
+    /// Failover lease TTL.
+    pub ttl_ms: f64,
+}
+
+/// One operation at one client count, store beside raw.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThroughputRow {
+    /// `acquire`, `renew`, `release` or `heartbeat`.
+    pub op: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Distinct roles renewed (renew only).
+    pub roles: Option<usize>,
+    /// Median ops/s of the store's rounds.
+    pub store_ops_per_sec: f64,
+    /// Median ops/s of the raw rounds.
+    pub raw_ops_per_sec: f64,
+    /// Median over rounds of store ops/s / raw ops/s in the same round.
+    pub ratio: f64,
+    /// Store latency per operation.
+    pub store: Latency,
+    /// Raw latency per operation.
+    pub raw: Latency,
+}
+
+/// Server requests per operation.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundTrips {
+    /// What was counted, or why nothing was.
+    pub method: String,
+    /// Whether counts were taken.
+    pub measured: bool,
+    /// Per operation (empty when not measured).
+    pub ops: Vec<RoundTripRow>,
+}
+
+/// Requests per operation of one kind.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundTripRow {
+    /// The operation.
+    pub op: String,
+    /// Operations performed.
+    pub ops: u64,
+    /// Requests the server counted, per operation.
+    pub per_op: f64,
+}
+
+/// Both failover measurements.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failover {
+    /// Release -> successor's work running.
+    pub release: ReleaseFailover,
+    /// Stall -> successor's work running.
+    pub stall: StallFailover,
+}
+
+/// Release -> successor's work running.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReleaseFailover {
+    /// Trials attempted.
+    pub trials: usize,
+    /// Trials where the successor ran.
+    pub completed: usize,
+    /// From the leader's work returning to the successor's work starting.
+    pub latency: Latency,
+    /// The floor (or bound) measured in the same run.
+    pub floor: Floor,
+    /// The p99 goal, in milliseconds.
+    pub goal_p99_ms: Option<f64>,
+    /// The first few failures, if any.
+    pub failures: Vec<String>,
+}
+
+/// The floor (measured) or bound (known) of a release handover.
+#[derive(Clone, Debug, Serialize)]
+pub struct Floor {
+    /// What it is.
+    pub label: String,
+    /// Its measured latency, when measured.
+    pub latency: Option<Latency>,
+    /// A known bound, when not measured, in milliseconds.
+    pub bound_ms: Option<f64>,
+}
+
+/// Stall -> successor's work running.
+#[derive(Clone, Debug, Serialize)]
+pub struct StallFailover {
+    /// Trials attempted.
+    pub trials: usize,
+    /// Trials where the successor ran.
+    pub completed: usize,
+    /// Trials where the successor ran before the stalled term could have expired (a
+    /// violation; must be 0).
+    pub early: usize,
+    /// The lease TTL.
+    pub ttl_ms: f64,
+    /// The successor's retry interval.
+    pub retry_ms: f64,
+    /// Time from the stalled leader's acquire being sent to the successor's work
+    /// starting, less the TTL.
+    pub excess_over_ttl: Latency,
+    /// TTL + retry interval: where a successor that only polled would start at worst.
+    pub bound_ms: f64,
+    /// The goal for the p99 excess, in milliseconds.
+    pub goal_excess_ms: f64,
+    /// The first few failures, if any.
+    pub failures: Vec<String>,
+}
+
+fn us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1}ms", v / 1e3)
+    } else if v >= 1_000.0 {
+        format!("{:.2}ms", v / 1e3)
+    } else {
+        format!("{v:.1}us")
+    }
+}
+
+/// `trials p50 p99 max` columns of a failover line.
+fn latency_columns(trials: String, l: &Latency) -> String {
+    format!(
+        "{:>9} {:>9} {:>9} {:>9}",
+        trials,
+        us(l.p50_us),
+        us(l.p99_us),
+        us(l.max_us)
+    )
+}
+
+fn rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn met(value: f64, goal: Option<f64>) -> &'static str {
+    match goal {
+        Some(goal) if value <= goal => "met",
+        Some(_) => "missed",
+        None => "-",
+    }
+}
+
+impl Report {
+    /// The report as text tables.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(out, "tenure bench: {}", self.store);
+        let _ = writeln!(
+            out,
+            "machine: nproc {}, load {} -> {}, {}{}",
+            m.nproc,
+            m.load_before.as_deref().unwrap_or("?"),
+            m.load_after.as_deref().unwrap_or("?"),
+            m.kernel.as_deref().unwrap_or("unknown kernel"),
+            m.backend_version
+                .as_deref()
+                .map(|v| format!(", backend {v}"))
+                .unwrap_or_default()
+        );
+        let s = &self.settings;
+        let _ = writeln!(
+            out,
+            "settings: clients {:?}, {:.0} ms per cell in {} store/raw round pairs, roles {}, \
+             {} failover trials, ttl {:.0} ms",
+            s.clients,
+            s.duration_ms,
+            s.rounds,
+            s.roles
+                .map_or("one per client".to_owned(), |r| r.to_string()),
+            s.trials,
+            s.ttl_ms
+        );
+        let _ = writeln!(out, "raw baseline: {}", self.raw_baseline);
+        let _ = writeln!(out, "\n== throughput (medians of interleaved rounds) ==");
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7} {:>10} {:>10} {:>6}   {:>9} {:>9} {:>9}   {:>9} {:>9} {:>9}",
+            "op",
+            "clients",
+            "store/s",
+            "raw/s",
+            "ratio",
+            "store p50",
+            "p99",
+            "max",
+            "raw p50",
+            "p99",
+            "max"
+        );
+        for r in &self.throughput {
+            let clients = match r.roles {
+                Some(roles) if roles != r.clients => format!("{}/{}r", r.clients, roles),
+                _ => r.clients.to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "{:<10} {:>7} {:>10} {:>10} {:>6.2}   {:>9} {:>9} {:>9}   {:>9} {:>9} {:>9}",
+                r.op,
+                clients,
+                rate(r.store_ops_per_sec),
+                rate(r.raw_ops_per_sec),
+                r.ratio,
+                us(r.store.p50_us),
+                us(r.store.p99_us),
+                us(r.store.max_us),
+                us(r.raw.p50_us),
+                us(r.raw.p99_us),
+                us(r.raw.max_us)
+            );
+        }
+        let rt = &self.round_trips;
+        let _ = writeln!(out, "\n== round trips per operation: {} ==", rt.method);
+        for row in &rt.ops {
+            let _ = writeln!(
+                out,
+                "{:<24} {:>6.2} per op ({} ops)",
+                row.op, row.per_op, row.ops
+            );
+        }
+        let f = &self.failover;
+        let _ = writeln!(out, "\n== failover ==");
+        let _ = writeln!(
+            out,
+            "{:<44} {:>9} {:>9} {:>9} {:>9}  goal",
+            "", "trials", "p50", "p99", "max"
+        );
+        let r = &f.release;
+        let _ = writeln!(
+            out,
+            "{:<44} {}  {}",
+            "release -> successor running",
+            latency_columns(format!("{}/{}", r.completed, r.trials), &r.latency),
+            match r.goal_p99_ms {
+                Some(goal) => format!(
+                    "p99 <= {goal} ms: {}",
+                    met(r.latency.p99_us / 1e3, Some(goal))
+                ),
+                None => "-".to_owned(),
+            }
+        );
+        match (&r.floor.latency, r.floor.bound_ms) {
+            (Some(l), _) => {
+                let _ = writeln!(
+                    out,
+                    "{:<44} {}",
+                    format!("  floor: {}", r.floor.label),
+                    latency_columns(l.count.to_string(), l)
+                );
+            }
+            (None, Some(bound)) => {
+                let _ = writeln!(out, "  bound: {} = {bound:.1} ms", r.floor.label);
+            }
+            (None, None) => {
+                let _ = writeln!(out, "  floor: {}", r.floor.label);
+            }
+        }
+        let st = &f.stall;
+        let _ = writeln!(
+            out,
+            "{:<44} {}  p99 <= ttl + {} ms: {}",
+            "stall -> successor running, excess over ttl",
+            latency_columns(
+                format!("{}/{}", st.completed, st.trials),
+                &st.excess_over_ttl
+            ),
+            st.goal_excess_ms,
+            met(st.excess_over_ttl.p99_us / 1e3, Some(st.goal_excess_ms))
+        );
+        let _ = writeln!(
+            out,
+            "  bound: ttl {:.0} ms + retry interval {:.0} ms = {:.0} ms; started before expiry: {}",
+            st.ttl_ms, st.retry_ms, st.bound_ms, st.early
+        );
+        for failure in r.failures.iter().chain(&st.failures) {
+            let _ = writeln!(out, "  failed trial: {failure}");
+        }
+        out
+    }
+}

@@ -1,0 +1,192 @@
+//! `tenure bench`, run briefly on each store: the JSON report has every section with
+//! sane values (no timing asserts beyond sanity: the machine is shared), throwaway
+//! stores leave nothing behind, and bad input is a usage error that creates nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use common::{output_within, tempdir, tenure, tree};
+use serde_json::Value;
+
+const OPS: [&str; 4] = ["acquire", "renew", "release", "heartbeat"];
+
+/// `tenure bench --store STORE` with tiny settings, temporary files under `dir`.
+fn bench(dir: &Path, store: &str, extra: &[&str]) -> Output {
+    let mut command = tenure();
+    command
+        .args(["bench", "--store", store, "--json"])
+        .args(["--duration", "100ms", "--trials", "5", "--clients", "1,3"])
+        .args(extra)
+        .current_dir(dir)
+        .env("TMPDIR", dir);
+    output_within(&mut command, Duration::from_secs(240))
+}
+
+fn report(output: &Output) -> Value {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+
+fn check_latency(v: &Value, what: &str) {
+    let (count, p50, p99, max) = (
+        num(v, "/count"),
+        num(v, "/p50_us"),
+        num(v, "/p99_us"),
+        num(v, "/max_us"),
+    );
+    assert!(count > 0.0, "{what}: no samples: {v}");
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{what}: {v}");
+}
+
+/// Every section present and sane: both sides measured for every op and client
+/// count, positive ratios, every failover trial completed, none early.
+fn check_report(r: &Value, store: &str) {
+    assert_eq!(r["store"], store);
+    assert!(num(r, "/machine/nproc") >= 1.0);
+    assert!(r["raw_baseline"].as_str().is_some_and(|s| !s.is_empty()));
+    let rows = r["throughput"].as_array().expect("throughput rows");
+    for clients in [1, 3] {
+        for op in OPS {
+            let row = rows
+                .iter()
+                .find(|row| row["op"] == op && row["clients"] == clients)
+                .unwrap_or_else(|| panic!("no {op} row for {clients} clients"));
+            for key in ["/store_ops_per_sec", "/raw_ops_per_sec", "/ratio"] {
+                assert!(num(row, key) > 0.0, "{op}/{clients}{key}: {row}");
+            }
+            check_latency(&row["store"], op);
+            check_latency(&row["raw"], op);
+        }
+    }
+    let release = &r["failover"]["release"];
+    assert_eq!(release["trials"], 5);
+    assert_eq!(release["completed"], 5, "{release}");
+    check_latency(&release["latency"], "release");
+    let floor = &release["floor"];
+    assert!(
+        floor["latency"].is_object() || num(floor, "/bound_ms") > 0.0,
+        "{floor}"
+    );
+    let stall = &r["failover"]["stall"];
+    assert_eq!(stall["completed"], 5, "{stall}");
+    assert_eq!(
+        stall["early"], 0,
+        "a successor ran before the stalled term ended: {stall}"
+    );
+    assert!(num(stall, "/bound_ms") > num(stall, "/ttl_ms"));
+    assert_eq!(stall["excess_over_ttl"]["count"], 5);
+}
+
+#[test]
+fn memory_report_has_every_section() {
+    let dir = tempdir();
+    let r = report(&bench(dir.path(), "memory:", &[]));
+    check_report(&r, "memory (in-process)");
+    assert_eq!(r["round_trips"]["measured"], false);
+    assert!(r["failover"]["release"]["floor"]["latency"].is_object());
+}
+
+#[test]
+fn sqlite_throwaway_report_and_nothing_left_behind() {
+    let dir = tempdir();
+    let r = report(&bench(dir.path(), "sqlite:throwaway", &["--roles", "1"]));
+    check_report(&r, "sqlite (throwaway file)");
+    let renew = r["throughput"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["op"] == "renew" && row["clients"] == 3)
+        .unwrap()
+        .clone();
+    assert_eq!(
+        renew["roles"], 1,
+        "three clients renewing one role: {renew}"
+    );
+    assert!(
+        tree(dir.path()).is_empty(),
+        "left behind: {:?}",
+        tree(dir.path())
+    );
+}
+
+#[test]
+fn postgres_throwaway_counts_one_statement_per_operation() {
+    let dir = tempdir();
+    let r = report(&bench(dir.path(), "postgres:throwaway", &[]));
+    check_report(&r, "postgres (throwaway server)");
+    let rt = &r["round_trips"];
+    assert_eq!(rt["measured"], true, "{rt}");
+    let ops = rt["ops"].as_array().unwrap();
+    assert_eq!(ops.len(), 5);
+    for op in ops {
+        assert_eq!(num(op, "/per_op"), 1.0, "{op}");
+    }
+    assert!(r["failover"]["release"]["floor"]["latency"].is_object());
+    assert!(tree(dir.path())
+        .iter()
+        .all(|p| !p.to_string_lossy().contains("tenure-pg-")));
+}
+
+/// Exit 2, the flag named on stderr, nothing on stdout, nothing created.
+fn assert_usage(dir: &Path, args: &[&str], needle: &str) {
+    let mut command = tenure();
+    command
+        .arg("bench")
+        .args(args)
+        .current_dir(dir)
+        .env("TMPDIR", dir);
+    let output = output_within(&mut command, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {needle:?} not in {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{args:?}");
+    assert!(tree(dir).is_empty(), "{args:?} created {:?}", tree(dir));
+}
+
+#[test]
+fn bad_input_is_a_usage_error_and_creates_nothing() {
+    let dir = tempdir();
+    let d = dir.path();
+    let store = ["--store", "sqlite:throwaway"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        store.iter().chain(extra).copied().collect()
+    };
+    assert_usage(d, &["--store", "redis://u:hunter2@h"], "--store");
+    assert_usage(d, &["--store", "sqlite:"], "--store");
+    assert_usage(d, &with(&["--clients", "0"]), "--clients");
+    assert_usage(d, &with(&["--clients", "x"]), "--clients");
+    assert_usage(d, &with(&["--clients", "1,,4"]), "--clients");
+    assert_usage(d, &with(&["--duration", "0s"]), "--duration");
+    assert_usage(d, &with(&["--trials", "0"]), "--trials");
+    assert_usage(d, &with(&["--roles", "0"]), "--roles");
+    assert_usage(d, &with(&["--ttl", "100us"]), "--ttl");
+    assert_usage(d, &["--clients", "1"], "--store");
+    assert_usage(d, &["--store", "etcd:throwaway"], "--store etcd");
+    // The password of a mangled URL is never echoed.
+    let mut command = tenure();
+    command.args(["bench", "--store", "redis://u:hunter2@h"]);
+    let output = output_within(&mut command, Duration::from_secs(60));
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("hunter2"));
+}
