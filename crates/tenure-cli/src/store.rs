@@ -143,8 +143,11 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
             if let Ok(path) = tenure_sqlite::path_from_url(raw) {
                 create_default_dir(&path)?;
             }
-            // A command needs few connections; opening fewer is most of its start-up.
-            let options = tenure_sqlite::SqliteOptions::new().max_connections(2);
+            // One connection: opening one is most of a command's start-up, each one's first
+            // commit also syncs the directory, and a command's store calls are short. (With
+            // two, sqlx opens the second whenever a call comes while the first is still
+            // being pinged back into the pool.)
+            let options = tenure_sqlite::SqliteOptions::new().max_connections(1);
             let db = tenure_sqlite::connect_with(raw, options).await?;
             Ok(Stores {
                 leases: Arc::new(db.lease_store()),
