@@ -1,38 +1,37 @@
 //! The stores a chaos run drives: leases for the elector, and the fenced log.
 //!
-//! The log is a table of `(role, worker, token, seq)` rows. A leader appends one row per
-//! write inside a fenced transaction (the fence check and the insert commit together or
-//! not at all), so the table's id order is commit order: SQLite has one writer at a time
-//! (`BEGIN IMMEDIATE`), and on PostgreSQL the fence row's lock is held from before the
-//! insert until commit. In the negative control (no fence) SQLite still serialises
-//! writers; on PostgreSQL id order is then only insert order.
+//! The log is a sequence of `(role, worker, token, seq)` entries. A leader appends one
+//! per write, fenced: the fence check and the append commit together or not at all, so
+//! the log's commit order is what the checker reads back.
+//!
+//! - SQL stores ([`Sql`]): a table whose id order is commit order. SQLite has one writer
+//!   at a time (`BEGIN IMMEDIATE`); on PostgreSQL the fence row's lock is held from
+//!   before the insert until commit. In the negative control (no fence) SQLite still
+//!   serialises writers; on PostgreSQL id order is then only insert order.
+//! - etcd (feature `etcd`, [`crate::etcd`]): one key per entry, written in a transaction
+//!   guarded by the term's lease key; the etcd revision of the write is its commit order.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Row};
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, PgPool, Postgres, Row, Sqlite,
+    Transaction, Type,
+};
 use tenure::{Error, FencingToken, LeaseStore};
 use tenure_postgres::{PgFence, PgLeaseStore, Schema};
 use tenure_sqlite::{SqliteDatabase, SqliteOptions};
 
 use crate::ChaosError;
 
-const SQLITE_LOG: &str = "CREATE TABLE IF NOT EXISTS tenure_chaos_log (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    role TEXT NOT NULL, worker TEXT NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)";
-
-const PG_LOG: &str = "CREATE TABLE IF NOT EXISTS tenure.tenure_chaos_log (
-    id bigserial PRIMARY KEY,
-    role text NOT NULL, worker text NOT NULL, token bigint NOT NULL, seq bigint NOT NULL)";
-
 /// One row of the fenced log, in commit order (`id`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LogRow {
-    /// Commit order.
+    /// Commit order: the table's id, or the etcd revision of the write.
     pub id: i64,
     /// The worker incarnation that wrote it.
     pub worker: String,
@@ -55,272 +54,389 @@ pub enum WriteOutcome {
     Unknown(String),
 }
 
-/// An open store: SQLite file or PostgreSQL pool.
+/// One entry a leader appends to the log.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry<'a> {
+    /// The role the log belongs to.
+    pub role: &'a str,
+    /// The writing worker incarnation.
+    pub worker: &'a str,
+    /// The token it writes under.
+    pub token: FencingToken,
+    /// The worker's sequence number.
+    pub seq: u64,
+}
+
+/// How to reach the store.
+#[derive(Clone, Copy, Debug)]
+pub struct Connect<'a> {
+    /// PostgreSQL application name, which is how `cut` finds the workers' connections.
+    pub app_name: &'a str,
+    /// The lease TTL: a worker must notice a dead server within about a term.
+    pub ttl: Duration,
+    /// How long a SQLite statement waits for another process's write lock (see
+    /// [`Backend::open`]).
+    pub sqlite_busy: Duration,
+    /// Proxies to connect through instead of the URL's host(s) (PostgreSQL: the first;
+    /// etcd: all, as the endpoints); empty for a direct connection.
+    pub via: &'a [SocketAddr],
+}
+
+/// An open store: SQLite file, PostgreSQL pool or etcd client.
 #[derive(Clone)]
 pub enum Backend {
     /// A SQLite database file.
-    Sqlite(SqliteDatabase),
+    Sqlite(Sql<SqliteLog>),
     /// A PostgreSQL pool with tenure's stores on it.
-    Postgres {
-        /// The pool (connections carry this process's application name).
-        pool: PgPool,
-        /// Leases.
-        leases: PgLeaseStore,
-        /// Fences.
-        fence: PgFence,
-    },
+    Postgres(Sql<PgLog>),
+    /// An etcd cluster.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::EtcdLog),
 }
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Backend::Sqlite(_) => "Backend::Sqlite",
-            Backend::Postgres { .. } => "Backend::Postgres",
+            Backend::Postgres(_) => "Backend::Postgres",
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => "Backend::Etcd",
         })
     }
 }
 
-type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
 impl Backend {
-    /// Opens `url` (`sqlite:PATH` or `postgres://...`). PostgreSQL connections are tagged
-    /// with `app_name`, which is how `cut` finds the workers' connections.
+    /// Opens `url` (`sqlite:PATH`, `postgres://...` or, with the `etcd` feature,
+    /// `etcd://...`).
     ///
     /// SQLite statements wait up to `sqlite_busy` for another process's write lock.
     /// Keep it below the elector's local window (about the TTL): the elector abandons an
     /// acquire that has not answered by then, and an abandoned `BEGIN IMMEDIATE` that
     /// later gets the lock leaves a transaction open on a pooled connection, holding the
     /// file's write lock for good (found by this tool; see the crate docs).
-    pub async fn open(
-        url: &str,
-        app_name: &str,
-        ttl: Duration,
-        sqlite_busy: Duration,
-    ) -> Result<Self, ChaosError> {
+    pub async fn open(url: &str, connect: Connect<'_>) -> Result<Self, ChaosError> {
         if url.starts_with("sqlite:") {
             // Other processes' releases are only seen by reading; poll often enough to
             // measure takeover, not so often that five workers swamp two cores.
             let options = SqliteOptions::new()
                 .poll_interval(Duration::from_millis(20))
-                .busy_timeout(sqlite_busy);
+                .busy_timeout(connect.sqlite_busy);
             let db = tenure_sqlite::connect_with(url, options).await?;
-            return Ok(Backend::Sqlite(db));
+            return Ok(Backend::Sqlite(Sql(SqliteLog { db })));
         }
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|_| {
-                ChaosError::Usage(
-                    "the store is not a valid PostgreSQL URL; expected postgres://USER:PASSWORD@HOST:PORT/DB"
-                        .to_owned(),
-                )
-            })?
-            .application_name(app_name);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            // A worker must notice a dead server within about a term, not hang.
-            .acquire_timeout(ttl.max(Duration::from_secs(1)))
-            .connect_with(options)
+        if url.starts_with("etcd:") {
+            #[cfg(feature = "etcd")]
+            return Ok(Backend::Etcd(
+                crate::etcd::EtcdLog::open(url, connect).await?,
+            ));
+            #[cfg(not(feature = "etcd"))]
+            return Err(ChaosError::Usage(crate::config::NO_ETCD.to_owned()));
+        }
+        PgLog::open(url, connect)
             .await
-            .map_err(|e| Error::store("postgres", "cannot connect to the chaos store", e))?;
-        let leases = PgLeaseStore::new(pool.clone(), Schema::default());
-        let fence = PgFence::new(pool.clone(), Schema::default());
-        Ok(Backend::Postgres {
-            pool,
-            leases,
-            fence,
-        })
+            .map(|log| Backend::Postgres(Sql(log)))
     }
 
     /// The lease store the elector runs on.
     pub fn leases(&self) -> Arc<dyn LeaseStore> {
         match self {
-            Backend::Sqlite(db) => Arc::new(db.lease_store()),
-            Backend::Postgres { leases, .. } => Arc::new(leases.clone()),
+            Backend::Sqlite(sql) => Arc::new(sql.0.db.lease_store()),
+            Backend::Postgres(sql) => Arc::new(sql.0.leases.clone()),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.leases(),
         }
     }
 
     /// Creates tenure's schema and the log table (done once, by the orchestrator).
     pub async fn prepare(&self) -> Result<(), ChaosError> {
         match self {
-            Backend::Sqlite(db) => {
-                sqlx::query(SQLITE_LOG)
-                    .execute(db.pool())
-                    .await
-                    .map_err(|e| Error::store("sqlite", "cannot create the chaos log", e))?;
+            Backend::Sqlite(sql) => sql.create_log().await,
+            Backend::Postgres(sql) => {
+                sql.0.leases.migrate().await?;
+                sql.create_log().await
             }
-            Backend::Postgres { pool, leases, .. } => {
-                leases.migrate().await?;
-                sqlx::query(PG_LOG)
-                    .execute(pool)
-                    .await
-                    .map_err(|e| Error::store("postgres", "cannot create the chaos log", e))?;
-            }
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => Ok(()),
         }
-        Ok(())
     }
 
-    /// Appends `(role, worker, token, seq)` to the log, fenced on the role's log
-    /// resource unless `unfenced` (the negative control).
-    pub async fn write(
-        &self,
-        role: &str,
-        worker: &str,
-        token: FencingToken,
-        seq: u64,
-        unfenced: bool,
-    ) -> WriteOutcome {
+    /// Appends `entry` to the log, fenced on the role's log unless `unfenced` (the
+    /// negative control).
+    pub async fn write(&self, entry: Entry<'_>, unfenced: bool) -> WriteOutcome {
         match self {
-            Backend::Sqlite(db) => write_sqlite(db, role, worker, token, seq, unfenced).await,
-            Backend::Postgres { pool, fence, .. } => {
-                let write: Boxed<'_, WriteOutcome> =
-                    Box::pin(write_pg(pool, fence, role, worker, token, seq, unfenced));
-                write.await
-            }
+            Backend::Sqlite(sql) => sql.append(entry, unfenced).await,
+            Backend::Postgres(sql) => sql.append(entry, unfenced).await,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.append(entry, unfenced).await,
         }
     }
 
     /// The log rows of `role`, in commit order.
     pub async fn read_log(&self, role: &str) -> Result<Vec<LogRow>, ChaosError> {
-        let rows = match self {
-            Backend::Sqlite(db) => sqlx::query(
-                "SELECT id, worker, token, seq FROM tenure_chaos_log WHERE role = ?1 ORDER BY id",
-            )
-            .bind(role)
-            .fetch_all(db.pool())
-            .await
-            .map_err(|e| Error::store("sqlite", "cannot read the chaos log", e))?
-            .into_iter()
-            .map(|r| row(r.try_get(0), r.try_get(1), r.try_get(2), r.try_get(3)))
-            .collect::<Result<Vec<_>, _>>(),
-            Backend::Postgres { pool, .. } => sqlx::query(
-                "SELECT id, worker, token, seq FROM tenure.tenure_chaos_log WHERE role = $1 ORDER BY id",
-            )
-            .bind(role)
-            .fetch_all(pool)
-            .await
-            .map_err(|e| Error::store("postgres", "cannot read the chaos log", e))?
-            .into_iter()
-            .map(|r| row(r.try_get(0), r.try_get(1), r.try_get(2), r.try_get(3)))
-            .collect::<Result<Vec<_>, _>>(),
-        };
-        rows.map_err(|e| ChaosError::Store(Error::store("chaos", "cannot decode the chaos log", e)))
+        match self {
+            Backend::Sqlite(sql) => sql.read_log(role).await,
+            Backend::Postgres(sql) => sql.read_log(role).await,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.read_log(role).await,
+        }
     }
 
-    /// Terminates every PostgreSQL connection tagged `app_name`; returns how many.
-    pub async fn cut(&self, app_name: &str) -> Result<u64, ChaosError> {
+    /// Terminates every PostgreSQL connection tagged `app_name` (other stores: none);
+    /// returns how many.
+    pub async fn terminate_connections(&self, app_name: &str) -> Result<u64, ChaosError> {
         match self {
-            Backend::Sqlite(_) => Ok(0),
-            Backend::Postgres { pool, .. } => {
-                let cut: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE application_name = $1 AND pid <> pg_backend_pid()",
-                )
-                .bind(app_name)
-                .fetch_one(pool)
-                .await
-                .map_err(|e| Error::store("postgres", "cannot terminate worker connections", e))?;
-                Ok(cut.max(0) as u64)
-            }
+            Backend::Postgres(sql) => sql.0.terminate(app_name).await,
+            _ => Ok(0),
         }
     }
 }
 
-fn row(
-    id: Result<i64, sqlx::Error>,
-    worker: Result<String, sqlx::Error>,
-    token: Result<i64, sqlx::Error>,
-    seq: Result<i64, sqlx::Error>,
-) -> Result<LogRow, sqlx::Error> {
-    Ok(LogRow {
-        id: id?,
-        worker: worker?,
-        token: token?.max(0) as u64,
-        seq: seq?.max(0) as u64,
-    })
-}
-
+/// The resource the role's log is fenced on (SQL stores).
 fn log_resource(role: &str) -> String {
     format!("{role}-log")
 }
 
-fn short(error: impl std::fmt::Display) -> String {
-    error.to_string().chars().take(200).collect()
+/// A store error with its causes, short enough for a history line.
+pub(crate) fn short(error: impl std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        // Many errors repeat their cause in their own message; say it once.
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = inner.source();
+    }
+    text.chars().take(300).collect()
 }
 
-async fn write_sqlite(
-    db: &SqliteDatabase,
-    role: &str,
-    worker: &str,
-    token: FencingToken,
-    seq: u64,
-    unfenced: bool,
-) -> WriteOutcome {
-    let mut tx = match db.begin_immediate().await {
-        Ok(tx) => tx,
-        Err(e) => return WriteOutcome::Error(short(e)),
-    };
-    if !unfenced {
-        match tenure_sqlite::fence_in_transaction(&mut tx, &log_resource(role), token).await {
-            Ok(()) => {}
-            Err(Error::Fenced { .. }) => return WriteOutcome::Fenced,
+/// What the SQL stores do differently in a fenced append: how a write transaction
+/// begins, which fence runs in it, and the statements' dialect. [`Sql`] holds the
+/// shape they share.
+#[async_trait]
+pub trait Dialect: Send + Sync {
+    /// The sqlx database.
+    type Db: Database;
+    /// The backend name in errors.
+    const NAME: &'static str;
+    /// Creates the log table.
+    const CREATE: &'static str;
+    /// Inserts `(role, worker, token, seq)`.
+    const INSERT: &'static str;
+    /// Selects `(id, worker, token, seq)` of one role, in id order.
+    const SELECT: &'static str;
+
+    /// The pool.
+    fn pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// Begins a write transaction.
+    async fn begin(&self) -> tenure::Result<Transaction<'static, Self::Db>>;
+
+    /// Checks and advances the fence of `resource` inside the transaction on `conn`.
+    async fn fence(
+        &self,
+        conn: &mut <Self::Db as Database>::Connection,
+        resource: &str,
+        token: FencingToken,
+    ) -> tenure::Result<()>;
+}
+
+/// A SQL store's fenced log, one shape for every [`Dialect`].
+#[derive(Clone, Debug)]
+pub struct Sql<D>(pub D);
+
+impl<D> Sql<D>
+where
+    D: Dialect,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> String: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    for<'q> i64: Encode<'q, D::Db> + Decode<'q, D::Db> + Type<D::Db>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+{
+    async fn create_log(&self) -> Result<(), ChaosError> {
+        sqlx::query(D::CREATE)
+            .execute(self.0.pool())
+            .await
+            .map_err(|e| Error::store(D::NAME, "cannot create the chaos log", e))?;
+        Ok(())
+    }
+
+    /// Begin, fence (unless `unfenced`), insert, commit. Nothing is written unless the
+    /// commit is sent, so only a failed commit leaves the outcome unknown.
+    async fn append(&self, entry: Entry<'_>, unfenced: bool) -> WriteOutcome {
+        let mut tx = match self.0.begin().await {
+            Ok(tx) => tx,
             Err(e) => return WriteOutcome::Error(short(e)),
+        };
+        if !unfenced {
+            match self
+                .0
+                .fence(&mut tx, &log_resource(entry.role), entry.token)
+                .await
+            {
+                Ok(()) => {}
+                Err(Error::Fenced { .. }) => return WriteOutcome::Fenced,
+                Err(e) => return WriteOutcome::Error(short(e)),
+            }
+        }
+        let inserted = sqlx::query(D::INSERT)
+            .bind(entry.role.to_owned())
+            .bind(entry.worker.to_owned())
+            .bind(entry.token.get() as i64)
+            .bind(entry.seq as i64)
+            .execute(&mut *tx)
+            .await;
+        if let Err(e) = inserted {
+            return WriteOutcome::Error(short(e));
+        }
+        match tx.commit().await {
+            Ok(()) => WriteOutcome::Ok,
+            Err(e) => WriteOutcome::Unknown(short(e)),
         }
     }
-    let inserted = sqlx::query(
-        "INSERT INTO tenure_chaos_log (role, worker, token, seq) VALUES (?1, ?2, ?3, ?4)",
-    )
-    .bind(role)
-    .bind(worker)
-    .bind(token.get() as i64)
-    .bind(seq as i64)
-    .execute(&mut *tx)
-    .await;
-    if let Err(e) = inserted {
-        return WriteOutcome::Error(short(e));
-    }
-    match tx.commit().await {
-        Ok(()) => WriteOutcome::Ok,
-        Err(e) => WriteOutcome::Unknown(short(e)),
+
+    async fn read_log(&self, role: &str) -> Result<Vec<LogRow>, ChaosError> {
+        let rows = sqlx::query(D::SELECT)
+            .bind(role.to_owned())
+            .fetch_all(self.0.pool())
+            .await
+            .map_err(|e| Error::store(D::NAME, "cannot read the chaos log", e))?;
+        let decode = |r: &<D::Db as Database>::Row| -> Result<LogRow, sqlx::Error> {
+            Ok(LogRow {
+                id: r.try_get(0)?,
+                worker: r.try_get(1)?,
+                token: r.try_get::<i64, _>(2)?.max(0) as u64,
+                seq: r.try_get::<i64, _>(3)?.max(0) as u64,
+            })
+        };
+        rows.iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ChaosError::Store(Error::store(D::NAME, "cannot decode the chaos log", e)))
     }
 }
 
-async fn write_pg(
-    pool: &PgPool,
-    fence: &PgFence,
-    role: &str,
-    worker: &str,
-    token: FencingToken,
-    seq: u64,
-    unfenced: bool,
-) -> WriteOutcome {
-    let mut tx = match pool.begin().await {
-        Ok(tx) => tx,
-        Err(e) => return WriteOutcome::Error(short(e)),
-    };
-    if !unfenced {
-        let resource = log_resource(role);
-        let fenced: Boxed<'_, tenure::Result<()>> =
-            Box::pin(fence.fence_in_transaction(&mut tx, &resource, token));
-        match fenced.await {
-            Ok(()) => {}
-            Err(Error::Fenced { .. }) => return WriteOutcome::Fenced,
-            Err(e) => return WriteOutcome::Error(short(e)),
+/// The SQLite side of [`Sql`].
+#[derive(Clone, Debug)]
+pub struct SqliteLog {
+    db: SqliteDatabase,
+}
+
+#[async_trait]
+impl Dialect for SqliteLog {
+    type Db = Sqlite;
+    const NAME: &'static str = "sqlite";
+    const CREATE: &'static str = "CREATE TABLE IF NOT EXISTS tenure_chaos_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        role TEXT NOT NULL, worker TEXT NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)";
+    const INSERT: &'static str =
+        "INSERT INTO tenure_chaos_log (role, worker, token, seq) VALUES (?1, ?2, ?3, ?4)";
+    const SELECT: &'static str =
+        "SELECT id, worker, token, seq FROM tenure_chaos_log WHERE role = ?1 ORDER BY id";
+
+    fn pool(&self) -> &sqlx::Pool<Sqlite> {
+        self.db.pool()
+    }
+
+    async fn begin(&self) -> tenure::Result<Transaction<'static, Sqlite>> {
+        // Cancel-safe (see tenure-sqlite), and it takes the write lock up front, which
+        // is what makes id order commit order.
+        self.db.begin_immediate().await
+    }
+
+    async fn fence(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        resource: &str,
+        token: FencingToken,
+    ) -> tenure::Result<()> {
+        tenure_sqlite::fence_in_transaction(conn, resource, token).await
+    }
+}
+
+/// The PostgreSQL side of [`Sql`].
+#[derive(Clone, Debug)]
+pub struct PgLog {
+    pool: PgPool,
+    leases: PgLeaseStore,
+    fence: PgFence,
+}
+
+impl PgLog {
+    async fn open(url: &str, connect: Connect<'_>) -> Result<Self, ChaosError> {
+        let mut options = PgConnectOptions::from_str(url)
+            .map_err(|_| {
+                ChaosError::Usage(
+                    "the store is not a valid PostgreSQL URL; expected postgres://USER:PASSWORD@HOST:PORT/DB"
+                        .to_owned(),
+                )
+            })?
+            .application_name(connect.app_name);
+        if let Some(proxy) = connect.via.first() {
+            options = options.host(&proxy.ip().to_string()).port(proxy.port());
         }
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            // A worker must notice a dead server within about a term, not hang.
+            .acquire_timeout(connect.ttl.max(Duration::from_secs(1)))
+            .connect_with(options)
+            .await
+            .map_err(|e| Error::store("postgres", "cannot connect to the chaos store", e))?;
+        let leases = PgLeaseStore::new(pool.clone(), Schema::default());
+        let fence = PgFence::new(pool.clone(), Schema::default());
+        Ok(PgLog {
+            pool,
+            leases,
+            fence,
+        })
     }
-    let inserted = sqlx::query(
-        "INSERT INTO tenure.tenure_chaos_log (role, worker, token, seq) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(role)
-    .bind(worker)
-    .bind(token.get() as i64)
-    .bind(seq as i64)
-    .execute(&mut *tx)
-    .await;
-    if let Err(e) = inserted {
-        return WriteOutcome::Error(short(e));
+
+    async fn terminate(&self, app_name: &str) -> Result<u64, ChaosError> {
+        let cut: i64 = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(app_name)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| Error::store("postgres", "cannot terminate worker connections", e))?;
+        Ok(cut.max(0) as u64)
     }
-    match tx.commit().await {
-        Ok(()) => WriteOutcome::Ok,
-        Err(e) => WriteOutcome::Unknown(short(e)),
+}
+
+#[async_trait]
+impl Dialect for PgLog {
+    type Db = Postgres;
+    const NAME: &'static str = "postgres";
+    const CREATE: &'static str = "CREATE TABLE IF NOT EXISTS tenure.tenure_chaos_log (
+        id bigserial PRIMARY KEY,
+        role text NOT NULL, worker text NOT NULL, token bigint NOT NULL, seq bigint NOT NULL)";
+    const INSERT: &'static str =
+        "INSERT INTO tenure.tenure_chaos_log (role, worker, token, seq) VALUES ($1, $2, $3, $4)";
+    const SELECT: &'static str =
+        "SELECT id, worker, token, seq FROM tenure.tenure_chaos_log WHERE role = $1 ORDER BY id";
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> tenure::Result<Transaction<'static, Postgres>> {
+        self.pool
+            .begin()
+            .await
+            .map_err(|e| Error::store("postgres", "cannot begin a transaction", e))
+    }
+
+    async fn fence(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        resource: &str,
+        token: FencingToken,
+    ) -> tenure::Result<()> {
+        self.fence.fence_in_transaction(conn, resource, token).await
     }
 }
 

@@ -47,12 +47,38 @@ pub struct Observation {
 pub struct FaultRecord {
     /// The kind.
     pub kind: FaultKind,
+    /// How it was done, when a kind has several ways (`cut`: drop, blackhole,
+    /// terminate; `restart`: stop, kill).
+    pub flavour: Option<&'static str>,
     /// The worker incarnation hit, if any.
     pub target: Option<String>,
     /// Injected at (host monotonic ns).
     pub at: u64,
-    /// Healed at (SIGCONT, server back, new incarnation started).
+    /// Healed at (SIGCONT, server back, proxy forwarding again, new incarnation
+    /// started).
     pub healed: u64,
+}
+
+impl FaultRecord {
+    /// The row it is reported in: the kind, and the flavour when there is one
+    /// (`cut/blackhole`).
+    pub fn label(&self) -> String {
+        match self.flavour {
+            Some(flavour) => format!("{}/{flavour}", self.kind.name()),
+            None => self.kind.name().to_owned(),
+        }
+    }
+
+    /// Where recovery is measured from. A fault of the store or the network (restart,
+    /// cut) is measured from its heal: until then nobody can reach the store, and that
+    /// time is the fault's, not tenure's. A stalled or dead worker is measured from the
+    /// moment it struck: the others must take over within a term.
+    pub fn recovery_from(&self) -> u64 {
+        match self.kind {
+            FaultKind::Restart | FaultKind::Cut => self.healed,
+            FaultKind::Pause | FaultKind::Kill => self.at,
+        }
+    }
 }
 
 /// Violations of one kind.
@@ -98,6 +124,14 @@ pub struct Recovery {
     pub p99_ms: Option<f64>,
     /// Worst.
     pub max_ms: Option<f64>,
+    /// Recovered faults with no other fault injected between this one's start and its
+    /// recovery. With a fault every fraction of a TTL most windows hold another fault
+    /// (a server restart alone takes 0.2-1 s), which then stretches this one's sample.
+    pub isolated: u64,
+    /// 99th percentile of the isolated samples: the recovery of this fault alone. It
+    /// leans optimistic (a long recovery is more likely to be overlapped); compare it
+    /// with `p99_ms` and mind `isolated`.
+    pub isolated_p99_ms: Option<f64>,
 }
 
 /// Everything the checker found.
@@ -109,8 +143,8 @@ pub struct Analysis {
     pub terms: u64,
     /// Wall-clock time during which two or more workers believed they led, ms.
     pub overlap_ms: f64,
-    /// Per fault kind: fault (or, for a server restart, the server back) to the next
-    /// admitted write invoked after it.
+    /// Per fault label ([`FaultRecord::label`]): from the fault (restart and cut: from
+    /// its heal) to the first admitted write invoked after it.
     pub recovery: BTreeMap<String, Recovery>,
     /// Violations by kind (empty when the run passed).
     pub violations: Vec<ViolationSummary>,
@@ -405,39 +439,55 @@ fn recovery(
         })
         .collect();
     acks.sort_unstable();
-    let mut samples: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
+    let mut struck: Vec<u64> = faults.iter().map(|f| f.at).collect();
+    struck.sort_unstable();
+    #[derive(Default)]
+    struct Samples {
+        all: Vec<f64>,
+        isolated: Vec<f64>,
+        unrecovered: u64,
+    }
+    let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
     for fault in faults {
-        // A server restart is measured from the server being back: its downtime is the
-        // store's, not tenure's. Every other fault from the moment it struck.
-        let from = if fault.kind == FaultKind::Restart {
-            fault.healed
-        } else {
-            fault.at
-        };
+        let from = fault.recovery_from();
         let first = acks.partition_point(|&(invoked, _)| invoked <= from);
         let next = acks[first..].iter().map(|&(_, done)| done).min();
-        let entry = samples.entry(fault.kind.name().to_owned()).or_default();
-        match next {
-            Some(done) => entry.0.push(done.saturating_sub(from) as f64 / 1e6),
-            None => entry.1 += 1,
+        let entry = samples.entry(fault.label()).or_default();
+        let Some(done) = next else {
+            entry.unrecovered += 1;
+            continue;
+        };
+        let ms = done.saturating_sub(from) as f64 / 1e6;
+        entry.all.push(ms);
+        // Another fault struck in (at, done]: this sample is not this fault's alone.
+        let others =
+            struck.partition_point(|&t| t <= done) - struck.partition_point(|&t| t <= fault.at);
+        if others == 0 {
+            entry.isolated.push(ms);
         }
     }
     samples
         .into_iter()
-        .map(|(kind, (mut ms, unrecovered))| {
-            ms.sort_by(f64::total_cmp);
-            let pick =
-                |q: f64| (!ms.is_empty()).then(|| ms[((ms.len() - 1) as f64 * q).round() as usize]);
+        .map(|(kind, mut s)| {
+            s.all.sort_by(f64::total_cmp);
+            s.isolated.sort_by(f64::total_cmp);
             let recovery = Recovery {
-                recovered: ms.len() as u64,
-                unrecovered,
-                p50_ms: pick(0.5),
-                p99_ms: pick(0.99),
-                max_ms: ms.last().copied(),
+                recovered: s.all.len() as u64,
+                unrecovered: s.unrecovered,
+                p50_ms: quantile(&s.all, 0.5),
+                p99_ms: quantile(&s.all, 0.99),
+                max_ms: s.all.last().copied(),
+                isolated: s.isolated.len() as u64,
+                isolated_p99_ms: quantile(&s.isolated, 0.99),
             };
             (kind, recovery)
         })
         .collect()
+}
+
+/// The `q` quantile of sorted samples (nearest rank), `None` when there are none.
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    (!sorted.is_empty()).then(|| sorted[((sorted.len() - 1) as f64 * q).round() as usize])
 }
 
 #[cfg(test)]
@@ -552,15 +602,26 @@ mod tests {
         let faults = [
             FaultRecord {
                 kind: FaultKind::Pause,
+                flavour: None,
                 target: None,
                 at: 15_000_000,
                 healed: 50,
             },
             FaultRecord {
                 kind: FaultKind::Kill,
+                flavour: None,
                 target: None,
                 at: 99_000_000,
                 healed: 99,
+            },
+            // A blackhole from 5 ms to 25 ms is measured from its heal: b's write
+            // invoked at 31 ms, acknowledged at 32.
+            FaultRecord {
+                kind: FaultKind::Cut,
+                flavour: Some("blackhole"),
+                target: None,
+                at: 5_000_000,
+                healed: 25_000_000,
             },
         ];
         let events: Vec<Event> = events
@@ -573,6 +634,12 @@ mod tests {
         let a = check(&events, &log, &[], &faults);
         let pause = &a.recovery["pause"];
         assert_eq!((pause.recovered, pause.p50_ms), (1, Some(17.0)));
+        // The pause (15 ms) struck inside the blackhole's window (5 -> 32 ms), so that
+        // sample is not the blackhole's alone; nothing struck inside the pause's.
+        assert_eq!(pause.isolated, 1);
+        assert_eq!(a.recovery["cut/blackhole"].isolated, 0);
         assert_eq!(a.recovery["kill"].unrecovered, 1);
+        let cut = &a.recovery["cut/blackhole"];
+        assert_eq!((cut.recovered, cut.p50_ms), (1, Some(7.0)));
     }
 }

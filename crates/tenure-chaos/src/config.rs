@@ -21,7 +21,18 @@ pub enum StoreSpec {
     PostgresThrowaway,
     /// `postgres://...`: the caller's server; `restart` is not available.
     Postgres(String),
+    /// `etcd:throwaway`: a one-member etcd server from the testkit, owned by the run, so
+    /// `restart` faults can stop or kill it and start it again (feature `etcd`).
+    EtcdThrowaway,
+    /// `etcd://host:port[,...][/prefix]`: the caller's cluster; `restart` is not
+    /// available (feature `etcd`).
+    Etcd(String),
 }
+
+/// What `--store etcd...` says when this build has no etcd support.
+pub const NO_ETCD: &str = "this build of tenure chaos has no etcd support: build tenure with \
+    `--features etcd` (its gRPC client needs protoc), or use sqlite:throwaway, \
+    postgres:throwaway or postgres://USER@HOST/DB";
 
 impl fmt::Debug for StoreSpec {
     // The URL may hold a password: only the kind is ever printed.
@@ -40,14 +51,17 @@ impl StoreSpec {
             ("sqlite", _) => Ok(StoreSpec::Sqlite(raw.to_owned())),
             ("postgres" | "postgresql", "throwaway") => Ok(StoreSpec::PostgresThrowaway),
             ("postgres" | "postgresql", _) => Ok(StoreSpec::Postgres(raw.to_owned())),
-            ("etcd", _) => Err(ChaosError::Usage(
-                "tenure chaos does not drive etcd yet; use sqlite:throwaway, sqlite:PATH, \
-                 postgres:throwaway or postgres://USER@HOST/DB"
-                    .to_owned(),
-            )),
+            ("etcd", _) if !cfg!(feature = "etcd") => Err(ChaosError::Usage(NO_ETCD.to_owned())),
+            ("etcd", "throwaway") => Ok(StoreSpec::EtcdThrowaway),
+            ("etcd", _) => {
+                #[cfg(feature = "etcd")]
+                tenure_etcd::EtcdUrl::parse(raw).map_err(|e| ChaosError::Usage(e.to_string()))?;
+                Ok(StoreSpec::Etcd(raw.to_owned()))
+            }
             _ => Err(ChaosError::Usage(
                 "unknown store for tenure chaos; expected sqlite:throwaway, sqlite:PATH, \
-                 postgres:throwaway or postgres://USER@HOST/DB"
+                 postgres:throwaway, postgres://USER@HOST/DB, etcd:throwaway or \
+                 etcd://HOST:PORT[/PREFIX]"
                     .to_owned(),
             )),
         }
@@ -60,12 +74,27 @@ impl StoreSpec {
             StoreSpec::Sqlite(_) => "sqlite",
             StoreSpec::PostgresThrowaway => "postgres (throwaway server)",
             StoreSpec::Postgres(_) => "postgres",
+            StoreSpec::EtcdThrowaway => "etcd (throwaway server)",
+            StoreSpec::Etcd(_) => "etcd",
         }
     }
 
     /// True for SQLite stores.
     pub fn is_sqlite(&self) -> bool {
         matches!(self, StoreSpec::SqliteThrowaway | StoreSpec::Sqlite(_))
+    }
+
+    /// True for etcd stores.
+    pub fn is_etcd(&self) -> bool {
+        matches!(self, StoreSpec::EtcdThrowaway | StoreSpec::Etcd(_))
+    }
+
+    /// True when the run starts (and so can restart) the store's server.
+    pub fn is_owned(&self) -> bool {
+        matches!(
+            self,
+            StoreSpec::PostgresThrowaway | StoreSpec::EtcdThrowaway
+        )
     }
 }
 
@@ -77,10 +106,11 @@ pub enum FaultKind {
     Pause,
     /// SIGKILL a worker and start a new incarnation in its slot.
     Kill,
-    /// Stop and start the store server (owned PostgreSQL); on SQLite, SIGKILL the
-    /// leader, which writes continuously and so is almost always mid-transaction.
+    /// Stop (or kill) and start the store server (owned PostgreSQL or etcd); on SQLite,
+    /// SIGKILL the leader, which writes continuously and so is almost always
+    /// mid-transaction.
     Restart,
-    /// PostgreSQL: `pg_terminate_backend` every worker connection.
+    /// Sever the workers' connections to the store (see [`CutFlavour`]).
     Cut,
 }
 
@@ -123,6 +153,29 @@ impl FromStr for FaultKind {
                     raw.chars().take(20).collect::<String>()
                 ))
             })
+    }
+}
+
+/// How a `cut` severs the workers from the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CutFlavour {
+    /// The proxy resets every current connection.
+    Drop,
+    /// The proxy stops forwarding (sockets stay open) for 1-3x the TTL, then heals.
+    Blackhole,
+    /// PostgreSQL ends every worker backend (`pg_terminate_backend`).
+    Terminate,
+}
+
+impl CutFlavour {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            CutFlavour::Drop => "drop",
+            CutFlavour::Blackhole => "blackhole",
+            CutFlavour::Terminate => "terminate",
+        }
     }
 }
 
@@ -214,6 +267,9 @@ impl ChaosConfig {
         }
         if self.faults.is_empty() {
             return usage("--faults names no fault");
+        }
+        if self.store.is_etcd() && (self.ttl.subsec_nanos() != 0 || self.ttl.is_zero()) {
+            return usage("--ttl must be whole seconds on etcd (etcd leases count seconds)");
         }
         Ok(())
     }

@@ -28,7 +28,8 @@ pub struct Report {
     pub faults_total: u64,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
-    /// Planned faults not injected (no eligible target).
+    /// Planned faults not injected (no eligible target, or a server restart too soon
+    /// after the last one).
     pub faults_skipped: u64,
     /// Workers that exited without being killed (restarted, counted here).
     pub unexpected_exits: u64,
@@ -71,26 +72,28 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:<10} {:>6} {:>10} {:>10} {:>10} {:>12}",
-            "FAULT", "COUNT", "P50", "P99", "MAX", "UNRECOVERED"
+            "{:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
+            "FAULT", "COUNT", "P50", "P99", "MAX", "ISOLATED", "ISO P99", "UNRECOVERED"
         );
-        for (kind, count) in &self.faults {
-            let r = a.recovery.get(kind).cloned().unwrap_or_default();
-            let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
+        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
+        for (label, r) in &a.recovery {
             let _ = writeln!(
                 out,
-                "{kind:<10} {count:>6} {:>10} {:>10} {:>10} {:>12}",
+                "{label:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
+                r.recovered + r.unrecovered,
                 ms(r.p50_ms),
                 ms(r.p99_ms),
                 ms(r.max_ms),
+                r.isolated,
+                ms(r.isolated_p99_ms),
                 r.unrecovered
             );
         }
-        let _ = writeln!(out, "{:<10} {:>6}", "total", self.faults_total);
+        let _ = writeln!(out, "{:<16} {:>6}", "total", self.faults_total);
         let _ = writeln!(
             out,
-            "recovery = fault (server restart: server back) -> next admitted write; \
-             expected around ttl + retry = {}ms",
+            "recovery = fault (restart, cut: its heal) -> next admitted write, expected \
+             around ttl + retry = {}ms; isolated = no other fault struck before that write",
             self.ttl_ms + self.retry_ms
         );
         for note in &self.unavailable {
@@ -99,7 +102,8 @@ impl Report {
         if self.faults_skipped > 0 {
             let _ = writeln!(
                 out,
-                "skipped: {} planned faults had no eligible target",
+                "skipped: {} planned faults (no eligible target, or a server restart \
+                 within two TTLs of the last one)",
                 self.faults_skipped
             );
         }

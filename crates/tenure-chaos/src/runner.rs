@@ -1,7 +1,9 @@
-//! The orchestrator: owns the store (when throwaway), starts the worker processes, runs
-//! the nemesis on its seeded plan, watches the lease, then stops everything and checks.
+//! The orchestrator: owns the store (when throwaway), puts proxies in front of it (for
+//! `cut`), starts the worker processes, runs the nemesis on its seeded plan, watches the
+//! lease, then stops everything and checks.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -11,16 +13,18 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tenure::LeaseStore;
+use tenure_testkit::etcd::EtcdServer;
 use tenure_testkit::postgres::PgServer;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Connect};
 use crate::checker::{check, FaultRecord, Observation};
-use crate::config::{ChaosConfig, FaultKind, StoreSpec};
+use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD};
 use crate::history::{mono_ns, read_histories};
+use crate::proxy::Proxy;
 use crate::report::Report;
 use crate::schedule::{plan, PlannedFault};
 use crate::worker::WorkerArgs;
@@ -47,6 +51,8 @@ struct Spawner {
     role: String,
     app_name: String,
     dir: PathBuf,
+    /// The proxies workers connect through (empty: straight to the store).
+    via: Vec<SocketAddr>,
 }
 
 impl Spawner {
@@ -63,6 +69,7 @@ impl Spawner {
             unsafe_skip_fence: self.config.unsafe_skip_fence,
             sqlite_busy: self.config.sqlite_busy(),
             sqlite_raw_leases: self.config.sqlite_raw_leases,
+            via: self.via.clone(),
         };
         let log =
             std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
@@ -115,18 +122,80 @@ impl Spawner {
 enum Owned {
     None,
     Postgres(Arc<PgServer>),
+    Etcd(Arc<EtcdServer>),
+}
+
+impl Owned {
+    /// Stops the server (the run is over); stopping blocks, and nothing waits on it.
+    async fn shut_down(self) {
+        match self {
+            Owned::None => {}
+            Owned::Postgres(server) => {
+                let _ = tokio::task::spawn_blocking(move || drop(server)).await;
+            }
+            Owned::Etcd(server) => {
+                let _ = tokio::task::spawn_blocking(move || drop(server)).await;
+            }
+        }
+    }
+}
+
+/// The addresses the store's clients connect to, for proxies to stand in front of;
+/// empty when there is nothing a TCP proxy can carry (SQLite, a Unix socket).
+async fn upstreams(url: &str, spec: &StoreSpec) -> Vec<SocketAddr> {
+    let hosts: Vec<String> = match spec {
+        StoreSpec::SqliteThrowaway | StoreSpec::Sqlite(_) => Vec::new(),
+        StoreSpec::PostgresThrowaway | StoreSpec::Postgres(_) => {
+            match <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url) {
+                Ok(options) if !options.get_host().starts_with('/') => {
+                    vec![format!("{}:{}", options.get_host(), options.get_port())]
+                }
+                _ => Vec::new(),
+            }
+        }
+        StoreSpec::EtcdThrowaway | StoreSpec::Etcd(_) => etcd_hosts(url),
+    };
+    let mut addrs = Vec::new();
+    for host in hosts {
+        match tokio::net::lookup_host(host.as_str()).await {
+            Ok(mut found) => addrs.extend(found.next()),
+            Err(error) => warn!(%error, "cannot resolve a store endpoint for the cut proxy"),
+        }
+    }
+    addrs
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_hosts(url: &str) -> Vec<String> {
+    tenure_etcd::EtcdUrl::parse(url)
+        .map(|u| {
+            u.endpoints()
+                .iter()
+                .map(|e| e.trim_start_matches("http://").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_hosts(_url: &str) -> Vec<String> {
+    Vec::new()
 }
 
 /// Runs a whole chaos round and checks it.
 pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     config.validate()?;
+    if config.store.is_etcd() && !cfg!(feature = "etcd") {
+        return Err(ChaosError::Usage(NO_ETCD.to_owned()));
+    }
     let started = Instant::now();
     let mut kinds = Vec::new();
     let mut unavailable = Vec::new();
     for &kind in &config.faults {
         match (kind, &config.store) {
-            (FaultKind::Restart, StoreSpec::Postgres(_)) => unavailable.push(
-                "restart: the server is not owned by this run (use --store postgres:throwaway)"
+            (FaultKind::Restart, StoreSpec::Postgres(_) | StoreSpec::Etcd(_)) => unavailable.push(
+                "restart: the server is not owned by this run (use --store postgres:throwaway \
+                 or etcd:throwaway)"
                     .to_owned(),
             ),
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
@@ -158,21 +227,76 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             format!("sqlite:{}", dir.join("chaos.db").display()),
             Owned::None,
         ),
-        StoreSpec::Sqlite(url) | StoreSpec::Postgres(url) => (url.clone(), Owned::None),
+        StoreSpec::Sqlite(url) | StoreSpec::Postgres(url) | StoreSpec::Etcd(url) => {
+            (url.clone(), Owned::None)
+        }
         StoreSpec::PostgresThrowaway => {
             let server = blocking("start a throwaway PostgreSQL server", PgServer::start).await?;
             (server.url(), Owned::Postgres(Arc::new(server)))
         }
+        StoreSpec::EtcdThrowaway => {
+            let server = blocking("start a throwaway etcd server", EtcdServer::start).await?;
+            (
+                format!("etcd://{}/tenure-chaos", server.host_port()),
+                Owned::Etcd(Arc::new(server)),
+            )
+        }
     };
+    // Workers reach the store through proxies the nemesis can cut; the orchestrator
+    // (observer, `pg_terminate_backend`, reading the log) goes straight to it.
+    let mut proxies = Vec::new();
+    if kinds.contains(&FaultKind::Cut) {
+        for upstream in upstreams(&url, &config.store).await {
+            let proxy = Proxy::start(upstream)
+                .await
+                .map_err(|source| ChaosError::Io {
+                    what: "cannot start the cut proxy",
+                    source,
+                })?;
+            proxies.push(proxy);
+        }
+    }
+    let mut cuts = Vec::new();
+    if !proxies.is_empty() {
+        cuts.extend([CutFlavour::Drop, CutFlavour::Blackhole]);
+    }
+    if matches!(
+        config.store,
+        StoreSpec::PostgresThrowaway | StoreSpec::Postgres(_)
+    ) {
+        cuts.push(CutFlavour::Terminate);
+    }
+    if cuts.is_empty() && kinds.contains(&FaultKind::Cut) {
+        kinds.retain(|&k| k != FaultKind::Cut);
+        unavailable.push("cut: no TCP endpoint to put a proxy in front of".to_owned());
+        if kinds.is_empty() {
+            owned.shut_down().await;
+            return Err(ChaosError::Usage(format!(
+                "none of the requested faults can be injected on this store: {}",
+                unavailable.join("; ")
+            )));
+        }
+    }
     let role = format!("chaos-{run_id}");
     let app_name = format!("tenure-chaos-{run_id}");
-    let backend = Backend::open(
+    let nemesis_name = format!("{app_name}-nemesis");
+    let opened = Backend::open(
         &url,
-        &format!("{app_name}-nemesis"),
-        config.ttl,
-        config.sqlite_busy(),
+        Connect {
+            app_name: &nemesis_name,
+            ttl: config.ttl,
+            sqlite_busy: config.sqlite_busy(),
+            via: &[],
+        },
     )
-    .await?;
+    .await;
+    let backend = match opened {
+        Ok(backend) => backend,
+        Err(error) => {
+            owned.shut_down().await;
+            return Err(error);
+        }
+    };
     backend.prepare().await?;
 
     let schedule = plan(config.seed, &kinds, config.duration, config.fault_every);
@@ -184,6 +308,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         role: role.clone(),
         app_name: app_name.clone(),
         dir: dir.clone(),
+        via: proxies.iter().map(Proxy::local_addr).collect(),
     };
     let mut slots = Vec::with_capacity(config.workers);
     for index in 0..config.workers {
@@ -205,6 +330,10 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         spawner: &spawner,
         backend: &backend,
         owned: &owned,
+        proxies: &proxies,
+        cuts,
+        blackhole: None,
+        restarted: None,
         holder,
         slots,
         faults: Vec::new(),
@@ -223,6 +352,11 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         what: "cannot read the histories",
         source,
     })?;
+    // Beside the histories, for whoever investigates a kept run (not `.jsonl`: it is
+    // not a history).
+    if let Ok(faults) = serde_json::to_vec_pretty(&nemesis.faults) {
+        let _ = std::fs::write(dir.join("faults.json"), faults);
+    }
     let analysis = check(&events, &log, &observations, &nemesis.faults);
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for fault in &nemesis.faults {
@@ -249,14 +383,20 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         elapsed_ms: started.elapsed().as_millis() as u64,
     };
     drop(backend);
-    if let Owned::Postgres(server) = owned {
-        // Stopping the server blocks; the run is over, so nothing else waits on it.
-        let _ = tokio::task::spawn_blocking(move || drop(server)).await;
-    }
+    drop(proxies);
+    owned.shut_down().await;
     if !keep {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(report)
+}
+
+fn stop_or_kill(crash: bool) -> &'static str {
+    if crash {
+        "kill"
+    } else {
+        "stop"
+    }
 }
 
 /// Runs a testkit call (which panics on failure: it is a test harness) off the runtime,
@@ -316,6 +456,13 @@ struct Nemesis<'a> {
     spawner: &'a Spawner,
     backend: &'a Backend,
     owned: &'a Owned,
+    proxies: &'a [Proxy],
+    /// The ways this store can be cut.
+    cuts: Vec<CutFlavour>,
+    /// When the current blackhole heals, and which fault record it is.
+    blackhole: Option<(Instant, usize)>,
+    /// When the last server restart was done (the server serving again).
+    restarted: Option<Instant>,
     holder: Arc<Mutex<Option<String>>>,
     slots: Vec<Slot>,
     faults: Vec<FaultRecord>,
@@ -334,6 +481,7 @@ impl Nemesis<'_> {
                 .slots
                 .iter()
                 .filter_map(|s| s.paused.map(|p| p.0))
+                .chain(self.blackhole.map(|b| b.0))
                 .min();
             let wake = match (fault_at, resume_at) {
                 (None, None) => break,
@@ -348,6 +496,9 @@ impl Nemesis<'_> {
                     self.resume(i);
                 }
             }
+            if self.blackhole.is_some_and(|(until, _)| until <= now) {
+                self.heal();
+            }
             if fault_at.is_some_and(|at| at <= now) {
                 self.inject(&schedule[next]).await?;
                 next += 1;
@@ -356,6 +507,16 @@ impl Nemesis<'_> {
         // Let the last faults heal and be measured before stopping.
         tokio::time::sleep(self.config.ttl * 2 + self.config.retry_every()).await;
         Ok(())
+    }
+
+    /// Ends the current blackhole, if any.
+    fn heal(&mut self) {
+        if let Some((_, record)) = self.blackhole.take() {
+            for proxy in self.proxies {
+                proxy.heal();
+            }
+            self.faults[record].healed = mono_ns();
+        }
     }
 
     fn resume(&mut self, i: usize) {
@@ -422,7 +583,7 @@ impl Nemesis<'_> {
                 let _ = killpg(self.slots[i].pgid, Signal::SIGSTOP);
                 let until = Instant::now() + self.config.ttl.mul_f64(fault.factor);
                 self.slots[i].paused = Some((until, self.faults.len()));
-                self.record(fault.kind, Some(i), at, 0);
+                self.record(fault.kind, None, Some(i), at, 0);
             }
             FaultKind::Kill => {
                 // Half the kills hit the leader, half anyone.
@@ -432,11 +593,44 @@ impl Nemesis<'_> {
                 };
                 self.kill_and_replace(i, fault.kind, at).await?;
             }
+            // A server restart takes 0.2 s (PostgreSQL) to 1 s (etcd), longer than the
+            // gap between faults: back to back, the store would do nothing but restart
+            // and no restart's recovery could be seen. Restarts are spaced by two TTLs.
+            FaultKind::Restart
+                if !matches!(self.owned, Owned::None)
+                    && self
+                        .restarted
+                        .is_some_and(|done| done.elapsed() < self.config.ttl * 2) =>
+            {
+                self.skipped += 1;
+            }
             FaultKind::Restart => match self.owned {
+                // Half the restarts are clean shutdowns, half crashes.
                 Owned::Postgres(server) => {
-                    let server = server.clone();
-                    blocking("restart the PostgreSQL server", move || server.restart()).await?;
-                    self.record(fault.kind, None, at, mono_ns());
+                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
+                    blocking("restart the PostgreSQL server", move || {
+                        if crash {
+                            server.kill();
+                        } else {
+                            server.stop();
+                        }
+                        server.start_again();
+                    })
+                    .await?;
+                    self.restarted = Some(Instant::now());
+                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
+                }
+                Owned::Etcd(server) => {
+                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
+                    blocking("restart the etcd server", move || {
+                        if crash {
+                            server.kill();
+                        }
+                        server.restart();
+                    })
+                    .await?;
+                    self.restarted = Some(Instant::now());
+                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
                 }
                 // SQLite has no server: kill the leader, which writes continuously and
                 // so is almost always inside a transaction.
@@ -448,13 +642,7 @@ impl Nemesis<'_> {
                     self.kill_and_replace(i, fault.kind, at).await?;
                 }
             },
-            FaultKind::Cut => {
-                match self.backend.cut(&self.spawner.app_name).await {
-                    Ok(n) => debug!(connections = n, "cut worker connections"),
-                    Err(error) => warn!(%error, "cannot cut worker connections"),
-                }
-                self.record(fault.kind, None, at, mono_ns());
-            }
+            FaultKind::Cut => self.cut(fault, at).await,
         }
         Ok(())
     }
@@ -474,6 +662,7 @@ impl Nemesis<'_> {
         self.replace(i)?;
         self.faults.push(FaultRecord {
             kind,
+            flavour: None,
             target: Some(name),
             at,
             healed: mono_ns(),
@@ -481,9 +670,52 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    fn record(&mut self, kind: FaultKind, slot: Option<usize>, at: u64, healed: u64) {
+    /// Severs the workers from the store one of the ways this store allows (chosen by
+    /// the plan's pick; a cut during a blackhole drops the held connections).
+    async fn cut(&mut self, fault: &PlannedFault, at: u64) {
+        let mut flavour = self.cuts[((fault.pick >> 32) % self.cuts.len() as u64) as usize];
+        if self.blackhole.is_some() && flavour != CutFlavour::Terminate {
+            flavour = CutFlavour::Drop;
+        }
+        match flavour {
+            CutFlavour::Drop => {
+                let n: usize = self.proxies.iter().map(Proxy::drop_all).sum();
+                debug!(connections = n, "reset worker connections");
+            }
+            CutFlavour::Blackhole => {
+                for proxy in self.proxies {
+                    proxy.blackhole();
+                }
+                let until = Instant::now() + self.config.ttl.mul_f64(fault.factor);
+                self.blackhole = Some((until, self.faults.len()));
+                self.record(fault.kind, Some(flavour.name()), None, at, 0);
+                return;
+            }
+            CutFlavour::Terminate => {
+                match self
+                    .backend
+                    .terminate_connections(&self.spawner.app_name)
+                    .await
+                {
+                    Ok(n) => debug!(connections = n, "terminated worker connections"),
+                    Err(error) => warn!(%error, "cannot terminate worker connections"),
+                }
+            }
+        }
+        self.record(fault.kind, Some(flavour.name()), None, at, mono_ns());
+    }
+
+    fn record(
+        &mut self,
+        kind: FaultKind,
+        flavour: Option<&'static str>,
+        slot: Option<usize>,
+        at: u64,
+        healed: u64,
+    ) {
         self.faults.push(FaultRecord {
             kind,
+            flavour,
             target: slot.map(|i| self.slots[i].name.clone()),
             at,
             healed,
@@ -493,6 +725,7 @@ impl Nemesis<'_> {
     /// Resumes the paused, asks every worker to stop (SIGTERM: release and exit), and
     /// kills whoever has not stopped within a term and a bit.
     async fn stop_all(&mut self) -> Result<(), ChaosError> {
+        self.heal();
         for i in 0..self.slots.len() {
             self.resume(i);
         }

@@ -6,6 +6,7 @@
 //! recording every write's invocation and outcome in its history file. SIGTERM ends it
 //! cleanly (the elector releases the lease).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::backend::{Backend, DetachedLeases, WriteOutcome};
+use crate::backend::{Backend, Connect, DetachedLeases, Entry, WriteOutcome};
 use crate::history::{EventKind, HistoryWriter};
 use crate::ChaosError;
 
@@ -43,6 +44,8 @@ pub struct WorkerArgs {
     pub sqlite_busy: Duration,
     /// Give the elector the SQLite lease store as is, not behind [`DetachedLeases`].
     pub sqlite_raw_leases: bool,
+    /// Proxies to reach the store through (see [`Connect::via`]); empty: direct.
+    pub via: Vec<SocketAddr>,
 }
 
 impl WorkerArgs {
@@ -71,6 +74,11 @@ impl WorkerArgs {
         if self.sqlite_raw_leases {
             flags.push("--sqlite-raw-leases".to_owned());
         }
+        if !self.via.is_empty() {
+            flags.push("--via".to_owned());
+            let via: Vec<String> = self.via.iter().map(SocketAddr::to_string).collect();
+            flags.push(via.join(","));
+        }
         flags
     }
 }
@@ -98,7 +106,13 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
     }
     // The server may be restarting when this incarnation starts: keep trying.
     let backend = loop {
-        match Backend::open(&args.store_url, &args.app_name, args.ttl, args.sqlite_busy).await {
+        let connect = Connect {
+            app_name: &args.app_name,
+            ttl: args.ttl,
+            sqlite_busy: args.sqlite_busy,
+            via: &args.via,
+        };
+        match Backend::open(&args.store_url, connect).await {
             Ok(backend) => break backend,
             Err(ChaosError::Usage(m)) => return Err(ChaosError::Usage(m)),
             Err(error) => {
@@ -155,9 +169,13 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
                         let write = {
                             let (backend, args) = (backend.clone(), args.clone());
                             tokio::spawn(async move {
-                                backend
-                                    .write(&args.role, &args.name, token, n, args.unsafe_skip_fence)
-                                    .await
+                                let entry = Entry {
+                                    role: &args.role,
+                                    worker: &args.name,
+                                    token,
+                                    seq: n,
+                                };
+                                backend.write(entry, args.unsafe_skip_fence).await
                             })
                         };
                         let (kind, note) = match tokio::time::timeout(limit, write).await {

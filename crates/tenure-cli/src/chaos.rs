@@ -14,8 +14,9 @@ use crate::{exit, parse_duration, UsageError};
 /// `tenure chaos` flags.
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
-    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway (a server this run
-    /// owns, so `restart` works) or postgres://USER@HOST/DB.
+    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway or etcd:throwaway (a
+    /// server this run owns, so `restart` works), postgres://USER@HOST/DB or
+    /// etcd://HOST:PORT[/PREFIX] (etcd needs a build with `--features etcd`).
     #[arg(long, env = "TENURE_STORE", hide_env_values = true)]
     store: String,
     /// Worker processes contending for the role.
@@ -27,7 +28,9 @@ pub struct ChaosArgs {
     /// Lease TTL (renew every TTL/4, retry every TTL/2).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
-    /// Fault kinds to inject, comma-separated.
+    /// Fault kinds to inject, comma-separated. `cut` goes through a loopback proxy in
+    /// front of the store (connections reset or blackholed for 1-3x the TTL) and, on
+    /// PostgreSQL, also `pg_terminate_backend`.
     #[arg(long, default_value = "pause,kill,restart,cut")]
     faults: String,
     /// Mean time between faults (default: TTL/4).
@@ -81,6 +84,9 @@ pub struct WorkerFlags {
     sqlite_busy_ms: u64,
     #[arg(long)]
     sqlite_raw_leases: bool,
+    /// Proxies to reach the store through, comma-separated `IP:PORT`s.
+    #[arg(long, value_delimiter = ',')]
+    via: Vec<std::net::SocketAddr>,
 }
 
 fn usage(error: ChaosError) -> anyhow::Error {
@@ -144,6 +150,7 @@ pub fn worker(flags: WorkerFlags) -> anyhow::Result<u8> {
         unsafe_skip_fence: flags.unsafe_skip_fence,
         sqlite_busy: Duration::from_millis(flags.sqlite_busy_ms),
         sqlite_raw_leases: flags.sqlite_raw_leases,
+        via: flags.via,
     };
     crate::runtime()?
         .block_on(tenure_chaos::worker::run(args))
