@@ -54,6 +54,12 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// Cloning is cheap and clones share the notification listener. Call
 /// [`migrate`](crate::migrate) (or [`PgLeaseStore::migrate`]) once before use.
 ///
+/// Acquire/renew and release keep the connections they run on: the store detaches up to
+/// the pool's `max_connections` from it, as many as calls run at once, because sqlx pings
+/// every connection returned to a pool (a second round trip per call). The listener
+/// holds one more pool connection while anyone waits in
+/// [`wait_for_change`](LeaseStore::wait_for_change).
+///
 /// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` (and `CREATE` for the
 /// migration). Runs at READ COMMITTED: a database or role whose
 /// `default_transaction_isolation` is stricter makes racing acquires fail with

@@ -20,7 +20,8 @@ use crate::schema::Schema;
 
 /// A [`NodeRegistry`] on PostgreSQL.
 ///
-/// Needs `SELECT, INSERT, UPDATE, DELETE` on `<schema>.tenure_nodes`.
+/// Needs `SELECT, INSERT, UPDATE, DELETE` on `<schema>.tenure_nodes`. Heartbeats keep
+/// the connections they run on, as [`PgLeaseStore`](crate::PgLeaseStore) does.
 #[derive(Clone, Debug)]
 pub struct PgNodeRegistry {
     pool: PgPool,
