@@ -2,28 +2,23 @@
 //! statement issued directly in the same run.
 //!
 //! - `pg_renew/{1,16}`: `PgLeaseStore::try_acquire_or_renew` renewing a live term, each
-//!   client (a tokio task with its own connection) on its own role;
-//!   - `store`: over a pool built as `tenure_postgres::connect` builds it (sqlx
-//!     defaults, so `test_before_acquire` pings the connection on every checkout);
-//!   - `store_noping`: the same over a pool with `test_before_acquire(false)`;
+//!   client (a tokio task) on its own role;
+//!   - `store`: a store per client, over a one-connection pool (the store keeps the
+//!     connection its statements run on out of the pool: see `src/direct.rs`);
 //!   - `raw`: the store's statement text on a plain `PgConnection` (the baseline).
-//! - `pg_heartbeat/{1,16}`: `PgNodeRegistry::heartbeat`, same three variants.
+//! - `pg_heartbeat/{1,16}`: `PgNodeRegistry::heartbeat`, same two variants.
 //!
-//! After criterion, with `--bench` (that is, under `cargo bench`):
-//! - an interleaved A/B run (rounds of a fixed op count, variants alternating, median
-//!   per variant) giving the store/raw ratios on a noisy machine;
-//! - pgbench running the same upsert, when `pgbench` is installed;
-//! - statements per operation, from `pg_stat_statements` (preloaded by restarting the
-//!   throwaway server after `ALTER SYSTEM`);
-//! - release -> successor running latency of two `LeaseLeaderElector`s (60 s retry
-//!   interval, so only the LISTEN/NOTIFY push can wake the successor).
+//! After criterion, with `--bench` (that is, under `cargo bench`): an interleaved A/B run
+//! (rounds of a fixed op count, variants alternating, median per variant) giving the
+//! store/raw ratios on a noisy machine; pgbench running the same upsert, when installed;
+//! the round-trip floor (`SELECT 1`). Statements per operation and failover times are
+//! measured by `tenure bench --store postgres:throwaway` (crate `tenure-bench`).
 //!
 //! The raw baseline issues the store's own statements (`tenure_postgres::statements`),
 //! so the two cannot drift apart.
 //!
 //! Run: `cargo bench -p tenure-postgres --bench pg`.
 
-use std::future::Future;
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -32,12 +27,11 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
-use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore, NodeRegistry};
+use tenure::{LeaseStore, NodeRegistry};
 use tenure_postgres::{PgLeaseStore, PgNodeRegistry, Schema};
 use tenure_testkit::postgres::PgServer;
 use tokio::runtime::Runtime;
-use tokio::sync::{mpsc, Mutex, Notify};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Mutex;
 
 const SCHEMA: &str = "bench";
 const TTL: Duration = Duration::from_secs(600);
@@ -46,7 +40,6 @@ const CLIENT_COUNTS: [usize; 2] = [1, 16];
 
 use tenure_postgres::statements::{
     acquire_statement as acquire_sql, heartbeat_statement as heartbeat_sql,
-    release_statement as release_sql,
 };
 
 fn micros(d: Duration) -> i64 {
@@ -62,24 +55,15 @@ enum Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Store,
-    StoreNoPing,
-    StorePool8,
     Raw,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
-        Variant::Raw,
-        Variant::Store,
-        Variant::StoreNoPing,
-        Variant::StorePool8,
-    ];
+    const ALL: [Variant; 2] = [Variant::Raw, Variant::Store];
 
     fn name(self) -> &'static str {
         match self {
             Variant::Store => "store",
-            Variant::StoreNoPing => "store_noping",
-            Variant::StorePool8 => "store_pool8",
             Variant::Raw => "raw",
         }
     }
@@ -157,20 +141,11 @@ struct Env {
     server: PgServer,
     options: PgConnectOptions,
     schema: Schema,
-    /// pg_stat_statements could be preloaded.
-    stat_statements: bool,
 }
 
 impl Env {
     fn start() -> Env {
         let server = PgServer::start();
-        // Preloading needs a restart; the harness keeps the data directory and port.
-        let stat_statements = std::panic::catch_unwind(|| {
-            server.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
-            server.restart();
-            server.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-        })
-        .is_ok();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -185,20 +160,18 @@ impl Env {
             server,
             options,
             schema,
-            stat_statements,
         };
         env.rt.block_on(async {
-            let pool = env.pool(true, 1).await;
+            let pool = env.pool(1).await;
             tenure_postgres::migrate(&pool, &env.schema).await.unwrap();
         });
         env
     }
 
-    async fn pool(&self, ping: bool, size: u32) -> PgPool {
+    async fn pool(&self, size: u32) -> PgPool {
         PgPoolOptions::new()
             .max_connections(size)
             .min_connections(size)
-            .test_before_acquire(ping)
             .connect_with(self.options.clone())
             .await
             .unwrap()
@@ -220,14 +193,8 @@ impl Env {
     /// registered node (heartbeat) before measuring.
     async fn clients(&self, op: Op, variant: Variant, n: usize) -> Clients {
         let mut out = Vec::with_capacity(n);
-        // What `tenure_postgres::connect` builds: 8 connections, sqlx's defaults.
-        let shared = self.pool(true, 8).await;
         for i in 0..n {
-            let pool = match variant {
-                Variant::Store => self.pool(true, 1).await,
-                Variant::StoreNoPing => self.pool(false, 1).await,
-                Variant::StorePool8 | Variant::Raw => shared.clone(),
-            };
+            let pool = self.pool(1).await;
             let name = format!("{}-{}-{n}-{i}", variant.name(), op_name(op));
             let mut client = match (op, variant) {
                 (Op::Renew, Variant::Raw) => Client::LeaseRaw {
@@ -439,344 +406,9 @@ fn pgbench(env: &Env) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Executions recorded by pg_stat_statements since the last reset, by statement,
-/// leaving out the bookkeeping queries themselves.
-fn statement_calls(env: &Env) -> Vec<(i64, String)> {
-    let out = env.server.psql(
-        "SELECT calls, regexp_replace(left(query, 60), '\\s+', ' ', 'g') FROM pg_stat_statements \
-         WHERE query NOT ILIKE '%pg_stat_statements%' ORDER BY calls DESC",
-    );
-    out.lines()
-        .filter_map(|l| {
-            let (calls, query) = l.split_once('|')?;
-            Some((calls.parse().ok()?, query.to_owned()))
-        })
-        .collect()
-}
-
-fn statements_per_op(env: &Env) {
-    if !env.stat_statements {
-        println!("\npg_stat_statements could not be preloaded; statement counts skipped");
-        return;
-    }
-    const N: usize = 200;
-    println!("\n== statements per operation (pg_stat_statements, {N} operations each) ==");
-    let ttl = Duration::from_secs(60);
-    let (store, registry) = env.rt.block_on(async {
-        let pool = env.pool(true, 1).await;
-        (
-            PgLeaseStore::new(pool.clone(), env.schema.clone()),
-            PgNodeRegistry::new(pool, env.schema.clone(), REGISTRY_TTL).unwrap(),
-        )
-    });
-    let tag = std::process::id();
-    let report = |what: &str| {
-        let calls = statement_calls(env);
-        let total: i64 = calls.iter().map(|(c, _)| c).sum();
-        let detail: Vec<String> = calls.iter().map(|(c, q)| format!("{c} x {q}")).collect();
-        println!(
-            "{what:<22} {:.2} statements/op   [{}]",
-            total as f64 / N as f64,
-            detail.join("; ")
-        );
-    };
-    let reset = || {
-        env.server.psql("SELECT pg_stat_statements_reset()");
-    };
-    reset();
-    env.rt.block_on(async {
-        for i in 0..N {
-            let role = format!("count-{tag}-{i}");
-            assert!(
-                store
-                    .try_acquire_or_renew(&role, "a", ttl)
-                    .await
-                    .unwrap()
-                    .acquired
-            );
-        }
-    });
-    report("acquire (new role)");
-    reset();
-    env.rt.block_on(async {
-        for i in 0..N {
-            let role = format!("count-{tag}-{i}");
-            assert!(
-                store
-                    .try_acquire_or_renew(&role, "a", ttl)
-                    .await
-                    .unwrap()
-                    .acquired
-            );
-        }
-    });
-    report("renew");
-    reset();
-    env.rt.block_on(async {
-        for i in 0..N {
-            let role = format!("count-{tag}-{i}");
-            let token = store.get(&role).await.unwrap().unwrap().fencing_token;
-            // Not counted: the `get` above is one statement per op, subtracted below.
-            assert!(store.release(&role, "a", token).await.unwrap());
-        }
-    });
-    let calls = statement_calls(env);
-    let total: i64 = calls.iter().map(|(c, _)| c).sum();
-    println!(
-        "{:<22} {:.2} statements/op   (total {} less {N} gets)",
-        "release",
-        (total - N as i64) as f64 / N as f64,
-        total
-    );
-    reset();
-    env.rt.block_on(async {
-        for i in 0..N {
-            let role = format!("count-{tag}-{i}");
-            assert!(
-                store
-                    .try_acquire_or_renew(&role, "b", ttl)
-                    .await
-                    .unwrap()
-                    .acquired
-            );
-        }
-    });
-    report("acquire (after release)");
-    reset();
-    env.rt.block_on(async {
-        for i in 0..N {
-            registry
-                .heartbeat(&format!("count-{tag}-{i}"))
-                .await
-                .unwrap();
-        }
-    });
-    report("heartbeat");
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index]
-}
-
-enum Event {
-    Started(usize, Instant),
-    Released(Instant),
-}
-
-/// The signals one elector listens to: end the current term; contend again.
-#[derive(Default)]
-struct Steering {
-    step_down: Notify,
-    rejoin: Notify,
-}
-
-/// A pause of 30 to 50 ms, uniformly spread, between a successor starting and the next
-/// step-down, so the new follower is surely parked waiting for the push.
-fn settle_pause() -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let mut x = (nanos as u64) | 1;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    Duration::from_micros(30_000 + x % 20_000)
-}
-
-/// Release -> successor running: two electors on one role, handing the lease back and
-/// forth. Each leader's work reports when it starts and, when told to step down, the
-/// instant it returns (the elector then releases at once); the successor only learns of
-/// the release by push, since its retry interval is 60 s. The elector that stepped
-/// down stays out until the successor has started, so it cannot take the lease
-/// straight back.
-fn handover<S, F, Fut>(rt: &Runtime, label: &str, handovers: usize, make_store: F)
-where
-    S: LeaseStore + 'static,
-    F: Fn() -> Fut,
-    Fut: Future<Output = S>,
-{
-    let latencies = rt.block_on(async {
-        let (events_tx, mut events) = mpsc::unbounded_channel();
-        let shutdown = CancellationToken::new();
-        let steering: Vec<Arc<Steering>> = (0..2).map(|_| Arc::default()).collect();
-        let role = format!("handover-{}-{label}", std::process::id()).replace(' ', "_");
-        let mut tasks = Vec::new();
-        for (id, steer) in steering.iter().enumerate() {
-            let store: Arc<dyn LeaseStore> = Arc::new(make_store().await);
-            let elector = LeaseLeaderElector::new(
-                store,
-                LeaseLeaderOptions {
-                    owner_id: format!("elector-{id}-{}", std::process::id()),
-                    lease_ttl: Duration::from_secs(30),
-                    renew_interval: Duration::from_secs(10),
-                    retry_interval: Duration::from_secs(60),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-            let events_tx = events_tx.clone();
-            let shutdown = shutdown.clone();
-            let steer = Arc::clone(steer);
-            let role = role.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let events_tx = events_tx.clone();
-                    let work_steer = Arc::clone(&steer);
-                    elector
-                        .run(
-                            &role,
-                            move |_token, leadership: CancellationToken| {
-                                let events_tx = events_tx.clone();
-                                let steer = Arc::clone(&work_steer);
-                                async move {
-                                    let _ = events_tx.send(Event::Started(id, Instant::now()));
-                                    tokio::select! {
-                                        _ = steer.step_down.notified() => {
-                                            let _ = events_tx.send(Event::Released(Instant::now()));
-                                        }
-                                        _ = leadership.cancelled() => {}
-                                    }
-                                }
-                            },
-                            shutdown.clone(),
-                        )
-                        .await
-                        .unwrap();
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = steer.rejoin.notified() => {}
-                    }
-                }
-            }));
-        }
-        let mut latencies = Vec::with_capacity(handovers);
-        let mut released: Option<(usize, Instant)> = None;
-        let mut leader: Option<usize> = None;
-        while latencies.len() < handovers {
-            let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
-                .await
-                .expect("a handover within 10 s")
-                .unwrap();
-            match event {
-                Event::Released(at) => released = Some((leader.expect("a leader"), at)),
-                Event::Started(id, at) => {
-                    if let Some((from, released_at)) = released.take() {
-                        assert_ne!(from, id, "the stepping-down elector came back first");
-                        latencies.push(at - released_at);
-                        steering[from].rejoin.notify_one();
-                    }
-                    leader = Some(id);
-                    tokio::time::sleep(settle_pause()).await;
-                    steering[id].step_down.notify_one();
-                }
-            }
-        }
-        shutdown.cancel();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        latencies
-    });
-    report_latencies(label, latencies);
-}
-
-/// Acquires `role` for `owner` with the store's statement; returns the token.
-async fn raw_acquire(
-    conn: &mut PgConnection,
-    sql: &str,
-    role: &str,
-    owner: &str,
-    channel: &str,
-) -> i64 {
-    let row = sqlx::query(sql)
-        .bind(role)
-        .bind(owner)
-        .bind(micros(TTL))
-        .bind(channel)
-        .fetch_one(conn)
-        .await
-        .unwrap();
-    let holder: Option<String> = sqlx::Row::get(&row, 0);
-    assert_eq!(holder.as_deref(), Some(owner));
-    sqlx::Row::get(&row, 1)
-}
-
-/// The floor of a push handover, without the store or the elector: on plain
-/// connections, one releases with the store's release statement, a `PgListener` (one
-/// per process, as the store has) receives the notification, and the other acquires
-/// with the store's acquire statement. Measured from before the release to after the
-/// acquire returned, in one task.
-fn raw_handover(env: &Env, handovers: usize) {
-    let latencies = env.rt.block_on(async {
-        let role = format!("raw-handover-{}", std::process::id());
-        let acquire = acquire_sql(&env.table("tenure_leases"));
-        let release = release_sql(&env.table("tenure_leases"));
-        let channel = env.channel();
-        let pool = env.pool(true, 1).await;
-        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
-            .await
-            .unwrap();
-        listener.listen(&channel).await.unwrap();
-        let mut conns = [env.conn().await, env.conn().await];
-        let owners = ["raw-a", "raw-b"];
-        let mut token = raw_acquire(&mut conns[0], &acquire, &role, owners[0], &channel).await;
-        // Drain the notification of that first term.
-        listener.recv().await.unwrap();
-        let mut latencies = Vec::with_capacity(handovers);
-        for i in 0..handovers {
-            let (from, to) = if i % 2 == 0 { (0, 1) } else { (1, 0) };
-            tokio::time::sleep(settle_pause()).await;
-            let start = Instant::now();
-            let released: i64 = sqlx::query_scalar(&release)
-                .bind(&role)
-                .bind(owners[from])
-                .bind(token)
-                .bind(&channel)
-                .fetch_one(&mut conns[from])
-                .await
-                .unwrap();
-            assert_eq!(released, 1);
-            let note = listener.recv().await.unwrap();
-            assert_eq!(note.payload(), role);
-            token = raw_acquire(&mut conns[to], &acquire, &role, owners[to], &channel).await;
-            latencies.push(start.elapsed());
-            // The new term notifies too; take it so it is not mistaken for the next release.
-            listener.recv().await.unwrap();
-        }
-        latencies
-    });
-    report_latencies("raw statements + PgListener (floor)", latencies);
-}
-
-fn report_latencies(label: &str, mut sorted: Vec<Duration>) {
-    sorted.sort();
-    println!(
-        "{label:<38} n={:<4} p50 {:>7.3} ms  p90 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms",
-        sorted.len(),
-        percentile(&sorted, 0.5).as_secs_f64() * 1e3,
-        percentile(&sorted, 0.9).as_secs_f64() * 1e3,
-        percentile(&sorted, 0.99).as_secs_f64() * 1e3,
-        sorted[sorted.len() - 1].as_secs_f64() * 1e3,
-    );
-}
-
-/// Profiling mode (`TENURE_PG_BENCH_PROFILE=store|store_noping|raw`): renews from 16
-/// clients for 20 s and exits, for `perf record`.
-fn profile(env: &Env, variant: &str) {
-    let variant = Variant::ALL
-        .into_iter()
-        .find(|v| v.name() == variant)
-        .expect("a variant name");
-    let clients = env.rt.block_on(env.clients(Op::Renew, variant, 16));
-    let start = Instant::now();
-    let mut ops = 0;
-    while start.elapsed() < Duration::from_secs(20) {
-        env.rt.block_on(run_clients(&clients, 100));
-        ops += 1_600;
-    }
-    println!("{variant:?}: {ops} renewals in {:?}", start.elapsed());
 }
 
 /// The round trip floor on this machine: `SELECT 1` on a plain connection.
@@ -809,38 +441,12 @@ fn main() {
         .sample_size(10)
         .configure_from_args();
     let env = Env::start();
-    if let Ok(variant) = std::env::var("TENURE_PG_BENCH_PROFILE") {
-        profile(&env, &variant);
-        return;
-    }
     throughput(&mut c, &env);
     c.final_summary();
     if !full {
-        handover(&env.rt, "handover smoke", 3, || async {
-            PgLeaseStore::new(env.pool(true, 2).await, env.schema.clone())
-        });
         return;
     }
     interleaved(&env, 15);
     pgbench(&env);
-    statements_per_op(&env);
     round_trip(&env);
-    println!("\n== release -> successor work started ==");
-    raw_handover(&env, 150);
-    handover(&env.rt, "two electors, separate stores", 150, || async {
-        PgLeaseStore::new(env.pool(true, 2).await, env.schema.clone())
-    });
-    handover(
-        &env.rt,
-        "separate stores, pools without ping",
-        150,
-        || async { PgLeaseStore::new(env.pool(false, 2).await, env.schema.clone()) },
-    );
-    let shared = env
-        .rt
-        .block_on(async { PgLeaseStore::new(env.pool(true, 4).await, env.schema.clone()) });
-    handover(&env.rt, "two electors, one shared store", 150, || {
-        let store = shared.clone();
-        async move { store }
-    });
 }
