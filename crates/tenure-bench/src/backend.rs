@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use tenure::{Error, LeaseStore, NodeRegistry, Result};
 
 use crate::report::Floor;
+use crate::BenchError;
 
 /// The lease TTL of throughput clients: long, so a renewal always renews and an
 /// acquired role is still live when the release round comes.
@@ -132,4 +133,22 @@ impl Client for StoreClient {
 /// changed a role the bench owns.
 pub(crate) fn unexpected(message: String) -> Error {
     Error::store_msg("bench", message)
+}
+
+/// Runs a testkit call (which panics on failure, printing why) off the runtime: the
+/// throwaway servers' start and setup.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BenchError> {
+    match tokio::task::spawn_blocking(move || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+    })
+    .await
+    {
+        Ok(Ok(value)) => Ok(value),
+        _ => Err(BenchError::Setup(format!(
+            "cannot {what} (see the message above)"
+        ))),
+    }
 }

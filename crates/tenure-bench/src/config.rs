@@ -76,7 +76,7 @@ impl StoreSpec {
             }
         };
         if spec.is_etcd() {
-            return Err(usage(crate::ETCD_NOT_YET));
+            check_etcd(&spec)?;
         }
         Ok(spec)
     }
@@ -115,6 +115,24 @@ impl StoreSpec {
             DEFAULT_TTL
         }
     }
+}
+
+/// Checks an etcd store before anything is started: the URL's shape (the message never
+/// echoes the URL), and that this build measures etcd at all.
+#[cfg(feature = "etcd")]
+fn check_etcd(spec: &StoreSpec) -> Result<(), BenchError> {
+    if let StoreSpec::Etcd(url) = spec {
+        tenure_etcd::EtcdUrl::parse(url).map_err(|error| match error {
+            tenure::Error::InvalidArgument { reason, .. } => usage(format!("--store: {reason}")),
+            other => usage(format!("--store: {other}")),
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn check_etcd(_spec: &StoreSpec) -> Result<(), BenchError> {
+    Err(usage(crate::ETCD_NOT_BUILT))
 }
 
 /// One bench run's settings.
@@ -269,19 +287,35 @@ mod tests {
             StoreSpec::parse("postgres://u:secret@h/db").unwrap(),
             StoreSpec::Postgres(_)
         ));
-        for bad in [
+        let mut bad = vec![
             "",
             "memory",
             "redis://h",
             "sqlite:",
             "postgres:h",
             "mysql://u:pw@h",
-        ] {
+        ];
+        // With etcd built in, etcd URLs are checked when parsed.
+        #[cfg(feature = "etcd")]
+        bad.extend(["etcd://u:pw@h:1", "etcd://h", "etcd://h:1/p/"]);
+        for bad in bad {
             let message = usage_message(StoreSpec::parse(bad));
             assert!(message.contains("--store"), "{bad}: {message}");
             assert!(!message.contains("pw"), "{message}");
         }
-        assert!(usage_message(StoreSpec::parse("etcd:throwaway")).contains("not measure etcd"));
+        #[cfg(not(feature = "etcd"))]
+        assert!(usage_message(StoreSpec::parse("etcd:throwaway")).contains("--features etcd"));
+        #[cfg(feature = "etcd")]
+        {
+            assert_eq!(
+                StoreSpec::parse("etcd:throwaway").unwrap(),
+                StoreSpec::EtcdThrowaway
+            );
+            assert!(matches!(
+                StoreSpec::parse("etcd://127.0.0.1:2379/app").unwrap(),
+                StoreSpec::Etcd(_)
+            ));
+        }
         // Debug never shows the URL.
         let spec = StoreSpec::Postgres("postgres://u:secret@h/db".into());
         assert!(!format!("{spec:?}").contains("secret"));

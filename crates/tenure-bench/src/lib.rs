@@ -5,14 +5,16 @@
 //!
 //! - **throughput and latency** of acquire, renew, release and heartbeat at each client
 //!   count, in short rounds that alternate the store with the **raw** store (the
-//!   backend's own statements issued directly with sqlx, or a bare locked map for the
-//!   in-memory store; etcd is not measured yet), reported as
-//!   medians and a median per-round ratio;
-//! - **round trips per operation**: PostgreSQL statements from `pg_stat_statements`;
+//!   backend's own statements issued directly with sqlx, the etcd store's own
+//!   requests issued directly with etcd-client, or a bare locked map for the in-memory
+//!   store), reported as medians and a median per-round ratio;
+//! - **round trips per operation**: PostgreSQL statements from `pg_stat_statements`,
+//!   etcd gRPC requests from the servers' `grpc_server_handled_total`;
 //! - **failover**: release -> successor's work running (two electors, retry interval
-//!   60 s, so only the push path counts) beside the floor measured in the same run, and
-//!   stall -> successor's work running, as the excess over the TTL, beside the bound
-//!   TTL + retry interval.
+//!   60 s, so only the push path counts) beside the floor measured in the same run (for
+//!   etcd: its own election API, `resign` -> a waiting `campaign`), and stall ->
+//!   successor's work running, as the excess over the TTL, beside the bound TTL + retry
+//!   interval.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_bench::BenchError> {
@@ -27,12 +29,18 @@
 //!
 //! Throwaway stores (`sqlite:throwaway`, `postgres:throwaway`, `etcd:throwaway`) are
 //! created by the run and removed when it ends. On a store of the user's, the bench
-//! writes roles and nodes named `tb<run id>-...` (PostgreSQL: in schema `tenure_bench`).
+//! writes roles and nodes named `tb<run id>-...` (PostgreSQL: in schema `tenure_bench`;
+//! etcd: under the URL's prefix plus `/tenure-bench`, removed when the run ends).
+//!
+//! etcd needs the `etcd` cargo feature (its gRPC client needs protoc to build); without
+//! it an etcd store is a usage error.
 #![deny(missing_docs)]
 
 mod backend;
 pub mod config;
 mod driver;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod failover;
 mod machine;
 mod memory;
@@ -48,9 +56,10 @@ pub use report::Report;
 
 use crate::backend::Backend;
 
-/// etcd is parsed (so the message is specific) but not measured yet.
-const ETCD_NOT_YET: &str = "--store etcd: tenure bench does not measure etcd yet; \
-                            use `cargo bench -p tenure-etcd --bench etcd`";
+/// Without the `etcd` feature, etcd is parsed (so the message is specific) but refused.
+#[cfg(not(feature = "etcd"))]
+const ETCD_NOT_BUILT: &str = "--store etcd: this build of tenure bench has no etcd support; \
+                              build it with `--features etcd` (needs protoc)";
 
 /// Why a bench run failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +86,13 @@ pub async fn run(config: BenchConfig) -> Result<Report, BenchError> {
         StoreSpec::SqliteThrowaway => Box::new(sqlite::Sqlite::throwaway(&run_id).await?),
         StoreSpec::Postgres(url) => Box::new(postgres::Postgres::open(url, None).await?),
         StoreSpec::PostgresThrowaway => Box::new(postgres::Postgres::throwaway().await?),
+        #[cfg(feature = "etcd")]
+        StoreSpec::Etcd(url) => Box::new(etcd::Etcd::open(url, &run_id, None).await?),
+        #[cfg(feature = "etcd")]
+        StoreSpec::EtcdThrowaway => Box::new(etcd::Etcd::throwaway(&run_id).await?),
+        #[cfg(not(feature = "etcd"))]
         StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => {
-            return Err(BenchError::Usage(ETCD_NOT_YET.to_owned()))
+            return Err(BenchError::Usage(ETCD_NOT_BUILT.to_owned()))
         }
     };
     let version = backend.version().await;

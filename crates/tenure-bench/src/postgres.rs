@@ -20,7 +20,9 @@ use tenure_postgres::statements;
 use tenure_testkit::postgres::PgServer;
 use tokio::time::{timeout, Instant};
 
-use crate::backend::{unexpected, Backend, Client, Counter, Handles, BENCH_TTL, REGISTRY_TTL};
+use crate::backend::{
+    blocking, unexpected, Backend, Client, Counter, Handles, BENCH_TTL, REGISTRY_TTL,
+};
 use crate::report::Floor;
 use crate::stats::summarize;
 use crate::BenchError;
@@ -54,23 +56,6 @@ fn table(name: &str) -> String {
 /// The channel the store notifies lease changes on.
 fn channel() -> String {
     format!("tenure:{SCHEMA}")
-}
-
-/// Runs a testkit call (which panics on failure) off the runtime.
-async fn blocking<T: Send + 'static>(
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, BenchError> {
-    match tokio::task::spawn_blocking(move || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-    })
-    .await
-    {
-        Ok(Ok(value)) => Ok(value),
-        _ => Err(BenchError::Setup(format!(
-            "cannot {what} (see the message above)"
-        ))),
-    }
 }
 
 impl Postgres {

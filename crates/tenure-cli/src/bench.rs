@@ -13,9 +13,9 @@ use crate::{exit, parse_duration, UsageError};
 /// `tenure bench` flags.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// The store: memory:, sqlite:PATH, sqlite:throwaway, postgres://USER@HOST/DB or
-    /// postgres:throwaway (throwaway stores are created and removed by the run; etcd is
-    /// not measured yet).
+    /// The store: memory:, sqlite:PATH, sqlite:throwaway, postgres://USER@HOST/DB,
+    /// postgres:throwaway, etcd://HOST:PORT[/PREFIX] or etcd:throwaway (etcd needs a build
+    /// with --features etcd; throwaway stores are created and removed by the run).
     #[arg(long)]
     store: String,
     /// Client counts (tokio tasks in this process), comma-separated.
@@ -30,7 +30,7 @@ pub struct BenchArgs {
     /// Failover trials of each kind (release, stall).
     #[arg(long, default_value_t = 100)]
     trials: usize,
-    /// Failover lease TTL (default 300ms).
+    /// Failover lease TTL (default 300ms; on etcd 1s, its smallest).
     #[arg(long, value_parser = parse_duration)]
     ttl: Option<Duration>,
     /// Print the report as JSON.

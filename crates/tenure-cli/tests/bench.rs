@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{output_within, tempdir, tenure, tree};
@@ -14,7 +14,7 @@ use serde_json::Value;
 const OPS: [&str; 4] = ["acquire", "renew", "release", "heartbeat"];
 
 /// `tenure bench --store STORE` with tiny settings, temporary files under `dir`.
-fn bench(dir: &Path, store: &str, extra: &[&str]) -> Output {
+fn bench_command(dir: &Path, store: &str, extra: &[&str]) -> Command {
     let mut command = tenure();
     command
         .args(["bench", "--store", store, "--json"])
@@ -22,7 +22,14 @@ fn bench(dir: &Path, store: &str, extra: &[&str]) -> Output {
         .args(extra)
         .current_dir(dir)
         .env("TMPDIR", dir);
-    output_within(&mut command, Duration::from_secs(240))
+    command
+}
+
+fn bench(dir: &Path, store: &str, extra: &[&str]) -> Output {
+    output_within(
+        &mut bench_command(dir, store, extra),
+        Duration::from_secs(240),
+    )
 }
 
 fn report(output: &Output) -> Value {
@@ -146,6 +153,50 @@ fn postgres_throwaway_counts_one_statement_per_operation() {
         .all(|p| !p.to_string_lossy().contains("tenure-pg-")));
 }
 
+/// etcd: every section; etcd's own counters give whole calls per operation (a
+/// renewal is its transaction and the keep-alive sent beside it); the release floor is
+/// etcd's election API measured in the same run; the stall trials use etcd's 1 s
+/// minimum TTL.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
+    let dir = tempdir();
+    let proc = common::Proc::spawn(&mut bench_command(dir.path(), "etcd:throwaway", &[]));
+    // The testkit names the member's data directory after the process that owns it.
+    let data_dir = format!("tenure-etcd-{}-", proc.pid());
+    let r = report(&proc.finish(Duration::from_secs(240)));
+    check_report(&r, "etcd (throwaway member)");
+    assert!(r["machine"]["backend_version"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("etcd ")));
+    let rt = &r["round_trips"];
+    assert_eq!(rt["measured"], true, "{rt}");
+    let ops = rt["ops"].as_array().unwrap();
+    assert_eq!(ops.len(), 5);
+    for op in ops {
+        let per_op = num(op, "/per_op");
+        assert!(
+            (1.0..=4.0).contains(&per_op) && per_op.fract() == 0.0,
+            "whole calls per op expected: {op}"
+        );
+    }
+    let renew = ops.iter().find(|op| op["op"] == "renew").unwrap();
+    assert_eq!(num(renew, "/per_op"), 2.0, "txn + keep-alive: {renew}");
+    let floor = &r["failover"]["release"]["floor"];
+    assert!(floor["label"].as_str().unwrap().contains("election"));
+    assert_eq!(floor["latency"]["count"], 5, "{floor}");
+    assert_eq!(r["failover"]["stall"]["ttl_ms"], 1000.0);
+    for base in [Path::new("/dev/shm"), dir.path()] {
+        let left: Vec<_> = std::fs::read_dir(base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&data_dir))
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
 /// Exit 2, the flag named on stderr, nothing on stdout, nothing created.
 fn assert_usage(dir: &Path, args: &[&str], needle: &str) {
     let mut command = tenure();
@@ -183,7 +234,18 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
     assert_usage(d, &with(&["--roles", "0"]), "--roles");
     assert_usage(d, &with(&["--ttl", "100us"]), "--ttl");
     assert_usage(d, &["--clients", "1"], "--store");
-    assert_usage(d, &["--store", "etcd:throwaway"], "--store etcd");
+    #[cfg(not(feature = "etcd"))]
+    assert_usage(d, &["--store", "etcd:throwaway"], "--features etcd");
+    #[cfg(feature = "etcd")]
+    {
+        assert_usage(d, &["--store", "etcd://h"], "--store");
+        assert_usage(d, &["--store", "etcd://u:hunter2@h:1"], "--store");
+        assert_usage(
+            d,
+            &["--store", "etcd:throwaway", "--ttl", "1500ms"],
+            "--ttl",
+        );
+    }
     // The password of a mangled URL is never echoed.
     let mut command = tenure();
     command.args(["bench", "--store", "redis://u:hunter2@h"]);

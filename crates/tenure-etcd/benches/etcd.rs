@@ -29,8 +29,8 @@
 //! `TENURE_ETCD_BENCH_ONLY=throughput,handover,stall` (any subset) skips criterion and
 //! the sections not named.
 //!
-//! The store's requests are private to `lease.rs` (no accessor), so the renewal below
-//! is reproduced from `EtcdLeaseStore::renew`; keep them in step.
+//! The raw requests come from `tenure_etcd::requests`, the builders the store itself
+//! uses, so raw and store send the same bytes.
 //!
 //! Run: `cargo bench -p tenure-etcd --bench etcd`.
 
@@ -43,10 +43,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use criterion::{Criterion, Throughput};
 use tenure::{FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
-use tenure_etcd::etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, LeaderKey, PutOptions, ResignOptions,
-    Txn, TxnOp, WatchOptions,
-};
+use tenure_etcd::etcd_client::{Client, EventType, LeaderKey, ResignOptions, Txn, WatchOptions};
+use tenure_etcd::requests::{self, Keys, TermRecord};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
 use tokio::runtime::Runtime;
@@ -60,16 +58,22 @@ const CLIENT_COUNTS: [usize; 2] = [1, 16];
 /// A follower's retry interval: only the push (or the expiry wake) can beat it.
 const RETRY: Duration = Duration::from_secs(60);
 
-/// The term record the renewal transaction writes (`keys::TermRecord`, same fields
-/// and order, so the same bytes on the wire).
-#[derive(serde::Serialize)]
-struct TermRecord<'a> {
-    owner: &'a str,
-    token: Option<u64>,
-    expires_at_ns: u64,
-    ttl_secs: i64,
-    lease_secs: i64,
-    released: bool,
+/// The term record the store writes for `owner`'s term `token` (`None` in the acquire
+/// transaction), with a TTL of [`TTL`].
+fn record(owner: &str, token: Option<u64>, released: bool) -> TermRecord {
+    let ttl = TTL.as_secs() as i64;
+    TermRecord {
+        owner: owner.to_owned(),
+        token,
+        expires_at_ns: now_ns() + TTL.as_nanos() as u64,
+        ttl_secs: ttl,
+        lease_secs: ttl,
+        released,
+    }
+}
+
+fn keys() -> Keys {
+    Keys::new(PREFIX).unwrap()
 }
 
 /// A settled contender has waited this long: past etcd's 100 ms loop that moves
@@ -162,9 +166,9 @@ impl Variant {
 /// One live term renewed directly: the requests of `EtcdLeaseStore::renew`.
 struct RawTerm {
     client: Client,
+    keys: Keys,
     owner: String,
     lease_key: String,
-    term_key: String,
     token: i64,
     lease: i64,
 }
@@ -185,8 +189,8 @@ impl RawTerm {
         let kv = &kv.kvs()[0];
         assert_eq!(kv.create_revision() as u64, lease.fencing_token.get());
         RawTerm {
+            keys: keys(),
             owner: role.to_owned(),
-            term_key: format!("{PREFIX}/terms/{role}"),
             token: kv.create_revision(),
             lease: kv.lease(),
             lease_key,
@@ -195,29 +199,9 @@ impl RawTerm {
     }
 
     fn txn(&self) -> Txn {
-        let ttl = TTL.as_secs() as i64;
-        let record = TermRecord {
-            owner: &self.owner,
-            token: Some(self.token as u64),
-            expires_at_ns: now_ns() + TTL.as_nanos() as u64,
-            ttl_secs: ttl,
-            lease_secs: ttl,
-            released: false,
-        };
-        Txn::new()
-            .when([
-                Compare::create_revision(self.lease_key.clone(), CompareOp::Equal, self.token),
-                Compare::value(self.lease_key.clone(), CompareOp::Equal, self.owner.clone()),
-            ])
-            .and_then([TxnOp::put(
-                self.term_key.clone(),
-                serde_json::to_vec(&record).unwrap(),
-                None,
-            )])
-            .or_else([
-                TxnOp::get(self.lease_key.clone(), None),
-                TxnOp::get(self.term_key.clone(), None),
-            ])
+        let record = record(&self.owner, Some(self.token as u64), false);
+        // The role is the owner (see `acquire`).
+        requests::renew_txn(&self.keys, &self.owner, &self.owner, self.token, &record).unwrap()
     }
 
     async fn txn_only(&self) {
@@ -671,8 +655,9 @@ impl StorePair {
 struct RawPair {
     clients: [Client; 2],
     owners: [String; 2],
+    keys: Keys,
+    role: &'static str,
     lease_key: String,
-    term_key: String,
     leader: usize,
     token: i64,
     lease: i64,
@@ -687,8 +672,9 @@ impl RawPair {
         let mut pair = RawPair {
             clients,
             owners,
-            lease_key: format!("{PREFIX}/leases/{role}"),
-            term_key: format!("{PREFIX}/terms/{role}"),
+            keys: keys(),
+            role,
+            lease_key: keys().lease(role),
             leader: 0,
             token: 0,
             lease,
@@ -698,40 +684,12 @@ impl RawPair {
         pair
     }
 
-    fn record(&self, owner: usize, token: Option<u64>, released: bool) -> Vec<u8> {
-        let ttl = TTL.as_secs() as i64;
-        serde_json::to_vec(&TermRecord {
-            owner: &self.owners[owner],
-            token,
-            expires_at_ns: now_ns() + TTL.as_nanos() as u64,
-            ttl_secs: ttl,
-            lease_secs: ttl,
-            released,
-        })
-        .unwrap()
-    }
-
     /// The store's acquire transaction and keep-alive, sent together; the token and the
     /// instant the answers arrived.
     async fn acquire(&self, owner: usize, lease: i64) -> (i64, Instant) {
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.lease_key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(
-                    self.lease_key.clone(),
-                    self.owners[owner].clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::put(self.term_key.clone(), self.record(owner, None, false), None),
-            ])
-            .or_else([
-                TxnOp::get(self.lease_key.clone(), None),
-                TxnOp::get(self.term_key.clone(), None),
-            ]);
+        let owner_id = &self.owners[owner];
+        let record = record(owner_id, None, false);
+        let txn = requests::acquire_txn(&self.keys, self.role, owner_id, lease, &record).unwrap();
         let client = &self.clients[owner];
         let mut kv = client.kv_client();
         let mut leases = client.lease_client();
@@ -792,26 +750,9 @@ impl RawPair {
     /// The store's release: one transaction, then the revoke of the term's etcd lease.
     async fn release(&self) -> bool {
         let leader = self.leader;
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(self.lease_key.clone(), CompareOp::Equal, self.token),
-                Compare::value(
-                    self.lease_key.clone(),
-                    CompareOp::Equal,
-                    self.owners[leader].clone(),
-                ),
-            ])
-            .and_then([
-                TxnOp::delete(
-                    self.lease_key.clone(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                ),
-                TxnOp::put(
-                    self.term_key.clone(),
-                    self.record(leader, Some(self.token as u64), true),
-                    None,
-                ),
-            ]);
+        let owner = &self.owners[leader];
+        let record = record(owner, Some(self.token as u64), true);
+        let txn = requests::release_txn(&self.keys, self.role, owner, self.token, &record).unwrap();
         let client = &self.clients[leader];
         let released = client.kv_client().txn(txn).await.unwrap().succeeded();
         client.lease_client().revoke(self.lease).await.unwrap();

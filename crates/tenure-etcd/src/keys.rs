@@ -78,13 +78,18 @@ pub(crate) fn ttl_secs(ttl: Duration) -> Result<i64> {
 }
 
 /// The keys of one store or registry.
+///
+/// Public (hidden) for [`crate::requests`]: benchmarks build the store's requests on the
+/// same keys.
+#[doc(hidden)]
 #[derive(Clone, Debug)]
-pub(crate) struct Keys {
+pub struct Keys {
     prefix: String,
 }
 
 impl Keys {
-    pub(crate) fn new(prefix: &str) -> Result<Self> {
+    /// The keys under `prefix`; `InvalidArgument` as for [`validate_prefix`].
+    pub fn new(prefix: &str) -> Result<Self> {
         validate_prefix(prefix)?;
         Ok(Keys {
             prefix: prefix.to_owned(),
@@ -95,15 +100,18 @@ impl Keys {
         &self.prefix
     }
 
-    pub(crate) fn lease(&self, role: &str) -> String {
+    /// `<prefix>/leases/<role>`: the live term's key.
+    pub fn lease(&self, role: &str) -> String {
         format!("{}/leases/{role}", self.prefix)
     }
 
-    pub(crate) fn term(&self, role: &str) -> String {
+    /// `<prefix>/terms/<role>`: the latest term's record.
+    pub fn term(&self, role: &str) -> String {
         format!("{}/terms/{role}", self.prefix)
     }
 
-    pub(crate) fn node(&self, node_id: &str) -> String {
+    /// `<prefix>/nodes/<node_id>`: the node's membership.
+    pub fn node(&self, node_id: &str) -> String {
         format!("{}/nodes/{node_id}", self.prefix)
     }
 
@@ -131,20 +139,24 @@ pub(crate) fn name_under<'a>(key: &'a [u8], dir: &str) -> Option<&'a str> {
 /// Written by the acquire transaction without `token` (the token is then the record's
 /// mod revision, which equals the lease key's create revision: one transaction), and
 /// with `token` by renewals and release.
+#[doc(hidden)]
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct TermRecord {
-    pub(crate) owner: String,
+pub struct TermRecord {
+    /// The term's owner.
+    pub owner: String,
+    /// The term's token; absent in the acquire transaction's record (see above).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) token: Option<u64>,
+    pub token: Option<u64>,
     /// Expiry as reported to the holder, nanoseconds since the Unix epoch.
-    pub(crate) expires_at_ns: u64,
+    pub expires_at_ns: u64,
     /// The TTL the holder asked for, in seconds.
-    pub(crate) ttl_secs: i64,
+    pub ttl_secs: i64,
     /// The TTL etcd granted (higher when etcd raised it to its minimum); 0 if unknown.
     #[serde(default)]
-    pub(crate) lease_secs: i64,
+    pub lease_secs: i64,
+    /// Whether the term ended by release.
     #[serde(default)]
-    pub(crate) released: bool,
+    pub released: bool,
 }
 
 impl TermRecord {
@@ -156,24 +168,31 @@ impl TermRecord {
 }
 
 /// A node's membership record.
+#[doc(hidden)]
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub(crate) struct NodeRecord {
-    pub(crate) first_seen_ns: u64,
-    pub(crate) last_heartbeat_ns: u64,
+pub struct NodeRecord {
+    /// When this membership started, nanoseconds since the Unix epoch.
+    pub first_seen_ns: u64,
+    /// The last heartbeat, nanoseconds since the Unix epoch.
+    pub last_heartbeat_ns: u64,
+    /// What the node said about itself.
     #[serde(default)]
-    pub(crate) metadata: Metadata,
+    pub metadata: Metadata,
 }
 
 pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(|e| Error::store(BACKEND, "encoding a record", e))
 }
 
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+/// A stored record, or `None` when the bytes are not one.
+#[doc(hidden)]
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     serde_json::from_slice(bytes).ok()
 }
 
 /// Nanoseconds since the Unix epoch (saturating; 2554 is far off).
-pub(crate) fn to_ns(time: SystemTime) -> u64 {
+#[doc(hidden)]
+pub fn to_ns(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .unwrap_or(0)

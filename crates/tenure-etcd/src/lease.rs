@@ -288,23 +288,7 @@ impl EtcdLeaseStore {
             lease_secs,
             released: false,
         };
-        let lease_key = self.keys.lease(role);
-        let term_key = self.keys.term(role);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                lease_key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(
-                    lease_key.clone(),
-                    owner,
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::put(term_key.clone(), encode(&record)?, None),
-            ])
-            .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]);
+        let txn = acquire_txn(&self.keys, role, owner, lease, &record)?;
         let (txn_result, alive) = tokio::join!(
             self.conn.txn("acquiring a lease", txn),
             self.conn.keep_alive_once(lease),
@@ -385,12 +369,7 @@ impl EtcdLeaseStore {
             lease_secs: term.lease_secs,
             released: false,
         };
-        let lease_key = self.keys.lease(role);
-        let term_key = self.keys.term(role);
-        let txn = Txn::new()
-            .when(self.own_term_compares(role, owner, term.token))
-            .and_then([TxnOp::put(term_key.clone(), encode(&record)?, None)])
-            .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]);
+        let txn = renew_txn(&self.keys, role, owner, term.token, &record)?;
         let (txn_result, alive) = tokio::join!(
             self.conn.txn("renewing a lease", txn),
             self.conn.keep_alive_once(term.lease),
@@ -456,7 +435,7 @@ impl EtcdLeaseStore {
         let lease_key = self.keys.lease(role);
         let term_key = self.keys.term(role);
         let txn = Txn::new()
-            .when(self.own_term_compares(role, owner, old.token))
+            .when(own_term_compares(&self.keys, role, owner, old.token))
             .and_then([
                 TxnOp::put(
                     lease_key.clone(),
@@ -497,15 +476,6 @@ impl EtcdLeaseStore {
             holder: owner.to_owned(),
             now: SystemTime::now(),
         }))
-    }
-
-    /// The compares that hold exactly while `(owner, token)` is role's live term.
-    fn own_term_compares(&self, role: &str, owner: &str, token: i64) -> Vec<Compare> {
-        let lease_key = self.keys.lease(role);
-        vec![
-            Compare::create_revision(lease_key.clone(), CompareOp::Equal, token),
-            Compare::value(lease_key, CompareOp::Equal, owner),
-        ]
     }
 
     /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
@@ -658,15 +628,7 @@ impl LeaseStore for EtcdLeaseStore {
             lease_secs,
             released: true,
         };
-        let txn = Txn::new()
-            .when(self.own_term_compares(role, owner, revision))
-            .and_then([
-                TxnOp::delete(
-                    self.keys.lease(role),
-                    Some(DeleteOptions::new().with_prev_key()),
-                ),
-                TxnOp::put(self.keys.term(role), encode(&record)?, None),
-            ]);
+        let txn = release_txn(&self.keys, role, owner, revision, &record)?;
         let response = self.conn.txn("releasing a lease", txn).await?;
         {
             let mut terms = self.terms.lock();
@@ -809,6 +771,87 @@ impl EtcdLeaseStore {
             }
         }
     }
+}
+
+// The request builders below are the store's own, and public (hidden) so benchmarks can
+// send exactly what the store sends (`crate::requests`): one definition for both.
+
+/// The compares that hold exactly while `(owner, token)` is role's live term.
+fn own_term_compares(keys: &Keys, role: &str, owner: &str, token: i64) -> Vec<Compare> {
+    let lease_key = keys.lease(role);
+    vec![
+        Compare::create_revision(lease_key.clone(), CompareOp::Equal, token),
+        Compare::value(lease_key, CompareOp::Equal, owner),
+    ]
+}
+
+/// The acquire transaction: when role's lease key is absent, put it (value `owner`, on
+/// etcd lease `lease`) and `record`; otherwise read the lease key and term record.
+/// The token of a new term is the answer's header revision.
+#[doc(hidden)]
+pub fn acquire_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    lease: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    let lease_key = keys.lease(role);
+    let term_key = keys.term(role);
+    Ok(Txn::new()
+        .when([Compare::create_revision(
+            lease_key.clone(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(
+                lease_key.clone(),
+                owner,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(term_key.clone(), encode(record)?, None),
+        ])
+        .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]))
+}
+
+/// The renewal transaction of the live term `(owner, token)`: put `record`; otherwise
+/// read the lease key and term record. Sent together with a keep-alive of the term's
+/// etcd lease.
+#[doc(hidden)]
+pub fn renew_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    token: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    let term_key = keys.term(role);
+    Ok(Txn::new()
+        .when(own_term_compares(keys, role, owner, token))
+        .and_then([TxnOp::put(term_key.clone(), encode(record)?, None)])
+        .or_else([
+            TxnOp::get(keys.lease(role), None),
+            TxnOp::get(term_key, None),
+        ]))
+}
+
+/// The release transaction of the live term `(owner, token)`: delete the lease key
+/// (returning it, for its etcd lease to revoke next) and put the released `record`.
+#[doc(hidden)]
+pub fn release_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    token: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    Ok(Txn::new()
+        .when(own_term_compares(keys, role, owner, token))
+        .and_then([
+            TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
+            TxnOp::put(keys.term(role), encode(record)?, None),
+        ]))
 }
 
 fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {

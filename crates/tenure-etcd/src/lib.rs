@@ -68,6 +68,16 @@ pub use lease::EtcdLeaseStore;
 pub use registry::{EtcdNodeRegistry, MembershipChange, MembershipWatch};
 pub use url::{connect, connect_client, connect_options, EtcdUrl};
 
+/// The requests the store and registry send, built by the same functions they use, so
+/// a benchmark (`tenure bench`, `benches/etcd.rs`) can send exactly those through
+/// etcd-client directly. Not part of the supported API: it changes with the store.
+#[doc(hidden)]
+pub mod requests {
+    pub use crate::keys::{decode, to_ns, Keys, NodeRecord, TermRecord};
+    pub use crate::lease::{acquire_txn, release_txn, renew_txn};
+    pub use crate::registry::node_txn;
+}
+
 /// The etcd client crate this backend is built on, re-exported so callers use the same
 /// version.
 pub use etcd_client;

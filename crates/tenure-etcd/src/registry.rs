@@ -198,7 +198,6 @@ impl EtcdNodeRegistry {
                 .as_ref()
                 .and_then(|kv| decode::<NodeRecord>(kv.value()).map(|r| (kv.clone(), r)));
             let observed_revision = kv.as_ref().map_or(0, |kv| kv.mod_revision());
-            let guard = Compare::mod_revision(key.clone(), CompareOp::Equal, observed_revision);
             let live = record
                 .as_ref()
                 .filter(|(kv, r)| kv.lease() != 0 && self.is_live(r, now))
@@ -209,11 +208,7 @@ impl EtcdNodeRegistry {
                 if let Some(metadata) = metadata {
                     record.metadata = metadata.clone();
                 }
-                let txn = Txn::new().when([guard]).and_then([TxnOp::put(
-                    key.clone(),
-                    encode(&record)?,
-                    Some(PutOptions::new().with_lease(kv.lease())),
-                )]);
+                let txn = node_txn(&key, observed_revision, &record, kv.lease())?;
                 let (written, alive) = tokio::join!(
                     self.conn.txn("recording a heartbeat", txn),
                     self.conn.keep_alive_once(kv.lease()),
@@ -284,17 +279,7 @@ impl EtcdNodeRegistry {
             last_heartbeat_ns: now,
             metadata: metadata.cloned().or(old_metadata).unwrap_or_default(),
         };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key,
-                CompareOp::Equal,
-                observed_revision,
-            )])
-            .and_then([TxnOp::put(
-                key,
-                encode(&record)?,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
+        let txn = node_txn(key, observed_revision, &record, lease)?;
         let written = self.conn.txn("recording a heartbeat", txn).await;
         match written {
             Ok(response) if response.succeeded() => {
@@ -336,6 +321,25 @@ impl EtcdNodeRegistry {
         nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
         Ok(nodes)
     }
+}
+
+/// The heartbeat transaction, and the one that starts a membership: put `record` on
+/// etcd lease `lease` if the node's key is still at `observed_revision` (0: absent).
+/// A heartbeat of a live membership sends it with a keep-alive of the node's lease.
+/// Public (hidden) for [`crate::requests`].
+#[doc(hidden)]
+pub fn node_txn(key: &str, observed_revision: i64, record: &NodeRecord, lease: i64) -> Result<Txn> {
+    Ok(Txn::new()
+        .when([Compare::mod_revision(
+            key,
+            CompareOp::Equal,
+            observed_revision,
+        )])
+        .and_then([TxnOp::put(
+            key,
+            encode(record)?,
+            Some(PutOptions::new().with_lease(lease)),
+        )]))
 }
 
 #[async_trait]
