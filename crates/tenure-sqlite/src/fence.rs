@@ -103,7 +103,7 @@ impl SqliteFence {
     pub async fn admit(&self, resource: &str, token: FencingToken) -> Result<()> {
         validate_name("resource", resource)?;
         token_to_db(token)?;
-        let mut tx = self.db.begin_immediate().await?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
         fence_in_transaction(&mut tx, resource, token).await?;
         tx.commit()
             .await

@@ -206,7 +206,7 @@ impl LeaseStore for SqliteLeaseStore {
     ) -> Result<LeaseResult> {
         // Bad input is refused before the store is touched.
         validate_acquire(role, owner, ttl, self.min_ttl(), self.db.clock_now())?;
-        let mut tx = self.db.begin_immediate().await?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let now_time = from_nanos(now);
         let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
@@ -293,7 +293,7 @@ impl LeaseStore for SqliteLeaseStore {
             // No such token was ever handed out, so it is not the live term.
             return Ok(false);
         };
-        let mut tx = self.db.begin_immediate().await?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let released = match read_row(&mut tx, role).await? {
             Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {

@@ -132,7 +132,7 @@ impl SqliteNodeRegistry {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
-        let mut tx = self.db.begin_immediate().await?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let current = sqlx::query(READ_NODE)
             .bind(node_id)
@@ -235,7 +235,7 @@ impl NodeRegistry for SqliteNodeRegistry {
 
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
-        let mut tx = self.db.begin_immediate().await?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let last: Option<i64> = sqlx::query_scalar(
             "DELETE FROM tenure_nodes WHERE node_id = ?1 RETURNING last_heartbeat",
