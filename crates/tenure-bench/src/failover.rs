@@ -191,8 +191,15 @@ async fn stall(
     let mut failures = Vec::new();
     let mut set = JoinSet::new();
     let mut next = 0;
+    // Trials overlap so that many fit in a short run, but their starts are spread over
+    // the TTL: expiries falling together would measure successors queueing behind each
+    // other's writes, not a stalled leader being replaced.
+    let spacing = ttl / STALL_PARALLEL as u32;
+    let mut next_start = Instant::now();
     while next < config.trials || !set.is_empty() {
         while next < config.trials && set.len() < STALL_PARALLEL {
+            tokio::time::sleep_until(next_start).await;
+            next_start = Instant::now() + spacing;
             let role = format!("{run_id}-stall-{next}");
             set.spawn(stall_trial(Arc::clone(a), Arc::clone(b), role, ttl));
             next += 1;
