@@ -360,7 +360,12 @@ pub(crate) async fn round_trips(
     for role in &roles {
         client.heartbeat(role).await?;
     }
-    ops.push(row("heartbeat", before, count(backend).await?));
+    ops.push(row("heartbeat (new node)", before, count(backend).await?));
+    let before = count(backend).await?;
+    for role in &roles {
+        client.heartbeat(role).await?;
+    }
+    ops.push(row("heartbeat (live node)", before, count(backend).await?));
     Ok(RoundTrips {
         method: backend.requests_label().to_owned(),
         measured: true,

@@ -330,6 +330,9 @@ struct RawClient {
     keys: Arc<Keys>,
     /// This client's live terms: role -> (token, etcd lease), as the store caches them.
     terms: HashMap<String, (i64, i64)>,
+    /// The memberships this client wrote: node -> (mod revision, etcd lease, record), as
+    /// the registry remembers them.
+    nodes: HashMap<String, (i64, i64, NodeRecord)>,
 }
 
 impl RawClient {
@@ -432,42 +435,47 @@ impl BenchClient for RawClient {
 
     async fn heartbeat(&mut self, node: &str) -> Result<()> {
         let key = self.keys.node(node);
+        let now = now_ns();
+        // A remembered live membership: its transaction beside the keep-alive, no read.
+        if let Some((revision, lease, mut record)) = self.nodes.remove(node) {
+            record.last_heartbeat_ns = now;
+            let txn = requests::node_txn(&key, revision, &record, lease)?;
+            let response = self.with_keep_alive(txn, lease, "raw heartbeat").await?;
+            if !response.succeeded() {
+                return Err(unexpected(format!("raw heartbeat of {node}: raced")));
+            }
+            let revision = response.header().map_or(0, |h| h.revision());
+            self.nodes
+                .insert(node.to_owned(), (revision, lease, record));
+            return Ok(());
+        }
+        // The first heartbeat: read, then a new membership on a new lease.
         let read = self
             .client
             .kv_client()
             .get(key.as_str(), None)
             .await
             .map_err(err("raw node read"))?;
-        let now = now_ns();
-        let current = read.kvs().first().and_then(|kv| {
-            requests::decode::<NodeRecord>(kv.value()).map(|r| (kv.mod_revision(), kv.lease(), r))
-        });
-        match current {
-            // The registry's liveness decision, reduced to the live case the bench sets up.
-            Some((revision, lease, mut record)) if lease != 0 => {
-                record.last_heartbeat_ns = now;
-                let txn = requests::node_txn(&key, revision, &record, lease)?;
-                if !self
-                    .with_keep_alive(txn, lease, "raw heartbeat")
-                    .await?
-                    .succeeded()
-                {
-                    return Err(unexpected(format!("raw heartbeat of {node}: raced")));
-                }
-            }
-            // The first heartbeat (before measuring): a new membership on a new lease.
-            _ => {
-                let (lease, _) = self.grant(REGISTRY_TTL).await?;
-                let record = NodeRecord {
-                    first_seen_ns: now,
-                    last_heartbeat_ns: now,
-                    metadata: Default::default(),
-                };
-                let revision = read.kvs().first().map_or(0, |kv| kv.mod_revision());
-                let txn = requests::node_txn(&key, revision, &record, lease)?;
-                self.commit(txn, "raw heartbeat", node).await?;
-            }
+        let (lease, _) = self.grant(REGISTRY_TTL).await?;
+        let record = NodeRecord {
+            first_seen_ns: now,
+            last_heartbeat_ns: now,
+            metadata: Default::default(),
+        };
+        let revision = read.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let txn = requests::node_txn(&key, revision, &record, lease)?;
+        let response = self
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(err("raw heartbeat"))?;
+        if !response.succeeded() {
+            return Err(unexpected(format!("raw heartbeat of {node}: refused")));
         }
+        let revision = response.header().map_or(0, |h| h.revision());
+        self.nodes
+            .insert(node.to_owned(), (revision, lease, record));
         Ok(())
     }
 }
@@ -490,6 +498,7 @@ impl Backend for Etcd {
                     client: client.clone(),
                     keys: Arc::clone(&self.keys),
                     terms: HashMap::new(),
+                    nodes: HashMap::new(),
                 }) as Box<dyn BenchClient>
             })
             .collect())

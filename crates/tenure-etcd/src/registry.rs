@@ -7,13 +7,16 @@
 //! its TTL even in the up to 500 ms before etcd's expiry check deletes its key. Times are
 //! this host's clock (etcd has none to offer): membership is a hint, not a lease.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions, WatchStream,
+    TxnResponse, WatchOptions, WatchStream,
 };
+use parking_lot::Mutex;
 use tenure::lease::validate_name;
 use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
@@ -33,6 +36,19 @@ pub struct EtcdNodeRegistry {
     keys: Keys,
     ttl: Duration,
     ttl_secs: i64,
+    /// The memberships this registry (and its clones) last wrote, so a heartbeat of a
+    /// live one is one round trip (its transaction beside the keep-alive) instead of a
+    /// read first. A stale entry only costs a failed compare and the read after it.
+    own: Arc<Mutex<HashMap<String, OwnMembership>>>,
+}
+
+/// A membership this registry wrote: its etcd lease, the key's mod revision after the
+/// write, and the record written.
+#[derive(Clone)]
+struct OwnMembership {
+    lease: i64,
+    mod_revision: i64,
+    record: NodeRecord,
 }
 
 impl std::fmt::Debug for EtcdNodeRegistry {
@@ -147,6 +163,7 @@ impl EtcdNodeRegistry {
             keys,
             ttl,
             ttl_secs,
+            own: Arc::default(),
         })
     }
 
@@ -187,9 +204,66 @@ impl EtcdNodeRegistry {
             .is_some_and(|until| now < until)
     }
 
+    /// Remembers what a successful write left at `node_id`'s key.
+    fn remember(&self, node_id: &str, lease: i64, response: &TxnResponse, record: NodeRecord) {
+        let Some(mod_revision) = response.header().map(|h| h.revision()) else {
+            return;
+        };
+        self.own.lock().insert(
+            node_id.to_owned(),
+            OwnMembership {
+                lease,
+                mod_revision,
+                record,
+            },
+        );
+    }
+
+    /// A heartbeat of a membership this registry wrote and still believes live, without
+    /// reading it first. `Ok(false)`: the key changed or the lease is gone; read it.
+    async fn beat_own(
+        &self,
+        node_id: &str,
+        key: &str,
+        metadata: Option<&Metadata>,
+    ) -> Result<bool> {
+        let cached = self.own.lock().get(node_id).cloned();
+        let now = round_trip(SystemTime::now());
+        let Some(mut own) = cached.filter(|own| self.is_live(&own.record, now)) else {
+            return Ok(false);
+        };
+        own.record.last_heartbeat_ns = to_ns(now);
+        if let Some(metadata) = metadata {
+            own.record.metadata = metadata.clone();
+        }
+        let txn = node_txn(key, own.mod_revision, &own.record, own.lease)?;
+        let (written, alive) = tokio::join!(
+            self.conn.txn("recording a heartbeat", txn),
+            self.conn.keep_alive_once(own.lease),
+        );
+        match (written, alive) {
+            (Ok(response), Ok(true)) if response.succeeded() => {
+                self.remember(node_id, own.lease, &response, own.record);
+                Ok(true)
+            }
+            (written, alive) => {
+                self.own.lock().remove(node_id);
+                match (written, alive?) {
+                    // Changed by someone else, or the lease is gone (then the put failed
+                    // too): the read path starts over from what the key holds.
+                    (Ok(_), _) | (Err(_), false) => Ok(false),
+                    (Err(error), true) => Err(error),
+                }
+            }
+        }
+    }
+
     async fn beat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         validate_heartbeat(node_id, metadata)?;
         let key = self.keys.node(node_id);
+        if self.beat_own(node_id, &key, metadata).await? {
+            return Ok(());
+        }
         for _ in 0..MAX_ATTEMPTS {
             let current = self.conn.get("reading a node", &key, None).await?;
             let kv = current.kvs().first().cloned();
@@ -214,7 +288,10 @@ impl EtcdNodeRegistry {
                     self.conn.keep_alive_once(kv.lease()),
                 );
                 match (written, alive?) {
-                    (Ok(response), true) if response.succeeded() => return Ok(()),
+                    (Ok(response), true) if response.succeeded() => {
+                        self.remember(node_id, kv.lease(), &response, record);
+                        return Ok(());
+                    }
                     // Raced with another heartbeat of this node; read again.
                     (Ok(_), true) => continue,
                     // The lease expired under us: start a new membership below, next round.
@@ -283,6 +360,7 @@ impl EtcdNodeRegistry {
         let written = self.conn.txn("recording a heartbeat", txn).await;
         match written {
             Ok(response) if response.succeeded() => {
+                self.remember(node_id, lease, &response, record);
                 if old_lease != lease {
                     self.conn.revoke_quietly(old_lease).await;
                 }
@@ -367,6 +445,7 @@ impl NodeRegistry for EtcdNodeRegistry {
 
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
+        self.own.lock().remove(node_id);
         let response = self
             .conn
             .delete(

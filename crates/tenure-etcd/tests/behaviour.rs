@@ -488,3 +488,49 @@ async fn unreachable_endpoints_error_clearly_and_electors_retry() {
         .unwrap()
         .unwrap();
 }
+
+/// A registry remembers the memberships it wrote and heartbeats them without reading
+/// first. Setup: two registries (as two processes would have) heartbeating the same node
+/// id on the shared etcd, one removing it, and its etcd lease revoked behind the
+/// registry's back. Every heartbeat still succeeds and the membership stays one
+/// membership (first seen unchanged) until it really ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_memberships_survive_changes_made_elsewhere() {
+    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    let prefix = common::unique_prefix("own");
+    let ttl = Duration::from_secs(10);
+    let a = EtcdNodeRegistry::new(client.clone(), &prefix, ttl).unwrap();
+    let b = EtcdNodeRegistry::new(client.clone(), &prefix, ttl).unwrap();
+    let first_seen = |members: Vec<tenure::NodeInfo>| {
+        assert_eq!(members.len(), 1, "{members:?}");
+        members[0].first_seen
+    };
+
+    a.heartbeat("n1").await.unwrap();
+    let started = first_seen(a.members().await.unwrap());
+    for _ in 0..3 {
+        a.heartbeat("n1").await.unwrap();
+        // b's write moves the key on: a's remembered revision is stale from here.
+        b.heartbeat("n1").await.unwrap();
+    }
+    assert_eq!(first_seen(a.members().await.unwrap()), started);
+
+    // Removed by b: a's next heartbeat starts a new membership.
+    assert!(b.leave("n1").await.unwrap());
+    a.heartbeat("n1").await.unwrap();
+    let restarted = first_seen(a.members().await.unwrap());
+    assert!(restarted > started);
+
+    // Its lease revoked (as etcd expiring it would): the heartbeat starts over too.
+    let lease = client
+        .kv_client()
+        .get(format!("{prefix}/nodes/n1"), None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .lease();
+    client.lease_client().revoke(lease).await.unwrap();
+    a.heartbeat("n1").await.unwrap();
+    let members = a.members().await.unwrap();
+    assert!(first_seen(members) > restarted);
+}
