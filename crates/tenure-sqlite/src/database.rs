@@ -329,6 +329,10 @@ impl SqliteDatabase {
     /// while SQLite waits for the write lock, the task still finishes and dropping the
     /// transaction it returns rolls back. (Dropped mid-begin, sqlx would hand the
     /// connection back to the pool holding the write lock for good.)
+    ///
+    /// The stores' own writes queue for one in-process writer slot before they begin;
+    /// a transaction begun here does not take that slot, so it meets them (and other
+    /// processes) at SQLite's write lock and busy timeout.
     pub async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>> {
         let pool = self.inner.pool.clone();
         tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
