@@ -10,11 +10,16 @@
 //!
 //! A connection goes back to the idle stack only after its statement completed. On an
 //! error, or when the caller's future is dropped mid-statement, it is closed instead:
-//! its protocol state is unknown, and the next call takes a fresh one.
+//! its protocol state is unknown, and the next call takes a fresh one. A connection-level
+//! error (I/O, protocol) closes the idle ones as well, and the next connection is opened
+//! afresh rather than taken from the pool: after a server restart they are all dead, and
+//! each would fail one more call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{ConnectOptions, PgConnection, PgPool};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::pg_error;
@@ -25,6 +30,10 @@ pub(crate) struct DirectConnections {
     pool: PgPool,
     idle: Mutex<Vec<PgConnection>>,
     slots: Semaphore,
+    /// Set by a connection-level error: the pool's idle connections are likely dead too
+    /// (it does not ping them before handing them out), so the next connection is a new
+    /// one.
+    connect_fresh: AtomicBool,
 }
 
 /// One connection checked out for one statement.
@@ -44,6 +53,7 @@ impl DirectConnections {
             pool: pool.clone(),
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(limit),
+            connect_fresh: AtomicBool::new(false),
         }
     }
 
@@ -79,6 +89,24 @@ impl DirectConnections {
         let idle = self.idle.lock().pop();
         let conn = match idle {
             Some(conn) => conn,
+            None if self.connect_fresh.swap(false, Ordering::AcqRel) => {
+                let options = self.pool.connect_options();
+                let timeout = self.pool.options().get_acquire_timeout();
+                match tokio::time::timeout(timeout, options.connect()).await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) => {
+                        self.connect_fresh.store(true, Ordering::Release);
+                        return Err(pg_error(format!("{what}: could not connect"), e));
+                    }
+                    Err(_) => {
+                        self.connect_fresh.store(true, Ordering::Release);
+                        return Err(tenure::Error::store_msg(
+                            crate::error::BACKEND,
+                            format!("{what}: could not connect within {timeout:?}"),
+                        ));
+                    }
+                }
+            }
             // Usually an already open connection; the pool may open a replacement.
             None => self
                 .pool
@@ -101,9 +129,8 @@ impl Checkout<'_> {
         mut self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<PgRow, sqlx::Error> {
-        let row = query.fetch_one(self.conn()?).await?;
-        self.keep();
-        Ok(row)
+        let answer = query.fetch_one(self.conn()?).await;
+        self.settle(answer)
     }
 
     /// Runs `query` for its effect; the connection is kept only if it succeeded.
@@ -111,18 +138,43 @@ impl Checkout<'_> {
         mut self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<(), sqlx::Error> {
-        query.execute(self.conn()?).await?;
-        self.keep();
-        Ok(())
+        let answer = query.execute(self.conn()?).await;
+        self.settle(answer).map(|_| ())
     }
 
     fn conn(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
         self.conn.as_mut().ok_or(sqlx::Error::PoolClosed)
     }
 
-    fn keep(mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.owner.idle.lock().push(conn);
+    /// Keeps the connection after a success. After a failure it is closed; if the
+    /// failure was the connection's (not an answer from the server), the idle ones are
+    /// closed too: a restarted or unreachable server broke them all, and each would
+    /// otherwise fail one more call.
+    fn settle<T>(mut self, answer: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let Some(conn) = self.conn.take() else {
+            return answer;
+        };
+        match &answer {
+            Ok(_) => self.owner.idle.lock().push(conn),
+            Err(error) if connection_lost(error) => {
+                self.owner.idle.lock().clear();
+                self.owner.connect_fresh.store(true, Ordering::Release);
+            }
+            Err(_) => {}
         }
+        answer
+    }
+}
+
+/// Whether `error` says the connection is gone rather than the statement failed: I/O and
+/// protocol failures, and the server's own goodbyes (SQLSTATE class 08, connection
+/// exception; 57P, e.g. 57P01 "terminating connection due to administrator command" sent
+/// to every session when the server shuts down).
+fn connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => true,
     }
 }
