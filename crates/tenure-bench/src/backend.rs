@@ -141,14 +141,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BenchError> {
-    match tokio::task::spawn_blocking(move || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-    })
-    .await
-    {
-        Ok(Ok(value)) => Ok(value),
-        _ => Err(BenchError::Setup(format!(
-            "cannot {what} (see the message above)"
-        ))),
-    }
+    tenure_testkit::off_runtime(f)
+        .await
+        .ok_or_else(|| BenchError::Setup(format!("cannot {what} (see the message above)")))
 }

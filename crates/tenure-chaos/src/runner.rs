@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -405,12 +404,9 @@ async fn blocking<T: Send + 'static>(
     what: &'static str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ChaosError> {
-    match tokio::task::spawn_blocking(move || std::panic::catch_unwind(AssertUnwindSafe(f))).await {
-        Ok(Ok(value)) => Ok(value),
-        _ => Err(ChaosError::Setup(format!(
-            "cannot {what} (see the message above)"
-        ))),
-    }
+    tenure_testkit::off_runtime(f)
+        .await
+        .ok_or_else(|| ChaosError::Setup(format!("cannot {what} (see the message above)")))
 }
 
 /// Reads the role's lease every [`OBSERVE_EVERY`]; publishes the live holder for the

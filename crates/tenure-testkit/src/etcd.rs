@@ -17,14 +17,15 @@
 
 use std::fs;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
 
 const DIR_PREFIX: &str = "tenure-etcd-";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -232,7 +233,13 @@ impl EtcdCluster {
     /// once on fresh ports in case another process took a port between probe and bind.
     pub fn start(size: usize) -> EtcdCluster {
         assert!(size >= 1, "a cluster needs at least one member");
-        sweep_stale_dirs();
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| {
+            sweep_stale_dirs(
+                DIR_PREFIX,
+                &[PathBuf::from("/dev/shm"), std::env::temp_dir()],
+            )
+        });
         let mut last_failure = String::new();
         for _attempt in 0..3 {
             let cluster = Self::create(size);
@@ -466,17 +473,6 @@ fn signal(child: &Child, sig: libc::c_int) {
     }
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// One plain HTTP/1.0 `GET /health`; true when the body says `"health":"true"`.
 fn health_probe(addr: SocketAddr) -> io::Result<bool> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
@@ -486,84 +482,4 @@ fn health_probe(addr: SocketAddr) -> io::Result<bool> {
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     Ok(response.contains("\"health\":\"true\""))
-}
-
-/// Free loopback ports, all held open at once so they are distinct.
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("local addr").port())
-        .collect()
-}
-
-/// Spawns from one long-lived thread with `PR_SET_PDEATHSIG`.
-///
-/// The death signal fires when the spawning *thread* exits, and test threads (and
-/// tokio's blocking threads) come and go, so every member is spawned from a thread that
-/// lives as long as the process.
-fn spawn_from_keeper(command: Command) -> io::Result<Child> {
-    type Request = (Command, mpsc::Sender<io::Result<Child>>);
-    static KEEPER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
-    let keeper = KEEPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Request>();
-        thread::Builder::new()
-            .name("etcd-spawner".into())
-            .spawn(move || {
-                for (mut command, reply) in rx {
-                    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run
-                    // between fork and exec.
-                    let parent = unsafe { libc::getpid() };
-                    unsafe {
-                        command.pre_exec(move || {
-                            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                                return Err(io::Error::last_os_error());
-                            }
-                            if libc::getppid() != parent {
-                                libc::_exit(1);
-                            }
-                            Ok(())
-                        });
-                    }
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("start the etcd spawner thread");
-        Mutex::new(tx)
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    lock(keeper)
-        .send((command, reply_tx))
-        .map_err(|_| io::Error::other("etcd spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("etcd spawner thread is gone"))?
-}
-
-/// Removes data directories of test processes that no longer exist.
-fn sweep_stale_dirs() {
-    static SWEPT: OnceLock<()> = OnceLock::new();
-    SWEPT.get_or_init(|| {
-        for base in [PathBuf::from("/dev/shm"), std::env::temp_dir()] {
-            let Ok(entries) = fs::read_dir(&base) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(rest) = name.strip_prefix(DIR_PREFIX) else {
-                    continue;
-                };
-                let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-                if let Some(pid) = pid {
-                    // SAFETY: kill with signal 0 only checks whether the pid exists.
-                    let alive = unsafe { libc::kill(pid, 0) } == 0;
-                    if !alive {
-                        let _ = fs::remove_dir_all(entry.path());
-                    }
-                }
-            }
-        }
-    });
 }

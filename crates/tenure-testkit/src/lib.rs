@@ -10,5 +10,7 @@ pub mod conformance;
 pub mod etcd;
 mod fixture;
 pub mod postgres;
+mod process;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+pub use process::off_runtime;

@@ -16,16 +16,17 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
 
 /// The superuser the harness creates; [`PgServer::url`] logs in as it with a password.
 pub const SUPERUSER: &str = "postgres";
@@ -47,7 +48,7 @@ impl PgServer {
     /// Creates a cluster in a fresh temporary directory and starts it; panics (this is a
     /// test harness) with the server log when that fails.
     pub fn start() -> PgServer {
-        sweep_stale_dirs();
+        sweep_stale_dirs(DIR_PREFIX, &[std::env::temp_dir()]);
         let bin = find_bin_dir().unwrap_or_else(|| {
             panic!(
                 "initdb/postgres not found on PATH or in /usr/lib/postgresql/*/bin; \
@@ -74,7 +75,7 @@ impl PgServer {
         let server = PgServer {
             root,
             bin,
-            port: free_port(),
+            port: free_ports(1)[0],
             password,
             owner,
             child: Mutex::new(None),
@@ -336,15 +337,7 @@ impl PgServer {
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log);
             self.as_owner(&mut command);
-            unsafe {
-                command.pre_exec(|| {
-                    // The postmaster dies with the test process, however that ends.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // The postmaster dies with the test process, however that ends.
             let mut child = spawn_from_keeper(command).expect("spawn postgres");
             match self.wait_ready(&mut child, deadline) {
                 Ok(()) => {
@@ -407,46 +400,6 @@ impl Drop for PgServer {
     }
 }
 
-/// Spawns every postmaster from one thread that lives as long as the process, because
-/// `PR_SET_PDEATHSIG` fires when the spawning *thread* exits, and test threads are
-/// short-lived.
-fn spawn_from_keeper(command: Command) -> io::Result<Child> {
-    type Request = (Command, mpsc::Sender<io::Result<Child>>);
-    static KEEPER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
-    let keeper = KEEPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Request>();
-        thread::Builder::new()
-            .name("pg-spawner".into())
-            .spawn(move || {
-                for (mut command, reply) in rx {
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("spawn keeper thread");
-        Mutex::new(tx)
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    keeper
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send((command, reply_tx))
-        .map_err(|_| io::Error::other("spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("spawner thread is gone"))?
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// The direct children of `pid` (PostgreSQL backends are all children of the postmaster).
 fn children_of(pid: libc::pid_t) -> Vec<libc::pid_t> {
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -489,25 +442,6 @@ fn wait_children_gone(pid: libc::pid_t, within: Duration) {
     }
 }
 
-/// Removes data directories left by test processes that died before cleaning up.
-fn sweep_stale_dirs() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.filter_map(|e| e.ok()) {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 fn find_bin_dir() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     if let Some(path) = std::env::var_os("PATH") {
@@ -544,16 +478,6 @@ fn postgres_user() -> Option<(u32, u32)> {
     }
     let entry = unsafe { &*entry };
     Some((entry.pw_uid, entry.pw_gid))
-}
-
-fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind a free port");
-        let port = listener.local_addr().expect("local addr").port();
-        if port != 5432 {
-            return port;
-        }
-    }
 }
 
 fn random_password() -> String {
