@@ -387,6 +387,28 @@ impl Conn {
     }
 }
 
+/// The next response of a watch on `what` (for messages): `None` when the stream ended,
+/// an error when it broke or etcd cancelled it.
+pub(crate) async fn next_response(
+    stream: &mut etcd_client::WatchStream,
+    what: &str,
+) -> Result<Option<etcd_client::WatchResponse>> {
+    let message = stream
+        .message()
+        .await
+        .map_err(|e| Error::store(BACKEND, format!("watching {what}"), e))?;
+    match message {
+        Some(response) if response.canceled() => Err(Error::store_msg(
+            BACKEND,
+            format!(
+                "the {what} watch was cancelled: {}",
+                response.cancel_reason()
+            ),
+        )),
+        other => Ok(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,8 +31,8 @@ use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
 
 use crate::keys::{
-    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Conn, Keys, TermRecord,
-    BACKEND,
+    decode, encode, from_ns, name_under, next_response, round_trip, to_ns, ttl_secs, Conn, Keys,
+    TermRecord, BACKEND,
 };
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's
@@ -347,13 +347,7 @@ impl EtcdLeaseStore {
             // contenders are woken by the delete event anyway.)
             round_trip(started + lease_ttl)
         };
-        Ok(Step::Done(LeaseResult {
-            acquired: true,
-            fencing_token: FencingToken::from(u64::try_from(revision).unwrap_or(0)),
-            expires_at,
-            holder: owner.to_owned(),
-            now: SystemTime::now(),
-        }))
+        Ok(held(owner, revision, expires_at))
     }
 
     /// Renews our term `(token, lease)`: a transaction checking the key is still that
@@ -403,13 +397,7 @@ impl EtcdLeaseStore {
             }
         }
         self.terms.lock().insert(role.to_owned(), term.clone());
-        Ok(Step::Done(LeaseResult {
-            acquired: true,
-            fencing_token: FencingToken::from(u64::try_from(term.token).unwrap_or(0)),
-            expires_at,
-            holder: owner.to_owned(),
-            now: SystemTime::now(),
-        }))
+        Ok(held(owner, term.token, expires_at))
     }
 
     /// Moves our live term onto a new etcd lease with another TTL, keeping the key (and
@@ -469,13 +457,7 @@ impl EtcdLeaseStore {
             lease_secs,
         };
         self.terms.lock().insert(role.to_owned(), term);
-        Ok(Step::Done(LeaseResult {
-            acquired: true,
-            fencing_token: FencingToken::from(u64::try_from(old.token).unwrap_or(0)),
-            expires_at,
-            holder: owner.to_owned(),
-            now: SystemTime::now(),
-        }))
+        Ok(held(owner, old.token, expires_at))
     }
 
     /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
@@ -742,22 +724,9 @@ impl EtcdLeaseStore {
             .watch("watching a lease", &self.keys.lease(role), options)
             .await?;
         loop {
-            let message = stream
-                .message()
-                .await
-                .map_err(|e| Error::store(BACKEND, "watching a lease", e))?;
-            let Some(response) = message else {
+            let Some(response) = next_response(&mut stream, "lease").await? else {
                 return Err(Error::store_msg(BACKEND, "the lease watch ended"));
             };
-            if response.canceled() {
-                return Err(Error::store_msg(
-                    BACKEND,
-                    format!(
-                        "the lease watch was cancelled: {}",
-                        response.cancel_reason()
-                    ),
-                ));
-            }
             for event in response.events() {
                 let ended = match event.event_type() {
                     EventType::Delete => true,
@@ -852,6 +821,18 @@ pub fn release_txn(
             TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
             TxnOp::put(keys.term(role), encode(record)?, None),
         ]))
+}
+
+/// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
+fn held(owner: &str, token: i64, expires_at: SystemTime) -> Step {
+    Step::Done(LeaseResult {
+        acquired: true,
+        // Create revisions are positive; 0 is never a live term's token.
+        fencing_token: FencingToken::from(u64::try_from(token).unwrap_or(0)),
+        expires_at,
+        holder: owner.to_owned(),
+        now: SystemTime::now(),
+    })
 }
 
 fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {

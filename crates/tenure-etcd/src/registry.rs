@@ -22,8 +22,8 @@ use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 
 use crate::keys::{
-    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Conn, Keys, NodeRecord,
-    BACKEND,
+    decode, encode, from_ns, name_under, next_response, round_trip, to_ns, ttl_secs, Conn, Keys,
+    NodeRecord, BACKEND,
 };
 use crate::lease::DEFAULT_REQUEST_TIMEOUT;
 
@@ -101,23 +101,9 @@ impl MembershipWatch {
             if let Some(change) = self.pending.pop_front() {
                 return Ok(Some(change));
             }
-            let message = self
-                .stream
-                .message()
-                .await
-                .map_err(|e| Error::store(BACKEND, "watching membership", e))?;
-            let Some(response) = message else {
+            let Some(response) = next_response(&mut self.stream, "membership").await? else {
                 return Ok(None);
             };
-            if response.canceled() {
-                return Err(Error::store_msg(
-                    BACKEND,
-                    format!(
-                        "the membership watch was cancelled: {}",
-                        response.cancel_reason()
-                    ),
-                ));
-            }
             for event in response.events() {
                 let Some(kv) = event.kv() else { continue };
                 let Some(node_id) = name_under(kv.key(), &self.dir) else {
