@@ -354,7 +354,10 @@ impl LeaseStore for PgLeaseStore {
 
 /// The acquire-or-renew statement on lease table `t` (a quoted, qualified name): one
 /// upsert deciding renew / acquire / refuse on `statement_timestamp()` and notifying on a
-/// new term. Public only so the benchmark issues exactly the store's statement.
+/// new term. A renewal never moves the expiry back: a statement that waited after it
+/// arrived (behind a lock, on a starved backend) carries an older timestamp than a
+/// renewal that already committed, and the holder's deadline follows the later one.
+/// Public only so the benchmark issues exactly the store's statement.
 #[doc(hidden)]
 pub fn acquire_statement(t: &str) -> String {
     let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
@@ -367,8 +370,10 @@ pub fn acquire_statement(t: &str) -> String {
                         THEN EXCLUDED.holder ELSE l.holder END,
                     fencing_token = CASE WHEN {free}
                         THEN l.fencing_token + 1 ELSE l.fencing_token END,
-                    expires_at = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN EXCLUDED.expires_at ELSE l.expires_at END,
+                    expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at
+                        WHEN l.holder = EXCLUDED.holder
+                        THEN GREATEST(l.expires_at, EXCLUDED.expires_at)
+                        ELSE l.expires_at END,
                     term_txid = CASE WHEN {free}
                         THEN EXCLUDED.term_txid ELSE l.term_txid END
                 RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term

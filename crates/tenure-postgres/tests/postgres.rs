@@ -789,3 +789,57 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     assert!(store.release("r", "a", first.fencing_token).await.unwrap());
     assert!(!store.release("r", "a", first.fencing_token).await.unwrap());
 }
+
+/// A renewal that executes late must not move the lease's expiry backwards within a
+/// term. `statement_timestamp()` is taken when the statement arrives; here the late
+/// renewal arrives first and then waits (as it would behind a lock or a starved backend)
+/// while a later renewal commits, so it runs with an older timestamp than the expiry
+/// already granted. The elector's deadline follows the later renewal, so an expiry that
+/// moved back would end the term on the store before the holder stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_renewal_never_moves_the_expiry_back() {
+    let (pool, schema) = setup("late").await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let ttl = Duration::from_secs(30);
+    let first = store
+        .try_acquire_or_renew("job", "node-a", ttl)
+        .await
+        .unwrap();
+    assert!(first.acquired);
+
+    // The store's own acquire statement, with its parameters as literals, behind a
+    // sleep in the same simple-query message: both share one statement_timestamp().
+    let table = format!("\"{}\".\"tenure_leases\"", schema.name());
+    let late_sql = tenure_postgres::statements::acquire_statement(&table)
+        .replace("$1", "'job'")
+        .replace("$2", "'node-a'")
+        .replace("$3", &ttl.as_micros().to_string())
+        .replace("$4", &format!("'tenure:{}'", schema.name()));
+    let late = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            sqlx::raw_sql(&format!("SELECT pg_sleep(1.5); {late_sql}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let renewed = store
+        .try_acquire_or_renew("job", "node-a", ttl)
+        .await
+        .unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);
+    late.await.unwrap();
+
+    let after = store.get("job").await.unwrap().expect("lease row");
+    assert_eq!(after.fencing_token, first.fencing_token);
+    assert!(
+        after.expires_at >= renewed.expires_at,
+        "the late renewal moved the expiry back by {:?}",
+        renewed
+            .expires_at
+            .duration_since(after.expires_at)
+            .unwrap_or_default()
+    );
+}
