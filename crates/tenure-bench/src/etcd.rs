@@ -66,6 +66,8 @@ fn now_ns() -> u64 {
 
 pub(crate) struct Etcd {
     url: EtcdUrl,
+    /// The oldest version the endpoints reported, which decides how the store renews.
+    server_version: Option<tenure_etcd::EtcdVersion>,
     /// The URL's prefix plus [`SUBPREFIX`].
     prefix: String,
     keys: Arc<Keys>,
@@ -90,9 +92,10 @@ impl Etcd {
         let prefix = format!("{}{SUBPREFIX}", url.prefix());
         let keys = Arc::new(Keys::new(&prefix)?);
         // Checks that an endpoint answers, with errors that name no URL.
-        drop(tenure_etcd::connect_client(&url).await?);
+        let (_, server_version) = tenure_etcd::connect_client(&url).await?;
         let mut etcd = Etcd {
             url,
+            server_version,
             prefix,
             keys,
             run_id: run_id.to_owned(),
@@ -124,8 +127,13 @@ impl Etcd {
         Etcd::open(&url, run_id, Some(server)).await
     }
 
+    /// A store as `tenure` builds one: renewals tuned to the server's version.
+    fn store(&self, client: Client) -> Result<EtcdLeaseStore> {
+        Ok(EtcdLeaseStore::new(client, &self.prefix)?.for_server(self.server_version))
+    }
+
     async fn client(&self) -> Result<Client> {
-        tenure_etcd::connect_client(&self.url).await
+        Ok(tenure_etcd::connect_client(&self.url).await?.0)
     }
 
     /// Every member's gRPC counters, summed.
@@ -485,7 +493,7 @@ impl Backend for Etcd {
     async fn stores(&self, _clients: usize) -> Result<Handles> {
         let client = self.client().await?;
         Ok(Handles {
-            leases: Arc::new(EtcdLeaseStore::new(client.clone(), &self.prefix)?),
+            leases: Arc::new(self.store(client.clone())?),
             registry: Arc::new(EtcdNodeRegistry::new(client, &self.prefix, REGISTRY_TTL)?),
         })
     }
@@ -512,8 +520,8 @@ impl Backend for Etcd {
 
     async fn pair(&self) -> Result<(Arc<dyn LeaseStore>, Arc<dyn LeaseStore>)> {
         Ok((
-            Arc::new(EtcdLeaseStore::new(self.client().await?, &self.prefix)?),
-            Arc::new(EtcdLeaseStore::new(self.client().await?, &self.prefix)?),
+            Arc::new(self.store(self.client().await?)?),
+            Arc::new(self.store(self.client().await?)?),
         ))
     }
 

@@ -173,12 +173,12 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
         #[cfg(feature = "etcd")]
         StoreUrl::Etcd(raw) => {
             let url = tenure_etcd::EtcdUrl::parse(raw)?;
-            let client = tenure_etcd::connect_client(&url).await?;
+            let (client, version) = tenure_etcd::connect_client(&url).await?;
             Ok(Stores {
-                leases: Arc::new(tenure_etcd::EtcdLeaseStore::new(
-                    client.clone(),
-                    url.prefix(),
-                )?),
+                leases: Arc::new(
+                    tenure_etcd::EtcdLeaseStore::new(client.clone(), url.prefix())?
+                        .for_server(version),
+                ),
                 registry: Arc::new(tenure_etcd::EtcdNodeRegistry::new(
                     client.clone(),
                     url.prefix(),

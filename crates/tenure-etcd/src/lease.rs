@@ -34,6 +34,7 @@ use crate::keys::{
     decode, encode, from_ns, name_under, next_response, round_trip, to_ns, ttl_secs, Conn, Keys,
     TermRecord, BACKEND,
 };
+use crate::version::EtcdVersion;
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's
 /// expiry check period.
@@ -51,9 +52,11 @@ const MAX_SPARE_LEASES: usize = 8;
 /// A [`LeaseStore`] on etcd (v3 API, etcd 3.4 or later).
 ///
 /// Takes the caller's own [`etcd_client::Client`] and a key prefix. Every operation is
-/// one transaction (plus, for renewals, a keep-alive of the term's etcd lease sent
-/// concurrently, so a renewal costs one round trip); release is a transaction that
-/// compares the create revision, never an unconditional delete.
+/// one transaction (plus, for renewals, a keep-alive of the term's etcd lease: sent
+/// together with it against a server whose keep-alive answers are safe, so a renewal
+/// costs one round trip, and before it otherwise; see [`for_server`](Self::for_server));
+/// release is a transaction that compares the create revision, never an unconditional
+/// delete.
 ///
 /// Tokens are the lease key's create revision: strictly increasing per role and durable
 /// across etcd restarts, but not consecutive. `get` and `list` also show terms that
@@ -87,6 +90,10 @@ pub struct EtcdLeaseStore {
     /// Granted but unused etcd leases, so an acquire after a lost race (or a push) is
     /// one round trip.
     spare: Mutex<Vec<SpareLease>>,
+    /// Send a renewal's transaction only after its keep-alive answered: needed against
+    /// servers whose keep-alive may report a lease alive while it is being revoked
+    /// (see [`crate::version`]).
+    keep_alive_first: bool,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -107,6 +114,13 @@ struct OwnTerm {
     ttl_secs: i64,
     /// The TTL etcd granted (etcd raises TTLs below its minimum).
     lease_secs: i64,
+}
+
+impl OwnTerm {
+    /// The answer for this term once etcd has expired its lease.
+    fn lapsing(&self) -> Step {
+        Step::Lapsing(FencingToken::from(u64::try_from(self.token).unwrap_or(0)))
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -190,7 +204,24 @@ impl EtcdLeaseStore {
             keys: Keys::new(prefix)?,
             terms: Mutex::new(HashMap::new()),
             spare: Mutex::new(Vec::new()),
+            keep_alive_first: true,
         })
+    }
+
+    /// Tunes renewals to the server: against a release whose keep-alive answers are
+    /// safe ([`EtcdVersion::keep_alive_is_safe`]) a renewal's keep-alive and transaction
+    /// go out together (one round trip); against an older or unknown one (`None`), the
+    /// default, the transaction follows the keep-alive's answer (two round trips). Use
+    /// the version [`connect_client`](crate::connect_client) reports.
+    pub fn for_server(mut self, version: Option<EtcdVersion>) -> Self {
+        self.keep_alive_first = !version.is_some_and(|v| v.keep_alive_is_safe());
+        self
+    }
+
+    /// Whether a renewal waits for its keep-alive's answer before sending its
+    /// transaction (see [`for_server`](Self::for_server)).
+    pub fn keeps_alive_first(&self) -> bool {
+        self.keep_alive_first
     }
 
     /// Sets the timeout of each etcd request (default [`DEFAULT_REQUEST_TIMEOUT`]); a
@@ -364,10 +395,20 @@ impl EtcdLeaseStore {
             released: false,
         };
         let txn = renew_txn(&self.keys, role, owner, term.token, &record)?;
-        let (txn_result, alive) = tokio::join!(
-            self.conn.txn("renewing a lease", txn),
-            self.conn.keep_alive_once(term.lease),
-        );
+        let (txn_result, alive) = if self.keep_alive_first {
+            // The transaction then sees any key deletion the keep-alive raced with.
+            let alive = self.conn.keep_alive_once(term.lease).await;
+            if !matches!(alive, Ok(true)) {
+                self.terms.lock().remove(role);
+                return alive.map(|_| term.lapsing());
+            }
+            (self.conn.txn("renewing a lease", txn).await, alive)
+        } else {
+            tokio::join!(
+                self.conn.txn("renewing a lease", txn),
+                self.conn.keep_alive_once(term.lease),
+            )
+        };
         let response = match txn_result {
             Ok(response) => response,
             Err(error) => {
@@ -387,9 +428,7 @@ impl EtcdLeaseStore {
             // over, and a lapsed term is never resumed.
             Ok(false) => {
                 self.terms.lock().remove(role);
-                return Ok(Step::Lapsing(FencingToken::from(
-                    u64::try_from(term.token).unwrap_or(0),
-                )));
+                return Ok(term.lapsing());
             }
             Err(error) => {
                 self.terms.lock().remove(role);

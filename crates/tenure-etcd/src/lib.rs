@@ -61,12 +61,14 @@ mod keys;
 pub mod lease;
 pub mod registry;
 pub mod url;
+pub mod version;
 
 pub use fence::EtcdFence;
 pub use keys::{validate_prefix, DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use lease::EtcdLeaseStore;
 pub use registry::{EtcdNodeRegistry, MembershipChange, MembershipWatch};
 pub use url::{connect, connect_client, connect_options, EtcdUrl};
+pub use version::EtcdVersion;
 
 /// The requests the store and registry send, built by the same functions they use, so
 /// a benchmark (`tenure bench`, `benches/etcd.rs`) can send exactly those through

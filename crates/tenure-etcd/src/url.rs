@@ -11,6 +11,7 @@ use etcd_client::{Client, ConnectOptions};
 use tenure::{Error, Result};
 
 use crate::keys::{validate_prefix, BACKEND, DEFAULT_PREFIX};
+use crate::version::EtcdVersion;
 use crate::EtcdLeaseStore;
 
 const SCHEME: &str = "etcd://";
@@ -141,20 +142,39 @@ pub fn connect_options() -> ConnectOptions {
 
 /// Connects an etcd client to the URL's endpoints, after checking that at least one
 /// answers. When none does, the error names each endpoint and why.
-pub async fn connect_client(url: &EtcdUrl) -> Result<Client> {
+///
+/// Also returns the oldest server version the reachable endpoints reported (`None` when
+/// one reported a version that does not parse), for
+/// [`EtcdLeaseStore::for_server`](crate::EtcdLeaseStore::for_server). An endpoint running
+/// a release whose keep-alive answers are unsafe (see [`crate::version`]) is logged as a
+/// warning.
+pub async fn connect_client(url: &EtcdUrl) -> Result<(Client, Option<EtcdVersion>)> {
     let mut failures = Vec::new();
-    let mut reachable = 0;
+    let mut versions = Vec::new();
     for endpoint in &url.endpoints {
+        let host = endpoint.trim_start_matches("http://");
         match probe(endpoint).await {
-            Ok(()) => reachable += 1,
+            Ok(reported) => {
+                let version = EtcdVersion::parse(&reported);
+                if !version.is_some_and(|v| v.keep_alive_is_safe()) {
+                    tracing::warn!(
+                        endpoint = host,
+                        version = %reported,
+                        safe_since = "3.4.38, 3.5.23, 3.6.5",
+                        "this etcd release may answer a keep-alive for a lease it is revoking; \
+                         renewals wait for the keep-alive before their transaction (one more \
+                         round trip); upgrade etcd to avoid it"
+                    );
+                }
+                versions.push(version);
+            }
             Err(reason) => {
-                let host = endpoint.trim_start_matches("http://");
                 tracing::warn!(endpoint = host, reason = %reason, "etcd endpoint unreachable");
                 failures.push(format!("{host} ({reason})"));
             }
         }
     }
-    if reachable == 0 {
+    if versions.is_empty() {
         return Err(Error::store_msg(
             BACKEND,
             format!(
@@ -163,19 +183,25 @@ pub async fn connect_client(url: &EtcdUrl) -> Result<Client> {
             ),
         ));
     }
-    Client::connect(&url.endpoints, Some(connect_options()))
+    let oldest = versions.iter().copied().min().flatten();
+    let client = Client::connect(&url.endpoints, Some(connect_options()))
         .await
-        .map_err(|e| Error::store(BACKEND, "connecting to etcd", e))
+        .map_err(|e| Error::store(BACKEND, "connecting to etcd", e))?;
+    Ok((client, oldest))
 }
 
-/// One status call to one endpoint, within [`PROBE_TIMEOUT`].
-async fn probe(endpoint: &str) -> std::result::Result<(), String> {
+/// One status call to one endpoint, within [`PROBE_TIMEOUT`]; returns the version it
+/// reports.
+async fn probe(endpoint: &str) -> std::result::Result<String, String> {
     let attempt = async {
         let mut client = Client::connect([endpoint], Some(connect_options())).await?;
-        client.status().await.map(|_| ())
+        client
+            .status()
+            .await
+            .map(|status| status.version().to_owned())
     };
     match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(version)) => Ok(version),
         Ok(Err(error)) => Err(short_reason(&error)),
         Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     }
@@ -198,8 +224,8 @@ fn short_reason(error: &etcd_client::Error) -> String {
 /// store.prefix(), ttl)`.
 pub async fn connect(url: &str) -> Result<EtcdLeaseStore> {
     let url = EtcdUrl::parse(url)?;
-    let client = connect_client(&url).await?;
-    EtcdLeaseStore::new(client, url.prefix())
+    let (client, version) = connect_client(&url).await?;
+    Ok(EtcdLeaseStore::new(client, url.prefix())?.for_server(version))
 }
 
 #[cfg(test)]

@@ -534,3 +534,29 @@ async fn remembered_memberships_survive_changes_made_elsewhere() {
     let members = a.members().await.unwrap();
     assert!(first_seen(members) > restarted);
 }
+
+/// `connect` asks each endpoint its version and tunes renewals to the oldest: the
+/// Debian etcd the tests run (3.4.23) predates the keep-alive fix, so its renewals wait
+/// for the keep-alive before the transaction, and still renew under the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunes_renewals_to_the_server_version() {
+    let server = EtcdServer::shared();
+    let url =
+        tenure_etcd::EtcdUrl::parse(&format!("etcd://{}/version", server.host_port())).unwrap();
+    let (_client, version) = tenure_etcd::connect_client(&url).await.unwrap();
+    let version = version.expect("etcd reports a version that parses");
+    let store = tenure_etcd::connect(&format!("etcd://{}/version", server.host_port()))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.keeps_alive_first(),
+        !version.keep_alive_is_safe(),
+        "{version}"
+    );
+
+    let ttl = Duration::from_secs(2);
+    let first = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    let renewed = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    assert!(first.acquired && renewed.acquired);
+    assert_eq!(renewed.fencing_token, first.fencing_token);
+}

@@ -2,6 +2,10 @@
 //! binary, a fresh key prefix per scenario). etcd TTLs are whole seconds and expiry is
 //! checked every 500 ms, so scenarios use a 4 s TTL and `pass_time` sleeps past the
 //! requested time by [`common::EXPIRY_MARGIN`].
+//!
+//! The lease scenarios run twice: with renewals that wait for the keep-alive before the
+//! transaction (the default, and what an etcd release with unsafe keep-alive answers
+//! gets) and with both sent together (what a fixed release gets).
 
 mod common;
 
@@ -14,17 +18,27 @@ use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry};
 use tenure_testkit::etcd::EtcdServer;
 use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 
-struct Etcd;
+/// The backend; `safe_server` stands for an etcd release whose keep-alive answers are
+/// safe, so renewals send keep-alive and transaction together.
+struct Etcd {
+    safe_server: bool,
+}
 
 struct EtcdFixture {
     endpoints: Vec<String>,
     prefix: String,
+    safe_server: bool,
     store: Arc<EtcdLeaseStore>,
 }
 
-async fn store_on(endpoints: &[String], prefix: &str) -> Arc<EtcdLeaseStore> {
+async fn store_on(endpoints: &[String], prefix: &str, safe_server: bool) -> Arc<EtcdLeaseStore> {
     let client = common::client(endpoints).await;
-    Arc::new(EtcdLeaseStore::new(client, prefix).unwrap())
+    let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
+    let store = EtcdLeaseStore::new(client, prefix)
+        .unwrap()
+        .for_server(fixed);
+    assert_eq!(store.keeps_alive_first(), !safe_server);
+    Arc::new(store)
 }
 
 #[async_trait]
@@ -32,10 +46,11 @@ impl LeaseBackend for Etcd {
     async fn create(&self) -> Box<dyn LeaseFixture> {
         let endpoints = vec![EtcdServer::shared().endpoint()];
         let prefix = common::unique_prefix("conformance");
-        let store = store_on(&endpoints, &prefix).await;
+        let store = store_on(&endpoints, &prefix, self.safe_server).await;
         Box::new(EtcdFixture {
             endpoints,
             prefix,
+            safe_server: self.safe_server,
             store,
         })
     }
@@ -48,7 +63,7 @@ impl LeaseFixture for EtcdFixture {
     }
 
     async fn reopen(&self) -> Arc<dyn LeaseStore> {
-        store_on(&self.endpoints, &self.prefix).await
+        store_on(&self.endpoints, &self.prefix, self.safe_server).await
     }
 
     async fn pass_time(&self, by: Duration) {
@@ -102,5 +117,24 @@ impl RegistryFixture for EtcdRegistryFixture {
     }
 }
 
-tenure_testkit::lease_scenarios!(Etcd, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::registry_scenarios!(Etcd, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::lease_scenarios!(
+    Etcd { safe_server: false },
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+tenure_testkit::registry_scenarios!(
+    Etcd { safe_server: false },
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+
+/// The lease scenarios with keep-alive and transaction sent together.
+mod renewals_in_one_round_trip {
+    use super::*;
+
+    tenure_testkit::lease_scenarios!(
+        Etcd { safe_server: true },
+        flavor = "multi_thread",
+        worker_threads = 2
+    );
+}
