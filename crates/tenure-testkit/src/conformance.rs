@@ -1,4 +1,5 @@
-//! The conformance suite: SPEC sections 2 and 5 as scenarios every backend must pass.
+//! The conformance suite: the lease store and membership rules (`docs/semantics.md`) as
+//! scenarios every backend must pass.
 //!
 //! Each `scenario_*` builds fresh storage from the backend and panics (with a message
 //! saying which rule broke) on a violation. Backend crates call each one from a
@@ -504,7 +505,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
     }
 }
 
-/// Every bad input of SPEC section 2 is `InvalidArgument` naming the field.
+/// Every bad input the lease store rules name is `InvalidArgument` naming the field.
 pub async fn scenario_bad_input(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();

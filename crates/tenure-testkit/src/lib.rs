@@ -1,6 +1,6 @@
 //! Shared test support for every tenure backend.
 //!
-//! - [`conformance`]: the SPEC's contract as plain `async fn scenario_*(backend)`
+//! - [`conformance`]: the lease and membership rules of `docs/semantics.md` as plain `async fn scenario_*(backend)`
 //!   functions; each backend crate's tests call every scenario with its own
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - throwaway servers (PostgreSQL, etcd) that tests start, stop, kill and pause.

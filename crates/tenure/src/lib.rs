@@ -13,7 +13,9 @@
 //! - **heartbeat membership** ([`NodeRegistry`]).
 //!
 //! This crate holds the contract and the in-memory backends; SQLite, PostgreSQL and etcd
-//! live in their own crates and pass the same conformance suite.
+//! live in their own crates and pass the same conformance suite. The rules in full (lease
+//! decisions, tokens, the elector's deadline, store time per backend, the invariants) are
+//! in the repository's `docs/semantics.md`.
 //!
 //! ## Automated: the elector
 //!
