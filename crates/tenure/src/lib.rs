@@ -75,6 +75,7 @@ mod error;
 mod fence;
 pub mod lease;
 pub mod memory;
+pub mod placement;
 pub mod registry;
 mod token;
 
@@ -87,5 +88,6 @@ pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
 pub use lease::{LeaseInfo, LeaseResult, LeaseStore};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
+pub use placement::place;
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
 pub use token::FencingToken;

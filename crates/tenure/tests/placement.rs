@@ -1,0 +1,229 @@
+//! Properties of `place` over thousands of random memberships and current owners: it is
+//! deterministic, balanced, and moves few shards when members come and go.
+//!
+//! Each case is seeded, so a failure names the seed that reproduces it.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tenure::place;
+
+/// Cases per property (`TENURE_PLACEMENT_CASES` overrides).
+fn cases() -> u64 {
+    std::env::var("TENURE_PLACEMENT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+struct Case {
+    group: String,
+    shards: u32,
+    members: Vec<String>,
+}
+
+fn random_case(rng: &mut SmallRng) -> Case {
+    let count = rng.random_range(1..=12);
+    let members = (0..count)
+        .map(|i| format!("node-{i}-{:x}", rng.random::<u16>()))
+        .collect();
+    Case {
+        group: format!("g{}", rng.random::<u8>()),
+        shards: rng.random_range(0..=300),
+        members,
+    }
+}
+
+/// Any current assignment: some shards owned by members, some by strangers, some free.
+fn random_owners(rng: &mut SmallRng, case: &Case) -> BTreeMap<u32, String> {
+    (0..case.shards)
+        .filter_map(|shard| match rng.random_range(0..4) {
+            0 => None,
+            1 => Some((shard, "stranger".to_owned())),
+            _ => {
+                let m = rng.random_range(0..case.members.len());
+                Some((shard, case.members[m].clone()))
+            }
+        })
+        .collect()
+}
+
+fn per_member(placed: &BTreeMap<u32, String>) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for owner in placed.values() {
+        *counts.entry(owner.as_str()).or_default() += 1;
+    }
+    counts
+}
+
+fn assert_balanced(seed: u64, case: &Case, placed: &BTreeMap<u32, String>) {
+    let shards = case.shards as usize;
+    let m = case.members.len();
+    assert_eq!(placed.len(), shards, "seed {seed}: every shard placed");
+    assert!(
+        placed.keys().all(|&k| k < case.shards),
+        "seed {seed}: only shards of the group"
+    );
+    let counts = per_member(placed);
+    for member in &case.members {
+        let n = counts.get(member.as_str()).copied().unwrap_or(0);
+        assert!(
+            n == shards / m || n == shards.div_ceil(m),
+            "seed {seed}: {member} owns {n} of {shards} shards over {m} members"
+        );
+    }
+    assert!(
+        counts.keys().all(|k| case.members.iter().any(|m| m == k)),
+        "seed {seed}: only live members own shards"
+    );
+}
+
+#[test]
+fn deterministic_and_independent_of_member_order() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        let first = place(&case.group, case.shards, &case.members, &owners);
+        let mut shuffled = case.members.clone();
+        shuffled.reverse();
+        shuffled.push(case.members[0].clone());
+        assert_eq!(
+            first,
+            place(&case.group, case.shards, &shuffled, &owners),
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn balanced_from_any_current_assignment() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        let placed = place(&case.group, case.shards, &case.members, &owners);
+        assert_balanced(seed, &case, &placed);
+    }
+}
+
+#[test]
+fn a_settled_placement_is_a_fixed_point() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        let settled = place(&case.group, case.shards, &case.members, &owners);
+        assert_eq!(
+            place(&case.group, case.shards, &case.members, &settled),
+            settled,
+            "seed {seed}: placing again moves nothing"
+        );
+    }
+}
+
+#[test]
+fn a_join_moves_only_shards_to_the_newcomer() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        let before = place(&case.group, case.shards, &case.members, &owners);
+        let mut grown = Case {
+            members: case.members.clone(),
+            ..case
+        };
+        grown.members.push("newcomer".to_owned());
+        let after = place(&grown.group, grown.shards, &grown.members, &before);
+        assert_balanced(seed, &grown, &after);
+        let moved: Vec<u32> = after
+            .iter()
+            .filter(|(k, m)| before.get(k) != Some(m))
+            .map(|(k, _)| *k)
+            .collect();
+        assert!(
+            moved.iter().all(|k| after[k] == "newcomer"),
+            "seed {seed}: a shard moved between old members: {moved:?}"
+        );
+        let taken = per_member(&after).get("newcomer").copied().unwrap_or(0);
+        let m = grown.members.len();
+        let shards = grown.shards as usize;
+        assert!(
+            taken == shards / m || taken == shards.div_ceil(m),
+            "seed {seed}: the newcomer took {taken} of {shards} over {m} members"
+        );
+    }
+}
+
+#[test]
+fn a_leave_moves_only_the_leavers_shards() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        if case.members.len() < 2 {
+            continue;
+        }
+        let owners = random_owners(&mut rng, &case);
+        let before = place(&case.group, case.shards, &case.members, &owners);
+        let leaver = case.members[rng.random_range(0..case.members.len())].clone();
+        let shrunk = Case {
+            members: case
+                .members
+                .iter()
+                .filter(|m| **m != leaver)
+                .cloned()
+                .collect(),
+            ..case
+        };
+        let after = place(&shrunk.group, shrunk.shards, &shrunk.members, &before);
+        assert_balanced(seed, &shrunk, &after);
+        for (shard, owner) in &before {
+            if *owner != leaver {
+                assert_eq!(
+                    &after[shard], owner,
+                    "seed {seed}: shard {shard} moved though its owner stayed"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cold_start_spreads_64_shards_over_4_members_evenly() {
+    let members: Vec<String> = (1..=4).map(|i| format!("node-{i}")).collect();
+    let placed = place("jobs", 64, &members, &BTreeMap::new());
+    assert!(per_member(&placed).values().all(|&n| n == 16), "{placed:?}");
+}
+
+#[test]
+fn keeps_as_many_current_owners_as_any_balanced_placement_could() {
+    for seed in 0..cases() {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        let placed = place(&case.group, case.shards, &case.members, &owners);
+        let kept = placed
+            .iter()
+            .filter(|(k, m)| owners.get(k) == Some(m))
+            .count();
+        // The most a balanced placement can keep: the members holding most get the
+        // larger shares, and each keeps up to its share.
+        let mut held: Vec<usize> = case
+            .members
+            .iter()
+            .map(|m| owners.values().filter(|o| *o == m).count())
+            .collect();
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        let (m, shards) = (held.len(), case.shards as usize);
+        let best: usize = held
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| h.min(shards / m + usize::from(i < shards % m)))
+            .sum();
+        assert_eq!(
+            kept, best,
+            "seed {seed}: kept {kept} current owners, {best} possible"
+        );
+    }
+}
