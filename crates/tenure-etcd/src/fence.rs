@@ -13,8 +13,9 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use tenure::lease::validate_name;
 use tenure::{Error, FenceStore, FencingToken, Result};
 
-use crate::keys::{Conn, Keys};
+use crate::conn::Conn;
 use crate::lease::DEFAULT_REQUEST_TIMEOUT;
+use crate::schema::Keys;
 
 /// Per resource, the highest token admitted, kept in etcd.
 #[derive(Clone)]

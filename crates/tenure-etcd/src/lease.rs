@@ -30,9 +30,9 @@ use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
 
-use crate::keys::{
-    decode, encode, from_ns, name_under, next_response, round_trip, to_ns, ttl_secs, Conn, Keys,
-    TermRecord, BACKEND,
+use crate::conn::{next_response, Conn, BACKEND};
+use crate::schema::{
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, TermRecord,
 };
 use crate::version::EtcdVersion;
 
@@ -896,7 +896,7 @@ fn parse_term(kv: &KeyValue) -> Option<(TermRecord, i64)> {
 fn lease_missing(error: &Error) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<etcd_client::Error>())
-        .is_some_and(crate::keys::is_lease_not_found)
+        .is_some_and(crate::conn::is_lease_not_found)
 }
 
 fn seen_from(lease_kv: Option<&KeyValue>, record: Option<&(TermRecord, i64)>) -> Seen {

@@ -56,17 +56,18 @@
 //! ```
 #![deny(missing_docs)]
 
+mod conn;
 mod fence;
-mod keys;
 pub mod lease;
 pub mod registry;
+mod schema;
 pub mod url;
 pub mod version;
 
 pub use fence::EtcdFence;
-pub use keys::{validate_prefix, DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use lease::EtcdLeaseStore;
 pub use registry::{EtcdNodeRegistry, MembershipChange, MembershipWatch};
+pub use schema::{validate_prefix, DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use url::{connect, connect_client, connect_options, EtcdUrl};
 pub use version::EtcdVersion;
 
@@ -75,9 +76,9 @@ pub use version::EtcdVersion;
 /// etcd-client directly. Not part of the supported API: it changes with the store.
 #[doc(hidden)]
 pub mod requests {
-    pub use crate::keys::{decode, to_ns, Keys, NodeRecord, TermRecord};
     pub use crate::lease::{acquire_txn, release_txn, renew_txn};
     pub use crate::registry::node_txn;
+    pub use crate::schema::{decode, to_ns, Keys, NodeRecord, TermRecord};
 }
 
 /// The etcd client crate this backend is built on, re-exported so callers use the same

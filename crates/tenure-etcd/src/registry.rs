@@ -21,11 +21,11 @@ use tenure::lease::validate_name;
 use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 
-use crate::keys::{
-    decode, encode, from_ns, name_under, next_response, round_trip, to_ns, ttl_secs, Conn, Keys,
-    NodeRecord, BACKEND,
-};
+use crate::conn::{next_response, Conn, BACKEND};
 use crate::lease::DEFAULT_REQUEST_TIMEOUT;
+use crate::schema::{
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, NodeRecord,
+};
 
 const MAX_ATTEMPTS: usize = 6;
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use tenure::{Error, Result};
 
-use crate::keys::{validate_prefix, BACKEND, DEFAULT_PREFIX};
+use crate::conn::BACKEND;
+use crate::schema::{validate_prefix, DEFAULT_PREFIX};
 use crate::version::EtcdVersion;
 use crate::EtcdLeaseStore;
 

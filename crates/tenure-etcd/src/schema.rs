@@ -1,5 +1,5 @@
-//! The key layout under a prefix, the stored records, and the small helpers every
-//! module shares (time encoding, error mapping, request timeouts).
+//! The key layout under a prefix and the records stored there, with their encodings
+//! (JSON records, times as nanoseconds since the epoch, TTLs as etcd's whole seconds).
 //!
 //! Under `<prefix>`:
 //!
@@ -9,16 +9,11 @@
 //! | `terms/R` | [`TermRecord`] (JSON) | none | latest term's token, expiry, release; survives expiry |
 //! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
 
-use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{
-    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, Txn, TxnResponse, WatchOptions,
-    WatchStream,
-};
 use tenure::{Error, Metadata, Result};
 
-pub(crate) const BACKEND: &str = "etcd";
+use crate::conn::BACKEND;
 
 /// The longest prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 512;
@@ -205,208 +200,6 @@ pub(crate) fn from_ns(ns: u64) -> SystemTime {
 /// `time` as it reads back from a record, so a holder and a reader see equal values.
 pub(crate) fn round_trip(time: SystemTime) -> SystemTime {
     from_ns(to_ns(time))
-}
-
-pub(crate) fn store_err(what: &str, error: etcd_client::Error) -> Error {
-    Error::store(BACKEND, what.to_owned(), error)
-}
-
-/// Whether an etcd error says the lease does not exist (expired or revoked).
-pub(crate) fn is_lease_not_found(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::LeaseKeepAliveError(message) => message.contains("not found"),
-        etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
-        _ => false,
-    }
-}
-
-/// Whether the request provably never reached a server: the connection to the endpoint
-/// the client's balancer picked could not be opened. Such a request is safe to resend,
-/// and resending lets the balancer pick a live member (it keeps picking dead ones).
-fn never_sent(error: &etcd_client::Error) -> bool {
-    let etcd_client::Error::GRpcStatus(status) = error else {
-        return false;
-    };
-    // gRPC status 14, UNAVAILABLE.
-    if status.code() as i32 != 14 {
-        return false;
-    }
-    if status.message().contains("tcp connect error") {
-        return true;
-    }
-    let mut source = std::error::Error::source(status);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return io.kind() == std::io::ErrorKind::ConnectionRefused;
-        }
-        source = cause.source();
-    }
-    false
-}
-
-/// The caller's etcd client and the per-request timeout, with the few calls the
-/// backend makes. Every call is bounded by the timeout and resent (within it) when it
-/// never reached a server.
-#[derive(Clone)]
-pub(crate) struct Conn {
-    pub(crate) client: Client,
-    pub(crate) timeout: Duration,
-}
-
-const MAX_SENDS: usize = 4;
-
-impl Conn {
-    async fn call<T, F, Fut>(&self, what: &str, mut make: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut sends = 0;
-        loop {
-            sends += 1;
-            match tokio::time::timeout_at(deadline, make()).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(error)) if sends < MAX_SENDS && never_sent(&error) => {
-                    tracing::trace!(what, %error, "request not sent; resending");
-                }
-                Ok(Err(error)) => return Err(store_err(what, error)),
-                Err(elapsed) => {
-                    return Err(Error::store(
-                        BACKEND,
-                        format!("{what}: no answer within {:?}", self.timeout),
-                        elapsed,
-                    ))
-                }
-            }
-        }
-    }
-
-    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        self.call(what, || {
-            let mut kv = self.client.kv_client();
-            let txn = txn.clone();
-            async move { kv.txn(txn).await }
-        })
-        .await
-    }
-
-    pub(crate) async fn get(
-        &self,
-        what: &str,
-        key: &str,
-        options: Option<GetOptions>,
-    ) -> Result<GetResponse> {
-        self.call(what, || {
-            let mut kv = self.client.kv_client();
-            let options = options.clone();
-            async move { kv.get(key, options).await }
-        })
-        .await
-    }
-
-    pub(crate) async fn delete(
-        &self,
-        what: &str,
-        key: &str,
-        options: Option<DeleteOptions>,
-    ) -> Result<DeleteResponse> {
-        self.call(what, || {
-            let mut kv = self.client.kv_client();
-            let options = options.clone();
-            async move { kv.delete(key, options).await }
-        })
-        .await
-    }
-
-    /// Grants an etcd lease: its id, the granted TTL (at least `ttl_secs`; etcd raises
-    /// TTLs below its minimum), and the local time just before the request was sent.
-    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
-        let started = SystemTime::now();
-        let granted = self
-            .call("granting an etcd lease", || {
-                let mut leases = self.client.lease_client();
-                async move { leases.grant(ttl_secs, None).await }
-            })
-            .await?;
-        Ok((granted.id(), granted.ttl().max(ttl_secs), started))
-    }
-
-    pub(crate) async fn watch(
-        &self,
-        what: &str,
-        key: &str,
-        options: WatchOptions,
-    ) -> Result<WatchStream> {
-        self.call(what, || {
-            let mut watches = self.client.watch_client();
-            let options = options.clone();
-            async move { watches.watch(key, Some(options)).await }
-        })
-        .await
-    }
-
-    /// Keeps `lease` alive once; `Ok(false)` when etcd no longer has it.
-    pub(crate) async fn keep_alive_once(&self, lease: i64) -> Result<bool> {
-        let answer = self
-            .call("keeping the etcd lease alive", || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    match leases.keep_alive(lease).await {
-                        Ok(_keeper_and_stream) => Ok(true),
-                        Err(error) if is_lease_not_found(&error) => Ok(false),
-                        Err(error) => Err(error),
-                    }
-                }
-            })
-            .await;
-        answer
-    }
-
-    /// Revokes `lease`, logging (not returning) failures: callers revoke only to clean
-    /// up after the key that mattered is already gone or moved.
-    pub(crate) async fn revoke_quietly(&self, lease: i64) {
-        if lease == 0 {
-            return;
-        }
-        let revoked = self
-            .call("revoking an etcd lease", || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    match leases.revoke(lease).await {
-                        Ok(_) => Ok(()),
-                        Err(error) if is_lease_not_found(&error) => Ok(()),
-                        Err(error) => Err(error),
-                    }
-                }
-            })
-            .await;
-        if let Err(error) = revoked {
-            tracing::debug!(lease, %error, "revoking an unused etcd lease failed; it expires by itself");
-        }
-    }
-}
-
-/// The next response of a watch on `what` (for messages): `None` when the stream ended,
-/// an error when it broke or etcd cancelled it.
-pub(crate) async fn next_response(
-    stream: &mut etcd_client::WatchStream,
-    what: &str,
-) -> Result<Option<etcd_client::WatchResponse>> {
-    let message = stream
-        .message()
-        .await
-        .map_err(|e| Error::store(BACKEND, format!("watching {what}"), e))?;
-    match message {
-        Some(response) if response.canceled() => Err(Error::store_msg(
-            BACKEND,
-            format!(
-                "the {what} watch was cancelled: {}",
-                response.cancel_reason()
-            ),
-        )),
-        other => Ok(other),
-    }
 }
 
 #[cfg(test)]
