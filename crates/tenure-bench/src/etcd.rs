@@ -341,6 +341,9 @@ struct RawClient {
     /// The memberships this client wrote: node -> (mod revision, etcd lease, record), as
     /// the registry remembers them.
     nodes: HashMap<String, (i64, i64, NodeRecord)>,
+    /// Renew as the store does against this server: the transaction after the
+    /// keep-alive's answer (see `EtcdLeaseStore::for_server`).
+    keep_alive_first: bool,
 }
 
 impl RawClient {
@@ -411,11 +414,21 @@ impl BenchClient for RawClient {
         };
         let record = term_record(owner, Some(token), secs(BENCH_TTL));
         let txn = requests::renew_txn(&self.keys, role, owner, token, &record)?;
-        if !self
-            .with_keep_alive(txn, lease, "raw renewal")
-            .await?
-            .succeeded()
-        {
+        let renewed = if self.keep_alive_first {
+            self.client
+                .lease_client()
+                .keep_alive(lease)
+                .await
+                .map_err(err("raw keep-alive"))?;
+            self.client
+                .kv_client()
+                .txn(txn)
+                .await
+                .map_err(err("raw renewal"))?
+        } else {
+            self.with_keep_alive(txn, lease, "raw renewal").await?
+        };
+        if !renewed.succeeded() {
             return Err(unexpected(format!("raw renewal of {role}: not held")));
         }
         Ok(())
@@ -507,6 +520,7 @@ impl Backend for Etcd {
                     keys: Arc::clone(&self.keys),
                     terms: HashMap::new(),
                     nodes: HashMap::new(),
+                    keep_alive_first: !self.server_version.is_some_and(|v| v.keep_alive_is_safe()),
                 }) as Box<dyn BenchClient>
             })
             .collect())
@@ -514,7 +528,8 @@ impl Backend for Etcd {
 
     fn raw_label(&self) -> &'static str {
         "the store's requests (tenure_etcd::requests) through etcd-client directly, in the \
-         store's pattern (txn beside a keep-alive; grant before acquire; revoke after \
+         store's pattern (txn beside a keep-alive, or after it for renewals against an etcd \
+         release whose keep-alive answers are unsafe; grant before acquire; revoke after \
          release), the clients sharing one Client as the store's do"
     }
 
