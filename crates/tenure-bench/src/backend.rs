@@ -135,13 +135,13 @@ pub(crate) fn unexpected(message: String) -> Error {
     Error::store_msg("bench", message)
 }
 
-/// Runs a testkit call (which panics on failure, printing why) off the runtime: the
-/// throwaway servers' start and setup.
+/// Runs a throwaway-server call off the runtime (the servers' start and setup); its
+/// error says what failed.
 pub(crate) async fn blocking<T: Send + 'static>(
     what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
+    f: impl FnOnce() -> tenure_throwaway::Result<T> + Send + 'static,
 ) -> Result<T, BenchError> {
-    tenure_testkit::off_runtime(f)
+    tenure_throwaway::unblocked(f)
         .await
-        .ok_or_else(|| BenchError::Setup(format!("cannot {what} (see the message above)")))
+        .map_err(|e| BenchError::Setup(format!("cannot {what}: {e}")))
 }

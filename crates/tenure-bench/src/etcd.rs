@@ -26,7 +26,7 @@ use tenure_etcd::etcd_client::{
 };
 use tenure_etcd::requests::{self, Keys, NodeRecord, TermRecord};
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, EtcdUrl};
-use tenure_testkit::etcd::EtcdServer;
+use tenure_throwaway::etcd::EtcdServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};

@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 use tenure::{Error, LeaseStore, Result};
 use tenure_postgres::statements;
-use tenure_testkit::postgres::PgServer;
+use tenure_throwaway::postgres::PgServer;
 use tokio::time::{timeout, Instant};
 
 use crate::backend::{
@@ -92,9 +92,9 @@ impl Postgres {
         let admin = Arc::clone(&server);
         blocking("preload pg_stat_statements", move || {
             // Preloading needs a restart; the harness keeps the data directory and port.
-            admin.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
-            admin.restart();
-            admin.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+            admin.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")?;
+            admin.restart()?;
+            admin.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         })
         .await?;
         let url = server.url();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tenure::LeaseStore;
-use tenure_testkit::etcd::EtcdServer;
-use tenure_testkit::postgres::PgServer;
+use tenure_throwaway::etcd::EtcdServer;
+use tenure_throwaway::postgres::PgServer;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -398,15 +398,14 @@ fn stop_or_kill(crash: bool) -> &'static str {
     }
 }
 
-/// Runs a testkit call (which panics on failure: it is a test harness) off the runtime,
-/// turning a panic into an error.
+/// Runs a throwaway-server call off the runtime; its error says what failed.
 async fn blocking<T: Send + 'static>(
     what: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
+    f: impl FnOnce() -> tenure_throwaway::Result<T> + Send + 'static,
 ) -> Result<T, ChaosError> {
-    tenure_testkit::off_runtime(f)
+    tenure_throwaway::unblocked(f)
         .await
-        .ok_or_else(|| ChaosError::Setup(format!("cannot {what} (see the message above)")))
+        .map_err(|e| ChaosError::Setup(format!("cannot {what}: {e}")))
 }
 
 /// Reads the role's lease every [`OBSERVE_EVERY`]; publishes the live holder for the
@@ -610,7 +609,7 @@ impl Nemesis<'_> {
                         } else {
                             server.stop();
                         }
-                        server.start_again();
+                        server.start_again()
                     })
                     .await?;
                     self.restarted = Some(Instant::now());
@@ -622,7 +621,7 @@ impl Nemesis<'_> {
                         if crash {
                             server.kill();
                         }
-                        server.restart();
+                        server.restart()
                     })
                     .await?;
                     self.restarted = Some(Instant::now());

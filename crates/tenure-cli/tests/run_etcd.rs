@@ -9,7 +9,7 @@ use tenure_testkit::etcd::EtcdServer;
 
 /// A key prefix no other test uses, on the shared server.
 fn fresh_prefix(name: &str) -> String {
-    let server = EtcdServer::shared();
+    let server = EtcdServer::shared().expect("shared etcd server");
     format!(
         "etcd://{}/cli-{name}-{}",
         server.host_port(),

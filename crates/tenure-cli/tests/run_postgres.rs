@@ -9,9 +9,11 @@ use tenure_testkit::postgres::{PgServer, SUPERUSER};
 
 /// A fresh database on the shared server; returns its URL (password included).
 fn fresh_database(name: &str) -> String {
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let database = format!("cli_{name}_{}", std::process::id());
-    server.psql(&format!("CREATE DATABASE {database}"));
+    server
+        .psql(&format!("CREATE DATABASE {database}"))
+        .expect("psql");
     server.url_for(SUPERUSER, server.password(), &database)
 }
 
@@ -43,7 +45,7 @@ postgres_scenarios!(
 /// (host:port) but never the password.
 #[test]
 fn wrong_password_is_not_echoed() {
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let url = server.url_for(SUPERUSER, "not-the-password-42", "postgres");
     let mut status = tenure();
     status.args(["status", "--store", &url]);

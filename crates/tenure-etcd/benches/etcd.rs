@@ -116,7 +116,7 @@ struct Env {
 
 impl Env {
     fn start() -> Env {
-        let server = EtcdServer::start();
+        let server = EtcdServer::start().expect("start etcd");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 const SECOND: Duration = Duration::from_secs(1);
 
 async fn shared_store(tag: &str) -> EtcdLeaseStore {
-    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    let client =
+        common::client(&[EtcdServer::shared().expect("shared etcd server").endpoint()]).await;
     EtcdLeaseStore::new(client, &common::unique_prefix(tag)).unwrap()
 }
 
@@ -38,7 +39,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_across_release_takeover_and_restart() {
     common::init_tracing();
-    let server = EtcdServer::start();
+    let server = EtcdServer::start().expect("start etcd");
     let endpoints = vec![server.endpoint()];
     let prefix = common::unique_prefix("durable");
     let store = EtcdLeaseStore::new(common::client(&endpoints).await, &prefix).unwrap();
@@ -80,7 +81,7 @@ async fn tokens_increase_across_release_takeover_and_restart() {
         } else {
             server.kill();
         }
-        server.restart();
+        server.restart().expect("restart");
         // A fresh client and store: a process restart on top of the etcd restart.
         let store = EtcdLeaseStore::new(common::client(&endpoints).await, &prefix).unwrap();
         let info = store
@@ -120,7 +121,7 @@ async fn tokens_increase_across_release_takeover_and_restart() {
 async fn push_takeover_beats_a_long_retry_interval() {
     common::init_tracing();
     let prefix = common::unique_prefix("push");
-    let endpoint = EtcdServer::shared().endpoint();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
     let options = |owner: &str| LeaseLeaderOptions {
         owner_id: owner.to_owned(),
         lease_ttl: Duration::from_secs(10),
@@ -321,7 +322,8 @@ async fn renewal_with_a_new_ttl_keeps_the_token() {
 /// and etcd expiring a node's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_stream_reports_joins_and_departures() {
-    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    let client =
+        common::client(&[EtcdServer::shared().expect("shared etcd server").endpoint()]).await;
     let registry =
         EtcdNodeRegistry::new(client, &common::unique_prefix("members"), SECOND).unwrap();
     let mut changes = registry.watch_members().await.unwrap();
@@ -432,7 +434,7 @@ async fn unreachable_endpoints_error_clearly_and_electors_retry() {
     );
 
     // An elector whose etcd is down at first.
-    let server = Arc::new(EtcdServer::start());
+    let server = Arc::new(EtcdServer::start().expect("start etcd"));
     let client = common::client(&[server.endpoint()]).await;
     server.stop();
     let store = Arc::new(
@@ -471,7 +473,7 @@ async fn unreachable_endpoints_error_clearly_and_electors_retry() {
     assert!(!state.borrow().is_leader());
     let restarted = {
         let server = server.clone();
-        tokio::task::spawn_blocking(move || server.restart())
+        tokio::task::spawn_blocking(move || server.restart().expect("restart"))
     };
     timeout(
         Duration::from_secs(30),
@@ -496,7 +498,8 @@ async fn unreachable_endpoints_error_clearly_and_electors_retry() {
 /// membership (first seen unchanged) until it really ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_memberships_survive_changes_made_elsewhere() {
-    let client = common::client(&[EtcdServer::shared().endpoint()]).await;
+    let client =
+        common::client(&[EtcdServer::shared().expect("shared etcd server").endpoint()]).await;
     let prefix = common::unique_prefix("own");
     let ttl = Duration::from_secs(10);
     let a = EtcdNodeRegistry::new(client.clone(), &prefix, ttl).unwrap();
@@ -540,7 +543,7 @@ async fn remembered_memberships_survive_changes_made_elsewhere() {
 /// for the keep-alive before the transaction, and still renew under the same token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_tunes_renewals_to_the_server_version() {
-    let server = EtcdServer::shared();
+    let server = EtcdServer::shared().expect("shared etcd server");
     let url =
         tenure_etcd::EtcdUrl::parse(&format!("etcd://{}/version", server.host_port())).unwrap();
     let (_client, version) = tenure_etcd::connect_client(&url).await.unwrap();

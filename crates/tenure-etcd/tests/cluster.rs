@@ -49,9 +49,10 @@ struct Terms {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_crash_keeps_one_tenure_leader() {
     common::init_tracing();
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
-        .await
-        .unwrap();
+    let cluster =
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3).expect("start an etcd cluster"))
+            .await
+            .unwrap();
     let cluster = Arc::new(cluster);
     let endpoints = cluster.endpoints();
     let prefix = common::unique_prefix("crash");
@@ -138,8 +139,9 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
     tracing::info!("--- the member comes back");
     let back = cluster.clone();
     tokio::task::spawn_blocking(move || {
-        back.member(victim).restart();
-        back.wait_healthy(Duration::from_secs(30));
+        back.member(victim).restart().expect("restart");
+        back.wait_healthy(Duration::from_secs(30))
+            .expect("wait until healthy");
     })
     .await
     .unwrap();
@@ -159,9 +161,10 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_cannot_acquire() {
     common::init_tracing();
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
-        .await
-        .unwrap();
+    let cluster =
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3).expect("start an etcd cluster"))
+            .await
+            .unwrap();
     let cluster = Arc::new(cluster);
     let prefix = common::unique_prefix("minority");
     let lonely = cluster.member(0).endpoint();
@@ -207,8 +210,11 @@ async fn minority_cannot_acquire() {
     tracing::info!("--- quorum back");
     let starting = cluster.clone();
     tokio::task::spawn_blocking(move || {
-        starting.member(1).restart();
-        starting.member(0).wait_healthy(Duration::from_secs(30));
+        starting.member(1).restart().expect("restart");
+        starting
+            .member(0)
+            .wait_healthy(Duration::from_secs(30))
+            .expect("wait until healthy");
     })
     .await
     .unwrap();

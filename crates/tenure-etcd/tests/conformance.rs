@@ -44,7 +44,7 @@ async fn store_on(endpoints: &[String], prefix: &str, safe_server: bool) -> Arc<
 #[async_trait]
 impl LeaseBackend for Etcd {
     async fn create(&self) -> Box<dyn LeaseFixture> {
-        let endpoints = vec![EtcdServer::shared().endpoint()];
+        let endpoints = vec![EtcdServer::shared().expect("shared etcd server").endpoint()];
         let prefix = common::unique_prefix("conformance");
         let store = store_on(&endpoints, &prefix, self.safe_server).await;
         Box::new(EtcdFixture {
@@ -90,7 +90,7 @@ struct EtcdRegistryFixture {
 #[async_trait]
 impl RegistryBackend for Etcd {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
-        let endpoints = vec![EtcdServer::shared().endpoint()];
+        let endpoints = vec![EtcdServer::shared().expect("shared etcd server").endpoint()];
         let client = common::client(&endpoints).await;
         let registry =
             EtcdNodeRegistry::new(client, &common::unique_prefix("registry"), ttl).unwrap();

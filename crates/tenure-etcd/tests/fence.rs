@@ -16,7 +16,7 @@ fn token(n: u64) -> FencingToken {
 /// ones are refused with the highest named; tokens compare as numbers, not strings.
 #[tokio::test]
 async fn admits_equal_or_higher_and_refuses_lower() {
-    let server = EtcdServer::shared();
+    let server = EtcdServer::shared().expect("shared etcd server");
     let client = common::client(&[server.endpoint()]).await;
     let fence = EtcdFence::new(client, &common::unique_prefix("fence")).unwrap();
     assert_eq!(fence.highest("ledger").await.unwrap(), None);
@@ -49,7 +49,7 @@ async fn admits_equal_or_higher_and_refuses_lower() {
 /// own answers: a token admitted after a higher one would be a violation).
 #[tokio::test]
 async fn racing_writers_never_go_backwards() {
-    let server = EtcdServer::shared();
+    let server = EtcdServer::shared().expect("shared etcd server");
     let client = common::client(&[server.endpoint()]).await;
     let fence = Arc::new(EtcdFence::new(client, &common::unique_prefix("race")).unwrap());
     let mut tasks = Vec::new();

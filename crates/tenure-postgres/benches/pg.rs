@@ -145,7 +145,7 @@ struct Env {
 
 impl Env {
     fn start() -> Env {
-        let server = PgServer::start();
+        let server = PgServer::start().expect("start PostgreSQL");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -37,7 +37,7 @@ struct PgRegistryFixture {
 
 async fn fresh() -> (&'static PgServer, PgPool, Schema) {
     common::init_tracing();
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let pool = common::pool(server, 4, "conformance").await;
     let schema = common::fresh_schema();
     migrate(&pool, &schema).await.expect("migrate");

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_survive_release_restart_and_kill() {
     common::init_tracing();
-    let server = PgServer::start();
+    let server = PgServer::start().expect("start PostgreSQL");
     let schema = common::fresh_schema();
     let ttl = Duration::from_secs(5);
     let first_pool = common::pool(&server, 2, "survive").await;
@@ -38,7 +38,7 @@ async fn tokens_survive_release_restart_and_kill() {
     assert!(t2.acquired && t2.fencing_token > t1.fencing_token, "{t2:?}");
     assert!(second.release("r", "b", t2.fencing_token).await.unwrap());
 
-    tokio::task::block_in_place(|| server.restart());
+    tokio::task::block_in_place(|| server.restart().expect("restart"));
     let third = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
     let t3 = third.try_acquire_or_renew("r", "c", ttl).await.unwrap();
     assert!(
@@ -50,7 +50,7 @@ async fn tokens_survive_release_restart_and_kill() {
     // the next owner gets a higher token once it expires.
     tokio::task::block_in_place(|| {
         server.kill();
-        server.start_again();
+        server.start_again().expect("start again");
     });
     let fourth = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
     let held = fourth.try_acquire_or_renew("r", "d", ttl).await.unwrap();
@@ -80,7 +80,7 @@ async fn tokens_survive_release_restart_and_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_outage_longer_than_ttl() {
     common::init_tracing();
-    let server = Arc::new(PgServer::start());
+    let server = Arc::new(PgServer::start().expect("start PostgreSQL"));
     let schema = common::fresh_schema();
     let pool = common::lazy_pool(&server, 4, "outage");
     migrate(&pool, &schema).await.unwrap();
@@ -168,7 +168,7 @@ async fn server_outage_longer_than_ttl() {
     tracing::info!("--- restarting the server");
     {
         let server = server.clone();
-        tokio::task::spawn_blocking(move || server.start_again())
+        tokio::task::spawn_blocking(move || server.start_again().expect("start again"))
             .await
             .unwrap();
     }
@@ -192,7 +192,7 @@ async fn server_outage_longer_than_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_connections_do_not_lose_leadership() {
     common::init_tracing();
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let schema = common::fresh_schema();
     let pool = common::pool(server, 4, "terminated-leader").await;
     migrate(&pool, &schema).await.unwrap();
@@ -241,10 +241,12 @@ async fn terminated_connections_do_not_lose_leadership() {
     .unwrap()
     .clone();
     let before = observer.get("terminated").await.unwrap().unwrap();
-    let killed = server.psql(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+    let killed = server
+        .psql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE application_name = 'terminated-leader'",
-    );
+        )
+        .expect("psql");
     assert_ne!(killed, "0", "the leader's connections were terminated");
     let terminated_at = std::time::SystemTime::now();
     // Within about one renew interval (plus a retry), the lease is renewed again.
@@ -296,7 +298,7 @@ fn server_down_at_start_then_leads() {
         .enable_all()
         .build()
         .unwrap();
-    let server = Arc::new(PgServer::start());
+    let server = Arc::new(PgServer::start().expect("start PostgreSQL"));
     let schema = common::fresh_schema();
     runtime.block_on(async {
         let pool = common::lazy_pool(&server, 2, "down-at-start");
@@ -333,7 +335,7 @@ fn server_down_at_start_then_leads() {
         assert!(!run.is_finished(), "store errors never end run");
         assert!(!elector.watch().borrow().is_leader());
         let restarting = server.clone();
-        tokio::task::spawn_blocking(move || restarting.start_again())
+        tokio::task::spawn_blocking(move || restarting.start_again().expect("start again"))
             .await
             .unwrap();
         let mut state = elector.watch();
@@ -407,7 +409,7 @@ const CHILD_SECONDS: &str = "TENURE_PG_CHILD_SECONDS";
 /// the marks' tokens never go back and each token belongs to one process.
 #[test]
 fn elector_processes_never_overlap() {
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let schema = common::fresh_schema();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -572,7 +574,7 @@ fn elector_child_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_costs_at_most_one_failed_call() {
     common::init_tracing();
-    let server = PgServer::start();
+    let server = PgServer::start().expect("start PostgreSQL");
     let schema = common::fresh_schema();
     let backend = tenure_postgres::connect(
         &server.url(),
@@ -600,7 +602,7 @@ async fn a_restart_costs_at_most_one_failed_call() {
         assert!(call.await.unwrap().acquired);
     }
 
-    tokio::task::block_in_place(|| server.restart());
+    tokio::task::block_in_place(|| server.restart().expect("restart"));
     let mut failures = Vec::new();
     let renewed = loop {
         match store.try_acquire_or_renew("r0", "a", ttl).await {

@@ -22,7 +22,12 @@ use tokio_util::sync::CancellationToken;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
     common::init_tracing();
-    let pool = common::pool(PgServer::shared(), 8, app).await;
+    let pool = common::pool(
+        PgServer::shared().expect("shared PostgreSQL server"),
+        8,
+        app,
+    )
+    .await;
     let schema = common::fresh_schema();
     migrate(&pool, &schema).await.expect("migrate");
     (pool, schema)
@@ -37,7 +42,12 @@ async fn racing_32_connections_one_winner_per_term() {
     let (pool, schema) = setup("race-setup").await;
     let mut stores = Vec::new();
     for _ in 0..32 {
-        let pool = common::pool(PgServer::shared(), 1, "race").await;
+        let pool = common::pool(
+            PgServer::shared().expect("shared PostgreSQL server"),
+            1,
+            "race",
+        )
+        .await;
         stores.push(Arc::new(PgLeaseStore::new(pool, schema.clone())));
     }
     let ttl = Duration::from_millis(1500);
@@ -123,7 +133,12 @@ async fn push_takeover_well_under_a_second() {
         ..Default::default()
     };
     let store_a = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
-    let other_pool = common::pool(PgServer::shared(), 4, "push-b").await;
+    let other_pool = common::pool(
+        PgServer::shared().expect("shared PostgreSQL server"),
+        4,
+        "push-b",
+    )
+    .await;
     let store_b = Arc::new(PgLeaseStore::new(other_pool, schema.clone()));
     let a = Arc::new(LeaseLeaderElector::new(store_a, options("node-a")).unwrap());
     let b = Arc::new(LeaseLeaderElector::new(store_b, options("node-b")).unwrap());
@@ -214,7 +229,12 @@ async fn push_takeover_well_under_a_second() {
 async fn listener_reconnects_without_spinning() {
     let (pool, schema) = setup("listener-setup").await;
     let holder = PgLeaseStore::new(pool, schema.clone());
-    let waiter_pool = common::pool(PgServer::shared(), 4, "listener-waiter").await;
+    let waiter_pool = common::pool(
+        PgServer::shared().expect("shared PostgreSQL server"),
+        4,
+        "listener-waiter",
+    )
+    .await;
     let waiter = PgLeaseStore::new(waiter_pool, schema.clone());
     let lease = holder
         .try_acquire_or_renew("listened", "node-a", Duration::from_secs(30))
@@ -240,10 +260,13 @@ async fn listener_reconnects_without_spinning() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     for _ in 0..2 {
-        PgServer::shared().psql(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+        PgServer::shared()
+            .expect("shared PostgreSQL server")
+            .psql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE application_name = 'listener-waiter'",
-        );
+            )
+            .expect("psql");
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     let early = returns.load(std::sync::atomic::Ordering::SeqCst);
@@ -477,14 +500,24 @@ async fn concurrent_migrations_succeed() {
     for _ in 0..8 {
         let schema = schema.clone();
         tasks.push(tokio::spawn(async move {
-            let pool = common::pool(PgServer::shared(), 1, "migrate").await;
+            let pool = common::pool(
+                PgServer::shared().expect("shared PostgreSQL server"),
+                1,
+                "migrate",
+            )
+            .await;
             migrate(&pool, &schema).await
         }));
     }
     for task in tasks {
         task.await.unwrap().expect("concurrent migrate");
     }
-    let pool = common::pool(PgServer::shared(), 1, "migrate").await;
+    let pool = common::pool(
+        PgServer::shared().expect("shared PostgreSQL server"),
+        1,
+        "migrate",
+    )
+    .await;
     migrate(&pool, &schema).await.expect("idempotent");
 }
 
@@ -493,7 +526,7 @@ async fn concurrent_migrations_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_and_bad_input() {
     common::init_tracing();
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let options = |schema: &str| ConnectOptions {
         schema: schema.to_owned(),
         connect_timeout: Duration::from_secs(3),
@@ -577,14 +610,16 @@ async fn connect_and_bad_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_privileges_are_reported() {
     let (_pool, schema) = setup("privileges").await;
-    let server = PgServer::shared();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
     let role = format!("limited_{}", std::process::id());
-    server.psql(&format!(
-        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'limited-pw';
+    server
+        .psql(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'limited-pw';
          REVOKE CREATE ON DATABASE postgres FROM PUBLIC;
          GRANT USAGE ON SCHEMA \"{}\" TO {role};",
-        schema.name()
-    ));
+            schema.name()
+        ))
+        .expect("psql");
     let url = server.url_for(&role, "limited-pw", "postgres");
     let fresh = common::fresh_schema();
     let refused = connect(
@@ -635,7 +670,12 @@ async fn advisory_lock_elector_hands_over_on_connection_loss() {
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     for name in ["adv-a", "adv-b"] {
-        let pool = common::pool(PgServer::shared(), 2, name).await;
+        let pool = common::pool(
+            PgServer::shared().expect("shared PostgreSQL server"),
+            2,
+            name,
+        )
+        .await;
         let elector = AdvisoryLockElector::new(pool, schema.clone(), options.clone()).unwrap();
         let (terms, stop) = (terms.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
@@ -677,9 +717,12 @@ async fn advisory_lock_elector_hands_over_on_connection_loss() {
     assert_eq!(terms.lock().unwrap().len(), 1, "the lock has one holder");
     let (leader, token, _, _) = first[0];
     let terminated = Instant::now();
-    PgServer::shared().psql(&format!(
+    PgServer::shared()
+        .expect("shared PostgreSQL server")
+        .psql(&format!(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{leader}'"
-    ));
+    ))
+        .expect("psql");
     let after = wait_terms(2).await;
     // Either contender may win the next term (the old leader reconnects too).
     let (_, next_token, _, _) = after[1];
@@ -728,7 +771,12 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     let (admin, schema) = setup("direct-admin").await;
-    let store_pool = common::pool(PgServer::shared(), 4, "direct-store").await;
+    let store_pool = common::pool(
+        PgServer::shared().expect("shared PostgreSQL server"),
+        4,
+        "direct-store",
+    )
+    .await;
     let store = PgLeaseStore::new(store_pool, schema.clone());
     let ttl = Duration::from_secs(30);
     let first = store.try_acquire_or_renew("r", "a", ttl).await.unwrap();

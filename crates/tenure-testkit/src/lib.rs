@@ -1,16 +1,15 @@
 //! Shared test support for every tenure backend.
 //!
-//! - [`conformance`]: the lease and membership rules of `docs/semantics.md` as plain `async fn scenario_*(backend)`
-//!   functions; each backend crate's tests call every scenario with its own
+//! - [`conformance`]: the lease and membership rules of `docs/semantics.md` as plain
+//!   `async fn scenario_*(backend)` functions; each backend crate's tests call every
+//!   scenario with its own
 //!   [`LeaseBackend`] / [`RegistryBackend`].
-//! - throwaway servers (PostgreSQL, etcd) that tests start, stop, kill and pause.
+//! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd), re-exported for
+//!   tests that start, stop, kill and pause them.
 #![deny(missing_docs)]
 
 pub mod conformance;
-pub mod etcd;
 mod fixture;
-pub mod postgres;
-mod process;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
-pub use process::off_runtime;
+pub use tenure_throwaway::{etcd, postgres};

@@ -1,7 +1,6 @@
-//! Process plumbing the throwaway-server harnesses share: spawning servers that die with
-//! the test process, waiting for them to exit, free loopback ports, sweeping data
-//! directories that dead test processes left behind, and running a harness call off an
-//! async runtime.
+//! Process plumbing both servers share: spawning server processes that die with their
+//! owner, waiting for them to exit, free loopback ports, and sweeping data directories
+//! that dead owners left behind.
 
 use std::fs;
 use std::io;
@@ -13,16 +12,18 @@ use std::sync::{mpsc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::error::{Result, ThrowawayError};
+
 /// Spawns `command` with `PR_SET_PDEATHSIG` (SIGKILL), from one thread that lives as long
 /// as the process: the death signal fires when the spawning *thread* exits, and test
 /// threads (and tokio's blocking threads) come and go.
 pub(crate) fn spawn_from_keeper(command: Command) -> io::Result<Child> {
     type Request = (Command, mpsc::Sender<io::Result<Child>>);
-    static KEEPER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    static KEEPER: OnceLock<Option<Mutex<mpsc::Sender<Request>>>> = OnceLock::new();
     let keeper = KEEPER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Request>();
-        thread::Builder::new()
-            .name("testkit-spawner".into())
+        let spawner = thread::Builder::new()
+            .name("throwaway-spawner".into())
             .spawn(move || {
                 for (mut command, reply) in rx {
                     // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run
@@ -42,19 +43,21 @@ pub(crate) fn spawn_from_keeper(command: Command) -> io::Result<Child> {
                     }
                     let _ = reply.send(command.spawn());
                 }
-            })
-            .expect("start the testkit spawner thread");
-        Mutex::new(tx)
+            });
+        spawner.ok().map(|_| Mutex::new(tx))
     });
+    let Some(keeper) = keeper else {
+        return Err(io::Error::other("could not start the spawner thread"));
+    };
     let (reply_tx, reply_rx) = mpsc::channel();
     keeper
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .send((command, reply_tx))
-        .map_err(|_| io::Error::other("the testkit spawner thread is gone"))?;
+        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
     reply_rx
         .recv()
-        .map_err(|_| io::Error::other("the testkit spawner thread is gone"))?
+        .map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
 /// Polls `child` until it exits or `within` passes; whether it exited.
@@ -71,18 +74,22 @@ pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> bool {
 
 /// `count` distinct free loopback ports (all held open at once while choosing), never
 /// 5432, where a system PostgreSQL may appear later.
-pub(crate) fn free_ports(count: usize) -> Vec<u16> {
+pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>> {
+    let mut ports = Vec::with_capacity(count);
     let mut listeners = Vec::with_capacity(count);
-    while listeners.len() < count {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind a free loopback port");
-        if listener.local_addr().expect("local addr").port() != 5432 {
+    while ports.len() < count {
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .map_err(ThrowawayError::io("binding a free loopback port"))?;
+        let port = listener
+            .local_addr()
+            .map_err(ThrowawayError::io("reading a bound port"))?
+            .port();
+        if port != 5432 {
+            ports.push(port);
             listeners.push(listener);
         }
     }
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("local addr").port())
-        .collect()
+    Ok(ports)
 }
 
 /// Removes the directories `<base>/<prefix><pid>-...` whose test process no longer
@@ -105,14 +112,4 @@ pub(crate) fn sweep_stale_dirs(prefix: &str, bases: &[PathBuf]) {
             }
         }
     }
-}
-
-/// Runs a harness call (which blocks, and panics when it fails) on tokio's blocking pool,
-/// for async callers such as `tenure chaos` and `tenure bench`. `None` if it panicked;
-/// the panic message has been printed to stderr.
-pub async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(move || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
-        .await
-        .ok()
-        .and_then(Result::ok)
 }

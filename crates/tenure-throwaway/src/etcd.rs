@@ -1,4 +1,4 @@
-//! Throwaway etcd servers for tests: one member, or a small cluster, on loopback.
+//! Throwaway etcd servers: one member, or a small cluster, on loopback.
 //!
 //! [`EtcdServer::start`] runs one `etcd` member (from `$ETCD_BIN`, `PATH` or
 //! `/usr/bin/etcd`, the Debian `etcd-server` package) on free loopback ports with a fresh
@@ -7,10 +7,10 @@
 //! stopped (SIGTERM), killed (SIGKILL), restarted on the same ports and data, paused
 //! (SIGSTOP) and resumed (SIGCONT).
 //!
-//! Nothing outlives the test run: `Drop` kills the members and removes their data, and
-//! every member is started with `PR_SET_PDEATHSIG` from one long-lived spawner thread,
-//! so it is killed even when the test process dies abruptly. Data directories left by a
-//! test process that died are swept on the next start.
+//! Nothing outlives its owner: `Drop` kills the members and removes their data, and every
+//! member is started with `PR_SET_PDEATHSIG` from one long-lived spawner thread, so it is
+//! killed even when the owner dies abruptly. Data directories left by an owner that died
+//! are swept on the next start.
 //!
 //! The harness manages processes only; it speaks no etcd protocol beyond the plain
 //! HTTP `/health` probe, so building it needs no `protoc`.
@@ -25,6 +25,7 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::error::{Result, ThrowawayError};
 use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
 
 const DIR_PREFIX: &str = "tenure-etcd-";
@@ -148,28 +149,29 @@ impl EtcdMember {
     /// Starts the member again on the same ports and data (stopping it first if it runs)
     /// and waits until its client port accepts connections. It serves requests once it
     /// sees a quorum; use [`wait_healthy`](EtcdMember::wait_healthy) for that.
-    pub fn restart(&self) {
+    pub fn restart(&self) -> Result<()> {
         self.stop();
-        self.spawn();
+        self.spawn()?;
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
             if !self.is_running() {
-                panic!(
-                    "etcd member {} exited on restart:\n{}",
-                    self.name,
-                    self.log()
-                );
+                return Err(ThrowawayError::failed(
+                    format!("etcd member {} exited on restart; its log", self.name),
+                    self.log(),
+                ));
             }
             if TcpStream::connect_timeout(&self.client_addr(), Duration::from_millis(200)).is_ok() {
-                return;
+                return Ok(());
             }
             thread::sleep(Duration::from_millis(20));
         }
-        panic!(
-            "etcd member {} did not listen within {START_TIMEOUT:?}:\n{}",
-            self.name,
-            self.log()
-        );
+        Err(ThrowawayError::failed(
+            format!(
+                "etcd member {} did not listen within {START_TIMEOUT:?}; its log",
+                self.name
+            ),
+            self.log(),
+        ))
     }
 
     /// Whether the member answers `/health` with `"health":"true"` (it has a leader and
@@ -178,45 +180,52 @@ impl EtcdMember {
         health_probe(self.client_addr()).unwrap_or(false)
     }
 
-    /// Waits until [`is_healthy`](EtcdMember::is_healthy), or panics with the log after
-    /// `within`.
-    pub fn wait_healthy(&self, within: Duration) {
+    /// Waits until [`is_healthy`](EtcdMember::is_healthy); after `within`, an error with
+    /// the log.
+    pub fn wait_healthy(&self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if self.is_healthy() {
-                return;
+                return Ok(());
             }
             thread::sleep(Duration::from_millis(50));
         }
-        panic!(
-            "etcd member {} not healthy within {within:?}:\n{}",
-            self.name,
-            self.log()
-        );
+        Err(ThrowawayError::failed(
+            format!(
+                "etcd member {} not healthy within {within:?}; its log",
+                self.name
+            ),
+            self.log(),
+        ))
     }
 
     fn client_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.client_port))
     }
 
-    fn spawn(&self) {
-        let bin = etcd_binary().unwrap_or_else(|| {
-            panic!("etcd not found ($ETCD_BIN, PATH, /usr/bin); install the `etcd-server` package")
-        });
+    fn spawn(&self) -> Result<()> {
+        let bin = etcd_binary().ok_or(ThrowawayError::NotInstalled {
+            program: "etcd",
+            looked_in: "$ETCD_BIN, PATH, /usr/bin",
+            package: "etcd-server",
+        })?;
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log_path)
-            .expect("open etcd log");
-        let log_err = log.try_clone().expect("clone etcd log handle");
+            .map_err(ThrowawayError::io("opening the etcd log"))?;
+        let log_err = log
+            .try_clone()
+            .map_err(ThrowawayError::io("opening the etcd log"))?;
         let mut command = Command::new(bin);
         command
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
-        let child = spawn_from_keeper(command).expect("spawn etcd");
+        let child = spawn_from_keeper(command).map_err(ThrowawayError::io("starting etcd"))?;
         *lock(&self.child) = Some(child);
+        Ok(())
     }
 }
 
@@ -229,10 +238,15 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     /// Starts `size` members forming one cluster and waits until every member is
-    /// healthy; panics (this is a test harness) with the logs when that fails. Retries
-    /// once on fresh ports in case another process took a port between probe and bind.
-    pub fn start(size: usize) -> EtcdCluster {
-        assert!(size >= 1, "a cluster needs at least one member");
+    /// healthy; the error carries the logs. Tries again on fresh ports (three tries in
+    /// all) in case another process took a port between probe and bind.
+    pub fn start(size: usize) -> Result<EtcdCluster> {
+        if size == 0 {
+            return Err(ThrowawayError::failed(
+                "starting an etcd cluster",
+                "a cluster needs at least one member",
+            ));
+        }
         static SWEPT: OnceLock<()> = OnceLock::new();
         SWEPT.get_or_init(|| {
             sweep_stale_dirs(
@@ -242,19 +256,22 @@ impl EtcdCluster {
         });
         let mut last_failure = String::new();
         for _attempt in 0..3 {
-            let cluster = Self::create(size);
+            let cluster = Self::create(size)?;
             for member in &cluster.members {
-                member.spawn();
+                member.spawn()?;
             }
             match cluster.wait_all_healthy(START_TIMEOUT) {
-                Ok(()) => return cluster,
+                Ok(()) => return Ok(cluster),
                 Err(failure) => last_failure = failure,
             }
         }
-        panic!("etcd cluster of {size} did not start:\n{last_failure}");
+        Err(ThrowawayError::failed(
+            format!("an etcd cluster of {size} did not start"),
+            last_failure,
+        ))
     }
 
-    fn create(size: usize) -> EtcdCluster {
+    fn create(size: usize) -> Result<EtcdCluster> {
         static SEQ: AtomicUsize = AtomicUsize::new(0);
         let base = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
@@ -267,8 +284,8 @@ impl EtcdCluster {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("create etcd root dir");
-        let ports = free_ports(size * 2);
+        fs::create_dir_all(&root).map_err(ThrowawayError::io("creating the etcd directory"))?;
+        let ports = free_ports(size * 2)?;
         let token = root
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -312,10 +329,10 @@ impl EtcdCluster {
                 }
             })
             .collect();
-        EtcdCluster { root, members }
+        Ok(EtcdCluster { root, members })
     }
 
-    fn wait_all_healthy(&self, within: Duration) -> Result<(), String> {
+    fn wait_all_healthy(&self, within: Duration) -> std::result::Result<(), String> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(dead) = self.members.iter().find(|m| !m.is_running()) {
@@ -344,7 +361,7 @@ impl EtcdCluster {
         &self.members
     }
 
-    /// Member `i`.
+    /// Member `i`; panics when `i` is not below the cluster's size, like indexing.
     pub fn member(&self, i: usize) -> &EtcdMember {
         &self.members[i]
     }
@@ -363,11 +380,10 @@ impl EtcdCluster {
             .join(",")
     }
 
-    /// Waits until every running member is healthy, or panics with the logs.
-    pub fn wait_healthy(&self, within: Duration) {
-        if let Err(failure) = self.wait_all_healthy(within) {
-            panic!("etcd cluster unhealthy: {failure}");
-        }
+    /// Waits until every member is healthy; after `within`, an error with the logs.
+    pub fn wait_healthy(&self, within: Duration) -> Result<()> {
+        self.wait_all_healthy(within)
+            .map_err(|failure| ThrowawayError::failed("the etcd cluster is unhealthy", failure))
     }
 }
 
@@ -388,32 +404,34 @@ pub struct EtcdServer {
 
 impl EtcdServer {
     /// Starts one member on free loopback ports with a fresh data directory and waits
-    /// until it is healthy; panics with the log when that fails.
-    pub fn start() -> EtcdServer {
-        EtcdServer {
-            cluster: EtcdCluster::start(1),
-        }
+    /// until it is healthy; the error carries the log.
+    pub fn start() -> Result<EtcdServer> {
+        Ok(EtcdServer {
+            cluster: EtcdCluster::start(1)?,
+        })
     }
 
-    /// One server shared by every test of this test binary (scenarios isolate themselves
-    /// by key prefix), started on first use and killed at process exit. Tests that stop,
-    /// kill or pause a server start their own instead.
-    pub fn shared() -> &'static EtcdServer {
-        static SHARED: OnceLock<EtcdServer> = OnceLock::new();
-        SHARED.get_or_init(|| {
+    /// One server shared by every caller in this process (tests isolate themselves by
+    /// key prefix), started on first use and killed at process exit; a failed start is
+    /// remembered and returned to every caller. Callers that stop, kill or pause a server
+    /// start their own instead.
+    pub fn shared() -> std::result::Result<&'static EtcdServer, &'static ThrowawayError> {
+        static SHARED: OnceLock<Result<EtcdServer>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
             extern "C" fn kill_shared() {
-                if let Some(server) = SHARED.get() {
+                if let Some(Ok(server)) = SHARED.get() {
                     server.member().kill();
                     let _ = fs::remove_dir_all(&server.cluster.root);
                 }
             }
-            let server = EtcdServer::start();
+            let server = EtcdServer::start()?;
             // SAFETY: registers a plain extern "C" function to run at exit.
             unsafe {
                 libc::atexit(kill_shared);
             }
-            server
-        })
+            Ok(server)
+        });
+        shared.as_ref()
     }
 
     /// The client endpoint, `http://127.0.0.1:PORT`.
@@ -442,9 +460,9 @@ impl EtcdServer {
     }
 
     /// Restarts the server on the same port and data and waits until it is healthy.
-    pub fn restart(&self) {
-        self.member().restart();
-        self.member().wait_healthy(START_TIMEOUT);
+    pub fn restart(&self) -> Result<()> {
+        self.member().restart()?;
+        self.member().wait_healthy(START_TIMEOUT)
     }
 
     /// Freezes the server (SIGSTOP).

@@ -1,14 +1,14 @@
-//! A throwaway PostgreSQL server for tests: its own data directory, port and socket.
+//! A throwaway PostgreSQL server: its own data directory, port and socket.
 //!
-//! [`PgServer::start`] runs `initdb` and `postgres` from `PATH` or
+//! [`PgServer::start`] runs `initdb` and `postgres` from `$PG_BIN_DIR`, `PATH` or
 //! `/usr/lib/postgresql/*/bin` in a fresh temporary directory, on a free loopback port
-//! (never 5432, never the system cluster). When the tests run as root the server runs
-//! as the `postgres` user, since PostgreSQL refuses root. Tests can stop, kill (-9),
-//! restart (same data, same port), pause (SIGSTOP) and resume the server.
+//! (never 5432, never the system cluster). When run as root the server runs as the
+//! `postgres` user, since PostgreSQL refuses root. Its owner can stop, kill (-9), restart
+//! (same data, same port), pause (SIGSTOP) and resume it.
 //!
-//! No server outlives the test run: `Drop` stops it, the shared server is stopped at
-//! process exit, and every postmaster is started with `PR_SET_PDEATHSIG` from one
-//! long-lived spawner thread, so it is killed even when the test process dies abruptly.
+//! No server outlives its owner: `Drop` stops it, the shared server is stopped at process
+//! exit, and every postmaster is started with `PR_SET_PDEATHSIG` from one long-lived
+//! spawner thread, so it is killed even when the owner dies abruptly.
 //!
 //! The harness works at the process level (no database driver); it runs admin SQL
 //! with `psql` over the Unix socket.
@@ -26,7 +26,11 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::error::{Result, ThrowawayError};
 use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
+
+/// How long a start (or restart) may take before it is reported as failed.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The superuser the harness creates; [`PgServer::url`] logs in as it with a password.
 pub const SUPERUSER: &str = "postgres";
@@ -45,16 +49,15 @@ pub struct PgServer {
 }
 
 impl PgServer {
-    /// Creates a cluster in a fresh temporary directory and starts it; panics (this is a
-    /// test harness) with the server log when that fails.
-    pub fn start() -> PgServer {
+    /// Creates a cluster in a fresh temporary directory and starts it; the error says
+    /// what is missing, or carries initdb's output or the server log.
+    pub fn start() -> Result<PgServer> {
         sweep_stale_dirs(DIR_PREFIX, &[std::env::temp_dir()]);
-        let bin = find_bin_dir().unwrap_or_else(|| {
-            panic!(
-                "initdb/postgres not found on PATH or in /usr/lib/postgresql/*/bin; \
-                 install the `postgresql` package"
-            )
-        });
+        let bin = find_bin_dir().ok_or(ThrowawayError::NotInstalled {
+            program: "initdb and postgres",
+            looked_in: "$PG_BIN_DIR, PATH, /usr/lib/postgresql/*/bin",
+            package: "postgresql",
+        })?;
         static SEQ: AtomicUsize = AtomicUsize::new(0);
         let root = std::env::temp_dir().join(format!(
             "{DIR_PREFIX}{}-{}",
@@ -62,12 +65,16 @@ impl PgServer {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("create server root");
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).expect("chmod root");
+        fs::create_dir_all(&root).map_err(ThrowawayError::io("creating the server directory"))?;
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
+            .map_err(ThrowawayError::io("making the server directory readable"))?;
+        // SAFETY: geteuid has no preconditions.
         let owner = if unsafe { libc::geteuid() } == 0 {
-            Some(
-                postgres_user().expect("running as root needs a `postgres` user to run the server"),
-            )
+            Some(postgres_user().ok_or(ThrowawayError::NotInstalled {
+                program: "a `postgres` user (PostgreSQL refuses to run as root)",
+                looked_in: "the user database",
+                package: "postgresql",
+            })?)
         } else {
             None
         };
@@ -75,32 +82,35 @@ impl PgServer {
         let server = PgServer {
             root,
             bin,
-            port: free_ports(1)[0],
+            port: free_ports(1)?[0],
             password,
             owner,
             child: Mutex::new(None),
         };
-        server.init();
-        server.spawn_and_wait();
-        server
+        server.init()?;
+        server.spawn_and_wait()?;
+        Ok(server)
     }
 
-    /// One server shared by every test of this test binary, started on first use and
-    /// stopped when the process exits. Tests that stop or pause a server start their own.
-    pub fn shared() -> &'static PgServer {
-        static SHARED: OnceLock<PgServer> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            let server = PgServer::start();
+    /// One server shared by every caller in this process, started on first use and
+    /// stopped when the process exits; a failed start is remembered and returned to every
+    /// caller. Callers that stop or pause a server start their own.
+    pub fn shared() -> std::result::Result<&'static PgServer, &'static ThrowawayError> {
+        static SHARED: OnceLock<Result<PgServer>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            let server = PgServer::start()?;
             extern "C" fn stop_shared() {
-                if let Some(server) = SHARED.get() {
+                if let Some(Ok(server)) = SHARED.get() {
                     server.shutdown_and_clean();
                 }
             }
+            // SAFETY: registers a plain extern "C" function to run at exit.
             unsafe {
                 libc::atexit(stop_shared);
             }
-            server
-        })
+            Ok(server)
+        });
+        shared.as_ref()
     }
 
     /// The TCP port on 127.0.0.1.
@@ -137,8 +147,8 @@ impl PgServer {
     }
 
     /// Runs admin SQL as the superuser with `psql` over the socket; returns its output
-    /// (unaligned, tuples only) and panics with psql's error on failure.
-    pub fn psql(&self, sql: &str) -> String {
+    /// (unaligned, tuples only), or psql's error.
+    pub fn psql(&self, sql: &str) -> Result<String> {
         let psql = self.bin.join("psql");
         let psql = if psql.is_file() {
             psql
@@ -160,13 +170,14 @@ impl PgServer {
             ])
             .stdin(Stdio::null())
             .output()
-            .expect("run psql");
-        assert!(
-            output.status.success(),
-            "psql failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+            .map_err(ThrowawayError::io("running psql"))?;
+        if !output.status.success() {
+            return Err(ThrowawayError::failed(
+                "psql failed",
+                String::from_utf8_lossy(&output.stderr),
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
 
     /// Fast shutdown (SIGINT), waiting for the server to exit.
@@ -199,22 +210,23 @@ impl PgServer {
 
     /// Starts the server again on the same data directory and port (after `stop` or
     /// `kill`; stops it first when it is running).
-    pub fn restart(&self) {
+    pub fn restart(&self) -> Result<()> {
         self.stop();
-        self.spawn_and_wait();
+        self.spawn_and_wait()
     }
 
-    /// Starts the server again after `stop` or `kill` (same data, same port).
-    pub fn start_again(&self) {
+    /// Starts the server again after `stop` or `kill` (same data, same port); does
+    /// nothing while it runs.
+    pub fn start_again(&self) -> Result<()> {
         if self
             .child
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
         {
-            return;
+            return Ok(());
         }
-        self.spawn_and_wait();
+        self.spawn_and_wait()
     }
 
     /// Freezes every server process (SIGSTOP): connections stay open, nothing answers.
@@ -250,31 +262,33 @@ impl PgServer {
         }
     }
 
-    fn chown(&self, path: &Path) {
-        if let Some((uid, gid)) = self.owner {
-            let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-            let rc = unsafe { libc::chown(c.as_ptr(), uid, gid) };
-            assert_eq!(
-                rc,
-                0,
-                "chown {}: {}",
-                path.display(),
-                io::Error::last_os_error()
-            );
+    fn chown(&self, path: &Path) -> Result<()> {
+        let Some((uid, gid)) = self.owner else {
+            return Ok(());
+        };
+        let what = || format!("handing {} to the postgres user", path.display());
+        let c = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| ThrowawayError::failed(what(), "the path holds a NUL byte"))?;
+        // SAFETY: chown on a NUL-terminated path we own.
+        if unsafe { libc::chown(c.as_ptr(), uid, gid) } != 0 {
+            return Err(ThrowawayError::io(what())(io::Error::last_os_error()));
         }
+        Ok(())
     }
 
-    fn init(&self) {
+    fn init(&self) -> Result<()> {
         let data = self.data_dir();
         let sock = self.socket_dir();
         for dir in [&data, &sock] {
-            fs::create_dir_all(dir).expect("create dir");
-            self.chown(dir);
+            fs::create_dir_all(dir).map_err(ThrowawayError::io("creating the data directory"))?;
+            self.chown(dir)?;
         }
-        fs::set_permissions(&data, fs::Permissions::from_mode(0o700)).expect("chmod data");
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o700))
+            .map_err(ThrowawayError::io("restricting the data directory"))?;
         let pwfile = self.root.join("pwfile");
-        fs::write(&pwfile, format!("{}\n", self.password)).expect("write pwfile");
-        self.chown(&pwfile);
+        fs::write(&pwfile, format!("{}\n", self.password))
+            .map_err(ThrowawayError::io("writing the password file"))?;
+        self.chown(&pwfile)?;
         let mut initdb = Command::new(self.bin.join("initdb"));
         initdb
             .arg("-D")
@@ -292,24 +306,35 @@ impl PgServer {
             .current_dir(&self.root)
             .stdin(Stdio::null());
         self.as_owner(&mut initdb);
-        let output = initdb.output().expect("run initdb");
+        let output = initdb
+            .output()
+            .map_err(ThrowawayError::io("running initdb"));
         let _ = fs::remove_file(&pwfile);
-        assert!(
-            output.status.success(),
-            "initdb failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let output = output?;
+        if !output.status.success() {
+            return Err(ThrowawayError::failed(
+                "initdb failed",
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            ));
+        }
+        Ok(())
     }
 
-    fn spawn_and_wait(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+    fn spawn_and_wait(&self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let log = fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(self.root.join("server.log"))
-                .expect("open server log");
+                .map_err(ThrowawayError::io("opening the server log"))?;
+            let log_err = log
+                .try_clone()
+                .map_err(ThrowawayError::io("opening the server log"))?;
             let mut command = Command::new(self.bin.join("postgres"));
             command
                 .arg("-D")
@@ -334,15 +359,16 @@ impl PgServer {
                 ])
                 .current_dir(&self.root)
                 .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log);
+                .stdout(log)
+                .stderr(log_err);
             self.as_owner(&mut command);
-            // The postmaster dies with the test process, however that ends.
-            let mut child = spawn_from_keeper(command).expect("spawn postgres");
+            // The postmaster dies with its owner, however that ends.
+            let mut child =
+                spawn_from_keeper(command).map_err(ThrowawayError::io("starting postgres"))?;
             match self.wait_ready(&mut child, deadline) {
                 Ok(()) => {
                     *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
-                    return;
+                    return Ok(());
                 }
                 Err(exited) => {
                     if exited && Instant::now() < deadline {
@@ -350,16 +376,20 @@ impl PgServer {
                         thread::sleep(Duration::from_millis(200));
                         continue;
                     }
+                    // SAFETY: kill(2) on our own, not yet reaped, child.
                     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
                     let _ = child.wait();
-                    panic!("postgres did not become ready; log:\n{}", self.log());
+                    return Err(ThrowawayError::failed(
+                        format!("postgres did not become ready within {START_TIMEOUT:?}; its log"),
+                        self.log(),
+                    ));
                 }
             }
         }
     }
 
     /// Ok when the server accepts connections; Err(true) when it exited early.
-    fn wait_ready(&self, child: &mut Child, deadline: Instant) -> Result<(), bool> {
+    fn wait_ready(&self, child: &mut Child, deadline: Instant) -> std::result::Result<(), bool> {
         let pidfile = self.data_dir().join("postmaster.pid");
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -442,8 +472,14 @@ fn wait_children_gone(pid: libc::pid_t, within: Duration) {
     }
 }
 
+/// `$PG_BIN_DIR` when set (and only then), else `PATH`, else the newest
+/// `/usr/lib/postgresql/*/bin`: the first directory holding both `initdb` and `postgres`.
 fn find_bin_dir() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(dir) = std::env::var_os("PG_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return has_both(&dir).then_some(dir);
+    }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if has_both(&dir) {

@@ -1,0 +1,46 @@
+//! A server whose programs are missing is an error naming the Debian package, not a
+//! panic. One test in its own binary: it points the harness at empty directories
+//! through the environment, which every thread of the process shares.
+
+use tenure_throwaway::etcd::EtcdServer;
+use tenure_throwaway::postgres::PgServer;
+use tenure_throwaway::ThrowawayError;
+
+#[test]
+fn missing_programs_name_the_package_to_install() {
+    let empty = std::env::temp_dir().join(format!("throwaway-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    // SAFETY: the only test in this binary; nothing else reads the environment meanwhile.
+    unsafe {
+        std::env::set_var("PG_BIN_DIR", &empty);
+        std::env::set_var("ETCD_BIN", empty.join("etcd"));
+    }
+    let pg = PgServer::start().expect_err("no initdb in an empty directory");
+    assert!(
+        matches!(
+            pg,
+            ThrowawayError::NotInstalled {
+                package: "postgresql",
+                ..
+            }
+        ),
+        "{pg:?}"
+    );
+    assert!(
+        pg.to_string()
+            .contains("install the Debian package `postgresql`"),
+        "{pg}"
+    );
+    let etcd = EtcdServer::start().expect_err("no etcd binary there");
+    assert!(
+        matches!(
+            etcd,
+            ThrowawayError::NotInstalled {
+                package: "etcd-server",
+                ..
+            }
+        ),
+        "{etcd:?}"
+    );
+    let _ = std::fs::remove_dir_all(&empty);
+}
