@@ -3,9 +3,12 @@
 //! **Guarantees.** For one role, at most one elector's `leadership` is live at any store
 //! time, provided the elector's process is not paused and its monotonic clock does not
 //! run slower than the store's by more than `max_clock_drift`: the elector cancels
-//! `leadership` at `sent + lease_ttl * (1 - max_clock_drift)`, where `sent` is the
-//! instant just before its last successful acquire or renew was sent, whatever the store
-//! is doing. Each term runs `work` with a fencing token larger than every earlier one.
+//! `leadership` at `sent + min(lease_ttl, expires_at - now) * (1 - max_clock_drift) -
+//! work_grace`, where `sent` is the instant just before its last successful acquire or
+//! renew was sent and `expires_at - now` is what that answer granted on store time (a
+//! store may grant less than asked), whatever the store is doing. It never calls `work`
+//! for a term whose deadline has passed. Each term runs `work` with a fencing token
+//! larger than every earlier one.
 //!
 //! **Non-guarantees.** A process that is paused (GC, SIGSTOP, a frozen VM) can still act
 //! after its lease has gone: it has no running code to notice. Only fences, which reject
@@ -54,8 +57,9 @@ pub struct LeaseLeaderOptions {
     pub owner_id: String,
     /// How long a term lasts without renewal. Default 30 s.
     pub lease_ttl: Duration,
-    /// How often the leader renews. Default 10 s; must be below the local deadline
-    /// window `lease_ttl * (1 - max_clock_drift)`.
+    /// How often the leader renews. Default 10 s; must be below the leadership window
+    /// `lease_ttl * (1 - max_clock_drift) - work_grace`. When the store grants less than
+    /// `lease_ttl`, renewals come sooner in proportion.
     pub renew_interval: Duration,
     /// How often a follower retries when nothing else wakes it. Default 2 s, jittered.
     pub retry_interval: Duration,
@@ -101,22 +105,49 @@ pub fn default_owner_id() -> String {
 }
 
 impl LeaseLeaderOptions {
-    /// Checks the options; the error names the option and the rule it breaks.
+    /// Checks the options: one rule per option, each checked once, in an order where a
+    /// rule only leans on options already checked. The error names the option; its
+    /// message shows the value and the bound it breaks.
     pub fn validate(&self) -> Result<()> {
         validate_name("owner_id", &self.owner_id)?;
-        for (field, value) in [
-            ("lease_ttl", self.lease_ttl),
-            ("renew_interval", self.renew_interval),
-            ("retry_interval", self.retry_interval),
-        ] {
-            if value.is_zero() {
-                return Err(Error::invalid(field, "must be greater than zero"));
-            }
+        if self.lease_ttl.is_zero() {
+            return Err(Error::invalid("lease_ttl", "must be greater than zero"));
         }
         if !(0.0..0.5).contains(&self.max_clock_drift) {
             return Err(Error::invalid(
                 "max_clock_drift",
                 format!("{} must be in [0, 0.5)", self.max_clock_drift),
+            ));
+        }
+        if self.work_grace >= self.local_window() {
+            return Err(Error::invalid(
+                "work_grace",
+                format!(
+                    "{:?} must be less than lease_ttl * (1 - max_clock_drift) = {:?} * (1 - {}) = {:?}",
+                    self.work_grace,
+                    self.lease_ttl,
+                    self.max_clock_drift,
+                    self.local_window()
+                ),
+            ));
+        }
+        if self.renew_interval.is_zero() || self.renew_interval >= self.leadership_window() {
+            return Err(Error::invalid(
+                "renew_interval",
+                format!(
+                    "{:?} must be greater than zero and less than lease_ttl * (1 - max_clock_drift) - work_grace = {:?} * (1 - {}) - {:?} = {:?}",
+                    self.renew_interval,
+                    self.lease_ttl,
+                    self.max_clock_drift,
+                    self.work_grace,
+                    self.leadership_window()
+                ),
+            ));
+        }
+        if self.retry_interval.is_zero() {
+            return Err(Error::invalid(
+                "retry_interval",
+                "must be greater than zero",
             ));
         }
         if !(0.0..=1.0).contains(&self.retry_jitter) {
@@ -125,57 +156,41 @@ impl LeaseLeaderOptions {
                 format!("{} must be in [0, 1]", self.retry_jitter),
             ));
         }
-        if self.renew_interval >= self.lease_ttl {
-            return Err(Error::invalid(
-                "renew_interval",
-                format!(
-                    "renew_interval ({:?}) must be less than lease_ttl ({:?})",
-                    self.renew_interval, self.lease_ttl
-                ),
-            ));
-        }
-        if self.work_grace >= self.local_window() {
-            return Err(Error::invalid(
-                "work_grace",
-                format!(
-                    "work_grace ({:?}) must be less than lease_ttl * (1 - max_clock_drift) ({:?})",
-                    self.work_grace,
-                    self.local_window()
-                ),
-            ));
-        }
-        if !self.work_grace.is_zero() && self.renew_interval >= self.leadership_window() {
-            return Err(Error::invalid(
-                "renew_interval",
-                format!(
-                    "renew_interval ({:?}) must be less than lease_ttl * (1 - max_clock_drift) - work_grace ({:?})",
-                    self.renew_interval,
-                    self.leadership_window()
-                ),
-            ));
-        }
-        if self.renew_interval >= self.local_window() {
-            return Err(Error::invalid(
-                "renew_interval",
-                format!(
-                    "renew_interval ({:?}) must be less than lease_ttl * (1 - max_clock_drift) ({:?})",
-                    self.renew_interval,
-                    self.local_window()
-                ),
-            ));
-        }
         Ok(())
     }
 
-    /// How long after sending a successful request the elector still trusts its term.
+    /// How long after sending a successful request the elector still trusts its term
+    /// when the store granted the whole `lease_ttl`: `lease_ttl * (1 - max_clock_drift)`.
     pub fn local_window(&self) -> Duration {
         self.lease_ttl.mul_f64(1.0 - self.max_clock_drift)
     }
 
     /// How long after sending a successful request the elector keeps `leadership`
-    /// uncancelled: the local window less `work_grace`.
+    /// uncancelled when the store granted the whole `lease_ttl`: the local window less
+    /// `work_grace`.
     pub fn leadership_window(&self) -> Duration {
-        self.local_window().saturating_sub(self.work_grace)
+        self.leadership_window_for(self.lease_ttl)
+    }
+
+    /// The leadership window of an answer that left `granted` on store time: a store may
+    /// grant less than asked (etcd reusing a spare lease), and never more counts.
+    fn leadership_window_for(&self, granted: Duration) -> Duration {
+        granted
+            .min(self.lease_ttl)
+            .mul_f64(1.0 - self.max_clock_drift)
+            .saturating_sub(self.work_grace)
+    }
+
+    /// How long after sending a successful request the next renewal is due: the renew
+    /// interval, shortened in proportion when the store granted less than `lease_ttl`,
+    /// so a short grant is renewed in time too.
+    fn renew_after(&self, granted: Duration) -> Duration {
+        if granted >= self.lease_ttl {
+            self.renew_interval
+        } else {
+            self.renew_interval
+                .mul_f64(granted.as_secs_f64() / self.lease_ttl.as_secs_f64())
+        }
     }
 }
 
@@ -255,7 +270,22 @@ impl std::fmt::Debug for LeaseLeaderElector {
     }
 }
 
-type RenewalFuture<'a> = std::pin::Pin<Box<dyn Future<Output = Result<LeaseResult>> + Send + 'a>>;
+/// One acquire or renew request, boxed so the leader loop can keep it in flight.
+type AttemptFuture<'a> = std::pin::Pin<Box<dyn Future<Output = Attempt> + Send + 'a>>;
+
+/// One acquire or renew request: the store's answer and the instants around it.
+struct Attempt {
+    sent: Instant,
+    received: Instant,
+    result: Result<LeaseResult>,
+}
+
+/// A store answer and the instants around it.
+struct Answer {
+    result: LeaseResult,
+    sent: Instant,
+    received: Instant,
+}
 
 /// How one term ended.
 enum TermEnd {
@@ -265,11 +295,60 @@ enum TermEnd {
     Lost(Option<Answer>),
 }
 
-/// A store answer and the instants around it.
-struct Answer {
-    result: LeaseResult,
+/// One term as its leader sees it, on the local monotonic clock.
+#[derive(Clone, Debug)]
+struct Term {
+    token: FencingToken,
+    /// Just before the last successful acquire or renew of this term was sent.
     sent: Instant,
-    received: Instant,
+    /// How long after `sent` `leadership` lasts: what the store granted, less drift and
+    /// `work_grace`.
+    window: Duration,
+    /// How long after `sent` the next renewal is due.
+    renew_after: Duration,
+    /// When the next renewal is due (later than `sent + renew_after` after a failure).
+    next_renew: Instant,
+}
+
+impl Term {
+    /// The term an acquiring answer starts, or `None` when its deadline has passed
+    /// already: work must never run for such a term.
+    fn begin(options: &LeaseLeaderOptions, answer: &Answer) -> Option<Term> {
+        let mut term = Term {
+            token: answer.result.fencing_token,
+            sent: answer.sent,
+            window: Duration::ZERO,
+            renew_after: Duration::ZERO,
+            next_renew: answer.sent,
+        };
+        term.renewed(options, answer.sent, &answer.result);
+        (Instant::now() < term.deadline()).then_some(term)
+    }
+
+    /// When `leadership` is cancelled unless a renewal moves it:
+    /// `sent + min(lease_ttl, expires_at - now) * (1 - max_clock_drift) - work_grace`.
+    fn deadline(&self) -> Instant {
+        self.sent + self.window
+    }
+
+    /// A request sent at `sent` was answered with `result` holding the lease: the term
+    /// (under `result`'s token) now runs from that answer.
+    fn renewed(&mut self, options: &LeaseLeaderOptions, sent: Instant, result: &LeaseResult) {
+        let granted = result.remaining();
+        self.token = result.fencing_token;
+        self.sent = sent;
+        self.window = options.leadership_window_for(granted);
+        self.renew_after = options.renew_after(granted);
+        self.next_renew = sent + self.renew_after;
+    }
+
+    /// Whether a renewal answered at `received` was late: it (retries included) used
+    /// more than half the slack between the renew schedule and the deadline.
+    fn is_late(&self, received: Instant) -> bool {
+        let spare = self.deadline().saturating_duration_since(received);
+        let slack = self.window.saturating_sub(self.renew_after);
+        spare < slack / 2
+    }
 }
 
 impl LeaseLeaderElector {
@@ -322,8 +401,11 @@ impl LeaseLeaderElector {
     /// Each term calls `work(token, leadership)` once; `leadership` is cancelled when the
     /// term ends (lost, local deadline, shutdown) and the elector awaits the work before
     /// contending again, so work must return promptly once `leadership` is cancelled.
+    /// A term whose deadline has passed by the time work could be called (the old work
+    /// took that long to stop) gets no work call: the elector contends again instead.
     /// Returns `Ok(())` on shutdown (after releasing the lease), or `work`'s own outcome
-    /// when it returns while leading (after releasing). A panic in work comes back as
+    /// when it returns while leading (after releasing; a renewal still in flight is let
+    /// answer first, within the term's deadline). A panic in work comes back as
     /// [`Error::WorkPanicked`]. Store errors are logged and retried, never returned.
     pub async fn run<W, Fut>(
         &self,
@@ -353,12 +435,18 @@ impl LeaseLeaderElector {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
+        // The answer that ended the last term, if it decides what comes next.
         let mut last: Option<Answer> = None;
         loop {
             let term = match last.take() {
-                Some(answer) if answer.result.acquired => answer,
+                // A renewal began a new term while the old work wound down; by now its
+                // deadline may have passed, and then we contend again at once.
+                Some(answer) if answer.result.acquired => match self.begin(role, &answer) {
+                    Some(term) => term,
+                    None => continue,
+                },
                 observed => match self.contend(role, observed, shutdown).await? {
-                    Some(answer) => answer,
+                    Some(term) => term,
                     None => return Ok(()),
                 },
             };
@@ -370,13 +458,41 @@ impl LeaseLeaderElector {
         }
     }
 
-    /// Follower loop: returns the winning answer, or `None` on shutdown.
+    /// Sends one acquire or renew request.
+    fn attempt<'a>(&'a self, role: &'a str) -> AttemptFuture<'a> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            let result = self
+                .store
+                .try_acquire_or_renew(role, &self.options.owner_id, self.options.lease_ttl)
+                .await;
+            Attempt {
+                sent,
+                received: Instant::now(),
+                result,
+            }
+        })
+    }
+
+    /// The term an acquiring answer starts, or `None` (logged) when its deadline has
+    /// passed already.
+    fn begin(&self, role: &str, answer: &Answer) -> Option<Term> {
+        let term = Term::begin(&self.options, answer);
+        if term.is_none() {
+            warn!(role, owner = %self.options.owner_id, token = %answer.result.fencing_token,
+                granted = ?answer.result.remaining(), waited = ?answer.sent.elapsed(),
+                "the term's local deadline passed before work could start; contending again");
+        }
+        term
+    }
+
+    /// Follower loop: returns the term won, or `None` on shutdown.
     async fn contend(
         &self,
         role: &str,
         mut observed: Option<Answer>,
         shutdown: &CancellationToken,
-    ) -> Result<Option<Answer>> {
+    ) -> Result<Option<Term>> {
         loop {
             if let Some(answer) = observed.take() {
                 self.publish_follower(&answer.result);
@@ -387,36 +503,35 @@ impl LeaseLeaderElector {
                     _ = self.store.wait_for_change(role, answer.result.fencing_token, deadline) => {}
                 }
             }
-            let sent = Instant::now();
             // An answer arriving after the local window could not start a usable term
             // (its deadline would have passed), so a call that has not answered by then
             // is abandoned; waiting on it could block this contender forever.
-            let attempt = tokio::time::timeout(
-                self.options.leadership_window(),
-                self.store.try_acquire_or_renew(
-                    role,
-                    &self.options.owner_id,
-                    self.options.lease_ttl,
-                ),
-            );
-            let result = tokio::select! {
+            let window = self.options.leadership_window();
+            let attempt = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(None),
-                result = attempt => result,
+                attempt = tokio::time::timeout(window, self.attempt(role)) => attempt,
             };
-            let received = Instant::now();
-            let Ok(result) = result else {
-                warn!(role, owner = %self.options.owner_id, waited = ?(received - sent),
+            let Ok(Attempt {
+                sent,
+                received,
+                result,
+            }) = attempt
+            else {
+                warn!(role, owner = %self.options.owner_id, waited = ?window,
                     "acquire got no answer within the local window; retrying");
                 continue;
             };
             match result {
                 Ok(result) if result.acquired => {
-                    return Ok(Some(Answer {
+                    let answer = Answer {
                         result,
                         sent,
                         received,
-                    }))
+                    };
+                    if let Some(term) = self.begin(role, &answer) {
+                        return Ok(Some(term));
+                    }
                 }
                 Ok(result) => {
                     debug!(role, owner = %self.options.owner_id, holder = %result.holder,
@@ -426,18 +541,20 @@ impl LeaseLeaderElector {
                         sent,
                         received,
                     });
+                    continue;
                 }
                 Err(error) if !error.is_transient() => return Err(error),
                 Err(error) => {
                     warn!(role, owner = %self.options.owner_id, %error,
                         "acquire failed; retrying after a store error");
-                    let wait = self.jittered(self.options.retry_interval);
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => return Ok(None),
-                        _ = tokio::time::sleep(wait) => {}
-                    }
                 }
+            }
+            // A store error, or a term too short to use: try again after a pause.
+            let wait = self.jittered(self.options.retry_interval);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -465,11 +582,12 @@ impl LeaseLeaderElector {
         });
     }
 
-    /// Leader loop for one term.
+    /// Leader loop for one term: run work, renew on schedule, and stop at the first of
+    /// shutdown, work returning, the local deadline, or a renewal that lost the term.
     async fn lead<W, Fut>(
         &self,
         role: &str,
-        term: Answer,
+        mut term: Term,
         work: &mut W,
         shutdown: &CancellationToken,
     ) -> TermEnd
@@ -479,133 +597,197 @@ impl LeaseLeaderElector {
         Fut::Output: WorkOutcome,
     {
         let owner = self.options.owner_id.as_str();
-        let token = term.result.fencing_token;
-        let window = self.options.leadership_window();
-        let mut deadline = term.sent + window;
-        let mut next_renew = term.sent + self.options.renew_interval;
-
-        info!(role, owner, token = %token, expires_in = ?term.result.remaining(), "elected");
+        info!(role, owner, token = %term.token, window = ?term.window, "elected");
         metrics::counter!("tenure_terms_started_total", "role" => role.to_owned()).increment(1);
         metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(1.0);
         self.state.send_replace(ElectionState::Leader {
-            fencing_token: token,
+            fencing_token: term.token,
         });
 
         let leadership = CancellationToken::new();
-        let mut task: JoinHandle<Fut::Output> = tokio::spawn(work(token, leadership.clone()));
-        let mut renewal: Option<(Instant, RenewalFuture<'_>)> = None;
-
+        let mut task: JoinHandle<Fut::Output> = tokio::spawn(work(term.token, leadership.clone()));
+        let mut renewal: Option<AttemptFuture<'_>> = None;
         let end = loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
-                    self.stop_work(role, token, &leadership, task).await;
-                    self.release(role, token, deadline).await;
-                    break TermEnd::Shutdown;
-                }
-                joined = &mut task => {
-                    leadership.cancel();
-                    self.release(role, token, deadline).await;
-                    break TermEnd::WorkReturned(work_outcome(joined));
-                }
-                _ = tokio::time::sleep_until(deadline) => {
-                    warn!(role, owner, token = %token, reason = "local deadline passed without a successful renewal",
-                        "leadership lost");
-                    self.state.send_replace(ElectionState::Follower { holder: None });
-                    self.stop_work(role, token, &leadership, task).await;
+                _ = shutdown.cancelled() => break TermEnd::Shutdown,
+                joined = &mut task => break TermEnd::WorkReturned(work_outcome(joined)),
+                _ = tokio::time::sleep_until(term.deadline()) => {
+                    warn!(role, owner, token = %term.token,
+                        reason = "local deadline passed without a successful renewal", "leadership lost");
                     break TermEnd::Lost(None);
                 }
-                result = async { match renewal.as_mut() { Some((_, answer)) => answer.await, None => std::future::pending().await } }, if renewal.is_some() => {
-                    let Some((sent, _)) = renewal.take() else { continue };
-                    let received = Instant::now();
-                    metrics::histogram!("tenure_renew_latency_seconds", "role" => role.to_owned())
-                        .record((received - sent).as_secs_f64());
-                    match result {
-                        Ok(result) if result.acquired && result.fencing_token == token => {
-                            metrics::counter!("tenure_renewals_total", "role" => role.to_owned(), "outcome" => "ok").increment(1);
-                            // Late: the renewal (retries included) used more than half the
-                            // slack between the renew schedule and the local deadline.
-                            let spare = deadline.saturating_duration_since(received);
-                            let slack = window.saturating_sub(self.options.renew_interval);
-                            if spare < slack / 2 {
-                                warn!(role, owner, token = %token, spare = ?spare, latency = ?(received - sent),
-                                    "renewed late: the local deadline was close");
-                            } else {
-                                debug!(role, owner, token = %token, "renewed");
-                            }
-                            deadline = sent + window;
-                            next_renew = sent + self.options.renew_interval;
-                        }
-                        Ok(result) => {
-                            metrics::counter!("tenure_renewals_total", "role" => role.to_owned(), "outcome" => "lost").increment(1);
-                            if result.acquired {
-                                warn!(role, owner, token = %token, new_token = %result.fencing_token,
-                                    reason = "the term lapsed and a new one began", "leadership lost");
-                            } else {
-                                warn!(role, owner, token = %token, holder = %result.holder,
-                                    holder_token = %result.fencing_token, reason = "another owner holds the lease",
-                                    "leadership lost");
-                            }
-                            // Not leading from here on, even while the old work winds down.
-                            if result.acquired {
-                                self.state.send_replace(ElectionState::Follower { holder: None });
-                            } else {
-                                self.publish_follower(&result);
-                            }
-                            self.stop_work(role, token, &leadership, task).await;
-                            break TermEnd::Lost(Some(Answer { result, sent, received }));
-                        }
-                        Err(error) => {
-                            metrics::counter!("tenure_renewals_total", "role" => role.to_owned(), "outcome" => "failed").increment(1);
-                            let retry = self.jittered(self.options.retry_interval.min(self.options.renew_interval));
-                            warn!(role, owner, token = %token, %error, retry_in = ?retry,
-                                deadline_in = ?deadline.saturating_duration_since(received),
-                                "renewal failed; retrying after a store error");
-                            next_renew = received + retry;
-                        }
+                attempt = in_flight(&mut renewal), if renewal.is_some() => {
+                    renewal = None;
+                    if let Some(lost) = self.renewal_answered(role, &mut term, attempt) {
+                        break lost;
                     }
                 }
-                _ = tokio::time::sleep_until(next_renew), if renewal.is_none() => {
-                    renewal = Some((
-                        Instant::now(),
-                        self.store.try_acquire_or_renew(role, owner, self.options.lease_ttl),
-                    ));
+                _ = tokio::time::sleep_until(term.next_renew), if renewal.is_none() => {
+                    renewal = Some(self.attempt(role));
                 }
             }
         };
-        metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(0.0);
-        end
+        self.end_term(role, &term, &leadership, task, renewal, end)
+            .await
     }
 
-    /// Cancels the term's work and waits for it; a failure or panic there is logged,
-    /// since the term is over anyway.
-    async fn stop_work<T: WorkOutcome>(
+    /// Applies a renewal's answer to the term; returns how the term ended if it did.
+    fn renewal_answered(&self, role: &str, term: &mut Term, attempt: Attempt) -> Option<TermEnd> {
+        let owner = self.options.owner_id.as_str();
+        let token = term.token;
+        let Attempt {
+            sent,
+            received,
+            result,
+        } = attempt;
+        metrics::histogram!("tenure_renew_latency_seconds", "role" => role.to_owned())
+            .record((received - sent).as_secs_f64());
+        let outcome = |outcome: &'static str| {
+            metrics::counter!("tenure_renewals_total", "role" => role.to_owned(), "outcome" => outcome)
+                .increment(1);
+        };
+        match result {
+            Ok(result) if result.acquired && result.fencing_token == token => {
+                outcome("ok");
+                if term.is_late(received) {
+                    warn!(role, owner, token = %token, latency = ?(received - sent),
+                        spare = ?term.deadline().saturating_duration_since(received),
+                        "renewed late: the local deadline was close");
+                } else {
+                    debug!(role, owner, token = %token, "renewed");
+                }
+                term.renewed(&self.options, sent, &result);
+                None
+            }
+            Ok(result) => {
+                outcome("lost");
+                if result.acquired {
+                    warn!(role, owner, token = %token, new_token = %result.fencing_token,
+                        reason = "the term lapsed and a new one began", "leadership lost");
+                } else {
+                    warn!(role, owner, token = %token, holder = %result.holder,
+                        holder_token = %result.fencing_token,
+                        reason = "another owner holds the lease", "leadership lost");
+                }
+                Some(TermEnd::Lost(Some(Answer {
+                    result,
+                    sent,
+                    received,
+                })))
+            }
+            Err(error) => {
+                outcome("failed");
+                let retry =
+                    self.jittered(self.options.retry_interval.min(self.options.renew_interval));
+                warn!(role, owner, token = %token, %error, retry_in = ?retry,
+                    deadline_in = ?term.deadline().saturating_duration_since(received),
+                    "renewal failed; retrying after a store error");
+                term.next_renew = received + retry;
+                None
+            }
+        }
+    }
+
+    /// Ends a term: cancels `leadership` and says so once, waits for the work, and on
+    /// shutdown or work returning lets a renewal in flight answer, then releases.
+    async fn end_term<T: WorkOutcome>(
+        &self,
+        role: &str,
+        term: &Term,
+        leadership: &CancellationToken,
+        task: JoinHandle<T>,
+        renewal: Option<AttemptFuture<'_>>,
+        end: TermEnd,
+    ) -> TermEnd {
+        leadership.cancel();
+        // Watchers learn of the loss now, not when the work gets round to returning.
+        match &end {
+            TermEnd::Lost(Some(answer)) if !answer.result.acquired => {
+                self.publish_follower(&answer.result)
+            }
+            _ => {
+                self.state
+                    .send_replace(ElectionState::Follower { holder: None });
+            }
+        }
+        metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(0.0);
+        match end {
+            TermEnd::Lost(answer) => {
+                // The term is over whatever a renewal in flight answers.
+                drop(renewal);
+                self.await_work(role, term.token, task).await;
+                TermEnd::Lost(answer)
+            }
+            TermEnd::Shutdown => {
+                let ((), held) = tokio::join!(
+                    self.await_work(role, term.token, task),
+                    self.settle(term, renewal)
+                );
+                if let Some(held) = held {
+                    self.release(role, &held).await;
+                }
+                TermEnd::Shutdown
+            }
+            TermEnd::WorkReturned(outcome) => {
+                // The work has returned: `task` is finished, nothing to wait for.
+                if let Some(held) = self.settle(term, renewal).await {
+                    self.release(role, &held).await;
+                }
+                TermEnd::WorkReturned(outcome)
+            }
+        }
+    }
+
+    /// Waits for the work of an ended term; a failure or panic there is logged, since
+    /// the term is over anyway.
+    async fn await_work<T: WorkOutcome>(
         &self,
         role: &str,
         token: FencingToken,
-        leadership: &CancellationToken,
         task: JoinHandle<T>,
     ) {
-        leadership.cancel();
-        // Watchers learn of the loss now, not when the work gets round to returning.
-        self.state.send_if_modified(|state| {
-            let was_leader = state.is_leader();
-            if was_leader {
-                *state = ElectionState::Follower { holder: None };
-            }
-            was_leader
-        });
-        metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(0.0);
         if let Err(error) = work_outcome(task.await) {
             error!(role, owner = %self.options.owner_id, token = %token, %error,
                 "leader work failed after leadership ended");
         }
     }
 
-    /// Releases the term, giving up at the local deadline (the lease is gone by then).
-    async fn release(&self, role: &str, token: FencingToken, deadline: Instant) {
+    /// Lets a renewal still in flight answer (bounded by the term's deadline) before the
+    /// term is released, and returns the term to release, if the store may still hold
+    /// one for us. Until it answers, the renewal may hold the store (SQLite's writer slot
+    /// and the file's write lock, which the release would queue behind), and one that
+    /// reached the store after the release would start a new term nobody leads.
+    async fn settle(&self, term: &Term, renewal: Option<AttemptFuture<'_>>) -> Option<Term> {
+        let mut held = term.clone();
+        let Some(renewal) = renewal else {
+            return Some(held);
+        };
+        match tokio::time::timeout_at(term.deadline(), renewal).await {
+            Ok(Attempt {
+                sent,
+                result: Ok(result),
+                ..
+            }) => {
+                if !result.acquired {
+                    // Another owner holds the lease: there is nothing of ours to release.
+                    return None;
+                }
+                // Renewed, or a new term began: either way it is ours to release.
+                held.renewed(&self.options, sent, &result);
+            }
+            // Failed or unanswered: release what we held, as far as we know.
+            Ok(Attempt { result: Err(_), .. }) | Err(_) => {}
+        }
+        Some(held)
+    }
+
+    /// Releases the term, giving up at its local deadline (the lease is gone by then).
+    async fn release(&self, role: &str, term: &Term) {
         let owner = self.options.owner_id.as_str();
-        match tokio::time::timeout_at(deadline, self.store.release(role, owner, token)).await {
+        let token = term.token;
+        match tokio::time::timeout_at(term.deadline(), self.store.release(role, owner, token)).await
+        {
             Ok(Ok(true)) => info!(role, owner, token = %token, "released"),
             Ok(Ok(false)) => {
                 debug!(role, owner, token = %token, "release found the term already over")
@@ -626,6 +808,14 @@ impl LeaseLeaderElector {
         }
         let factor = self.rng.lock().random_range(1.0 - jitter..=1.0 + jitter);
         base.mul_f64(factor)
+    }
+}
+
+/// The answer of the renewal in flight; never ready while there is none.
+async fn in_flight(renewal: &mut Option<AttemptFuture<'_>>) -> Attempt {
+    match renewal {
+        Some(attempt) => attempt.await,
+        None => std::future::pending().await,
     }
 }
 

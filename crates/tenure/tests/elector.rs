@@ -1,6 +1,6 @@
 //! The fenced elector, deterministically: paused tokio time, the in-memory store on a
-//! [`TokioClock`] (so store expiry and the elector's timers move together), and small
-//! store wrappers that hang, lapse, steal or fail on a switch.
+//! [`TokioClock`] (so store expiry and the elector's timers move together), and one
+//! store wrapper whose switches hang, stall, fail, hold, lapse, steal or shorten calls.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -130,60 +130,7 @@ where
     tokio::spawn(async move { elector.run(ROLE, work, shutdown).await })
 }
 
-/// Delegates to the in-memory store; while `hang` is set, `try_acquire_or_renew` never
-/// answers (a wedged connection). Remembers the last answer that granted the lease.
-struct HangingStore {
-    inner: Arc<InMemoryLeaseStore>,
-    hang: AtomicBool,
-    last_granted: Mutex<Option<LeaseResult>>,
-}
-
-impl HangingStore {
-    fn new(inner: Arc<InMemoryLeaseStore>) -> Arc<Self> {
-        Arc::new(HangingStore {
-            inner,
-            hang: AtomicBool::new(false),
-            last_granted: Mutex::new(None),
-        })
-    }
-
-    fn last_granted(&self) -> LeaseResult {
-        self.last_granted.lock().clone().expect("a granted answer")
-    }
-}
-
-#[async_trait]
-impl LeaseStore for HangingStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        if self.hang.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let result = self.inner.try_acquire_or_renew(role, owner, ttl).await?;
-        if result.acquired {
-            *self.last_granted.lock() = Some(result.clone());
-        }
-        Ok(result)
-    }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.inner.release(role, owner, token).await
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
-    }
-}
-
-/// What a [`TwistStore`] does to the next `try_acquire_or_renew` when armed.
+/// What a [`SwitchStore`] does to the next `try_acquire_or_renew` when armed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Twist {
     None,
@@ -195,95 +142,135 @@ enum Twist {
     Steal,
 }
 
-/// Delegates to the in-memory store and applies a one-shot [`Twist`] to the next call.
-struct TwistStore {
+/// The in-memory store behind switches a test flips, applied to `try_acquire_or_renew`
+/// in this order: `hang` (never answer: a wedged connection), `stalled_until` (wait:
+/// a wedged connection that recovers), `fail_next` (fail with [`Error::Store`]),
+/// `on_the_wire` (the call reaches the store only when the gate opens, whether or not
+/// the caller still waits: a request already sent), `next` (a one-shot [`Twist`]) and
+/// `grant` (the store grants, and really keeps, only this fraction of the asked TTL).
+/// Every granted answer is recorded with the instant it was decided.
+struct SwitchStore {
     inner: Arc<InMemoryLeaseStore>,
     clock: TokioClock,
-    next: Mutex<Twist>,
-    /// Store time and answer of the twisted call.
-    twisted: Mutex<Option<(SystemTime, LeaseResult)>>,
-}
-
-impl TwistStore {
-    fn new(inner: Arc<InMemoryLeaseStore>, clock: TokioClock) -> Arc<Self> {
-        Arc::new(TwistStore {
-            inner,
-            clock,
-            next: Mutex::new(Twist::None),
-            twisted: Mutex::new(None),
-        })
-    }
-}
-
-#[async_trait]
-impl LeaseStore for TwistStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        let twist = std::mem::replace(&mut *self.next.lock(), Twist::None);
-        if twist != Twist::None {
-            let info = self.inner.get(role).await?.expect("a lease to twist");
-            assert_eq!(info.live_holder(), Some(owner), "twist only a live term");
-            assert!(self.inner.release(role, owner, info.fencing_token).await?);
-            if twist == Twist::Steal {
-                let stolen = self
-                    .inner
-                    .try_acquire_or_renew(role, "intruder", ttl)
-                    .await?;
-                assert!(stolen.acquired);
-            }
-        }
-        let result = self.inner.try_acquire_or_renew(role, owner, ttl).await?;
-        if twist != Twist::None {
-            *self.twisted.lock() = Some((self.clock.now(), result.clone()));
-        }
-        Ok(result)
-    }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.inner.release(role, owner, token).await
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
-    }
-}
-
-/// Delegates to the in-memory store, but the next `fail_next` calls of
-/// `try_acquire_or_renew` fail with [`Error::Store`].
-struct FlakyStore {
-    inner: Arc<InMemoryLeaseStore>,
+    hang: AtomicBool,
+    stalled_until: Mutex<Instant>,
     fail_next: AtomicUsize,
     failed: AtomicUsize,
+    on_the_wire: Mutex<Option<watch::Receiver<bool>>>,
+    next: Mutex<Twist>,
+    grant: Mutex<f64>,
+    /// Store time and answer of the twisted call.
+    twisted: Mutex<Option<(SystemTime, LeaseResult)>>,
+    granted: Mutex<Vec<(Instant, LeaseResult)>>,
+    /// Every release: its token and whether it ended the term.
+    released: Mutex<Vec<(FencingToken, bool)>>,
 }
 
-#[async_trait]
-impl LeaseStore for FlakyStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
+impl SwitchStore {
+    /// All switches off: a plain pass-through.
+    fn new(inner: Arc<InMemoryLeaseStore>, clock: &TokioClock) -> Arc<Self> {
+        Arc::new(SwitchStore {
+            inner,
+            clock: clock.clone(),
+            hang: AtomicBool::new(false),
+            stalled_until: Mutex::new(Instant::now()),
+            fail_next: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            on_the_wire: Mutex::new(None),
+            next: Mutex::new(Twist::None),
+            grant: Mutex::new(1.0),
+            twisted: Mutex::new(None),
+            granted: Mutex::new(Vec::new()),
+            released: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn last_granted(&self) -> LeaseResult {
+        let granted = self.granted.lock();
+        granted.last().expect("a granted answer").1.clone()
+    }
+
+    /// Holds the calls made from now on until the returned sender sends `true`.
+    fn hold_on_the_wire(&self) -> watch::Sender<bool> {
+        let (open, gate) = watch::channel(false);
+        *self.on_the_wire.lock() = Some(gate);
+        open
+    }
+
+    fn take_failure(&self) -> bool {
         let failing = self
             .fail_next
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if failing {
             self.failed.fetch_add(1, Ordering::SeqCst);
+        }
+        failing
+    }
+
+    /// The call as the store decides it: twisted if armed, granting `grant` of `ttl`.
+    async fn decide(
+        inner: &InMemoryLeaseStore,
+        twist: Twist,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        if twist != Twist::None {
+            let info = inner.get(role).await?.expect("a lease to twist");
+            assert_eq!(info.live_holder(), Some(owner), "twist only a live term");
+            assert!(inner.release(role, owner, info.fencing_token).await?);
+            if twist == Twist::Steal {
+                let stolen = inner.try_acquire_or_renew(role, "intruder", ttl).await?;
+                assert!(stolen.acquired);
+            }
+        }
+        inner.try_acquire_or_renew(role, owner, ttl).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SwitchStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let until = *self.stalled_until.lock();
+        tokio::time::sleep_until(until).await;
+        if self.take_failure() {
             return Err(Error::store_msg("memory", "injected failure"));
         }
-        self.inner.try_acquire_or_renew(role, owner, ttl).await
+        let twist = std::mem::replace(&mut *self.next.lock(), Twist::None);
+        let ttl = ttl.mul_f64(*self.grant.lock());
+        let gate = self.on_the_wire.lock().clone();
+        let result = match gate {
+            None => Self::decide(&self.inner, twist, role, owner, ttl).await?,
+            Some(mut gate) => {
+                let (inner, role, owner) = (self.inner.clone(), role.to_owned(), owner.to_owned());
+                let sent = tokio::spawn(async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    Self::decide(&inner, twist, &role, &owner, ttl).await
+                });
+                sent.await.expect("the call on the wire")?
+            }
+        };
+        if twist != Twist::None {
+            *self.twisted.lock() = Some((self.clock.now(), result.clone()));
+        }
+        if result.acquired {
+            self.granted.lock().push((Instant::now(), result.clone()));
+        }
+        Ok(result)
     }
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.inner.release(role, owner, token).await
+        let released = self.inner.release(role, owner, token).await?;
+        self.released.lock().push((token, released));
+        Ok(released)
     }
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
         self.inner.get(role).await
@@ -385,44 +372,11 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
     assert_eq!(*b_state.borrow(), ElectionState::Idle);
 }
 
-/// Delegates to the in-memory store; every `try_acquire_or_renew` first waits until
-/// `stalled_until` (a wedged connection that recovers).
-struct StallStore {
-    inner: Arc<InMemoryLeaseStore>,
-    stalled_until: Mutex<Instant>,
-}
-
-#[async_trait]
-impl LeaseStore for StallStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        let until = *self.stalled_until.lock();
-        tokio::time::sleep_until(until).await;
-        self.inner.try_acquire_or_renew(role, owner, ttl).await
-    }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.inner.release(role, owner, token).await
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
-    }
-}
-
 /// One running incarnation of an elector in [`electors_never_run_work_concurrently`].
 struct Incarnation {
     owner: String,
     shutdown: CancellationToken,
-    store: Arc<StallStore>,
+    store: Arc<SwitchStore>,
 }
 
 /// Setup: three electors (ttl 900 ms, renew 300 ms, retry 200 ms) on one store and
@@ -444,7 +398,7 @@ async fn electors_never_run_work_concurrently() {
 
     let mut loops = Vec::new();
     for (index, node) in ["node-a", "node-b", "node-c"].into_iter().enumerate() {
-        let store = store.clone();
+        let (store, clock) = (store.clone(), clock.clone());
         let (running, max_running, terms, stop, incarnations) = (
             running.clone(),
             max_running.clone(),
@@ -458,10 +412,7 @@ async fn electors_never_run_work_concurrently() {
                 incarnation += 1;
                 // A restarted process is a new owner.
                 let owner = format!("{node}-{incarnation}");
-                let stall = Arc::new(StallStore {
-                    inner: store.clone(),
-                    stalled_until: Mutex::new(Instant::now()),
-                });
+                let stall = SwitchStore::new(store.clone(), &clock);
                 let elector = elector(
                     stall.clone(),
                     options(
@@ -559,7 +510,7 @@ async fn electors_never_run_work_concurrently() {
 }
 
 /// Setup: ttl 10 s, renew 3 s, max drift 1 % (local window 9.9 s). node-a leads through
-/// a HangingStore; node-b contends on the plain store. After two renewals node-a's
+/// a SwitchStore; node-b contends on the plain store. After two renewals node-a's
 /// store hangs. node-a's `leadership` must be cancelled at its last successful request
 /// + 9.9 s, before the store expiry of that answer; node-b then takes over with token
 /// 2; node-a's late write with token 1 is rejected by the fence.
@@ -567,7 +518,7 @@ async fn electors_never_run_work_concurrently() {
 async fn hung_renewals_cancel_leadership_before_store_expiry() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = HangingStore::new(store.clone());
+    let hanging = SwitchStore::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
     let a = elector(hanging.clone(), standard("node-a"));
@@ -631,7 +582,7 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
     join(run_b, "node-b run").await.unwrap();
 }
 
-/// Setup: node-a leads through a TwistStore (ttl 10 s, renew 3 s). The store makes one
+/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s). The store makes one
 /// renewal come back acquired with a new token (the term lapsed and a new one began).
 /// The old work takes 2 s to wind down after cancellation; the elector must await it
 /// before calling work with the new token.
@@ -639,7 +590,7 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
 async fn renewal_with_a_new_token_awaits_the_old_work_first() {
     let clock = clock();
     let store = memory(&clock);
-    let twist = TwistStore::new(store.clone(), clock.clone());
+    let twist = SwitchStore::new(store.clone(), &clock);
     let a = elector(twist.clone(), standard("node-a"));
     let mut state = a.watch();
     let log: Arc<Mutex<Vec<(String, SystemTime)>>> = Arc::default();
@@ -696,7 +647,7 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
     assert_eq!(live_holder(&store).await, None);
 }
 
-/// Setup: node-a leads through a TwistStore (ttl 10 s, renew 3 s). The store hands the
+/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s). The store hands the
 /// lease to `intruder` just before one renewal, which therefore answers "not acquired".
 /// `leadership` must be cancelled at that instant (not at the local deadline); node-a
 /// then follows the intruder and takes over with token 3 once its lease expires.
@@ -704,7 +655,7 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
 async fn renewal_not_acquired_cancels_leadership_at_once() {
     let clock = clock();
     let store = memory(&clock);
-    let twist = TwistStore::new(store.clone(), clock.clone());
+    let twist = SwitchStore::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
     let a = elector(twist.clone(), standard("node-a"));
@@ -822,7 +773,7 @@ async fn released_lease_is_taken_over_at_once() {
     join(run_c, "node-c run").await.unwrap();
 }
 
-/// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through a HangingStore,
+/// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through a SwitchStore,
 /// node-b follows on the plain store. node-a's renewals start hanging; node-b must take
 /// over within ttl + a small margin of node-a's last successful renewal (it wakes at the
 /// holder's expiry), not ttl + the 60 s retry interval.
@@ -830,7 +781,7 @@ async fn released_lease_is_taken_over_at_once() {
 async fn stalled_leader_is_replaced_within_the_ttl() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = HangingStore::new(store.clone());
+    let hanging = SwitchStore::new(store.clone(), &clock);
     let a = elector(
         hanging.clone(),
         options("node-a", secs(10), secs(3), secs(60)),
@@ -985,7 +936,7 @@ async fn work_panicking_is_an_error_not_a_crash() {
     assert_eq!(live_holder(&store).await, None);
 }
 
-/// Setup: an elector on a FlakyStore (ttl 10 s, renew 3 s, retry 1 s). Phase 1: the
+/// Setup: an elector on a SwitchStore failing on a switch (ttl 10 s, renew 3 s, retry 1 s). Phase 1: the
 /// first five acquires fail; it keeps retrying and leads. Phase 2: two renewals in a row
 /// fail (less than the local window); the term survives. Phase 3: every call fails for
 /// 30 s; the term is lost at the local deadline, `run` keeps going and leads again with a
@@ -994,11 +945,8 @@ async fn work_panicking_is_an_error_not_a_crash() {
 async fn transient_store_errors_never_end_run() {
     let clock = clock();
     let store = memory(&clock);
-    let flaky = Arc::new(FlakyStore {
-        inner: store.clone(),
-        fail_next: AtomicUsize::new(5),
-        failed: AtomicUsize::new(0),
-    });
+    let flaky = SwitchStore::new(store.clone(), &clock);
+    flaky.fail_next.store(5, Ordering::SeqCst);
     let a = elector(flaky.clone(), standard("node-a"));
     let mut state = a.watch();
     let terms = Arc::new(Mutex::new(Vec::new()));
@@ -1053,7 +1001,7 @@ async fn transient_store_errors_never_end_run() {
 }
 
 /// Setup: ttl 10 s, renew 3 s, retry 1 s. node-b leads on the plain store; node-a
-/// follows through a HangingStore whose calls made while `hang` is set never answer.
+/// follows through a SwitchStore whose calls made while `hang` is set never answer.
 /// One of node-a's acquire attempts is swallowed that way; then the store heals and
 /// node-b shuts down. node-a must give up on the lost call (its answer could no longer
 /// start a usable term after the local window) and lead, not wait forever.
@@ -1061,7 +1009,7 @@ async fn transient_store_errors_never_end_run() {
 async fn a_hung_acquire_does_not_block_the_contender_forever() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = HangingStore::new(store.clone());
+    let hanging = SwitchStore::new(store.clone(), &clock);
     let a = elector(hanging.clone(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
@@ -1102,7 +1050,7 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
 async fn work_grace_cancels_leadership_that_much_earlier() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = HangingStore::new(store.clone());
+    let hanging = SwitchStore::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
     let options = LeaseLeaderOptions {
@@ -1128,4 +1076,160 @@ async fn work_grace_cancels_leadership_that_much_earlier() {
     assert!(cancelled[0].1 + secs(2) < last.expires_at);
     shutdown.cancel();
     join(run_a, "node-a run").await.unwrap();
+}
+
+/// Setup: ttl 10 s, renew 3 s, drift 1 %. node-a's store grants half the TTL asked for
+/// (it answers, and really expires the lease, at now + 5 s), as etcd does when it
+/// reuses a spare lease with half its TTL left. After a few renewals the store hangs.
+/// `leadership` must be cancelled at the last successful request + 5 s * 0.99 = 4.95 s,
+/// before that answer's store expiry, not at + 9.9 s as if the full TTL were granted.
+#[tokio::test(start_paused = true)]
+async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
+    let clock = clock();
+    let store = memory(&clock);
+    let halving = SwitchStore::new(store.clone(), &clock);
+    *halving.grant.lock() = 0.5;
+    let fence = Arc::new(Fence::new());
+    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let a = elector(halving.clone(), standard("node-a"));
+    let mut a_state = a.watch();
+    let shutdown = CancellationToken::new();
+    let run_a = spawn_run(
+        &a,
+        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
+        &shutdown,
+    );
+    wait_leader(&mut a_state, "node-a leads").await;
+    tokio::time::sleep(secs(4)).await;
+    assert!(
+        a_state.borrow().is_leader(),
+        "half-TTL renewals keep the term"
+    );
+
+    tracing::info!("--- node-a's store hangs");
+    halving.hang.store(true, Ordering::SeqCst);
+    let last = halving.last_granted();
+    assert_eq!(last.remaining(), secs(5), "the store granted half");
+    assert!(last.now > start(), "node-a renewed");
+    wait_state(&mut a_state, "node-a gives up", |s| !s.is_leader()).await;
+    let cancelled = cancelled_at.lock().clone();
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert!(
+        cancelled[0].1 < last.expires_at,
+        "leadership cancelled at {:?}, the store expired the lease at {:?}",
+        cancelled[0].1,
+        last.expires_at
+    );
+    assert_eq!(cancelled[0].1, last.now + Duration::from_millis(4_950));
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+}
+
+/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s, drift 1 %). One
+/// renewal comes back with a new token (the term lapsed and a new one began); the old
+/// work takes 15 s, longer than the TTL, to wind down after cancellation, so the new
+/// term's local deadline (its answer + 9.9 s) passes meanwhile. Work must never be called
+/// for a term whose deadline has passed: the elector contends again instead and calls
+/// work for token 3 (term 2 has expired on the store too by then).
+#[tokio::test(start_paused = true)]
+async fn work_is_never_called_for_a_term_past_its_deadline() {
+    let clock = clock();
+    let store = memory(&clock);
+    let twist = SwitchStore::new(store.clone(), &clock);
+    let a = elector(twist.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let calls: Arc<Mutex<Vec<(FencingToken, Instant)>>> = Arc::default();
+    let work_calls = calls.clone();
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        move |token: FencingToken, leadership: CancellationToken| {
+            work_calls.lock().push((token, Instant::now()));
+            async move {
+                leadership.cancelled().await;
+                tokio::time::sleep(secs(15)).await;
+            }
+        },
+        &shutdown,
+    );
+    assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
+    tokio::time::sleep(secs(4)).await;
+
+    tracing::info!("--- the next renewal sees a new token; the old work is slow to stop");
+    *twist.next.lock() = Twist::Lapse;
+    let next = wait_state(
+        &mut state,
+        "a later term",
+        |s| matches!(s, ElectionState::Leader { fencing_token } if fencing_token.get() > 1),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    // Each call happened before the local deadline of the latest grant of its token.
+    let window = Duration::from_millis(9_900);
+    let granted = twist.granted.lock().clone();
+    for (token, called) in calls.lock().iter() {
+        let (decided, _) = granted
+            .iter()
+            .rfind(|(at, answer)| answer.fencing_token == *token && at <= called)
+            .unwrap_or_else(|| panic!("work called for token {token} that was never granted"));
+        assert!(
+            *called < *decided + window,
+            "work called for token {token} {:?} after its grant, past the {window:?} deadline",
+            *called - *decided
+        );
+    }
+    let tokens: Vec<u64> = calls.lock().iter().map(|(token, _)| token.get()).collect();
+    assert_eq!(tokens, [1, 3]);
+    assert_eq!(
+        next,
+        ElectionState::Leader {
+            fencing_token: FencingToken::from(3)
+        }
+    );
+
+    shutdown.cancel();
+    join(run, "run").await.unwrap();
+}
+
+/// Setup: node-a leads alone (ttl 10 s, renew 3 s). Its next renewal is held on the wire:
+/// it reaches the store only when the test lets it through, whether or not node-a still
+/// waits for it. Shutdown fires while it is held; 1 s later it goes through. node-a must
+/// let the renewal answer before it releases, so the release ends the term and nobody
+/// holds the lease afterwards. Released first, the late renewal would start a new term
+/// for node-a (token 2) that nobody leads, and a successor would wait out the TTL.
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
+    let clock = clock();
+    let store = memory(&clock);
+    let wire = SwitchStore::new(store.clone(), &clock);
+    let a = elector(wire.clone(), standard("node-a"));
+    let mut state = a.watch();
+    let shutdown = CancellationToken::new();
+    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
+    let run = spawn_run(&a, idle, &shutdown);
+    assert_eq!(wait_leader(&mut state, "leads").await.get(), 1);
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+
+    tracing::info!("--- a renewal is on the wire when shutdown fires");
+    let open = wire.hold_on_the_wire();
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(
+        wire.granted.lock().len(),
+        2,
+        "one renewal answered, one held"
+    );
+    shutdown.cancel();
+    tokio::time::sleep(secs(1)).await;
+    open.send_replace(true);
+    join(run, "run").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+
+    assert_eq!(live_holder(&store).await, None, "nobody holds the lease");
+    assert_eq!(*wire.released.lock(), [(FencingToken::from(1), true)]);
+    let next = store
+        .try_acquire_or_renew(ROLE, "node-b", secs(10))
+        .await
+        .unwrap();
+    assert!(next.acquired, "a successor gets in at once: {next:?}");
 }

@@ -351,3 +351,36 @@ fn work_grace_must_leave_time_to_renew() {
         &["3s", "2.9s"],
     );
 }
+
+/// Setup: none. Each message names the option once (in the error's prefix) and then
+/// shows the value and the bound it breaks, with the bound's inputs.
+#[test]
+fn messages_show_the_value_and_the_bound_once() {
+    let renew = LeaseLeaderOptions {
+        renew_interval: ms(5_000),
+        work_grace: ms(5_000),
+        ..valid()
+    };
+    assert_eq!(
+        renew.validate().unwrap_err().to_string(),
+        "invalid renew_interval: 5s must be greater than zero and less than \
+         lease_ttl * (1 - max_clock_drift) - work_grace = 10s * (1 - 0.01) - 5s = 4.9s"
+    );
+    let grace = LeaseLeaderOptions {
+        work_grace: ms(9_900),
+        ..valid()
+    };
+    assert_eq!(
+        grace.validate().unwrap_err().to_string(),
+        "invalid work_grace: 9.9s must be less than lease_ttl * (1 - max_clock_drift) \
+         = 10s * (1 - 0.01) = 9.9s"
+    );
+    let zero = LeaseLeaderOptions {
+        retry_interval: Duration::ZERO,
+        ..valid()
+    };
+    assert_eq!(
+        zero.validate().unwrap_err().to_string(),
+        "invalid retry_interval: must be greater than zero"
+    );
+}

@@ -4,17 +4,22 @@
 //! Each schedule is a fresh current-thread runtime with paused time: 3-5 electors on one
 //! in-memory store (on a [`TokioClock`], so store time follows the runtime), each behind
 //! a fault wrapper that adds random latency, occasionally hangs a call (for 0.5-3 TTLs or
-//! forever) and "pauses" its elector (responses held back, work frozen for 1-3 TTLs; on
-//! waking the work performs its pending write with its old token). Electors are also shut
-//! down and restarted as new owners, and their work sometimes returns. Every leader writes
-//! every few milliseconds through one shared [`Fence`].
+//! forever), grants less TTL than asked (the store really expires the lease then, as etcd
+//! does when it reuses a spare lease), and "pauses" its elector (responses held back, work
+//! frozen for 1-3 TTLs; on waking the work performs its pending write with its old token).
+//! The wall clock the store shows in its answers steps forward now and then, while expiry
+//! stays on the store's steady clock (what SQLite does on the host's monotonic clock).
+//! Electors are also shut down and restarted as new owners, and their work sometimes
+//! returns. Every leader writes every few milliseconds through one shared [`Fence`].
 //!
 //! The checker keeps its own model of the lease from the store's answers and returns a
-//! list of [`Violation`]s instead of panicking, so the negative control (a store clock
-//! running 1.5x fast, far beyond the elector's drift bound) can assert that it does find
-//! invariant-4 violations.
+//! list of [`Violation`]s instead of panicking, so the negative controls can assert that
+//! it does find invariant-4 violations: a store clock running 1.5x fast (far beyond the
+//! elector's drift bound), a store clock that steps forward (store time running ahead of
+//! the holders' monotonic clocks), and short grants reported as the TTL asked for (what
+//! an elector that trusts the TTL it asked for, not the one it got, would see).
 //!
-//! The normal test runs 1,000 schedules; `TENURE_SIM_SCHEDULES=100000` runs that many;
+//! The normal test runs 300 schedules; `TENURE_SIM_SCHEDULES=10000` runs that many;
 //! `TENURE_SIM_SEED=<seed>` runs one schedule and prints its report.
 
 use std::collections::BTreeMap;
@@ -35,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 const ROLE: &str = "reports";
 const RESOURCE: &str = "ledger";
 const BASE_SEED: u64 = 0x7e4e_5eed_2024_0001;
-const DEFAULT_SCHEDULES: u64 = 1_000;
+const DEFAULT_SCHEDULES: u64 = 300;
 /// Keep at most this many violations per schedule (a broken run repeats the same one).
 const MAX_VIOLATIONS: usize = 16;
 
@@ -52,6 +57,12 @@ fn start() -> SystemTime {
 struct SimConfig {
     /// Rate of the store clock relative to tokio's (1.0 = no drift).
     store_clock_rate: f64,
+    /// Broken store: the clock that decides expiry steps forward with the wall clock
+    /// (instead of only the wall clock shown in answers).
+    store_clock_steps: bool,
+    /// Broken elector, seen from outside: a short grant is reported to the elector as
+    /// the TTL it asked for, so it computes its deadline from the asked TTL.
+    report_asked_ttl: bool,
     /// Virtual time the electors run before shutdown.
     run_for: Duration,
 }
@@ -60,7 +71,47 @@ impl SimConfig {
     fn normal() -> Self {
         SimConfig {
             store_clock_rate: 1.0,
+            store_clock_steps: false,
+            report_asked_ttl: false,
             run_for: TTL * 12,
+        }
+    }
+}
+
+/// The store's clocks: `steady` decides expiry (tokio's time at the configured rate,
+/// plus the wall clock's steps if the store is broken that way); the wall clock shown in
+/// answers is `steady` plus every forward step taken so far.
+#[derive(Clone, Debug)]
+struct StoreClock {
+    base: TokioClock,
+    /// How far the wall clock has stepped forward.
+    stepped: Arc<Mutex<Duration>>,
+    /// Whether the steps move the clock that decides expiry too.
+    steps_decide: bool,
+}
+
+impl StoreClock {
+    fn step(&self, by: Duration) {
+        *self.stepped.lock() += by;
+    }
+
+    /// How far answers' times run ahead of the deciding clock.
+    fn shown_ahead(&self) -> Duration {
+        if self.steps_decide {
+            Duration::ZERO
+        } else {
+            *self.stepped.lock()
+        }
+    }
+}
+
+impl Clock for StoreClock {
+    fn now(&self) -> SystemTime {
+        let now = self.base.now();
+        if self.steps_decide {
+            now + *self.stepped.lock()
+        } else {
+            now
         }
     }
 }
@@ -149,6 +200,8 @@ struct Stats {
     pauses: u64,
     restarts: u64,
     releases: u64,
+    short_grants: u64,
+    clock_steps: u64,
 }
 
 /// The outcome of one schedule.
@@ -215,7 +268,8 @@ impl Checker {
 
 /// Everything one schedule shares: the store, the fence, the RNG and the checker.
 struct Sim {
-    clock: TokioClock,
+    clock: StoreClock,
+    config: SimConfig,
     store: Arc<InMemoryLeaseStore>,
     fence: Fence,
     rng: Mutex<SmallRng>,
@@ -226,6 +280,17 @@ struct Sim {
 impl Sim {
     fn at_ms(&self, now: SystemTime) -> u64 {
         now.duration_since(start()).unwrap_or_default().as_millis() as u64
+    }
+
+    /// The answer as the elector sees it: times on the stepped wall clock, and (broken
+    /// elector) a grant of the caller's own as long as the `asked` TTL.
+    fn shown(&self, answer: &mut LeaseResult, asked: Duration) {
+        let ahead = self.clock.shown_ahead();
+        answer.now += ahead;
+        answer.expires_at += ahead;
+        if self.config.report_asked_ttl && answer.acquired {
+            answer.expires_at = answer.now + asked;
+        }
     }
 
     fn random<T, F: FnOnce(&mut SmallRng) -> T>(&self, f: F) -> T {
@@ -471,6 +536,8 @@ struct CallPlan {
     response: Duration,
     /// Hang before the store decides (`true`) or after (`false`); `None` = forever.
     hang: Option<(bool, Option<Duration>)>,
+    /// The fraction of the asked TTL the store grants.
+    grant: f64,
 }
 
 /// The fault wrapper in front of the shared store, one per elector slot.
@@ -490,10 +557,16 @@ impl FaultStore {
                     (!rng.random_bool(0.25)).then(|| TTL.mul_f64(rng.random_range(0.5..3.0)));
                 (before, length)
             });
+            let grant = if rng.random_bool(0.15) {
+                rng.random_range(0.3..1.0)
+            } else {
+                1.0
+            };
             CallPlan {
                 request,
                 response: latency - request,
                 hang,
+                grant,
             }
         })
     }
@@ -532,9 +605,25 @@ impl LeaseStore for FaultStore {
             self.hang(length).await;
         }
         tokio::time::sleep(plan.request).await;
-        let result = self.sim.store.try_acquire_or_renew(role, owner, ttl).await;
-        if let Ok(answer) = &result {
+        if plan.grant < 1.0 {
+            self.sim.checker.lock().stats.short_grants += 1;
+        }
+        // A short grant never shortens the caller's live term: a store may grant less
+        // than asked, but must not move a term's expiry back (its holder's deadline still
+        // rests on the earlier answer until this one arrives).
+        let live = match self.sim.store.get(role).await {
+            Ok(Some(info)) if info.live_holder() == Some(owner) => info.remaining(),
+            _ => Duration::ZERO,
+        };
+        let granted = ttl.mul_f64(plan.grant).max(live);
+        let mut result = self
+            .sim
+            .store
+            .try_acquire_or_renew(role, owner, granted)
+            .await;
+        if let Ok(answer) = &mut result {
             self.sim.on_answer(owner, answer).await;
+            self.sim.shown(answer, ttl);
         }
         tokio::time::sleep(plan.response).await;
         if let Some((false, length)) = plan.hang {
@@ -678,19 +767,26 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
 /// Pauses random electors and shuts random ones down (they restart as new owners).
 async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
     loop {
-        let (wait, at_leader, victim, pause, restart) = sim.random(|rng| {
+        let (wait, at_leader, victim, pause, restart, step) = sim.random(|rng| {
             (
                 TTL.mul_f64(rng.random_range(0.5..2.5)),
                 rng.random_bool(0.6),
                 rng.random_range(0..count),
                 TTL.mul_f64(rng.random_range(1.0..3.0)),
                 rng.random_bool(0.3),
+                rng.random_bool(0.3)
+                    .then(|| TTL.mul_f64(rng.random_range(0.3..1.5))),
             )
         });
         tokio::select! {
             biased;
             _ = end.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+        }
+        // The wall clock steps forward (an NTP step, `date -s`).
+        if let Some(step) = step {
+            sim.clock.step(step);
+            sim.checker.lock().stats.clock_steps += 1;
         }
         let mut electors = sim.electors.lock();
         // Mostly hit the leader: that is where the interesting handovers happen.
@@ -718,12 +814,17 @@ async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
 }
 
 async fn simulate(seed: u64, config: SimConfig) -> Report {
-    let clock = TokioClock::starting_at(start()).with_rate(config.store_clock_rate);
+    let clock = StoreClock {
+        base: TokioClock::starting_at(start()).with_rate(config.store_clock_rate),
+        stepped: Arc::default(),
+        steps_decide: config.store_clock_steps,
+    };
     let mut rng = SmallRng::seed_from_u64(seed);
     let count = rng.random_range(3..=5);
     let sim = Arc::new(Sim {
         store: Arc::new(InMemoryLeaseStore::with_clock(clock.clone())),
         clock,
+        config,
         fence: Fence::new(),
         rng: Mutex::new(rng),
         checker: Mutex::new(Checker::default()),
@@ -819,11 +920,12 @@ fn schedules_from_env() -> u64 {
     }
 }
 
-/// Setup: 1,000 seeded schedules (or `TENURE_SIM_SCHEDULES`; `TENURE_SIM_SEED` runs one)
+/// Setup: 300 seeded schedules (or `TENURE_SIM_SCHEDULES`; `TENURE_SIM_SEED` runs one)
 /// of 3-5 electors (ttl 300 ms, renew 100 ms, retry 60 ms) over one in-memory store for
-/// 12 TTLs each, with random latency, hung calls, pauses, restarts and quitting work.
-/// No schedule may break invariants 1-4, and together they must have exercised terms,
-/// hangs, pauses, restarts and fenced stale writes.
+/// 12 TTLs each, with random latency, hung calls, short grants, wall-clock steps,
+/// pauses, restarts and quitting work. No schedule may break invariants 1-4, and
+/// together they must have exercised terms, hangs, short grants, clock steps, pauses,
+/// restarts and fenced stale writes.
 #[test]
 fn seeded_schedules_keep_invariants_1_to_4() {
     if let Ok(seed) = std::env::var("TENURE_SIM_SEED") {
@@ -851,6 +953,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
         total.pauses += s.pauses;
         total.restarts += s.restarts;
         total.releases += s.releases;
+        total.short_grants += s.short_grants;
+        total.clock_steps += s.clock_steps;
         if !report.violations.is_empty() {
             eprintln!(
                 "schedule {schedule} failed: rerun with TENURE_SIM_SEED={seed}\n{:#?}",
@@ -877,6 +981,33 @@ fn seeded_schedules_keep_invariants_1_to_4() {
     assert!(total.restarts >= schedules / 2, "{total:?}");
     assert!(total.releases >= schedules / 2, "{total:?}");
     assert!(total.stale_writes_fenced >= schedules / 10, "{total:?}");
+    assert!(total.short_grants >= schedules * 5, "{total:?}");
+    assert!(total.clock_steps >= schedules, "{total:?}");
+}
+
+/// Runs the first 200 schedules under `config` until one breaks invariant 4 with
+/// leadership outliving the lease on store time, and fails if none does: the checker
+/// must be able to see `what`.
+fn expect_invariant_4_broken(config: SimConfig, what: &str) {
+    let found = (0..200).find_map(|schedule| {
+        let report = run_schedule(seed_of(schedule), config);
+        report
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::LeadershipOutlivedLease { .. }))
+            .then_some((schedule, report))
+    });
+    let (schedule, report) = found.unwrap_or_else(|| panic!("{what} must break invariant 4"));
+    println!(
+        "{what}: schedule {schedule} (seed {}) caught {} violations, first {:?}",
+        report.seed,
+        report.violation_count,
+        report.violations.first()
+    );
+    assert!(report
+        .violations
+        .iter()
+        .all(|v| v.invariant() == 4 || v.invariant() == 2));
 }
 
 /// Setup: the same schedules with the store clock running 1.5x as fast as the electors'
@@ -889,25 +1020,33 @@ fn negative_control_fast_store_clock_breaks_invariant_4() {
         store_clock_rate: 1.5,
         ..SimConfig::normal()
     };
-    let mut found = None;
-    for schedule in 0..200 {
-        let report = run_schedule(seed_of(schedule), config);
-        if report.violations.iter().any(|v| v.invariant() == 4) {
-            found = Some((schedule, report));
-            break;
-        }
-    }
-    let (schedule, report) = found.expect("a 1.5x store clock must break invariant 4");
-    println!(
-        "schedule {schedule} (seed {}) caught {} violations, first {:?}",
-        report.seed,
-        report.violation_count,
-        report.violations.first()
-    );
-    assert!(report
-        .violations
-        .iter()
-        .any(|v| matches!(v, Violation::LeadershipOutlivedLease { .. })));
+    expect_invariant_4_broken(config, "a 1.5x store clock");
+}
+
+/// Setup: the same schedules with a broken store whose expiry follows the wall clock's
+/// forward steps (what SQLite did on the host's wall clock), so store time runs ahead of
+/// the holders' monotonic clocks. The checker must report an invariant-4 violation
+/// within the first 200 schedules.
+#[test]
+fn negative_control_store_clock_step_forward_breaks_invariant_4() {
+    let config = SimConfig {
+        store_clock_steps: true,
+        ..SimConfig::normal()
+    };
+    expect_invariant_4_broken(config, "a store clock stepping forward");
+}
+
+/// Setup: the same schedules with each short grant reported to the elector as the TTL
+/// it asked for, as an elector that computes its deadline from the asked TTL sees it
+/// (the store still expires the lease at the short grant). The checker must report an
+/// invariant-4 violation within the first 200 schedules.
+#[test]
+fn negative_control_deadline_from_the_asked_ttl_breaks_invariant_4() {
+    let config = SimConfig {
+        report_asked_ttl: true,
+        ..SimConfig::normal()
+    };
+    expect_invariant_4_broken(config, "a deadline from the asked TTL");
 }
 
 /// Setup: two runs of the same seed, then one of another seed. A schedule is a pure

@@ -1,0 +1,162 @@
+//! The elector over a real SQLite file where the store's own locking matters: a renewal
+//! still in flight holds this process's writer slot and the file's write lock, so the
+//! elector must let it finish before it releases.
+
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use tenure::{
+    ElectionState, FencingToken, LeaseInfo, LeaseLeaderElector, LeaseLeaderOptions, LeaseResult,
+    LeaseStore, Result,
+};
+use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore};
+use tokio::sync::{watch, Notify};
+use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+const ROLE: &str = "reports";
+const TTL: Duration = Duration::from_secs(4);
+
+/// The SQLite store with renewals that can be held in flight: once `hold` is called,
+/// the next `try_acquire_or_renew` is polled once (so it takes the writer slot and
+/// starts `BEGIN IMMEDIATE`), announces itself through `in_flight`, and goes on only
+/// once the gate opens and its caller polls it again, like a slow disk under a renewal.
+struct HeldRenewals {
+    inner: SqliteLeaseStore,
+    gate: Mutex<Option<watch::Receiver<bool>>>,
+    in_flight: Notify,
+    released: Mutex<Vec<(FencingToken, bool)>>,
+}
+
+impl HeldRenewals {
+    fn hold(&self) -> watch::Sender<bool> {
+        let (open, gate) = watch::channel(false);
+        *self.gate.lock() = Some(gate);
+        open
+    }
+}
+
+#[async_trait]
+impl LeaseStore for HeldRenewals {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        // A boxed future (async-trait), so it can be polled by hand.
+        let mut call = self.inner.try_acquire_or_renew(role, owner, ttl);
+        let Some(mut gate) = self.gate.lock().take() else {
+            return call.await;
+        };
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        self.in_flight.notify_one();
+        if let Poll::Ready(answer) = first {
+            return answer;
+        }
+        let _ = gate.wait_for(|open| *open).await;
+        call.await
+    }
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        let released = self.inner.release(role, owner, token).await?;
+        self.released.lock().push((token, released));
+        Ok(released)
+    }
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        self.inner.get(role).await
+    }
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.inner.list().await
+    }
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        self.inner.wait_for_change(role, observed, deadline).await
+    }
+}
+
+/// Setup: node-a leads on a SQLite file (ttl 4 s, renew 1 s) through [`HeldRenewals`];
+/// a second database handle on the same file stands for another process. One renewal is
+/// held in flight (writer slot taken, `BEGIN IMMEDIATE` under way) when shutdown fires,
+/// and let go at once. `run` must return promptly with the lease released (the release
+/// ran after the renewal finished, not queued behind it until the local deadline), and
+/// the other process must acquire at once, well before the TTL.
+#[tokio::test]
+async fn shutdown_during_a_renewal_releases_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("elector.db");
+    let held = Arc::new(HeldRenewals {
+        inner: SqliteDatabase::open(&path).await.unwrap().lease_store(),
+        gate: Mutex::new(None),
+        in_flight: Notify::new(),
+        released: Mutex::new(Vec::new()),
+    });
+    let other = SqliteDatabase::open(&path).await.unwrap().lease_store();
+    let elector = Arc::new(
+        LeaseLeaderElector::new(
+            held.clone(),
+            LeaseLeaderOptions {
+                owner_id: "node-a".to_owned(),
+                lease_ttl: TTL,
+                renew_interval: Duration::from_secs(1),
+                retry_interval: Duration::from_millis(500),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let mut state = elector.watch();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (elector, shutdown) = (elector.clone(), shutdown.clone());
+        async move {
+            elector
+                .run(
+                    ROLE,
+                    |_token, leadership: CancellationToken| async move {
+                        leadership.cancelled().await
+                    },
+                    shutdown,
+                )
+                .await
+        }
+    });
+    timeout(TTL, state.wait_for(ElectionState::is_leader))
+        .await
+        .expect("node-a leads within a TTL")
+        .unwrap();
+
+    tracing::info!("--- a renewal is in flight when shutdown fires");
+    let open = held.hold();
+    timeout(TTL, held.in_flight.notified())
+        .await
+        .expect("a renewal within a TTL");
+    let stopped = Instant::now();
+    shutdown.cancel();
+    open.send_replace(true);
+    timeout(TTL * 2, run)
+        .await
+        .expect("run returns")
+        .unwrap()
+        .unwrap();
+    let stop_took = stopped.elapsed();
+    assert!(
+        stop_took < Duration::from_secs(1),
+        "shutdown took {stop_took:?}: the release waited behind the renewal"
+    );
+    assert_eq!(*held.released.lock(), [(FencingToken::from(1), true)]);
+
+    tracing::info!("--- the other process takes over at once");
+    let next = other
+        .try_acquire_or_renew(ROLE, "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(next.acquired, "the successor acquires: {next:?}");
+    assert_eq!(next.fencing_token.get(), 2);
+    let handover = stopped.elapsed();
+    assert!(
+        handover < Duration::from_secs(2),
+        "handover took {handover:?} of a {TTL:?} TTL"
+    );
+}
