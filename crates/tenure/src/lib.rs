@@ -73,6 +73,7 @@ mod error;
 mod fence;
 pub mod lease;
 pub mod memory;
+mod owner;
 pub mod registry;
 mod token;
 
@@ -85,5 +86,6 @@ pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
 pub use lease::{LeaseInfo, LeaseResult, LeaseStore};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
+pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
 pub use token::FencingToken;
