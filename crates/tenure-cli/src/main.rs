@@ -383,10 +383,19 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
         if let Err(tenure::Error::InvalidArgument { reason, .. }) =
             tenure::owner_id_with_label(label)
         {
-            return Err(UsageError(format!(
-                "--owner is a label that tenure extends with a per-process suffix: {reason}"
-            )));
+            return Err(UsageError(format!("--owner {reason}")));
         }
+    }
+    // A derived --kill-after always fits; an explicit one must leave time to lead.
+    let window = args.options().local_window();
+    if let Some(kill_after) = args.kill_after.filter(|_| args.work_grace() >= window) {
+        return Err(UsageError(format!(
+            "--kill-after ({}) plus the kill margin ({}) must be less than --ttl less its \
+             clock-drift allowance ({}): the command must be dead before the lease can expire",
+            show(kill_after),
+            show(args.work_grace() - kill_after),
+            show(window)
+        )));
     }
     // Defaults derived from --ttl always fit; explicit values may not.
     if let Err(tenure::Error::InvalidArgument { reason, .. }) = args.options().validate() {

@@ -716,6 +716,44 @@ impl Signals {
 mod tests {
     use super::*;
 
+    fn ttl_alone(ttl: Duration) -> RunArgs {
+        RunArgs {
+            role: "r".to_owned(),
+            ttl,
+            renew_every: None,
+            retry_every: Duration::from_secs(2),
+            owner: None,
+            no_wait: false,
+            wait_timeout: None,
+            kill_after: None,
+            node_id: None,
+            store_url: "sqlite:unused".to_owned(),
+            command: vec!["true".into()],
+        }
+    }
+
+    /// Every TTL from 1 s to 1 h (each 1 ms up to 2 s, then in steps of 997 ms) with no
+    /// other timing gives options the elector accepts, with a renewal that has at least
+    /// half of the leadership window to arrive.
+    #[test]
+    fn timings_derived_from_any_ttl_fit() {
+        let small = 1_000..2_000;
+        let large = (2_000..=3_600_000).step_by(997).chain([3_600_000]);
+        for ms in small.chain(large) {
+            let args = ttl_alone(Duration::from_millis(ms));
+            let options = args.options();
+            assert!(options.validate().is_ok(), "--ttl {ms}ms: {options:?}");
+            assert!(
+                options.renew_interval <= options.leadership_window() / 2,
+                "--ttl {ms}ms: {options:?}"
+            );
+            assert!(args.kill_after() <= DEFAULT_KILL_AFTER_MAX);
+        }
+        let default = ttl_alone(Duration::from_secs(15));
+        assert_eq!(default.renew_every(), Duration::from_secs(5));
+        assert_eq!(default.kill_after(), Duration::from_millis(3_750));
+    }
+
     /// A term whose leadership is already cancelled when its work starts (it began with
     /// almost no window left) starts no command.
     #[tokio::test]

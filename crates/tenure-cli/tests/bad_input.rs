@@ -239,7 +239,7 @@ fn bad_names_create_nothing() {
         ),
         (
             &["--role", "r", "--owner", long_label.as_str()],
-            "--owner is a label",
+            "--owner is 250 bytes long, at most 227 allowed (a per-process suffix is appended)",
         ),
     ];
     for (flags, needle) in cases {
