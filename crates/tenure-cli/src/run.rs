@@ -466,7 +466,7 @@ impl ChildSpec {
                         warn!(role = %self.role, token = %self.token, "leadership lost; stopping the command");
                         self.kill_after
                     };
-                    let status = stop_descendants(Some(&mut child), grace, &self.role).await;
+                    let status = stop_descendants(Some(&mut child), pgid, grace, &self.role).await;
                     return Outcome::Lost(status);
                 }
                 status = child.wait() => {
@@ -475,10 +475,10 @@ impl ChildSpec {
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
                     let left = descendants();
-                    if !left.is_empty() {
+                    if !left.is_empty() || !group_gone(pgid) {
                         warn!(role = %self.role, token = %self.token, left = left.len(),
                             "the command exited and left processes running; stopping them before releasing");
-                        stop_descendants(None, self.kill_after, &self.role).await;
+                        stop_descendants(None, pgid, self.kill_after, &self.role).await;
                     }
                     return Outcome::Exited(status);
                 }
@@ -495,7 +495,7 @@ impl ChildSpec {
                     // Lost while stopped: the branch above stops everything instead.
                     if !leadership.is_cancelled() {
                         self.suspended.store(false, Ordering::SeqCst);
-                        signal_all(&descendants(), Signal::SIGCONT);
+                        signal_all(&descendants(), pgid, Signal::SIGCONT);
                     }
                 }
                 _ = sleep_until_opt(kill_at) => {
@@ -517,8 +517,9 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 }
 
 /// Stops every descendant of tenure (the command, if `child` is given, and whatever it
-/// started): SIGTERM (with SIGCONT, so a stopped one acts on it), then SIGKILL after
-/// `kill_after` to whatever is left, until nothing is left. Tenure's own orphaned children
+/// started), and the command's process `group` (the classic mechanism, and the one left
+/// should `/proc` be unreadable): SIGTERM (with SIGCONT, so a stopped one acts on it),
+/// then SIGKILL after `kill_after` to whatever is left, until nothing is left. Tenure's own orphaned children
 /// are reaped on the way; the command itself is reaped through `child`, and its status
 /// returned (SIGKILL's if it could not be had).
 ///
@@ -527,6 +528,7 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 /// seconds: the lease is not released while anything the command started still runs.
 async fn stop_descendants(
     mut child: Option<&mut tokio::process::Child>,
+    group: Pid,
     kill_after: Duration,
     role: &str,
 ) -> ExitStatus {
@@ -537,8 +539,8 @@ async fn stop_descendants(
     // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
     if !kill_after.is_zero() {
         let left = descendants();
-        signal_all(&left, Signal::SIGTERM);
-        signal_all(&left, Signal::SIGCONT);
+        signal_all(&left, group, Signal::SIGTERM);
+        signal_all(&left, group, Signal::SIGCONT);
     }
     let mut killing = false;
     loop {
@@ -555,7 +557,7 @@ async fn stop_descendants(
             .map(|pid| Pid::from_raw(pid as i32));
         reap_orphans(command);
         let left = descendants();
-        if left.is_empty() && child.is_none() {
+        if left.is_empty() && child.is_none() && group_gone(group) {
             break;
         }
         let now = tokio::time::Instant::now();
@@ -569,7 +571,7 @@ async fn stop_descendants(
             }
             killing = true;
             // Every round: a process may have forked since the last one.
-            signal_all(&left, Signal::SIGKILL);
+            signal_all(&left, group, Signal::SIGKILL);
         }
         if now >= report_at {
             report_at = now + STOP_REPORT_EVERY;
@@ -582,11 +584,18 @@ async fn stop_descendants(
     status.unwrap_or_else(|| ExitStatus::from_raw(Signal::SIGKILL as i32))
 }
 
-/// Sends `signal` to each process, ignoring those that are gone already.
-fn signal_all(pids: &[Pid], signal: Signal) {
+/// Sends `signal` to each process and to the process group, ignoring those that are
+/// gone already.
+fn signal_all(pids: &[Pid], group: Pid, signal: Signal) {
+    let _ = killpg(group, signal);
     for &pid in pids {
         let _ = kill(pid, signal);
     }
+}
+
+/// Whether no process is left in the group (it is not reused while one is).
+fn group_gone(group: Pid) -> bool {
+    matches!(killpg(group, None), Err(Errno::ESRCH))
 }
 
 /// Suspends (Ctrl-Z) the command's processes, then tenure itself, as a shell would a job:
@@ -597,7 +606,9 @@ fn suspend(suspended: &AtomicBool) {
     if !running.is_empty() {
         suspended.store(true, Ordering::SeqCst);
     }
-    signal_all(&running, Signal::SIGSTOP);
+    for pid in running {
+        let _ = kill(pid, Signal::SIGSTOP);
+    }
     let _ = kill(Pid::this(), Signal::SIGSTOP);
 }
 

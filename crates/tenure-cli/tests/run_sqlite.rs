@@ -29,6 +29,7 @@ sqlite_scenarios!(
     every_ttl_alone_starts,
     ctrl_z_suspends_the_command_too,
     lost_while_suspended_is_killed_not_resumed,
+    lost_term_stops_escaped_processes,
 );
 
 /// The overlap check itself: it catches a start inside another term, a token that does

@@ -844,3 +844,25 @@ pub fn lost_while_suspended_is_killed_not_resumed(store: &str, dir: &Path) {
         first.stderr()
     );
 }
+
+/// A lost term stops what the command started outside its process group too: the
+/// leading `tenure` is stopped (SIGSTOP) past the TTL and a waiting one takes over; on
+/// SIGCONT the first exits 4, and the `setsid` process its command started is gone.
+pub fn lost_term_stops_escaped_processes(store: &str, dir: &Path) {
+    let escaped_pid = dir.join("escaped.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > \"{}\"; exec sleep 60' & exec sleep 60",
+        escaped_pid.display()
+    );
+    let mut first = Proc::spawn(&mut run_sh(store, "escaped", &[], &script));
+    let escaped = read_pid(&escaped_pid, LONG);
+    first.own_group(escaped);
+    let mut second = Proc::spawn(&mut run_sh(store, "escaped", &[], "true"));
+    assert!(second.wait_stderr("; waiting", LONG), "{}", second.stderr());
+
+    first.signal(Signal::SIGSTOP);
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+    first.signal(Signal::SIGCONT);
+    assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
+    assert!(dead(escaped), "the setsid process outlived the lost term");
+}
