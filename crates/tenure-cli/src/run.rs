@@ -460,13 +460,16 @@ impl ChildSpec {
                     // Lost while suspended: the deadline passed while nothing ran, so the
                     // lease may be another's already; no grace to act on a SIGTERM.
                     let grace = if self.suspended.load(Ordering::SeqCst) {
-                        warn!(role = %self.role, token = %self.token, "leadership lost while suspended; killing the command");
+                        warn!(role = %self.role, token = %self.token,
+                            "leadership lost while suspended; killing the command");
                         Duration::ZERO
                     } else {
-                        warn!(role = %self.role, token = %self.token, "leadership lost; stopping the command");
+                        warn!(role = %self.role, token = %self.token,
+                            "leadership lost; stopping the command");
                         self.kill_after
                     };
-                    let status = stop_descendants(Some(&mut child), pgid, grace, &self.role).await;
+                    let status =
+                        stop_descendants(Some(&mut child), pgid, grace, &self.role).await;
                     return Outcome::Lost(status);
                 }
                 status = child.wait() => {
@@ -477,7 +480,8 @@ impl ChildSpec {
                     let left = descendants();
                     if !left.is_empty() || !group_gone(pgid) {
                         warn!(role = %self.role, token = %self.token, left = left.len(),
-                            "the command exited and left processes running; stopping them before releasing");
+                            "the command exited and left processes running; \
+                             stopping them before releasing");
                         stop_descendants(None, pgid, self.kill_after, &self.role).await;
                     }
                     return Outcome::Exited(status);
@@ -519,9 +523,9 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 /// Stops every descendant of tenure (the command, if `child` is given, and whatever it
 /// started), and the command's process `group` (the classic mechanism, and the one left
 /// should `/proc` be unreadable): SIGTERM (with SIGCONT, so a stopped one acts on it),
-/// then SIGKILL after `kill_after` to whatever is left, until nothing is left. Tenure's own orphaned children
-/// are reaped on the way; the command itself is reaped through `child`, and its status
-/// returned (SIGKILL's if it could not be had).
+/// then SIGKILL after `kill_after` to whatever is left, until nothing is left. Tenure's
+/// own orphaned children are reaped on the way; the command itself is reaped through
+/// `child`, and its status returned (SIGKILL's if it could not be had).
 ///
 /// A process tenure may not signal (one that changed its user, e.g. through sudo) or one
 /// that does not die of SIGKILL (stuck in the kernel) is waited for, and reported every few
