@@ -108,7 +108,6 @@ enum Command {
     /// them, or stops them for good if the lease was lost meanwhile. SIGSTOP to tenure
     /// alone leaves the command running while nothing renews the lease: only a fence
     /// (`tenure fence`) stops its writes once another instance leads.
-    #[command(verbatim_doc_comment)]
     Run {
         /// The role to lead (one singleton job or resource).
         #[arg(long)]
@@ -442,7 +441,7 @@ fn init_logging(format: LogFormat, verbose: u8, quiet: bool) {
 }
 
 /// Colour only for a person at a terminal: not into a file or pipe, and not when
-/// `NO_COLOR` is set to anything non-empty (no-color.org).
+/// `NO_COLOR` is set to anything non-empty (the NO_COLOR convention).
 fn colour_on_stderr() -> bool {
     use std::io::IsTerminal;
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
