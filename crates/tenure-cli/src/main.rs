@@ -95,20 +95,37 @@ impl StoreArg {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command as the cluster-wide singleton of a role.
+    ///
+    /// The command runs in its own process group. When it exits, or leadership is lost,
+    /// everything it started is stopped (SIGTERM, then SIGKILL after --kill-after) before
+    /// the lease can pass on: tenure is a child subreaper, so this includes processes that
+    /// left the group or session (setsid, double fork, daemons). Not covered: processes
+    /// started for it by something outside its tree (systemd-run, at, a container
+    /// runtime, ssh), and, if tenure itself is killed with SIGKILL, anything but the
+    /// command itself (which gets SIGKILL too).
+    ///
+    /// Ctrl-Z (SIGTSTP) stops the command's processes and then tenure; SIGCONT resumes
+    /// them, or stops them for good if the lease was lost meanwhile. SIGSTOP to tenure
+    /// alone leaves the command running while nothing renews the lease: only a fence
+    /// (`tenure fence`) stops its writes once another instance leads.
     Run {
         /// The role to lead (one singleton job or resource).
         #[arg(long)]
         role: String,
-        /// How long a term lasts without renewal.
+        /// How long a term lasts without renewal. The other timings default to fractions
+        /// of it, so --ttl alone always works.
         #[arg(long, default_value = "15s", value_parser = parse_duration)]
         ttl: Duration,
-        /// How often the leader renews.
-        #[arg(long, default_value = "5s", value_parser = parse_duration)]
-        renew_every: Duration,
+        /// How often the leader renews. Default: --ttl / 3 (5s with the default --ttl),
+        /// less if --kill-after leaves less room. `-v` logs the values in effect.
+        #[arg(long, value_parser = parse_duration)]
+        renew_every: Option<Duration>,
         /// How often a waiting instance retries when not woken sooner.
         #[arg(long, default_value = "2s", value_parser = parse_duration)]
         retry_every: Duration,
-        /// Owner id (default: host-pid-random, unique per process).
+        /// Owner label (default: the host name). It is a label, not the owner id: tenure
+        /// appends its process id and a random suffix, so two processes given the same
+        /// label are two owners and never lead at once ($TENURE_OWNER has the full id).
         #[arg(long)]
         owner: Option<String>,
         /// Exit at once (code 75) if another owner leads.
@@ -117,9 +134,11 @@ enum Command {
         /// Give up (code 124) if not leader within this long.
         #[arg(long, value_parser = parse_duration)]
         wait_timeout: Option<Duration>,
-        /// On lost leadership: SIGTERM, then SIGKILL after this long.
-        #[arg(long, default_value = "5s", value_parser = parse_duration)]
-        kill_after: Duration,
+        /// Stopping the command: SIGTERM, then SIGKILL after this long. Default: --ttl / 4,
+        /// at most 5s (3.75s with the default --ttl). Leadership ends this long, plus
+        /// 500ms (or --ttl / 10 if less), before the lease could expire.
+        #[arg(long, value_parser = parse_duration)]
+        kill_after: Option<Duration>,
         /// Also heartbeat membership as this node while running.
         #[arg(long)]
         node_id: Option<String>,
@@ -347,26 +366,49 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
     if args.ttl.is_zero() {
         return Err(UsageError("--ttl must be greater than 0s".to_owned()));
     }
-    if args.renew_every.is_zero() || args.retry_every.is_zero() {
+    if args.renew_every.is_some_and(|d| d.is_zero()) || args.retry_every.is_zero() {
         return Err(UsageError(
             "--renew-every and --retry-every must be greater than 0s".to_owned(),
         ));
     }
-    if args.renew_every >= args.ttl {
+    if let Some(renew_every) = args.renew_every.filter(|d| *d >= args.ttl) {
         return Err(UsageError(format!(
             "--renew-every ({}) must be less than --ttl ({})",
-            show(args.renew_every),
+            show(renew_every),
             show(args.ttl)
         )));
     }
+    if let Some(label) = &args.owner {
+        if let Err(tenure::Error::InvalidArgument { reason, .. }) =
+            tenure::owner_id_with_label(label)
+        {
+            return Err(UsageError(format!("--owner {reason}")));
+        }
+    }
+    // A derived --kill-after always fits; an explicit one must leave time to lead.
+    let window = args.options().local_window();
+    if let Some(kill_after) = args.kill_after.filter(|_| args.work_grace() >= window) {
+        return Err(UsageError(format!(
+            "--kill-after ({}) plus the kill margin ({}) must be less than --ttl less its \
+             clock-drift allowance ({}): the command must be dead before the lease can expire",
+            show(kill_after),
+            show(args.work_grace() - kill_after),
+            show(window)
+        )));
+    }
+    // Defaults derived from --ttl always fit; explicit values may not.
     if let Err(tenure::Error::InvalidArgument { reason, .. }) = args.options().validate() {
+        let given = |value: Option<Duration>, shown: Duration| match value {
+            Some(_) => show(shown),
+            None => format!("{} (derived from --ttl)", show(shown)),
+        };
         return Err(UsageError(format!(
             "--ttl {}, --renew-every {} and --kill-after {} do not fit: {reason}; \
              the command must be stopped (--kill-after) before the lease can expire, \
              with time to renew before that",
             show(args.ttl),
-            show(args.renew_every),
-            show(args.kill_after)
+            given(args.renew_every, args.renew_every()),
+            given(args.kill_after, args.kill_after())
         )));
     }
     if args
@@ -390,9 +432,18 @@ fn init_logging(format: LogFormat, verbose: u8, quiet: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour_on_stderr())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Colour only for a person at a terminal: not into a file or pipe, and not when
+/// `NO_COLOR` is set to anything non-empty (the NO_COLOR convention).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty());
+    !no_color && std::io::stderr().is_terminal()
 }

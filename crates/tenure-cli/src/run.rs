@@ -1,21 +1,35 @@
 //! `tenure run`: run a command as the cluster-wide singleton of a role.
 //!
 //! The command starts once this process holds the role's lease, with the term's fencing
-//! token in `TENURE_FENCING_TOKEN`. If leadership is lost, its process group gets SIGTERM,
+//! token in `TENURE_FENCING_TOKEN`. If leadership is lost, its processes get SIGTERM,
 //! then SIGKILL after `--kill-after`; the elector is told to cancel leadership that long
 //! (plus a margin) before its local deadline, so the command is dead before the lease can
-//! pass to anyone else. SIGINT, SIGTERM and SIGHUP are forwarded to the command; the
-//! lease is released when it exits, and tenure exits with its code.
+//! pass to anyone else. SIGINT, SIGTERM and SIGHUP are forwarded to the command's process
+//! group; the lease is released when it exits, and tenure exits with its code.
+//!
+//! "Its processes" are every descendant of tenure, not only the command's process group:
+//! tenure is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a process the command starts
+//! stays a descendant of tenure however it detaches (a background job, `setsid`, a double
+//! fork, `daemon(3)`). When the command exits, whatever it left running is stopped the same
+//! way before the lease is released.
+//!
+//! Ctrl-Z (SIGTSTP to tenure) stops every descendant (SIGSTOP) and then tenure itself;
+//! SIGCONT to tenure resumes them, unless the term was lost while they were stopped, in
+//! which case they are stopped for good. SIGSTOP to tenure cannot be seen: the command
+//! then runs on while tenure is stopped, and only a fence stops its writes.
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use nix::sys::signal::{killpg, Signal};
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 use tenure::{
@@ -30,9 +44,25 @@ use crate::exit;
 use crate::output::human;
 use crate::store::Stores;
 
-/// Time allowed, beyond `--kill-after`, for SIGKILL to take effect and the child to be
-/// reaped before the local deadline.
+/// Time allowed, beyond `--kill-after`, for SIGKILL to take effect and the command's
+/// processes to be reaped before the local deadline; a tenth of the TTL when that is
+/// less, so that short TTLs still leave room to renew.
 const KILL_MARGIN: Duration = Duration::from_millis(500);
+
+/// The longest `--kill-after` derived from `--ttl` (a quarter of it, at most this).
+const DEFAULT_KILL_AFTER_MAX: Duration = Duration::from_secs(5);
+
+/// How often the processes being stopped are checked for.
+const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// How often a stop that is taking long (a process tenure may not signal, or one stuck in
+/// the kernel) is reported.
+const STOP_REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// How long a SIGCONT to tenure waits before resuming the command: a term whose deadline
+/// passed while everything was stopped is seen as lost first, so the command is not
+/// resumed into a term that is over.
+const RESUME_DELAY: Duration = Duration::from_millis(20);
 
 /// How often a waiting `tenure run` says who holds the role.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
@@ -44,18 +74,20 @@ pub struct RunArgs {
     pub role: String,
     /// Lease TTL.
     pub ttl: Duration,
-    /// Renew interval.
-    pub renew_every: Duration,
+    /// Renew interval; `None`: derived from the TTL ([`RunArgs::renew_every`]).
+    pub renew_every: Option<Duration>,
     /// Retry interval while waiting.
     pub retry_every: Duration,
-    /// Owner id; default host-pid-random.
+    /// Owner label (made unique per process with [`tenure::owner_id_with_label`]);
+    /// default: the host name.
     pub owner: Option<String>,
     /// Exit at once with [`exit::BUSY`] when someone else leads.
     pub no_wait: bool,
     /// Give up waiting after this long with [`exit::TIMEOUT`].
     pub wait_timeout: Option<Duration>,
-    /// SIGTERM -> SIGKILL delay when leadership is lost.
-    pub kill_after: Duration,
+    /// SIGTERM -> SIGKILL delay when leadership is lost; `None`: derived from the TTL
+    /// ([`RunArgs::kill_after`]).
+    pub kill_after: Option<Duration>,
     /// Heartbeat membership as this node while running.
     pub node_id: Option<String>,
     /// The store URL, passed on to the command as `TENURE_STORE`.
@@ -65,19 +97,52 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The elector options these arguments stand for.
+    /// The SIGTERM -> SIGKILL delay in effect: `--kill-after`, or a quarter of the TTL,
+    /// at most 5 s.
+    pub fn kill_after(&self) -> Duration {
+        self.kill_after
+            .unwrap_or_else(|| (self.ttl / 4).min(DEFAULT_KILL_AFTER_MAX))
+    }
+
+    /// The time between cancelling leadership and the local deadline: the kill delay
+    /// and a margin for SIGKILL to take effect.
+    pub fn work_grace(&self) -> Duration {
+        self.kill_after() + KILL_MARGIN.min(self.ttl / 10)
+    }
+
+    /// The renew interval in effect: `--renew-every`, or a third of the TTL, less if
+    /// needed to leave half of the time leadership is kept after a renewal for the next
+    /// one to arrive.
+    pub fn renew_every(&self) -> Duration {
+        self.renew_every.unwrap_or_else(|| {
+            let options = self.options_with(Duration::ZERO);
+            (self.ttl / 3).min(options.leadership_window() / 2)
+        })
+    }
+
+    /// The elector options these arguments stand for; the owner id is not set (it is
+    /// made from the label by [`RunArgs::owner_id`]).
     pub fn options(&self) -> LeaseLeaderOptions {
-        let mut options = LeaseLeaderOptions {
+        self.options_with(self.renew_every())
+    }
+
+    fn options_with(&self, renew_interval: Duration) -> LeaseLeaderOptions {
+        LeaseLeaderOptions {
             lease_ttl: self.ttl,
-            renew_interval: self.renew_every,
+            renew_interval,
             retry_interval: self.retry_every,
-            work_grace: self.kill_after + KILL_MARGIN,
+            work_grace: self.work_grace(),
             ..Default::default()
-        };
-        if let Some(owner) = &self.owner {
-            options.owner_id = owner.clone();
         }
-        options
+    }
+
+    /// A fresh owner id for this process: the `--owner` label (or the host name) with a
+    /// per-process suffix.
+    pub fn owner_id(&self) -> tenure::Result<String> {
+        match &self.owner {
+            Some(label) => tenure::owner_id_with_label(label),
+            None => Ok(tenure::default_owner_id()),
+        }
     }
 }
 
@@ -90,17 +155,34 @@ enum Outcome {
     Lost(ExitStatus),
     /// The command could not be started.
     SpawnFailed(std::io::Error),
+    /// Leadership was already over when the term's work began: nothing was started, and
+    /// the next term starts the command.
+    NotStarted,
 }
 
 /// Runs the command under the role's lease; returns tenure's exit code.
 pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
-    let options = args.options();
+    let mut options = args.options();
+    options.owner_id = args.owner_id()?;
     let owner = options.owner_id.clone();
+    info!(
+        ttl = %human(args.ttl),
+        renew_every = %human(options.renew_interval),
+        kill_after = %human(args.kill_after()),
+        retry_every = %human(args.retry_every),
+        owner = %owner,
+        "timings in effect"
+    );
+    // Orphans of the command re-parent to tenure rather than to init, so none escapes
+    // being stopped before the lease is released.
+    nix::sys::prctl::set_child_subreaper(true)
+        .context("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER)")?;
     let elector = Arc::new(LeaseLeaderElector::new(stores.leases.clone(), options)?);
     let shutdown = CancellationToken::new();
     let outcome: Arc<Mutex<Option<Outcome>>> = Arc::default();
     let (forward_tx, forward_rx) = mpsc::unbounded_channel::<Signal>();
     let forward_rx = Arc::new(tokio::sync::Mutex::new(forward_rx));
+    let suspended = Arc::new(AtomicBool::new(false));
 
     let membership = args.node_id.as_ref().map(|node_id| {
         let mut metadata = Metadata::new();
@@ -127,7 +209,8 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
         let command = args.command.clone();
         let store_url = args.store_url.clone();
         let owner = owner.clone();
-        let kill_after = args.kill_after;
+        let kill_after = args.kill_after();
+        let suspended = suspended.clone();
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let role_name = role.clone();
@@ -142,6 +225,7 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
                             owner: owner.clone(),
                             store_url: store_url.clone(),
                             kill_after,
+                            suspended: suspended.clone(),
                         };
                         let outcome = outcome.clone();
                         let shutdown = stop.clone();
@@ -154,6 +238,9 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
                             }
                             let mut forward = forward.lock().await;
                             let result = child.run(&leadership, &mut forward).await;
+                            if matches!(result, Outcome::NotStarted) {
+                                return;
+                            }
                             if matches!(result, Outcome::Lost(_) | Outcome::SpawnFailed(_)) {
                                 shutdown.cancel();
                             }
@@ -191,7 +278,13 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
             Some(signal) = signals.recv() => {
                 // Leadership may have begun an instant ago, before this loop saw it.
                 led = led || state.borrow().is_leader();
-                if led {
+                if signal == Signal::SIGTSTP {
+                    suspend(&suspended);
+                } else if signal == Signal::SIGCONT {
+                    if led {
+                        let _ = forward_tx.send(signal);
+                    }
+                } else if led {
                     info!(role = %args.role, ?signal, "forwarding signal to the command");
                     let _ = forward_tx.send(signal);
                 } else {
@@ -255,6 +348,7 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
             );
             exit::LOST
         }
+        Some(Outcome::NotStarted) => early_exit.unwrap_or(exit::RUN_FAILED),
         Some(Outcome::SpawnFailed(error)) => {
             let program = args
                 .command
@@ -304,6 +398,8 @@ struct ChildSpec {
     owner: String,
     store_url: String,
     kill_after: Duration,
+    /// Set while the command is stopped by a Ctrl-Z (SIGTSTP) of tenure.
+    suspended: Arc<AtomicBool>,
 }
 
 impl ChildSpec {
@@ -318,6 +414,11 @@ impl ChildSpec {
                 "no command",
             ));
         };
+        // A term can begin with almost no window left; its leadership is then over
+        // before the work runs, and the command must not start at all.
+        if leadership.is_cancelled() {
+            return Outcome::NotStarted;
+        }
         let mut command = tokio::process::Command::new(program);
         command
             .args(rest)
@@ -325,7 +426,8 @@ impl ChildSpec {
             .env("TENURE_ROLE", &self.role)
             .env("TENURE_OWNER", &self.owner)
             .env("TENURE_STORE", &self.store_url)
-            // Its own process group, so a lost term stops everything it started.
+            // Its own process group, so forwarded signals reach everything it started
+            // in it, as a terminal's would.
             .process_group(0)
             .kill_on_drop(true);
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
@@ -335,6 +437,10 @@ impl ChildSpec {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
             });
         }
+        let mut children = match signal(SignalKind::child()) {
+            Ok(children) => children,
+            Err(error) => return Outcome::SpawnFailed(error),
+        };
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(error) => return Outcome::SpawnFailed(error),
@@ -346,28 +452,62 @@ impl ChildSpec {
         };
         info!(role = %self.role, token = %self.token, pid = pgid.as_raw(), "command started");
         let mut kill_at: Option<tokio::time::Instant> = None;
+        let mut resume_at: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
-                status = child.wait() => {
-                    return match status {
-                        Ok(status) => Outcome::Exited(status),
-                        Err(error) => Outcome::SpawnFailed(error),
-                    };
-                }
+                biased;
                 _ = leadership.cancelled() => {
-                    warn!(role = %self.role, token = %self.token, "leadership lost; stopping the command");
-                    let status = terminate(&mut child, pgid, self.kill_after).await;
+                    // Lost while suspended: the deadline passed while nothing ran, so the
+                    // lease may be another's already; no grace to act on a SIGTERM.
+                    let grace = if self.suspended.load(Ordering::SeqCst) {
+                        warn!(role = %self.role, token = %self.token,
+                            "leadership lost while suspended; killing the command");
+                        Duration::ZERO
+                    } else {
+                        warn!(role = %self.role, token = %self.token,
+                            "leadership lost; stopping the command");
+                        self.kill_after
+                    };
+                    let status =
+                        stop_descendants(Some(&mut child), pgid, grace, &self.role).await;
                     return Outcome::Lost(status);
                 }
+                status = child.wait() => {
+                    let status = match status {
+                        Ok(status) => status,
+                        Err(error) => return Outcome::SpawnFailed(error),
+                    };
+                    let left = descendants();
+                    if !left.is_empty() || !group_gone(pgid) {
+                        warn!(role = %self.role, token = %self.token, left = left.len(),
+                            "the command exited and left processes running; \
+                             stopping them before releasing");
+                        stop_descendants(None, pgid, self.kill_after, &self.role).await;
+                    }
+                    return Outcome::Exited(status);
+                }
                 Some(signal) = forward.recv() => {
-                    let _ = killpg(pgid, signal);
-                    kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
+                    if signal == Signal::SIGCONT {
+                        resume_at = Some(tokio::time::Instant::now() + RESUME_DELAY);
+                    } else {
+                        let _ = killpg(pgid, signal);
+                        kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
+                    }
+                }
+                _ = sleep_until_opt(resume_at) => {
+                    resume_at = None;
+                    // Lost while stopped: the branch above stops everything instead.
+                    if !leadership.is_cancelled() {
+                        self.suspended.store(false, Ordering::SeqCst);
+                        signal_all(&descendants(), pgid, Signal::SIGCONT);
+                    }
                 }
                 _ = sleep_until_opt(kill_at) => {
                     warn!(role = %self.role, "the command ignored the forwarded signal; killing it");
                     let _ = killpg(pgid, Signal::SIGKILL);
                     kill_at = None;
                 }
+                Some(()) = children.recv() => reap_orphans(Some(pgid)),
             }
         }
     }
@@ -380,25 +520,160 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// SIGTERM to the group, SIGKILL after `kill_after`, then SIGKILL to any stragglers.
-async fn terminate(
-    child: &mut tokio::process::Child,
-    pgid: Pid,
+/// Stops every descendant of tenure (the command, if `child` is given, and whatever it
+/// started), and the command's process `group` (the classic mechanism, and the one left
+/// should `/proc` be unreadable): SIGTERM (with SIGCONT, so a stopped one acts on it),
+/// then SIGKILL after `kill_after` to whatever is left, until nothing is left. Tenure's
+/// own orphaned children are reaped on the way; the command itself is reaped through
+/// `child`, and its status returned (SIGKILL's if it could not be had).
+///
+/// A process tenure may not signal (one that changed its user, e.g. through sudo) or one
+/// that does not die of SIGKILL (stuck in the kernel) is waited for, and reported every few
+/// seconds: the lease is not released while anything the command started still runs.
+async fn stop_descendants(
+    mut child: Option<&mut tokio::process::Child>,
+    group: Pid,
     kill_after: Duration,
+    role: &str,
 ) -> ExitStatus {
-    let _ = killpg(pgid, Signal::SIGTERM);
-    let status = match tokio::time::timeout(kill_after, child.wait()).await {
-        Ok(Ok(status)) => Some(status),
-        _ => None,
+    let mut status = None;
+    let started = tokio::time::Instant::now();
+    let kill_at = started + kill_after;
+    let mut report_at = started + STOP_REPORT_EVERY;
+    // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
+    if !kill_after.is_zero() {
+        let left = descendants();
+        signal_all(&left, group, Signal::SIGTERM);
+        signal_all(&left, group, Signal::SIGCONT);
+    }
+    let mut killing = false;
+    loop {
+        if let Some(command) = child.as_deref_mut() {
+            if let Ok(Some(exited)) = command.try_wait() {
+                status = Some(exited);
+                child = None;
+            }
+        }
+        // The command is reaped by tokio (through `child`); every other child here.
+        let command = child
+            .as_deref()
+            .and_then(|c| c.id())
+            .map(|pid| Pid::from_raw(pid as i32));
+        reap_orphans(command);
+        let left = descendants();
+        if left.is_empty() && child.is_none() && group_gone(group) {
+            break;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= kill_at {
+            if !killing && !kill_after.is_zero() {
+                warn!(
+                    role,
+                    left = left.len(),
+                    "processes still running after --kill-after; killing them"
+                );
+            }
+            killing = true;
+            // Every round: a process may have forked since the last one.
+            signal_all(&left, group, Signal::SIGKILL);
+        }
+        if now >= report_at {
+            report_at = now + STOP_REPORT_EVERY;
+            let pids: Vec<i32> = left.iter().map(|pid| pid.as_raw()).collect();
+            warn!(role, ?pids, waited = %human(now - started),
+                "processes of the command are still running; waiting for them before releasing");
+        }
+        tokio::time::sleep(STOP_POLL).await;
+    }
+    status.unwrap_or_else(|| ExitStatus::from_raw(Signal::SIGKILL as i32))
+}
+
+/// Sends `signal` to each process and to the process group, ignoring those that are
+/// gone already.
+fn signal_all(pids: &[Pid], group: Pid, signal: Signal) {
+    let _ = killpg(group, signal);
+    for &pid in pids {
+        let _ = kill(pid, signal);
+    }
+}
+
+/// Whether no process is left in the group (it is not reused while one is).
+fn group_gone(group: Pid) -> bool {
+    matches!(killpg(group, None), Err(Errno::ESRCH))
+}
+
+/// Suspends (Ctrl-Z) the command's processes, then tenure itself, as a shell would a job:
+/// the command must not run on while tenure, stopped, cannot renew. SIGSTOP rather than
+/// SIGTSTP, which a command may catch or ignore.
+fn suspend(suspended: &AtomicBool) {
+    let running = descendants();
+    if !running.is_empty() {
+        suspended.store(true, Ordering::SeqCst);
+    }
+    for pid in running {
+        let _ = kill(pid, Signal::SIGSTOP);
+    }
+    let _ = kill(Pid::this(), Signal::SIGSTOP);
+}
+
+/// One entry of `/proc`.
+struct ProcessEntry {
+    pid: Pid,
+    parent: Pid,
+    zombie: bool,
+}
+
+/// Every process in `/proc` (one that exits while being read is skipped).
+fn processes() -> Vec<ProcessEntry> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
     };
-    // Whatever else the command started must not outlive the term either.
-    let _ = killpg(pgid, Signal::SIGKILL);
-    match status {
-        Some(status) => status,
-        None => child
-            .wait()
-            .await
-            .unwrap_or_else(|_| ExitStatus::from_raw(Signal::SIGKILL as i32)),
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may itself contain spaces and parentheses.
+            let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+            let state = fields.next()?;
+            let parent: i32 = fields.next()?.parse().ok()?;
+            Some(ProcessEntry {
+                pid: Pid::from_raw(pid),
+                parent: Pid::from_raw(parent),
+                zombie: state == "Z" || state == "X",
+            })
+        })
+        .collect()
+}
+
+/// The live (not zombie) descendants of tenure: everything the command started and that
+/// still runs, since tenure starts no other processes and, as a subreaper, inherits every
+/// orphan among them.
+fn descendants() -> Vec<Pid> {
+    let all = processes();
+    let mut found = Vec::new();
+    let mut parents = vec![Pid::this()];
+    while let Some(parent) = parents.pop() {
+        for process in all.iter().filter(|p| p.parent == parent) {
+            parents.push(process.pid);
+            if !process.zombie {
+                found.push(process.pid);
+            }
+        }
+    }
+    found
+}
+
+/// Reaps tenure's dead children other than `command` (which tokio reaps): the orphans of
+/// the command that re-parented to tenure.
+fn reap_orphans(command: Option<Pid>) {
+    let me = Pid::this();
+    for process in processes() {
+        if process.parent == me && process.zombie && Some(process.pid) != command {
+            match waitpid(process.pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(_) | Err(Errno::ECHILD) => {}
+                Err(error) => warn!(pid = process.pid.as_raw(), %error, "cannot reap a child"),
+            }
+        }
     }
 }
 
@@ -419,11 +694,13 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP, as one stream.
+/// SIGINT, SIGTERM, SIGHUP, SIGTSTP and SIGCONT, as one stream.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
+    suspend: tokio::signal::unix::Signal,
+    resume: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -432,6 +709,10 @@ impl Signals {
             interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
             hangup: signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?,
+            suspend: signal(SignalKind::from_raw(Signal::SIGTSTP as i32))
+                .context("cannot listen for SIGTSTP")?,
+            resume: signal(SignalKind::from_raw(Signal::SIGCONT as i32))
+                .context("cannot listen for SIGCONT")?,
         })
     }
 
@@ -440,6 +721,81 @@ impl Signals {
             s = self.interrupt.recv() => s.map(|_| Signal::SIGINT),
             s = self.terminate.recv() => s.map(|_| Signal::SIGTERM),
             s = self.hangup.recv() => s.map(|_| Signal::SIGHUP),
+            s = self.suspend.recv() => s.map(|_| Signal::SIGTSTP),
+            s = self.resume.recv() => s.map(|_| Signal::SIGCONT),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ttl_alone(ttl: Duration) -> RunArgs {
+        RunArgs {
+            role: "r".to_owned(),
+            ttl,
+            renew_every: None,
+            retry_every: Duration::from_secs(2),
+            owner: None,
+            no_wait: false,
+            wait_timeout: None,
+            kill_after: None,
+            node_id: None,
+            store_url: "sqlite:unused".to_owned(),
+            command: vec!["true".into()],
+        }
+    }
+
+    /// Every TTL from 1 s to 1 h (each 1 ms up to 2 s, then in steps of 997 ms) with no
+    /// other timing gives options the elector accepts, with a renewal that has at least
+    /// half of the leadership window to arrive.
+    #[test]
+    fn timings_derived_from_any_ttl_fit() {
+        let small = 1_000..2_000;
+        let large = (2_000..=3_600_000).step_by(997).chain([3_600_000]);
+        for ms in small.chain(large) {
+            let args = ttl_alone(Duration::from_millis(ms));
+            let options = args.options();
+            assert!(options.validate().is_ok(), "--ttl {ms}ms: {options:?}");
+            assert!(
+                options.renew_interval <= options.leadership_window() / 2,
+                "--ttl {ms}ms: {options:?}"
+            );
+            assert!(args.kill_after() <= DEFAULT_KILL_AFTER_MAX);
+        }
+        let default = ttl_alone(Duration::from_secs(15));
+        assert_eq!(default.renew_every(), Duration::from_secs(5));
+        assert_eq!(default.kill_after(), Duration::from_millis(3_750));
+    }
+
+    /// A term whose leadership is already cancelled when its work starts (it began with
+    /// almost no window left) starts no command.
+    #[tokio::test]
+    async fn no_command_starts_once_leadership_is_cancelled() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("ran");
+        let spec = ChildSpec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch '{}'", marker.display()).into(),
+            ],
+            token: FencingToken::from(1),
+            role: "r".to_owned(),
+            owner: "o".to_owned(),
+            store_url: "sqlite:unused".to_owned(),
+            kill_after: Duration::from_millis(100),
+            suspended: Arc::default(),
+        };
+        let leadership = CancellationToken::new();
+        leadership.cancel();
+        let (_forward_tx, mut forward) = mpsc::unbounded_channel();
+        let outcome = spec.run(&leadership, &mut forward).await;
+        assert!(
+            matches!(outcome, Outcome::NotStarted),
+            "the command was started: {outcome:?}"
+        );
+        assert!(!marker.exists(), "the command ran");
     }
 }

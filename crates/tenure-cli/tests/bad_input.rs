@@ -138,8 +138,9 @@ fn password_in_env_url_is_not_echoed() {
 }
 
 /// Durations that cannot work: a zero TTL, a renewal no shorter than the TTL, zero
-/// intervals, a kill grace that does not fit in the TTL, and a non-duration. The
-/// message names the flags and values; the database file is never created.
+/// intervals, an explicit kill grace or renewal that does not fit in the TTL beside the
+/// other (given or derived) timings, and a non-duration. The message names the flags;
+/// the database file is never created.
 #[test]
 fn bad_run_timings() {
     let dir = tempdir();
@@ -163,8 +164,13 @@ fn bad_run_timings() {
             &["--renew-every and --retry-every must be greater than 0s"],
         ),
         (
-            &["--ttl", "2s", "--renew-every", "1s"],
-            &["--kill-after 5.0s do not fit"],
+            &["--ttl", "2s", "--renew-every", "1s", "--kill-after", "5s"],
+            &["--kill-after"],
+        ),
+        (&["--ttl", "2s", "--kill-after", "2s"], &["--kill-after"]),
+        (
+            &["--ttl", "2s", "--renew-every", "1500ms"],
+            &["--renew-every"],
         ),
         (
             &["--ttl", "5x"],
@@ -210,9 +216,11 @@ fn missing_or_empty_command() {
 }
 
 /// Invalid names for the role, owner and node id are usage errors reported before the
-/// store is opened (so no database file appears), naming the flag.
+/// store is opened (so no database file appears), naming the flag. `--owner` is a label
+/// that tenure extends with a per-process suffix, so it must leave room for that.
 #[test]
 fn bad_names_create_nothing() {
+    let long_label = "o".repeat(250);
     let dir = tempdir();
     let url = format!("sqlite:{}", dir.path().join("t.db").display());
     let cases: &[(&[&str], &str)] = &[
@@ -228,6 +236,10 @@ fn bad_names_create_nothing() {
         (
             &["--role", "r", "--node-id", ""],
             "--node-id \"\" must not be empty",
+        ),
+        (
+            &["--role", "r", "--owner", long_label.as_str()],
+            "--owner is 250 bytes long, at most 227 allowed (a per-process suffix is appended)",
         ),
     ];
     for (flags, needle) in cases {

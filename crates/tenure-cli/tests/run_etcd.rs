@@ -39,4 +39,6 @@ etcd_scenarios!(
     fence_admits_and_refuses,
     status_and_members,
     killed_leader_lease_expires,
+    same_owner_label_is_two_owners,
+    every_ttl_alone_starts,
 );

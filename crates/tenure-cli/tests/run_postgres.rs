@@ -39,6 +39,8 @@ postgres_scenarios!(
     status_and_members,
     killed_leader_lease_expires,
     fence_admits_and_refuses,
+    same_owner_label_is_two_owners,
+    every_ttl_alone_starts,
 );
 
 /// A wrong password is a runtime failure (exit 1) that names the server it tried

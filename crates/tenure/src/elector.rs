@@ -91,17 +91,7 @@ impl Default for LeaseLeaderOptions {
 
 /// `host-pid-random`: unique per process incarnation.
 pub fn default_owner_id() -> String {
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    let host = if host.is_empty() {
-        "localhost".to_owned()
-    } else {
-        host
-    };
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::rng().random::<u32>()
-    )
+    crate::owner::host_owner_id()
 }
 
 impl LeaseLeaderOptions {

@@ -1,7 +1,7 @@
 //! `tenure run` scenarios written once and run against every store URL (SQLite,
 //! PostgreSQL): each takes a fresh store and a scratch directory for the scripts' files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
@@ -323,7 +323,7 @@ pub fn busy_role(store: &str, dir: &Path) {
     let output = output_within(&mut run_sh(store, "busy", &["--no-wait"], &script), LONG);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(75), "{stderr}");
-    assert!(stderr.contains("is held by holder (token"), "{stderr}");
+    assert!(stderr.contains("is held by holder-"), "{stderr}");
     assert!(stderr.contains("not waiting (--no-wait)"), "{stderr}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -420,7 +420,12 @@ pub fn env_overrides_inherited(store: &str, dir: &Path) {
         .parse()
         .unwrap_or_else(|_| panic!("token {:?}", env[0]));
     assert!(token >= 1);
-    assert_eq!(&env[1..], ["env-role", "env-owner", store, "kept"]);
+    assert_eq!(env[1], "env-role");
+    assert!(
+        env[2].starts_with("env-owner-"),
+        "a label with a suffix: {env:?}"
+    );
+    assert_eq!(&env[3..], [store, "kept"]);
 
     let mut status = tenure();
     status.args(["status", "--role", "env-role", "--json", "--store", store]);
@@ -483,7 +488,12 @@ pub fn status_and_members(store: &str, dir: &Path) {
     assert_eq!((code, stdout.as_str()), (0, "no live members\n"));
 
     let pid_file = dir.join("leader.pid");
-    let script = format!("echo $$ > '{}'; exec sleep 60", pid_file.display());
+    let owner_file = dir.join("owner");
+    let script = format!(
+        "echo \"$TENURE_OWNER\" > '{}'; echo $$ > '{}'; exec sleep 60",
+        owner_file.display(),
+        pid_file.display()
+    );
     let mut leader = Proc::spawn(&mut run_sh(
         store,
         "reports",
@@ -492,12 +502,16 @@ pub fn status_and_members(store: &str, dir: &Path) {
     ));
     let child = read_pid(&pid_file, LONG);
     leader.own_group(child);
+    // `--owner` is a label; the owner id adds a per-process suffix.
+    let owner = lines(&owner_file).concat();
+    assert!(owner.starts_with("owner-1-"), "{owner:?}");
+    let owner = owner.as_str();
 
     let rows = status_json(store, &[]);
     let lease = &rows[0];
     assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
     assert_eq!(lease["role"], "reports");
-    assert_eq!(lease["holder"], "owner-1");
+    assert_eq!(lease["holder"], owner);
     assert_eq!(lease["live"], true);
     let token = lease["fencing_token"].as_u64().expect("token");
     assert!(token >= 1);
@@ -525,16 +539,12 @@ pub fn status_and_members(store: &str, dir: &Path) {
     let row: Vec<&str> = table[1].split_whitespace().collect();
     assert_eq!(
         row[..3],
-        ["reports", "owner-1", token.to_string().as_str()],
+        ["reports", owner, token.to_string().as_str()],
         "{stdout}"
     );
     assert_eq!(row[3], "in", "{stdout}");
     // Columns line up: each cell starts where its header does.
-    assert_eq!(
-        table[1].find("owner-1"),
-        table[0].find("HOLDER"),
-        "{stdout}"
-    );
+    assert_eq!(table[1].find(owner), table[0].find("HOLDER"), "{stdout}");
 
     let (code, stdout, stderr) = tenure_on(store, &["members", "--json"]);
     assert_eq!(code, 0, "{stderr}");
@@ -543,7 +553,7 @@ pub fn status_and_members(store: &str, dir: &Path) {
     let node = &members[0];
     assert_eq!(node["node_id"], "node-1");
     assert_eq!(node["metadata"]["role"], "reports");
-    assert_eq!(node["metadata"]["owner"], "owner-1");
+    assert_eq!(node["metadata"]["owner"], owner);
     assert_eq!(node["metadata"]["pid"], leader.pid().as_raw().to_string());
     let age = node["last_heartbeat_age_ms"].as_u64().expect("age");
     assert!(
@@ -564,7 +574,7 @@ pub fn status_and_members(store: &str, dir: &Path) {
     assert!(table[1].starts_with("node-1 "), "{stdout}");
     assert!(table[1].contains(" ago"), "{stdout}");
     assert!(
-        table[1].contains("owner=owner-1") && table[1].contains("role=reports"),
+        table[1].contains(&format!("owner={owner}")) && table[1].contains("role=reports"),
         "{stdout}"
     );
 
@@ -613,7 +623,10 @@ pub fn killed_leader_lease_expires(store: &str, dir: &Path) {
     assert_eq!(code, 0);
     let row: Vec<&str> = stdout.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[0], "crashy");
-    assert_eq!(row[1], "(doomed)");
+    assert!(
+        row[1].starts_with("(doomed-") && row[1].ends_with(')'),
+        "the label with its suffix: {stdout}"
+    );
     assert_eq!(row[3], "expired", "{stdout}");
 }
 
@@ -638,4 +651,218 @@ pub fn fence_admits_and_refuses(store: &str, _dir: &Path) {
     let (code, _, stderr) = fence("db", "7");
     assert_eq!(code, 3);
     assert!(stderr.lines().any(|l| l == "highest=8"), "{stderr}");
+}
+
+/// A command that exits 0 but leaves processes behind: a background job, one that left
+/// the session and process group (`setsid`), and a double-forked orphan that ignores
+/// SIGTERM. Every one of them is gone by the time a waiting `tenure` takes the role over
+/// (so before the lease was released), and the first `tenure` still exits 0.
+pub fn leftovers_are_stopped_before_release(store: &str, dir: &Path) {
+    let pid = |name: &str| dir.join(format!("{name}.pid"));
+    let go = dir.join("go");
+    let script = format!(
+        "sleep 30 & echo $! > '{bg}'; \
+         setsid sh -c 'echo $$ > \"{setsid}\"; exec sleep 30' & \
+         ( sh -c 'trap \"\" TERM; echo $$ > \"{orphan}\"; exec sleep 30' & ); \
+         while [ ! -e '{go}' ]; do sleep 0.02; done; exit 0",
+        bg = pid("bg").display(),
+        setsid = pid("setsid").display(),
+        orphan = pid("orphan").display(),
+        go = go.display(),
+    );
+    let mut first = Proc::spawn(&mut run_sh(store, "leftovers", &[], &script));
+    let leftovers: Vec<(&str, Pid)> = ["bg", "setsid", "orphan"]
+        .into_iter()
+        .map(|name| (name, read_pid(&pid(name), LONG)))
+        .collect();
+    // Whatever happens, the test leaves none of them running.
+    for (_, leftover) in &leftovers {
+        first.own_group(*leftover);
+    }
+
+    let report = dir.join("report");
+    let check = leftovers
+        .iter()
+        .map(|(name, pid)| {
+            format!(
+                "if kill -0 {pid} 2>/dev/null; then echo '{name} alive'; else echo '{name} gone'; fi"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let check = format!("{{ {check}; }} > '{}'", report.display());
+    let mut second = Proc::spawn(&mut run_sh(store, "leftovers", &[], &check));
+    assert!(second.wait_stderr("; waiting", LONG), "{}", second.stderr());
+
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(first.code_within(LONG), 0, "{}", first.stderr());
+    for (name, leftover) in &leftovers {
+        assert!(dead(*leftover), "{name} ({leftover}) outlived tenure");
+    }
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+    assert_eq!(
+        lines(&report),
+        ["bg gone", "setsid gone", "orphan gone"],
+        "the successor's command saw the old term's processes"
+    );
+}
+
+/// `--owner` is a label: two `tenure` processes given the same one are two owners. While
+/// the first leads, the second (`--no-wait`) finds the role busy (75) and runs nothing,
+/// and the holder it names is the label with a per-process suffix.
+pub fn same_owner_label_is_two_owners(store: &str, dir: &Path) {
+    let (_leader, _) = hold(store, "label", "cronhost", dir);
+    let ran = dir.join("ran");
+    let output = output_within(
+        &mut run_sh(
+            store,
+            "label",
+            &["--owner", "cronhost", "--no-wait"],
+            &format!("touch '{}'", ran.display()),
+        ),
+        LONG,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !ran.exists(),
+        "a second command ran under the same label: {stderr}"
+    );
+    assert_eq!(output.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("is held by cronhost-"), "{stderr}");
+    let log = lines(&dir.join("log"));
+    assert!(
+        log.len() == 1 && log[0].starts_with("cronhost "),
+        "one term only: {log:?}"
+    );
+}
+
+/// `--ttl` alone, for every TTL in `ttls`, gives a configuration that starts the command
+/// (the other timings are derived from it).
+pub fn ttl_alone_starts(store: &str, dir: &Path, ttls: &[&str]) {
+    let ran = dir.join("ran");
+    for ttl in ttls {
+        let mut run = tenure();
+        run.args(["run", "--role", "ttl-alone", "--store", store, "--ttl", ttl])
+            .args(["--", "sh", "-c"])
+            .arg(format!("echo {ttl} >> '{}'", ran.display()));
+        let output = output_within(&mut run, LONG);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "--ttl {ttl}: {stderr}");
+    }
+    assert_eq!(lines(&ran), ttls, "every run ran its command once");
+}
+
+/// Every `--ttl` from 1 s to 1 h (a sample) on the SQL stores.
+pub fn every_ttl_alone_starts(store: &str, dir: &Path) {
+    ttl_alone_starts(
+        store,
+        dir,
+        &["1s", "2s", "3s", "5s", "10s", "30s", "1m", "10m", "1h"],
+    );
+}
+
+/// Starts a leader on `role` whose command writes its pid to `NAME.pid` and appends a
+/// `tick` line to `NAME.ticks` every 50 ms; returns once it runs.
+fn ticking(store: &str, role: &str, name: &str, dir: &Path) -> (Proc, Pid, PathBuf) {
+    let ticks = dir.join(format!("{name}.ticks"));
+    let script = format!(
+        "echo $$ > '{pid}'; while :; do echo tick >> '{ticks}'; sleep 0.05; done",
+        pid = dir.join(format!("{name}.pid")).display(),
+        ticks = ticks.display()
+    );
+    let mut leader = Proc::spawn(&mut run_sh(store, role, &[], &script));
+    let child = read_pid(&dir.join(format!("{name}.pid")), LONG);
+    leader.own_group(child);
+    (leader, child, ticks)
+}
+
+/// Waits until `pid` is in state `T` (stopped), or, with `stopped` false, not.
+fn await_stopped(pid: Pid, stopped: bool, what: &str) {
+    assert!(
+        wait_until(LONG, || (state(pid) == Some('T')) == stopped),
+        "{what} ({pid}) is in state {:?}, expected stopped={stopped}",
+        state(pid)
+    );
+}
+
+/// Ctrl-Z (SIGTSTP to `tenure`) stops the command as well as tenure, as a shell stops a
+/// job; SIGCONT to `tenure` resumes both, and the command goes on under the same term.
+pub fn ctrl_z_suspends_the_command_too(store: &str, dir: &Path) {
+    let (leader, child, ticks) = ticking(store, "tstp", "first", dir);
+    leader.signal(Signal::SIGTSTP);
+    await_stopped(leader.pid(), true, "tenure");
+    await_stopped(child, true, "the command");
+
+    leader.signal(Signal::SIGCONT);
+    await_stopped(leader.pid(), false, "tenure");
+    await_stopped(child, false, "the command");
+    let before = lines(&ticks).len();
+    assert!(
+        wait_until(LONG, || lines(&ticks).len() > before),
+        "the command did not go on after SIGCONT"
+    );
+    let mut leader = leader;
+    leader.signal(Signal::SIGTERM);
+    assert_eq!(leader.code_within(LONG), 128 + 15, "{}", leader.stderr());
+}
+
+/// A `tenure` suspended with Ctrl-Z past the TTL loses the role to a waiting one. On
+/// SIGCONT it finds the term lost and kills its command where it stands (it never runs
+/// again: no tick after the suspension), then exits 4.
+pub fn lost_while_suspended_is_killed_not_resumed(store: &str, dir: &Path) {
+    let (mut first, child, ticks) = ticking(store, "tstp-lost", "first", dir);
+    let taken = dir.join("taken");
+    let mut second = Proc::spawn(&mut run_sh(
+        store,
+        "tstp-lost",
+        &[],
+        &format!("echo \"$TENURE_FENCING_TOKEN\" > '{}'", taken.display()),
+    ));
+    assert!(second.wait_stderr("; waiting", LONG), "{}", second.stderr());
+
+    first.signal(Signal::SIGTSTP);
+    await_stopped(child, true, "the command");
+    let stopped_at = lines(&ticks).len();
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+    assert_eq!(
+        lines(&taken),
+        ["2"],
+        "the waiting tenure took the role over"
+    );
+
+    first.signal(Signal::SIGCONT);
+    assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
+    assert!(dead(child), "the suspended command outlived its term");
+    assert_eq!(
+        lines(&ticks).len(),
+        stopped_at,
+        "the command ran after its term"
+    );
+    assert!(
+        first.stderr().contains("leadership lost while suspended"),
+        "{}",
+        first.stderr()
+    );
+}
+
+/// A lost term stops what the command started outside its process group too: the
+/// leading `tenure` is stopped (SIGSTOP) past the TTL and a waiting one takes over; on
+/// SIGCONT the first exits 4, and the `setsid` process its command started is gone.
+pub fn lost_term_stops_escaped_processes(store: &str, dir: &Path) {
+    let escaped_pid = dir.join("escaped.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > \"{}\"; exec sleep 60' & exec sleep 60",
+        escaped_pid.display()
+    );
+    let mut first = Proc::spawn(&mut run_sh(store, "escaped", &[], &script));
+    let escaped = read_pid(&escaped_pid, LONG);
+    first.own_group(escaped);
+    let mut second = Proc::spawn(&mut run_sh(store, "escaped", &[], "true"));
+    assert!(second.wait_stderr("; waiting", LONG), "{}", second.stderr());
+
+    first.signal(Signal::SIGSTOP);
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
+    first.signal(Signal::SIGCONT);
+    assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
+    assert!(dead(escaped), "the setsid process outlived the lost term");
 }
