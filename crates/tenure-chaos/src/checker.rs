@@ -48,7 +48,7 @@ pub struct FaultRecord {
     /// The kind.
     pub kind: FaultKind,
     /// How it was done, when a kind has several ways (`cut`: drop, blackhole,
-    /// terminate; `restart`: stop, kill).
+    /// terminate; `restart`: stop, kill; `clock`: forward, back).
     pub flavour: Option<&'static str>,
     /// The worker incarnation hit, if any.
     pub target: Option<String>,
@@ -76,7 +76,7 @@ impl FaultRecord {
     pub fn recovery_from(&self) -> u64 {
         match self.kind {
             FaultKind::Restart | FaultKind::Cut => self.healed,
-            FaultKind::Pause | FaultKind::Kill => self.at,
+            FaultKind::Pause | FaultKind::Kill | FaultKind::Clock => self.at,
         }
     }
 }

@@ -16,61 +16,27 @@ use std::time::{Duration, Instant, SystemTime};
 use common::{lines, run_sh_with, sqlite_url, tempdir, wait_until, Proc};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use tenure_chaos::faketime::FakeTime;
 
-/// The preload library, wherever the distribution put it.
-fn faketime_library() -> PathBuf {
-    let mut candidates = vec![
-        PathBuf::from("/usr/lib/faketime/libfaketime.so.1"),
-        PathBuf::from("/usr/local/lib/faketime/libfaketime.so.1"),
-    ];
-    // Multiarch directories: /usr/lib/x86_64-linux-gnu/faketime/..., and so on.
-    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
-        for entry in entries.flatten() {
-            candidates.push(entry.path().join("faketime/libfaketime.so.1"));
-        }
-    }
-    candidates
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "libfaketime.so.1 not found under /usr/lib: install the package `libfaketime` \
-                 (scripts/test installs it); this test steps the wall clock of real tenure \
-                 processes with it"
-            )
-        })
-}
-
-/// The wall clock of every process started through [`Faked::command`] is the real one
+/// The wall clock of every process started through [`Faked::apply`] is the real one
 /// plus the offset in one file, re-read on every call; the monotonic clock is untouched.
-struct Faked {
-    library: PathBuf,
-    offset_file: PathBuf,
-}
+struct Faked(FakeTime);
 
 impl Faked {
     fn new(dir: &Path) -> Faked {
-        let faked = Faked {
-            library: faketime_library(),
-            offset_file: dir.join("faketime-offset"),
-        };
-        faked.set_offset("+0s");
-        faked
+        match FakeTime::new(dir.join("faketime-offset")) {
+            Ok(fake) => Faked(fake),
+            // The message names the package `libfaketime`: a missing tool fails the test.
+            Err(error) => panic!("{error}"),
+        }
     }
 
-    /// Replaces the offset atomically, so no reader sees a half-written file.
-    fn set_offset(&self, offset: &str) {
-        let tmp = self.offset_file.with_extension("tmp");
-        std::fs::write(&tmp, format!("{offset}\n")).unwrap();
-        std::fs::rename(&tmp, &self.offset_file).unwrap();
+    fn set_offset(&self, offset_ms: i64) {
+        self.0.set_offset(offset_ms).expect("write the offset file");
     }
 
     fn apply(&self, command: &mut Command) {
-        command
-            .env("LD_PRELOAD", &self.library)
-            .env("FAKETIME_TIMESTAMP_FILE", &self.offset_file)
-            .env("FAKETIME_NO_CACHE", "1")
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        command.envs(self.0.env());
     }
 
     /// How far the faked wall clock is ahead of the real one, in whole seconds, as
@@ -234,7 +200,7 @@ fn wall_clock_step_forward_does_not_overlap_commands() {
     );
 
     tracing_phase("the wall clock steps forward 20 s");
-    faked.set_offset("+20s");
+    faked.set_offset(20_000);
     let after = faked.measured_offset();
     assert!(
         (18..=22).contains(&after),
