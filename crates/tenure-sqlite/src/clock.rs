@@ -31,7 +31,8 @@ pub struct HostTime {
     pub wall: SystemTime,
 }
 
-/// A source of [`HostTime`] for a SQLite store ([`SqliteOptions::with_clock`](crate::SqliteOptions::with_clock)).
+/// A source of [`HostTime`] for a SQLite store
+/// ([`SqliteOptions::with_clock`](crate::SqliteOptions::with_clock)).
 ///
 /// Every process sharing a file must read the same monotonic clock and boot id, which
 /// [`SystemHostClock`] does on one host (and in one time namespace); tests inject a
@@ -95,9 +96,9 @@ pub(crate) fn monotonic_now() -> Result<Duration> {
 
 /// Host clocks that move only when a test says so; clones share one state.
 ///
-/// [`advance`](Self::advance) is time passing (both clocks move), [`set_wall`](Self::set_wall)
-/// is a wall-clock step (an NTP step, `date -s`) that leaves the monotonic clock alone,
-/// and [`reboot`](Self::reboot) starts a new boot.
+/// [`advance`](Self::advance) is time passing (both clocks move),
+/// [`set_wall`](Self::set_wall) a wall-clock step (an NTP step, `date -s`) that leaves
+/// the monotonic clock alone, and [`reboot`](Self::reboot) a new boot.
 ///
 /// # Examples
 ///

@@ -1,9 +1,10 @@
 //! [`SqliteLeaseStore`]: the lease contract on one row per role in a local file.
 //!
 //! Each call that writes is one `BEGIN IMMEDIATE` transaction: it takes the file's
-//! write lock, reads store time (and starts a new boot if needed), reads the role's row and decides
-//! exactly as the in-memory reference store does. Rows are never deleted; release
-//! clears the holder and keeps the token, so the counter survives everything.
+//! write lock, reads store time (starting a new boot in the file if needed), reads the
+//! role's row and decides exactly as the in-memory reference store does. Rows are never
+//! deleted; release clears the holder and keeps the token, so the counter survives
+//! everything.
 
 use std::path::Path;
 
@@ -19,8 +20,8 @@ use crate::database::{
 use crate::BACKEND;
 
 // The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
-// after `READ_BOOT`. Times are monotonic nanoseconds. Public (through `statements`) only so the benchmark issues
-// exactly the store's statements.
+// after `READ_BOOT`; times are monotonic nanoseconds. Public (through `statements`) only
+// so the benchmark issues exactly the store's statements.
 
 /// Reads a role's row: `holder, token, expires_at` for role `?1`.
 #[doc(hidden)]
@@ -208,8 +209,8 @@ impl LeaseStore for SqliteLeaseStore {
                 format!("{ttl:?} is too large for the sqlite store's nanosecond clock (292 years)"),
             )
         };
-        let ttl_nanos = i64::try_from(ttl.as_nanos()).map_err(|_| too_large())?;
         validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        let ttl_nanos = i64::try_from(ttl.as_nanos()).map_err(|_| too_large())?;
         let (_writer, mut tx) = self.db.begin_write().await?;
         let store_now = self.db.write_now(&mut tx).await?;
         let (now, now_time) = (store_now.mono, store_now.wall);
