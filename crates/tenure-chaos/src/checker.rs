@@ -1,5 +1,5 @@
-//! The checker: SPEC section 8 over the recorded histories, the store's log and the
-//! orchestrator's observations of the lease.
+//! The checker: the invariants of `docs/semantics.md` over the recorded histories, the
+//! store's log and the orchestrator's observations of the lease.
 //!
 //! Violations (any one fails the run):
 //! - `token_reused`: one token led by two worker incarnations, or held by two owners as

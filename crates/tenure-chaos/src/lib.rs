@@ -7,8 +7,8 @@
 //! the leader, kills workers, restarts the store's server (when the run owns it),
 //! severs connections (through a [`proxy`] in front of the store, or
 //! `pg_terminate_backend`) and, on SQLite, steps the workers' wall clock (through
-//! [`faketime`]); afterwards the [`checker`] verifies SPEC section 8 over the
-//! workers' histories, the log and the lease as observed.
+//! [`faketime`]); afterwards the [`checker`] verifies the invariants of
+//! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //!
 //! Stores: `sqlite:throwaway` (a fresh file), `sqlite:PATH`, `postgres:throwaway` and
 //! `etcd:throwaway` (throwaway servers the run owns, so `restart` can stop or kill and
