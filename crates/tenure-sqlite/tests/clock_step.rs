@@ -244,3 +244,55 @@ async fn wall_steps_do_not_change_membership() {
     clock.advance(Duration::from_nanos(1));
     assert_eq!(registry.live_nodes().await.unwrap(), ["node-b"]);
 }
+
+/// Setup: a lease at token 5 on a file shared by four opens (processes); the host
+/// reboots and 32 contenders race on the role across the four at once. The new boot is
+/// started by exactly one write transaction: exactly one contender wins, with token 6,
+/// and every other sees that winner (a second start would end the winner's term and let
+/// another win).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_boot_is_started_once_under_contention() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let clock = ManualHostClock::new(t0());
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(open_at(&path, &clock).await.lease_store());
+    }
+    for i in 0..5 {
+        let owner = format!("before-{i}");
+        let lease = stores[0]
+            .try_acquire_or_renew("r", &owner, TTL)
+            .await
+            .unwrap();
+        if i < 4 {
+            assert!(stores[0]
+                .release("r", &owner, lease.fencing_token)
+                .await
+                .unwrap());
+        }
+    }
+    clock.reboot();
+    let racers: Vec<_> = (0..32)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            tokio::spawn(async move {
+                let owner = format!("after-{i}");
+                let lease = store.try_acquire_or_renew("r", &owner, TTL).await.unwrap();
+                (owner, lease)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut holders = std::collections::BTreeSet::new();
+    for racer in racers {
+        let (owner, lease) = racer.await.unwrap();
+        holders.insert(lease.holder.clone());
+        if lease.acquired {
+            assert_eq!(lease.fencing_token.get(), 6, "{lease:?}");
+            winners.push(owner);
+        }
+    }
+    assert_eq!(winners.len(), 1, "one winner after the reboot: {winners:?}");
+    assert_eq!(holders.into_iter().collect::<Vec<_>>(), winners);
+}
