@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -47,14 +47,6 @@ impl Drop for Throwaway {
 
 fn err(what: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
     move |e| Error::store(BACKEND, what, e)
-}
-
-fn now_nanos() -> Result<i64> {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| i64::try_from(d.as_nanos()).ok())
-        .ok_or_else(|| Error::store_msg(BACKEND, "the clock is outside 1970..2262"))
 }
 
 fn nanos(d: Duration) -> i64 {
@@ -100,19 +92,19 @@ struct RawClient {
 }
 
 impl RawClient {
-    /// `BEGIN IMMEDIATE` and the store-time update: the start of every store write.
+    /// `BEGIN IMMEDIATE`, the boot-id read and the store's clock: the start of every
+    /// store write.
     async fn begin(&mut self) -> Result<(sqlx::Transaction<'_, sqlx::Sqlite>, i64)> {
         let mut tx = self
             .conn
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(err("raw begin"))?;
-        let now: i64 = sqlx::query_scalar(statements::ADVANCE_CLOCK)
-            .bind(now_nanos()?)
-            .fetch_one(&mut *tx)
+        let _boot: Option<String> = sqlx::query_scalar(statements::READ_BOOT)
+            .fetch_optional(&mut *tx)
             .await
-            .map_err(err("raw clock update"))?;
-        Ok((tx, now))
+            .map_err(err("raw boot-id read"))?;
+        Ok((tx, statements::monotonic_nanos()?))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The checker: SPEC section 8 over the recorded histories, the store's log and the
-//! orchestrator's observations of the lease.
+//! The checker: the invariants of `docs/semantics.md` over the recorded histories, the
+//! store's log and the orchestrator's observations of the lease.
 //!
 //! Violations (any one fails the run):
 //! - `token_reused`: one token led by two worker incarnations, or held by two owners as
@@ -48,7 +48,7 @@ pub struct FaultRecord {
     /// The kind.
     pub kind: FaultKind,
     /// How it was done, when a kind has several ways (`cut`: drop, blackhole,
-    /// terminate; `restart`: stop, kill).
+    /// terminate; `restart`: stop, kill; `clock`: forward, back).
     pub flavour: Option<&'static str>,
     /// The worker incarnation hit, if any.
     pub target: Option<String>,
@@ -76,7 +76,7 @@ impl FaultRecord {
     pub fn recovery_from(&self) -> u64 {
         match self.kind {
             FaultKind::Restart | FaultKind::Cut => self.healed,
-            FaultKind::Pause | FaultKind::Kill => self.at,
+            FaultKind::Pause | FaultKind::Kill | FaultKind::Clock => self.at,
         }
     }
 }

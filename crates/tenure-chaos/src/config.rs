@@ -112,15 +112,21 @@ pub enum FaultKind {
     Restart,
     /// Sever the workers' connections to the store (see [`CutFlavour`]).
     Cut,
+    /// Step the workers' wall clock by 2-4x the TTL, forward from an offset at or
+    /// below zero and back from one above (workers run under libfaketime with one
+    /// offset file; their monotonic clock is untouched, as in an NTP step). SQLite only,
+    /// whose store time lives on the workers' host.
+    Clock,
 }
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [FaultKind; 4] = [
+    pub const ALL: [FaultKind; 5] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::Cut,
+        FaultKind::Clock,
     ];
 
     /// The flag spelling.
@@ -130,6 +136,7 @@ impl FaultKind {
             FaultKind::Kill => "kill",
             FaultKind::Restart => "restart",
             FaultKind::Cut => "cut",
+            FaultKind::Clock => "clock",
         }
     }
 }
@@ -149,7 +156,7 @@ impl FromStr for FaultKind {
             .find(|kind| kind.name() == raw.trim())
             .ok_or_else(|| {
                 ChaosError::Usage(format!(
-                    "unknown fault {:?}; expected pause, kill, restart or cut",
+                    "unknown fault {:?}; expected pause, kill, restart, cut or clock",
                     raw.chars().take(20).collect::<String>()
                 ))
             })

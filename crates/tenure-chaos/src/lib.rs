@@ -4,10 +4,11 @@
 //! that contend for one role through [`tenure::LeaseLeaderElector`] and, while leading,
 //! append `(worker, token, seq)` entries to a log inside fenced transactions (SQL: a
 //! table; etcd: one key per entry, see [`backend`]). A seeded nemesis pauses (SIGSTOP)
-//! the leader, kills workers, restarts the store's server (when the run owns it) and
+//! the leader, kills workers, restarts the store's server (when the run owns it),
 //! severs connections (through a [`proxy`] in front of the store, or
-//! `pg_terminate_backend`); afterwards the [`checker`] verifies SPEC section 8 over the
-//! workers' histories, the log and the lease as observed.
+//! `pg_terminate_backend`) and, on SQLite, steps the workers' wall clock (through
+//! [`faketime`]); afterwards the [`checker`] verifies the invariants of
+//! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //!
 //! Stores: `sqlite:throwaway` (a fresh file), `sqlite:PATH`, `postgres:throwaway` and
 //! `etcd:throwaway` (throwaway servers the run owns, so `restart` can stop or kill and
@@ -79,6 +80,7 @@ pub mod checker;
 pub mod config;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod faketime;
 pub mod history;
 pub mod proxy;
 pub mod report;

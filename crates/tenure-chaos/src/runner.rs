@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::backend::{Backend, Connect};
 use crate::checker::{check, FaultRecord, Observation};
 use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD};
+use crate::faketime::FakeTime;
 use crate::history::{mono_ns, read_histories};
 use crate::proxy::Proxy;
 use crate::report::Report;
@@ -52,6 +53,8 @@ struct Spawner {
     dir: PathBuf,
     /// The proxies workers connect through (empty: straight to the store).
     via: Vec<SocketAddr>,
+    /// The workers' wall clock, when the run steps it.
+    fake_time: Option<FakeTime>,
 }
 
 impl Spawner {
@@ -87,6 +90,7 @@ impl Spawner {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
+            .envs(self.fake_time.iter().flat_map(FakeTime::env))
             // Its own group, so a pause or kill takes everything it runs.
             .process_group(0)
             .kill_on_drop(true);
@@ -200,6 +204,11 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
                 unavailable.push("cut: sqlite has no connections to sever".to_owned())
             }
+            (FaultKind::Clock, spec) if !spec.is_sqlite() => unavailable.push(
+                "clock: only sqlite keeps store time on the workers' host (the server's \
+                 clock decides on postgres and etcd)"
+                    .to_owned(),
+            ),
             _ => kinds.push(kind),
         }
     }
@@ -221,6 +230,11 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         what: "cannot create the run directory",
         source,
     })?;
+    let fake_time = if kinds.contains(&FaultKind::Clock) {
+        Some(FakeTime::new(dir.join("faketime-offset"))?)
+    } else {
+        None
+    };
     let (url, owned) = match &config.store {
         StoreSpec::SqliteThrowaway => (
             format!("sqlite:{}", dir.join("chaos.db").display()),
@@ -308,6 +322,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         app_name: app_name.clone(),
         dir: dir.clone(),
         via: proxies.iter().map(Proxy::local_addr).collect(),
+        fake_time,
     };
     let mut slots = Vec::with_capacity(config.workers);
     for index in 0..config.workers {
@@ -333,6 +348,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         cuts,
         blackhole: None,
         restarted: None,
+        clock_offset_ms: 0,
         holder,
         slots,
         faults: Vec::new(),
@@ -458,6 +474,8 @@ struct Nemesis<'a> {
     blackhole: Option<(Instant, usize)>,
     /// When the last server restart was done (the server serving again).
     restarted: Option<Instant>,
+    /// The workers' wall clock offset from the real one, ms.
+    clock_offset_ms: i64,
     holder: Arc<Mutex<Option<String>>>,
     slots: Vec<Slot>,
     faults: Vec<FaultRecord>,
@@ -638,6 +656,24 @@ impl Nemesis<'_> {
                 }
             },
             FaultKind::Cut => self.cut(fault, at).await,
+            FaultKind::Clock => {
+                let Some(fake_time) = &self.spawner.fake_time else {
+                    self.skipped += 1;
+                    return Ok(());
+                };
+                // More than a TTL each time, so a store on the wall clock would expire
+                // (forward) or keep alive (back) every live lease.
+                let step = self.config.ttl.mul_f64(1.0 + fault.factor).as_millis();
+                let step = i64::try_from(step).unwrap_or(i64::MAX / 4);
+                let (offset, flavour) = if self.clock_offset_ms > 0 {
+                    (self.clock_offset_ms - step, "back")
+                } else {
+                    (self.clock_offset_ms + step, "forward")
+                };
+                fake_time.set_offset(offset)?;
+                self.clock_offset_ms = offset;
+                self.record(fault.kind, Some(flavour), None, at, mono_ns());
+            }
         }
         Ok(())
     }

@@ -30,7 +30,8 @@ pub struct ChaosArgs {
     ttl: Duration,
     /// Fault kinds to inject, comma-separated. `cut` goes through a loopback proxy in
     /// front of the store (connections reset or blackholed for 1-3x the TTL) and, on
-    /// PostgreSQL, also `pg_terminate_backend`.
+    /// PostgreSQL, also `pg_terminate_backend`. `clock` (SQLite) steps the workers' wall
+    /// clock by 2-4x the TTL, forward and back, through libfaketime.
     #[arg(long, default_value = "pause,kill,restart,cut")]
     faults: String,
     /// Mean time between faults (default: TTL/4).

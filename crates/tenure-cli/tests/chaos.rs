@@ -3,7 +3,8 @@
 //! server, plus the negative controls that prove the checker can fail.
 //!
 //! Sized for CI: TTL 1 s, a fault every 200-250 ms on average; the passing rounds inject
-//! at least 80 + 80 + 60 = 220 faults between them. Each run prints its report (visible
+//! at least 80 + 80 + 60 = 220 faults between them (and the SQLite clock-step round 30
+//! more). Each run prints its report (visible
 //! with `--nocapture`).
 
 use std::io::Read;
@@ -160,27 +161,64 @@ fn unfenced_is_caught(mut args: Vec<&str>) {
     let _ = std::fs::remove_dir_all(report["run_dir"].as_str().unwrap());
 }
 
-/// SQLite: pauses, kills and kills-mid-transaction, a fault every 200 ms (the store
-/// never wedges: see `tenure_chaos::backend::DetachedLeases`).
+/// SQLite: pauses, kills, kills-mid-transaction and wall-clock steps of the workers
+/// (libfaketime), a fault every 200 ms (the store never wedges: see
+/// `tenure_chaos::backend::DetachedLeases`).
 #[test]
 fn sqlite_round_passes() {
-    passing_round(
+    let report = passing_round(
         &[
             "--store",
             "sqlite:throwaway",
             "--fault-every",
             "200ms",
             "--faults",
-            "pause,kill,restart",
+            "pause,kill,restart,clock",
             "--seed",
             "11",
         ],
         Expect {
-            kinds: &["pause", "kill", "restart"],
+            kinds: &["pause", "kill", "restart", "clock"],
             faults: 80,
             admitted: 50,
         },
     );
+    let recovery = report["recovery"].as_object().unwrap();
+    for step in ["clock/forward", "clock/back"] {
+        assert!(recovery.contains_key(step), "no {step} step: {recovery:?}");
+    }
+}
+
+/// SQLite with wall-clock steps alone (2-4x the TTL, forward and back, every 300 ms)
+/// and workers writing WITHOUT the fence: with no pause, nothing but a store clock
+/// that follows the wall clock could let two leaders write at once, so the unfenced
+/// log must come out in token order (store time is the host's monotonic clock).
+#[test]
+fn sqlite_clock_steps_need_no_fence() {
+    let (code, report) = chaos(
+        &[
+            "--store",
+            "sqlite:throwaway",
+            "--workers",
+            "4",
+            "--duration",
+            "15s",
+            "--ttl",
+            "1s",
+            "--fault-every",
+            "300ms",
+            "--faults",
+            "clock",
+            "--seed",
+            "19",
+            "--unsafe-skip-fence",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
+    assert_eq!(code, 0);
+    assert!(report["faults"]["clock"].as_u64().unwrap() >= 30);
+    assert!(report["writes"]["admitted"].as_u64().unwrap() >= 100);
 }
 
 /// The negative control on SQLite.
@@ -283,6 +321,12 @@ fn bad_chaos_flags_are_usage_errors() {
         &["--store", "etcd://user:secret@127.0.0.1:2379"],
         &["--store", "sqlite:throwaway", "--faults", "pause,bogus"],
         &["--store", "sqlite:throwaway", "--faults", "cut"],
+        &[
+            "--store",
+            "postgres://u@127.0.0.1:1/db",
+            "--faults",
+            "clock",
+        ],
         &["--store", "sqlite:throwaway", "--workers", "1"],
         &["--store", "mysql://x"],
     ] {

@@ -8,7 +8,7 @@
 //!   - `store`: `SqliteLeaseStore::open` as `tenure run` opens it (sqlx pool defaults,
 //!     so `test_before_acquire` pings the connection on every checkout);
 //!   - `store_noping`: the same store over a pool with `test_before_acquire(false)`;
-//!   - `raw`: the store's renewal statements (store-time update, row read, row update)
+//!   - `raw`: the store's renewal statements (boot-id read, row read, row update)
 //!     in one `BEGIN IMMEDIATE` transaction on a plain `SqliteConnection`, with the
 //!     store's settings (WAL, `synchronous = FULL`, 5 s busy timeout): the baseline.
 //!
@@ -173,15 +173,15 @@ impl Client {
 }
 
 /// The statements `SqliteLeaseStore::try_acquire_or_renew` issues to renew a live
-/// term (the store-time update, the row read and the renewal update), in one
+/// term (the boot-id read, the row read and the renewal update), in one
 /// `BEGIN IMMEDIATE` transaction; the decision is reduced to the renewal case.
 async fn raw_renew(conn: &mut SqliteConnection, role: &str) {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let now: i64 = sqlx::query_scalar(statements::ADVANCE_CLOCK)
-        .bind(now_nanos())
-        .fetch_one(&mut *tx)
+    let _boot: Option<String> = sqlx::query_scalar(statements::READ_BOOT)
+        .fetch_optional(&mut *tx)
         .await
         .unwrap();
+    let now = statements::monotonic_nanos().unwrap();
     let (holder, _token, expires_at): (Option<String>, i64, i64) =
         sqlx::query_as(statements::READ_LEASE)
             .bind(role)

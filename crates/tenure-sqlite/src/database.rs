@@ -1,7 +1,7 @@
 //! The opened database file: its pool, its store time and its in-process change signals.
 //!
 //! [`SqliteDatabase`] is what the lease store, the node registry and the fence share:
-//! one connection pool over one file, one clock, and one never-decreasing store time.
+//! one connection pool over one file and one host clock (monotonic time and boot id).
 //! Opening checks the path first so that a wrong path is a clear error and never a
 //! stray new file or a scribbled-on foreign one.
 
@@ -11,7 +11,6 @@ use std::fs::OpenOptions;
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,29 +19,30 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Sqlite, Transaction};
-use tenure::{Clock, Error, FencingToken, Result, SystemClock};
+use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::clock::{HostClock, HostTime, SystemHostClock};
 use crate::BACKEND;
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
-/// The schema version this crate writes and understands.
-const SCHEMA_VERSION: i64 = 1;
+/// The schema version this crate writes and understands. Version 1 kept wall-clock
+/// nanoseconds and a high-water mark (`tenure_clock`); opening such a file migrates it.
+const SCHEMA_VERSION: i64 = 2;
 
-/// The tables, created idempotently; times are nanoseconds since the Unix epoch.
-///
-/// `tenure_clock` holds the highest store time any write has used, so store time never
-/// moves backwards even when the host's wall clock does.
+/// The tables, created idempotently. Times are nanoseconds of the host's monotonic
+/// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
+/// the first write transaction under each boot).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY NOT NULL,
     value INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS tenure_clock (
-    id         INTEGER PRIMARY KEY CHECK (id = 0),
-    high_water INTEGER NOT NULL
+CREATE TABLE IF NOT EXISTS tenure_boot (
+    id      INTEGER PRIMARY KEY CHECK (id = 0),
+    boot_id TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tenure_leases (
     role       TEXT PRIMARY KEY NOT NULL,
@@ -61,7 +61,6 @@ CREATE TABLE IF NOT EXISTS tenure_fences (
     resource TEXT PRIMARY KEY NOT NULL,
     highest  INTEGER NOT NULL
 );
-INSERT OR IGNORE INTO tenure_clock (id, high_water) VALUES (0, -9223372036854775808);
 ";
 
 /// How the database is opened and how waiting contenders poll it.
@@ -70,10 +69,9 @@ INSERT OR IGNORE INTO tenure_clock (id, high_water) VALUES (0, -9223372036854775
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use tenure::ManualClock;
-/// use tenure_sqlite::SqliteOptions;
+/// use tenure_sqlite::{ManualHostClock, SqliteOptions};
 ///
-/// let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+/// let clock = ManualHostClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
 /// let options = SqliteOptions::new()
 ///     .with_clock(clock)
 ///     .busy_timeout(Duration::from_secs(2))
@@ -82,7 +80,7 @@ INSERT OR IGNORE INTO tenure_clock (id, high_water) VALUES (0, -9223372036854775
 /// ```
 #[derive(Clone)]
 pub struct SqliteOptions {
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn HostClock>,
     busy_timeout: Duration,
     max_connections: u32,
     poll_interval: Duration,
@@ -102,7 +100,7 @@ impl fmt::Debug for SqliteOptions {
 impl Default for SqliteOptions {
     fn default() -> Self {
         SqliteOptions {
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(SystemHostClock),
             busy_timeout: Duration::from_secs(5),
             max_connections: 8,
             poll_interval: Duration::from_millis(10),
@@ -111,14 +109,15 @@ impl Default for SqliteOptions {
 }
 
 impl SqliteOptions {
-    /// The defaults: system clock, 5 s busy timeout, 8 connections, 10 ms polling.
+    /// The defaults: the host's clocks, 5 s busy timeout, 8 connections, 10 ms polling.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Takes store time from `clock` (tests inject a [`tenure::ManualClock`]). Store
-    /// time is still never allowed to move backwards.
-    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+    /// Takes store time from `clock` instead of the host's ([`SystemHostClock`]);
+    /// tests inject a [`ManualHostClock`](crate::ManualHostClock) to pass time, step
+    /// the wall clock alone, or reboot.
+    pub fn with_clock(mut self, clock: impl HostClock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
@@ -153,12 +152,19 @@ impl SqliteOptions {
 ///
 /// # Store time
 ///
-/// Store time is the host clock (or the injected [`Clock`]), but never earlier than
-/// the highest store time any write has already used: that high-water mark is kept in
-/// the file and advanced in every write transaction. A wall clock stepped backwards
-/// therefore cannot revive an expired lease nor make a lease live longer on store time;
-/// store time simply stands still until the wall clock catches up, which can delay a
-/// takeover by the size of the step (a liveness cost, never a safety one).
+/// Store time is the host's `CLOCK_MONOTONIC` (or the injected [`HostClock`]), the
+/// clock tokio's and std's `Instant` read, so expiry in the file and every holder's
+/// local deadline run on one clock: a wall-clock step (an NTP step, `date -s`) neither
+/// expires a live lease early nor keeps a dead one alive. Every process sharing the
+/// file must therefore run on this host and in one time namespace (as containers do
+/// unless given their own).
+///
+/// The monotonic clock restarts at boot, so the file records the boot id its times
+/// belong to. The first write under a new boot id (in its own write transaction, so
+/// concurrent processes agree) expires every lease and drops every heartbeat, and keeps
+/// every token; until then, reads treat the old times the same way. The wall clock is
+/// only for answers: a stored time `t` is shown as `wall now + (t - monotonic now)`, so
+/// `expires_at - now` of an answer is exact even while the wall clock steps.
 ///
 /// # Examples
 ///
@@ -186,11 +192,8 @@ pub struct SqliteDatabase {
 
 struct Inner {
     pool: SqlitePool,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn HostClock>,
     poll_interval: Duration,
-    /// The highest store time this process has used or seen, so reads in one process
-    /// never go backwards either (reads do not write the persisted mark).
-    local_high: AtomicI64,
     /// Per role, woken when a write through this database ends or replaces a term.
     changes: Mutex<HashMap<String, Arc<Notify>>>,
     path: Option<PathBuf>,
@@ -267,7 +270,6 @@ impl SqliteDatabase {
                 pool,
                 clock: options.clock,
                 poll_interval: options.poll_interval,
-                local_high: AtomicI64::new(i64::MIN),
                 changes: Mutex::new(HashMap::new()),
                 path,
                 writer: Arc::new(Semaphore::new(1)),
@@ -288,7 +290,7 @@ impl SqliteDatabase {
             return Ok(());
         }
         let mut tx = self.begin_immediate().await?;
-        create_schema(&mut tx).await?;
+        create_schema_at(&mut tx, self.inner.clock.as_ref()).await?;
         tx.commit()
             .await
             .map_err(|e| Error::store(BACKEND, "cannot commit the schema", e))
@@ -355,34 +357,32 @@ impl SqliteDatabase {
         Ok((slot, self.begin_immediate().await?))
     }
 
-    /// The injected clock's reading, for checking input before a transaction (the
-    /// decision itself uses store time inside the transaction).
-    pub(crate) fn clock_now(&self) -> SystemTime {
-        self.inner.clock.now()
+    /// Store time for a read, or for checking input before a transaction. A read
+    /// compares [`StoreNow::boot_id`] with the file's in the same statement and treats
+    /// the file's times as past when they differ.
+    pub(crate) fn now(&self) -> Result<StoreNow> {
+        StoreNow::from_host(self.inner.clock.now()?)
     }
 
-    /// Store time for a read: the clock, never below the persisted or the locally seen
-    /// high-water mark.
-    pub(crate) fn read_now(&self, persisted: i64) -> Result<i64> {
-        let clock = to_nanos(self.inner.clock.now())
-            .map_err(|_| Error::store_msg(BACKEND, "the clock reads a time outside 1677..2262"))?;
-        let now = clock
-            .max(persisted)
-            .max(self.inner.local_high.load(Ordering::Acquire));
-        self.inner.local_high.fetch_max(now, Ordering::AcqRel);
-        Ok(now)
-    }
-
-    /// Store time for a write, inside its transaction: advances and returns the
-    /// persisted high-water mark in one statement.
-    pub(crate) async fn write_now(&self, conn: &mut SqliteConnection) -> Result<i64> {
-        let candidate = self.read_now(i64::MIN)?;
-        let now: i64 = sqlx::query_scalar(ADVANCE_CLOCK)
-            .bind(candidate)
-            .fetch_one(conn)
+    /// Store time for a write, inside its transaction (so the write lock orders the
+    /// readings): the first write under a new boot starts it (see `start_boot`).
+    pub(crate) async fn write_now(&self, conn: &mut SqliteConnection) -> Result<StoreNow> {
+        let now = self.now()?;
+        let recorded: Option<String> = sqlx::query_scalar(READ_BOOT)
+            .fetch_optional(&mut *conn)
             .await
-            .map_err(|e| Error::store(BACKEND, "cannot read the store clock", e))?;
-        self.inner.local_high.fetch_max(now, Ordering::AcqRel);
+            .map_err(store_error("cannot read the boot id of the store"))?;
+        if recorded.as_deref() != Some(now.boot_id.as_str()) {
+            start_boot(conn, &now).await?;
+            if let Some(previous) = recorded {
+                tracing::info!(
+                    previous,
+                    boot_id = now.boot_id,
+                    "the sqlite store is used under a new boot: every lease expired and \
+                     every heartbeat is stale; tokens are kept"
+                );
+            }
+        }
         Ok(now)
     }
 
@@ -410,18 +410,99 @@ impl SqliteDatabase {
     }
 }
 
-/// Advances the persisted store time to at least `?1` and returns it: the first
-/// statement of every write transaction. Public (through `statements`) only so the
-/// benchmark issues exactly the store's statement.
-#[doc(hidden)]
-pub const ADVANCE_CLOCK: &str =
-    "UPDATE tenure_clock SET high_water = max(high_water, ?1) WHERE id = 0 RETURNING high_water";
+/// Store time of one call: the monotonic reading in the file's unit (nanoseconds) and
+/// the wall clock read with it, for showing stored times.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreNow {
+    pub(crate) boot_id: String,
+    pub(crate) mono: i64,
+    pub(crate) wall: SystemTime,
+}
 
-/// Creates tenure's tables in the database behind `conn` if they are missing (run it
-/// inside a write transaction). [`SqliteDatabase::open`] and
-/// [`SqliteDatabase::from_pool`] call it; call it yourself only when you fence writes
-/// in a database you open some other way.
+impl StoreNow {
+    fn from_host(host: HostTime) -> Result<StoreNow> {
+        Ok(StoreNow {
+            mono: mono_nanos(host.monotonic)?,
+            boot_id: host.boot_id,
+            wall: host.wall,
+        })
+    }
+
+    /// A stored monotonic time as a wall-clock time: `wall + (at - mono)`.
+    pub(crate) fn wall_at(&self, at: i64) -> Result<SystemTime> {
+        let ahead = i128::from(at) - i128::from(self.mono);
+        let by = Duration::from_nanos(u64::try_from(ahead.unsigned_abs()).unwrap_or(u64::MAX));
+        let shown = if ahead >= 0 {
+            self.wall.checked_add(by)
+        } else {
+            self.wall.checked_sub(by)
+        };
+        shown.ok_or_else(|| {
+            Error::store_msg(
+                BACKEND,
+                "a stored time cannot be shown as a wall-clock time",
+            )
+        })
+    }
+}
+
+/// A monotonic reading in nanoseconds, the unit of the file's times.
+fn mono_nanos(monotonic: Duration) -> Result<i64> {
+    i64::try_from(monotonic.as_nanos()).map_err(|_| {
+        Error::store_msg(
+            BACKEND,
+            format!("the monotonic clock reads {monotonic:?}, more than 292 years"),
+        )
+    })
+}
+
+/// The store time of the host's own clocks in the file's unit (monotonic nanoseconds).
+/// Public (through `statements`) only so the benchmark reads exactly the store's clock.
+#[doc(hidden)]
+pub fn monotonic_nanos() -> Result<i64> {
+    mono_nanos(crate::clock::monotonic_now()?)
+}
+
+/// Reads the boot id the file's times belong to: the first statement of every write
+/// transaction. Public (through `statements`) only so the benchmark issues exactly the
+/// store's statement.
+#[doc(hidden)]
+pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
+
+/// Starts a boot in the file: every lease ends now (tokens stay), every heartbeat is
+/// forgotten, and the file records the boot id its times now belong to.
+async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
+    sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
+        .bind(now.mono)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot expire the leases of a past boot"))?;
+    sqlx::query("DELETE FROM tenure_nodes")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot forget the heartbeats of a past boot"))?;
+    record_boot(conn, &now.boot_id).await
+}
+
+async fn record_boot(conn: &mut SqliteConnection, boot_id: &str) -> Result<()> {
+    sqlx::query("INSERT OR REPLACE INTO tenure_boot (id, boot_id) VALUES (0, ?1)")
+        .bind(boot_id)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(store_error("cannot record the boot id"))
+}
+
+/// Creates tenure's tables in the database behind `conn` if they are missing, or
+/// migrates older ones (run it inside a write transaction). [`SqliteDatabase::open`]
+/// and [`SqliteDatabase::from_pool`] call it; call it yourself only when you fence
+/// writes in a database you open some other way.
 pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
+    create_schema_at(conn, &SystemHostClock).await
+}
+
+/// [`create_schema`] with the clock a migration converts times with.
+async fn create_schema_at(conn: &mut SqliteConnection, clock: &dyn HostClock) -> Result<()> {
     // Statement by statement: the schema has no `;` inside a statement.
     for statement in SCHEMA.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         sqlx::query(statement)
@@ -444,6 +525,7 @@ pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
             Ok(())
         }
         Some(SCHEMA_VERSION) => Ok(()),
+        Some(1) => migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await,
         Some(other) => Err(Error::store_msg(
             BACKEND,
             format!(
@@ -452,6 +534,76 @@ pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
             ),
         )),
     }
+}
+
+/// Migrates a schema-1 file (wall-clock nanoseconds, with the high-water mark in
+/// `tenure_clock`) to monotonic time under the current boot, keeping every token.
+///
+/// Every stored time moves by the same amount, from the old store time (the wall clock,
+/// never below the high-water mark) to the monotonic clock, so each lease and heartbeat
+/// keeps exactly the time it had left: a lease live when the file is migrated stays
+/// live for the rest of its TTL (its holder may still be an older tenure, which cannot
+/// renew once `tenure_clock` is gone and so steps down by its own deadline), and an
+/// expired one stays expired.
+async fn migrate_from_wall_clock(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
+    let high_water: Option<i64> =
+        sqlx::query_scalar("SELECT high_water FROM tenure_clock WHERE id = 0")
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the schema-1 store clock"))?;
+    let wall = to_nanos(now.wall)
+        .map_err(|_| Error::store_msg(BACKEND, "the wall clock reads a time outside 1677..2262"))?;
+    let old_now = high_water.map_or(wall, |mark| mark.max(wall));
+    let moved = |t: i64| {
+        let at = i128::from(t) - i128::from(old_now) + i128::from(now.mono);
+        i64::try_from(at.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(i64::MIN)
+    };
+    let leases: Vec<(String, i64)> = sqlx::query_as("SELECT role, expires_at FROM tenure_leases")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(store_error("cannot read the schema-1 leases"))?;
+    for (role, expires_at) in &leases {
+        sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
+            .bind(role)
+            .bind(moved(*expires_at))
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error("cannot migrate a lease"))?;
+    }
+    let nodes: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT node_id, last_heartbeat, first_seen FROM tenure_nodes")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the schema-1 nodes"))?;
+    for (node_id, last, first) in &nodes {
+        sqlx::query(
+            "UPDATE tenure_nodes SET last_heartbeat = ?2, first_seen = ?3 WHERE node_id = ?1",
+        )
+        .bind(node_id)
+        .bind(moved(*last))
+        .bind(moved(*first))
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot migrate a node"))?;
+    }
+    // Gone, so a schema-1 tenure still running on the file fails every call rather
+    // than mixing wall-clock times into monotonic ones.
+    sqlx::query("DROP TABLE tenure_clock")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot drop the schema-1 store clock"))?;
+    record_boot(conn, &now.boot_id).await?;
+    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
+        .bind(SCHEMA_VERSION)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot record the schema version"))?;
+    tracing::info!(
+        leases = leases.len(),
+        nodes = nodes.len(),
+        "migrated the sqlite store to schema {SCHEMA_VERSION}: store time is the monotonic clock"
+    );
+    Ok(())
 }
 
 /// Rejects every path `open` must not touch, before SQLite sees it; creates a missing
@@ -608,15 +760,6 @@ pub(crate) fn to_nanos(time: SystemTime) -> std::result::Result<i64, ()> {
     }
 }
 
-/// The inverse of [`to_nanos`].
-pub(crate) fn from_nanos(nanos: i64) -> SystemTime {
-    if nanos >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos.unsigned_abs())
-    } else {
-        SystemTime::UNIX_EPOCH - Duration::from_nanos(nanos.unsigned_abs())
-    }
-}
-
 /// A token read from the file; tokens are stored as positive INTEGERs.
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken> {
     u64::try_from(value)
@@ -702,19 +845,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nanos_round_trip() {
-        for nanos in [
-            0,
-            1,
-            -1,
-            1_800_000_000_000_000_123,
-            -5_000_000_000,
-            i64::MAX,
-        ] {
-            assert_eq!(to_nanos(from_nanos(nanos)), Ok(nanos));
-        }
-        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(300 * 365 * 86_400);
-        assert!(to_nanos(far).is_err());
+    fn wall_nanos_cover_1677_to_2262() {
+        let epoch = SystemTime::UNIX_EPOCH;
+        assert_eq!(to_nanos(epoch + Duration::from_nanos(7)), Ok(7));
+        assert_eq!(to_nanos(epoch - Duration::from_secs(5)), Ok(-5_000_000_000));
+        assert!(to_nanos(epoch + Duration::from_secs(300 * 365 * 86_400)).is_err());
+    }
+
+    /// A stored time is shown at its distance from the monotonic reading, on either
+    /// side, out to the extremes of the file's range.
+    #[test]
+    fn stored_times_shown_on_the_wall_clock() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = StoreNow {
+            boot_id: "b".to_owned(),
+            mono: 1_000,
+            wall,
+        };
+        assert_eq!(now.wall_at(1_000).unwrap(), wall);
+        assert_eq!(
+            now.wall_at(1_500).unwrap(),
+            wall + Duration::from_nanos(500)
+        );
+        assert_eq!(now.wall_at(400).unwrap(), wall - Duration::from_nanos(600));
+        assert!(now.wall_at(i64::MAX).is_ok());
+        assert!(now.wall_at(i64::MIN).is_ok());
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! [`SqliteLeaseStore`]: the lease contract on one row per role in a local file.
 //!
 //! Each call that writes is one `BEGIN IMMEDIATE` transaction: it takes the file's
-//! write lock, advances the persisted store time, reads the role's row and decides
-//! exactly as the in-memory reference store does. Rows are never deleted; release
-//! clears the holder and keeps the token, so the counter survives everything.
+//! write lock, reads store time (starting a new boot in the file if needed), reads the
+//! role's row and decides exactly as the in-memory reference store does. Rows are never
+//! deleted; release clears the holder and keeps the token, so the counter survives
+//! everything.
 
 use std::path::Path;
 
@@ -14,14 +15,13 @@ use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
 use tokio::time::Instant;
 
 use crate::database::{
-    column, from_nanos, store_error, to_nanos, token_from_db, token_to_db, SqliteDatabase,
-    SqliteOptions,
+    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions, StoreNow,
 };
 use crate::BACKEND;
 
 // The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
-// after `ADVANCE_CLOCK`. Public (through `statements`) only so the benchmark issues
-// exactly the store's statements.
+// after `READ_BOOT`; times are monotonic nanoseconds. Public (through `statements`) only
+// so the benchmark issues exactly the store's statements.
 
 /// Reads a role's row: `holder, token, expires_at` for role `?1`.
 #[doc(hidden)]
@@ -74,7 +74,7 @@ async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<Leas
 /// Durable, fenced leases in a SQLite file, shared by every process on the host that
 /// opens the same file.
 ///
-/// Store time is the host clock, never moving backwards (see [`SqliteDatabase`]).
+/// Store time is the host's monotonic clock under its boot id (see [`SqliteDatabase`]).
 /// [`wait_for_change`](LeaseStore::wait_for_change) wakes at once for a release or
 /// takeover written through the same [`SqliteDatabase`], and within the polling
 /// interval (10 ms by default) for one written by another process.
@@ -138,61 +138,59 @@ impl SqliteLeaseStore {
 
     /// Whether `(role, observed)` is still the live term, on store time.
     async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
+        let now = self.db.now()?;
         let row = sqlx::query(
-            "SELECT l.holder, l.token, l.expires_at, c.high_water \
-             FROM tenure_clock c LEFT JOIN tenure_leases l ON l.role = ?1 WHERE c.id = 0",
+            "SELECT holder, token, expires_at, \
+             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
+             FROM tenure_leases WHERE role = ?1",
         )
         .bind(role)
-        .fetch_one(self.db.pool())
+        .bind(&now.boot_id)
+        .fetch_optional(self.db.pool())
         .await
         .map_err(store_error("cannot read the lease"))?;
-        let token: Option<i64> = column(&row, 1)?;
-        let Some(token) = token else {
+        let Some(row) = row else {
             return Ok(false);
         };
-        let holder: Option<String> = column(&row, 0)?;
-        let expires_at: i64 = column(&row, 2)?;
-        let high_water: i64 = column(&row, 3)?;
-        let now = self.db.read_now(high_water)?;
         let current = LeaseRow {
-            holder,
-            token,
-            expires_at,
+            holder: column(&row, 0)?,
+            token: column(&row, 1)?,
+            expires_at: column(&row, 2)?,
         };
-        Ok(current.is_live_term(observed, now))
+        let this_boot: bool = column(&row, 3)?;
+        Ok(this_boot && current.is_live_term(observed, now.mono))
     }
 
-    fn info_from(&self, row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<LeaseInfo> {
+    fn info_from(&self, row: &sqlx::sqlite::SqliteRow, now: &StoreNow) -> Result<LeaseInfo> {
         let role: String = column(row, 0)?;
         let holder: Option<String> = column(row, 1)?;
         let token: i64 = column(row, 2)?;
-        let expires_at: i64 = column(row, 3)?;
+        let this_boot: bool = column(row, 4)?;
+        // Under another boot the time means nothing: the lease ended by now.
+        let expires_at: i64 = if this_boot { column(row, 3)? } else { now.mono };
         Ok(LeaseInfo {
             role,
             holder,
             fencing_token: token_from_db(token)?,
-            expires_at: from_nanos(expires_at),
-            now: from_nanos(now),
+            expires_at: now.wall_at(expires_at)?,
+            now: now.wall,
         })
     }
 
     async fn read_leases(&self, role: Option<&str>) -> Result<Vec<LeaseInfo>> {
-        // One statement, so the leases and the store clock come from one snapshot.
+        let now = self.db.now()?;
+        // One statement, so the leases and the boot they belong to come from one snapshot.
         let rows = sqlx::query(
-            "SELECT l.role, l.holder, l.token, l.expires_at, c.high_water \
-             FROM tenure_leases l JOIN tenure_clock c ON c.id = 0 \
-             WHERE ?1 IS NULL OR l.role = ?1 ORDER BY l.role",
+            "SELECT role, holder, token, expires_at, \
+             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
+             FROM tenure_leases WHERE ?1 IS NULL OR role = ?1 ORDER BY role",
         )
         .bind(role)
+        .bind(&now.boot_id)
         .fetch_all(self.db.pool())
         .await
         .map_err(store_error("cannot read leases"))?;
-        let Some(first) = rows.first() else {
-            return Ok(Vec::new());
-        };
-        let high_water: i64 = column(first, 4)?;
-        let now = self.db.read_now(high_water)?;
-        rows.iter().map(|row| self.info_from(row, now)).collect()
+        rows.iter().map(|row| self.info_from(row, &now)).collect()
     }
 }
 
@@ -205,17 +203,20 @@ impl LeaseStore for SqliteLeaseStore {
         ttl: std::time::Duration,
     ) -> Result<LeaseResult> {
         // Bad input is refused before the store is touched.
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.clock_now())?;
-        let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?;
-        let now_time = from_nanos(now);
-        let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
-        let expires_at = to_nanos(expires_time).map_err(|_| {
+        let too_large = || {
             Error::invalid(
                 "ttl",
-                format!("{ttl:?} is too large: now + ttl is past the year 2262"),
+                format!("{ttl:?} is too large for the sqlite store's nanosecond clock (292 years)"),
             )
-        })?;
+        };
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        let ttl_nanos = i64::try_from(ttl.as_nanos()).map_err(|_| too_large())?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let store_now = self.db.write_now(&mut tx).await?;
+        let (now, now_time) = (store_now.mono, store_now.wall);
+        // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
+        let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
+        let expires_at = now.checked_add(ttl_nanos).ok_or_else(too_large)?;
         let current = read_row(&mut tx, role).await?;
         let (token, new_term) = match current {
             None => {
@@ -242,14 +243,15 @@ impl LeaseStore for SqliteLeaseStore {
                 token,
                 expires_at: held_until,
             }) if now < held_until => {
-                // Not acquired: the transaction only advanced the store clock.
+                // Not acquired. Commit, not roll back: the transaction may have started
+                // a new boot, which every later call must see.
                 tx.commit()
                     .await
                     .map_err(store_error("cannot commit the lease check"))?;
                 return Ok(LeaseResult {
                     acquired: false,
                     fencing_token: token_from_db(token)?,
-                    expires_at: from_nanos(held_until),
+                    expires_at: store_now.wall_at(held_until)?,
                     holder,
                     now: now_time,
                 });
@@ -294,7 +296,7 @@ impl LeaseStore for SqliteLeaseStore {
             return Ok(false);
         };
         let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
         let released = match read_row(&mut tx, role).await? {
             Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
                 sqlx::query(RELEASE_LEASE)

@@ -11,10 +11,13 @@
 //! - [`fence_in_transaction`] and [`SqliteFence`]: the compare-and-reject that makes a
 //!   fencing token protect your own writes.
 //!
-//! Store time is the host clock, never moving backwards: the highest store time any
-//! write used is kept in the file, so a wall clock stepped back can neither revive nor
-//! extend a lease (see [`SqliteDatabase`]). The file is opened in WAL mode with a busy
-//! timeout (5 s by default) and created with mode 0600.
+//! Store time is the host's monotonic clock (`CLOCK_MONOTONIC`, the clock of every
+//! local deadline), recorded with the kernel's boot id: a wall-clock step neither
+//! expires a live lease early nor keeps a dead one alive, and a file used under a new
+//! boot treats every lease as expired and keeps every token (see [`SqliteDatabase`];
+//! tests inject a [`ManualHostClock`]). The wall clock only turns stored times into the
+//! `SystemTime`s of answers. The file is opened in WAL mode with a busy timeout (5 s by
+//! default) and created with mode 0600.
 //!
 //! A contender waiting on [`LeaseStore::wait_for_change`](tenure::LeaseStore::wait_for_change)
 //! is woken at once by a release through the same [`SqliteDatabase`], and by polling the
@@ -46,11 +49,13 @@
 //! ```
 #![deny(missing_docs)]
 
+mod clock;
 mod database;
 mod fence;
 mod lease;
 mod registry;
 
+pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
 pub use database::{
     connect, connect_with, create_schema, path_from_url, SqliteDatabase, SqliteOptions,
 };
@@ -61,7 +66,7 @@ pub use registry::SqliteNodeRegistry;
 /// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
 #[doc(hidden)]
 pub mod statements {
-    pub use crate::database::ADVANCE_CLOCK;
+    pub use crate::database::{monotonic_nanos, READ_BOOT};
     pub use crate::lease::{INSERT_LEASE, READ_LEASE, RELEASE_LEASE, RENEW_LEASE, TAKE_OVER_LEASE};
     pub use crate::registry::{forget_bound, FORGET_NODES, READ_NODE, UPSERT_NODE};
 }

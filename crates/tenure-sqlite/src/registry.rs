@@ -1,8 +1,8 @@
 //! [`SqliteNodeRegistry`]: heartbeat membership in the same file as the leases.
 //!
 //! One row per node: last heartbeat, first seen of its current membership, metadata as
-//! JSON text. Heartbeats are write transactions on the shared, never-decreasing store
-//! time; reads filter by liveness and never write.
+//! JSON text. Heartbeats are write transactions on the store's monotonic time; reads
+//! filter by liveness (nothing is live under a boot other than the file's) and never write.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
 use tenure::{Error, NodeRegistry, Result};
 
-use crate::database::{column, from_nanos, store_error, SqliteDatabase, SqliteOptions};
+use crate::database::{column, store_error, SqliteDatabase, SqliteOptions, StoreNow};
 use crate::BACKEND;
 
 /// Rows of nodes that lapsed this long ago are deleted by later heartbeats, so ids of
@@ -21,7 +21,7 @@ use crate::BACKEND;
 const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 // The statements of a heartbeat, run in one `BEGIN IMMEDIATE` transaction after
-// `ADVANCE_CLOCK`. Public (through `statements`) only so the benchmark issues exactly
+// `READ_BOOT`. Times are monotonic nanoseconds. Public (through `statements`) only so the benchmark issues exactly
 // the registry's statements.
 
 /// Reads node `?1`: `last_heartbeat, first_seen, metadata`.
@@ -133,7 +133,7 @@ impl SqliteNodeRegistry {
             .transpose()
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
         let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
         let current = sqlx::query(READ_NODE)
             .bind(node_id)
             .fetch_optional(&mut *tx)
@@ -174,21 +174,24 @@ impl SqliteNodeRegistry {
     }
 
     /// The live rows, sorted by id, and the store time they were judged at.
-    async fn live_rows(&self, with_details: bool) -> Result<(Vec<sqlx::sqlite::SqliteRow>, i64)> {
-        let high_water: i64 =
-            sqlx::query_scalar("SELECT high_water FROM tenure_clock WHERE id = 0")
-                .fetch_one(self.db.pool())
-                .await
-                .map_err(store_error("cannot read the store clock"))?;
-        let now = self.db.read_now(high_water)?;
+    async fn live_rows(
+        &self,
+        with_details: bool,
+    ) -> Result<(Vec<sqlx::sqlite::SqliteRow>, StoreNow)> {
+        let now = self.db.now()?;
+        // Heartbeats recorded under another boot are stale, whatever their times say.
         let sql = if with_details {
             "SELECT node_id, last_heartbeat, first_seen, metadata FROM tenure_nodes \
-             WHERE last_heartbeat > ?1 ORDER BY node_id"
+             WHERE last_heartbeat > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
+             ORDER BY node_id"
         } else {
-            "SELECT node_id FROM tenure_nodes WHERE last_heartbeat > ?1 ORDER BY node_id"
+            "SELECT node_id FROM tenure_nodes \
+             WHERE last_heartbeat > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
+             ORDER BY node_id"
         };
         let rows = sqlx::query(sql)
-            .bind(live_bound(now, self.ttl))
+            .bind(live_bound(now.mono, self.ttl))
+            .bind(&now.boot_id)
             .fetch_all(self.db.pool())
             .await
             .map_err(store_error("cannot read nodes"))?;
@@ -224,10 +227,10 @@ impl NodeRegistry for SqliteNodeRegistry {
                 })?;
                 Ok(NodeInfo {
                     node_id,
-                    last_heartbeat: from_nanos(last),
-                    first_seen: from_nanos(first),
+                    last_heartbeat: now.wall_at(last)?,
+                    first_seen: now.wall_at(first)?,
                     metadata,
-                    now: from_nanos(now),
+                    now: now.wall,
                 })
             })
             .collect()
@@ -236,7 +239,7 @@ impl NodeRegistry for SqliteNodeRegistry {
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
         let last: Option<i64> = sqlx::query_scalar(
             "DELETE FROM tenure_nodes WHERE node_id = ?1 RETURNING last_heartbeat",
         )

@@ -1,4 +1,4 @@
-//! The shared conformance suite on SQLite files, with store time from a manual clock.
+//! The shared conformance suite on SQLite files, with store time from manual host clocks.
 //!
 //! Each scenario gets a fresh file in its own temporary directory; `reopen` opens a new
 //! pool on the same file (a "process restart" that keeps the clock), and time passes by
@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tempfile::TempDir;
-use tenure::{LeaseStore, ManualClock, NodeRegistry};
-use tenure_sqlite::{SqliteLeaseStore, SqliteNodeRegistry, SqliteOptions};
+use tenure::{LeaseStore, NodeRegistry};
+use tenure_sqlite::{ManualHostClock, SqliteLeaseStore, SqliteNodeRegistry, SqliteOptions};
 use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 
 struct Sqlite;
@@ -21,7 +21,7 @@ fn start() -> SystemTime {
 
 struct SqliteFixture {
     dir: TempDir,
-    clock: ManualClock,
+    clock: ManualHostClock,
     store: Arc<SqliteLeaseStore>,
 }
 
@@ -35,7 +35,7 @@ impl SqliteFixture {
 impl LeaseBackend for Sqlite {
     async fn create(&self) -> Box<dyn LeaseFixture> {
         let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(start());
+        let clock = ManualHostClock::new(start());
         let options = SqliteOptions::new().with_clock(clock.clone());
         let store = SqliteLeaseStore::open_with(dir.path().join("tenure.db"), options)
             .await
@@ -75,7 +75,7 @@ impl LeaseFixture for SqliteFixture {
 
 struct SqliteRegistryFixture {
     _dir: TempDir,
-    clock: ManualClock,
+    clock: ManualHostClock,
     registry: Arc<SqliteNodeRegistry>,
 }
 
@@ -83,7 +83,7 @@ struct SqliteRegistryFixture {
 impl RegistryBackend for Sqlite {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(start());
+        let clock = ManualHostClock::new(start());
         let options = SqliteOptions::new().with_clock(clock.clone());
         let registry = SqliteNodeRegistry::open_with(dir.path().join("tenure.db"), ttl, options)
             .await

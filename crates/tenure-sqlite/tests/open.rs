@@ -273,3 +273,134 @@ async fn connect_parses_urls() {
     let reason = path_error(connect(&format!("sqlite:{}", missing.display())).await);
     assert!(reason.contains("does not exist"), "{reason}");
 }
+
+/// The tables of schema 1 (wall-clock nanoseconds, a high-water mark), as that
+/// version of tenure created them.
+const SCHEMA_1: &str = "
+CREATE TABLE tenure_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+CREATE TABLE tenure_clock (id INTEGER PRIMARY KEY CHECK (id = 0), high_water INTEGER NOT NULL);
+CREATE TABLE tenure_leases (role TEXT PRIMARY KEY NOT NULL, holder TEXT,
+    token INTEGER NOT NULL CHECK (token >= 1), expires_at INTEGER NOT NULL);
+CREATE TABLE tenure_nodes (node_id TEXT PRIMARY KEY NOT NULL, last_heartbeat INTEGER NOT NULL,
+    first_seen INTEGER NOT NULL, metadata TEXT NOT NULL);
+CREATE INDEX tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
+CREATE TABLE tenure_fences (resource TEXT PRIMARY KEY NOT NULL, highest INTEGER NOT NULL);
+INSERT INTO tenure_meta VALUES ('schema_version', 1);
+";
+
+/// Setup: a schema-1 file at wall time t0 whose high-water mark is t0 + 2 s (its store
+/// time then), with a live lease (token 7, expiring t0 + 7 s), an expired one (token 3),
+/// a released one (token 9), a live and a lapsed node, and a fence. Opening it migrates
+/// it in place: every token and fence is kept, the live lease keeps exactly the 5 s it
+/// had left on the old store time, the others are free with the next token, and the
+/// old clock table is gone (so an old tenure still running fails instead of writing
+/// wall-clock times).
+#[tokio::test]
+async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
+    use std::time::SystemTime;
+    use tenure::NodeRegistry;
+    use tenure_sqlite::{ManualHostClock, SqliteOptions};
+
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let at = |secs: i64| 1_800_000_000_000_000_000_i64 + secs * 1_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        for statement in SCHEMA_1.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            sqlx::query(statement).execute(&pool).await.unwrap();
+        }
+        sqlx::query("INSERT INTO tenure_clock VALUES (0, ?1)")
+            .bind(at(2))
+            .execute(&pool)
+            .await
+            .unwrap();
+        for (role, holder, token, expires) in [
+            ("live", Some("old-a"), 7, at(7)),
+            ("expired", Some("old-b"), 3, at(1)),
+            ("released", None, 9, at(-5)),
+        ] {
+            sqlx::query("INSERT INTO tenure_leases VALUES (?1, ?2, ?3, ?4)")
+                .bind(role)
+                .bind(holder)
+                .bind(token)
+                .bind(expires)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        for (node, last) in [("fresh", at(1)), ("lapsed", at(-20))] {
+            sqlx::query("INSERT INTO tenure_nodes VALUES (?1, ?2, ?2, '{}')")
+                .bind(node)
+                .bind(last)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query("INSERT INTO tenure_fences VALUES ('ledger', 7)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+
+    let clock = ManualHostClock::new(t0);
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
+    assert_eq!(live.remaining(), Duration::from_secs(5));
+    let registry = db.node_registry(Duration::from_secs(10)).unwrap();
+    assert_eq!(registry.live_nodes().await.unwrap(), ["fresh"]);
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name = 'tenure_clock'")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert!(tables.is_empty(), "the schema-1 clock table must be gone");
+    let version: i64 =
+        sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(version, 2);
+    assert_eq!(
+        db.fence().highest("ledger").await.unwrap(),
+        Some(tenure::FencingToken::from(7))
+    );
+
+    for (role, next) in [("expired", 4), ("released", 10)] {
+        let lease = store.try_acquire_or_renew(role, "new", TTL).await.unwrap();
+        assert!(lease.acquired, "{role}: {lease:?}");
+        assert_eq!(lease.fencing_token.get(), next, "{role}");
+    }
+    let refused = store
+        .try_acquire_or_renew("live", "new", TTL)
+        .await
+        .unwrap();
+    assert!(!refused.acquired, "{refused:?}");
+    clock.advance(Duration::from_secs(5));
+    let taken = store
+        .try_acquire_or_renew("live", "new", TTL)
+        .await
+        .unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    assert_eq!(taken.fencing_token.get(), 8);
+    // A second open finds the file current and changes nothing.
+    let again = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(
+        again
+            .lease_store()
+            .get("live")
+            .await
+            .unwrap()
+            .unwrap()
+            .fencing_token
+            .get(),
+        8
+    );
+}

@@ -1,133 +1,20 @@
-//! Behaviour beyond the shared suite: monotonic store time, waking waiters, fenced
-//! transactions, and the elector over a SQLite file.
+//! Behaviour beyond the shared suite: waking waiters, fenced transactions, and the
+//! elector over a SQLite file (store time under clock steps is in `clock_step.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use tenure::{
-    Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore,
-    ManualClock, NodeRegistry,
-};
+use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteOptions};
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-async fn open_at(path: &std::path::Path, clock: &ManualClock) -> SqliteDatabase {
-    SqliteDatabase::open_with(path, SqliteOptions::new().with_clock(clock.clone()))
-        .await
-        .unwrap()
-}
-
-/// Setup: a lease taken at t0 with a 10 s TTL; the clock moves to t0+10 s and a write
-/// records that time; then the wall clock steps back to t0+5 s and the file is reopened.
-/// The expired term must not come back to life (its holder gets a new token, its old
-/// token cannot be released) and must not look live to anyone else (who may take it).
-#[tokio::test]
-async fn clock_step_back_neither_revives_nor_extends() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("clock.db");
-    let clock = ManualClock::new(t0());
-    let db = open_at(&path, &clock).await;
-    let store = db.lease_store();
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
-    assert_eq!(a.expires_at, t0() + TTL);
-
-    tracing::info!("--- time passes the expiry and a write sees it");
-    clock.advance(TTL);
-    let other = store
-        .try_acquire_or_renew("other-role", "node-x", TTL)
-        .await
-        .unwrap();
-    assert_eq!(other.now, t0() + TTL);
-
-    tracing::info!("--- the wall clock steps back; a new process opens the file");
-    clock.set(t0() + secs(5));
-    let reopened = open_at(&path, &clock).await.lease_store();
-    let info = reopened.get("r").await.unwrap().unwrap();
-    assert_eq!(info.now, t0() + TTL, "reads use the persisted store time");
-    assert_eq!(info.live_holder(), None, "the expired term stays expired");
-    assert!(
-        !reopened
-            .release("r", "node-a", a.fencing_token)
-            .await
-            .unwrap(),
-        "an expired term cannot be released as if live"
-    );
-    // Without the persisted time, b would be refused until t0+10 s: the lease extended.
-    let b = reopened
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
-    assert!(b.acquired, "the lease is free on store time: {b:?}");
-    assert_eq!(b.fencing_token.get(), 2);
-    assert_eq!(b.now, t0() + TTL);
-    assert_eq!(b.expires_at, t0() + TTL + TTL);
-
-    tracing::info!("--- the old holder cannot revive its term either");
-    clock.set(t0() + secs(1));
-    let late = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
-    assert!(!late.acquired);
-    assert_eq!(late.holder, "node-b");
-    assert!(
-        late.now >= t0() + TTL,
-        "store time never went back: {late:?}"
-    );
-
-    tracing::info!("--- b's own lapse cannot be resumed after another step back");
-    clock.set(t0() + TTL + TTL);
-    let c = store
-        .try_acquire_or_renew("r2", "node-c", TTL)
-        .await
-        .unwrap();
-    assert_eq!(c.now, t0() + TTL + TTL);
-    clock.set(t0() + TTL);
-    let again = reopened
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
-    assert!(again.acquired);
-    assert_eq!(
-        again.fencing_token.get(),
-        3,
-        "a lapsed term is a new term, even for its own holder"
-    );
-}
-
-/// Heartbeat times follow the same never-decreasing store time.
-#[tokio::test]
-async fn registry_time_never_goes_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new(t0());
-    let db = open_at(&dir.path().join("nodes.db"), &clock).await;
-    let registry = db.node_registry(secs(10)).unwrap();
-    clock.advance(secs(20));
-    registry.heartbeat("node-a").await.unwrap();
-    clock.set(t0());
-    registry.heartbeat("node-b").await.unwrap();
-    let members = registry.members().await.unwrap();
-    assert_eq!(members.len(), 2);
-    for member in members {
-        assert_eq!(member.last_heartbeat, t0() + secs(20), "{member:?}");
-        assert_eq!(member.now, t0() + secs(20));
-    }
 }
 
 /// A waiter on the same database is woken by the release itself, not by polling: with

@@ -1,0 +1,298 @@
+//! Store time under host clock events: wall-clock steps (which must change nothing but
+//! the times shown) and reboots (which end every lease and keep every token).
+//!
+//! Each test drives a [`ManualHostClock`]: `advance` is time passing, `set_wall` an NTP
+//! step or `date -s` (the monotonic clock stays), `reboot` a new boot id. Two opens of
+//! one file stand for two processes on the host.
+
+use std::time::{Duration, SystemTime};
+
+use tenure::{LeaseStore, NodeRegistry};
+use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatabase {
+    SqliteDatabase::open_with(path, SqliteOptions::new().with_clock(clock.clone()))
+        .await
+        .unwrap()
+}
+
+/// Setup: node-a acquires with a 10 s TTL; the wall clock steps forward 20 s while no
+/// monotonic time passes. Another process's node-b must not acquire (the lease has all
+/// of its 10 s left), and node-a's renewal keeps its token. Answers show the stepped
+/// wall clock, with `expires_at - now` exact.
+#[tokio::test]
+async fn wall_step_forward_keeps_a_live_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.db");
+    let clock = ManualHostClock::new(t0());
+    let holder = open_at(&path, &clock).await.lease_store();
+    let other = open_at(&path, &clock).await.lease_store();
+    let a = holder
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+
+    tracing::info!("--- the wall clock steps forward 20 s");
+    clock.set_wall(t0() + secs(20));
+    let b = other
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(
+        !b.acquired,
+        "a wall step forward expired a live lease: {b:?}"
+    );
+    assert_eq!(b.holder, "node-a");
+    assert_eq!(b.fencing_token, a.fencing_token);
+    assert_eq!(b.now, t0() + secs(20), "answers show the wall clock");
+    assert_eq!(
+        b.expires_at,
+        t0() + secs(20) + TTL,
+        "all of the TTL is left"
+    );
+    let info = other.get("r").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-a"));
+    assert_eq!(info.remaining(), TTL);
+
+    let renewed = holder
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(renewed.acquired);
+    assert_eq!(
+        renewed.fencing_token, a.fencing_token,
+        "a renewal, not a new term"
+    );
+
+    tracing::info!("--- monotonic time passes: the lease expires exactly a TTL later");
+    clock.advance(TTL - Duration::from_nanos(1));
+    assert!(
+        !other
+            .try_acquire_or_renew("r", "node-b", TTL)
+            .await
+            .unwrap()
+            .acquired
+    );
+    clock.advance(Duration::from_nanos(1));
+    let taken = other
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(taken.acquired);
+    assert_eq!(taken.fencing_token.get(), a.fencing_token.get() + 1);
+}
+
+/// Setup: the wall clock steps forward an hour and a write happens there, then it steps
+/// back two hours (the old store kept a high-water mark here and froze store time for an
+/// hour). node-a acquires and crashes: its lease still expires after exactly one TTL of
+/// monotonic time, and its lapsed term cannot be revived or released.
+#[tokio::test]
+async fn crashed_holder_expires_after_steps_back_and_forth() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.db");
+    let clock = ManualHostClock::new(t0());
+    let store = open_at(&path, &clock).await.lease_store();
+
+    tracing::info!("--- forward an hour, a write, back two hours");
+    clock.set_wall(t0() + secs(3600));
+    store
+        .try_acquire_or_renew("other", "node-x", TTL)
+        .await
+        .unwrap();
+    clock.set_wall(t0() - secs(3600));
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    assert_eq!(a.now, t0() - secs(3600));
+
+    tracing::info!("--- node-a crashes; a TTL of monotonic time passes");
+    clock.advance(TTL - Duration::from_nanos(1));
+    let early = store
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(!early.acquired, "{early:?}");
+    clock.advance(Duration::from_nanos(1));
+    clock.set_wall(t0() + secs(7200));
+    let b = store
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(
+        b.acquired,
+        "the crashed holder's lease never expired: {b:?}"
+    );
+    assert_eq!(b.fencing_token.get(), 2);
+
+    let revived = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(!revived.acquired, "{revived:?}");
+    assert!(!store.release("r", "node-a", a.fencing_token).await.unwrap());
+}
+
+/// Setup: leases on two roles (one released), and a heartbeat; the host reboots. Before
+/// any write, reads already show no live lease and no live node; the first write (by
+/// either of two processes) starts the new boot once: every token continues from where
+/// it was, and a lease taken after the switch is not expired by a later write.
+#[tokio::test]
+async fn new_boot_expires_every_lease_and_keeps_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("boot.db");
+    let clock = ManualHostClock::new(t0());
+    let first = open_at(&path, &clock).await;
+    let second = open_at(&path, &clock).await;
+    let store = first.lease_store();
+    let registry = first.node_registry(TTL).unwrap();
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    for owner in ["node-x", "node-y", "node-z"] {
+        let lease = store.try_acquire_or_renew("q", owner, TTL).await.unwrap();
+        assert!(store
+            .release("q", owner, lease.fencing_token)
+            .await
+            .unwrap());
+    }
+    registry.heartbeat("node-a").await.unwrap();
+    clock.advance(secs(1));
+
+    tracing::info!("--- reboot: the monotonic clock restarts, the boot id changes");
+    clock.reboot();
+    let info = second.lease_store().get("r").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), None, "a lease of a past boot: {info:?}");
+    assert_eq!(info.fencing_token, a.fencing_token);
+    assert!(second
+        .node_registry(TTL)
+        .unwrap()
+        .live_nodes()
+        .await
+        .unwrap()
+        .is_empty());
+
+    let b = second
+        .lease_store()
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(b.acquired, "{b:?}");
+    assert_eq!(b.fencing_token.get(), a.fencing_token.get() + 1);
+    // The other process's write must not start the boot again (it would end b's term).
+    let q = store
+        .try_acquire_or_renew("q", "node-q", TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        q.fencing_token.get(),
+        4,
+        "the released role's counter goes on"
+    );
+    let refused = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(
+        !refused.acquired,
+        "b's new term must stay live: {refused:?}"
+    );
+    assert_eq!(refused.holder, "node-b");
+    assert!(!store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(registry.members().await.unwrap().is_empty());
+    registry.heartbeat("node-a").await.unwrap();
+    assert_eq!(registry.live_nodes().await.unwrap(), ["node-a"]);
+}
+
+/// Setup: a heartbeat with a 10 s liveness TTL; the wall clock steps forward 20 s and
+/// then back 20 s. The node stays live throughout (no monotonic time passed), its times
+/// are shown on the current wall clock, and it lapses after exactly one TTL.
+#[tokio::test]
+async fn wall_steps_do_not_change_membership() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualHostClock::new(t0());
+    let db = open_at(&dir.path().join("nodes.db"), &clock).await;
+    let registry = db.node_registry(TTL).unwrap();
+    registry.heartbeat("node-a").await.unwrap();
+    clock.advance(secs(2));
+    for wall in [t0() + secs(22), t0() - secs(18)] {
+        clock.set_wall(wall);
+        let members = registry.members().await.unwrap();
+        let a = members
+            .iter()
+            .find(|m| m.node_id == "node-a")
+            .unwrap_or_else(|| panic!("node-a lapsed on a wall step: {members:?}"));
+        assert_eq!(a.now, wall);
+        assert_eq!(a.last_heartbeat, wall - secs(2));
+        registry.heartbeat("node-b").await.unwrap();
+    }
+    clock.advance(secs(8) - Duration::from_nanos(1));
+    assert_eq!(registry.live_nodes().await.unwrap(), ["node-a", "node-b"]);
+    clock.advance(Duration::from_nanos(1));
+    assert_eq!(registry.live_nodes().await.unwrap(), ["node-b"]);
+}
+
+/// Setup: a lease at token 5 on a file shared by four opens (processes); the host
+/// reboots and 32 contenders race on the role across the four at once. The new boot is
+/// started by exactly one write transaction: exactly one contender wins, with token 6,
+/// and every other sees that winner (a second start would end the winner's term and let
+/// another win).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_boot_is_started_once_under_contention() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    let clock = ManualHostClock::new(t0());
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(open_at(&path, &clock).await.lease_store());
+    }
+    for i in 0..5 {
+        let owner = format!("before-{i}");
+        let lease = stores[0]
+            .try_acquire_or_renew("r", &owner, TTL)
+            .await
+            .unwrap();
+        if i < 4 {
+            assert!(stores[0]
+                .release("r", &owner, lease.fencing_token)
+                .await
+                .unwrap());
+        }
+    }
+    clock.reboot();
+    let racers: Vec<_> = (0..32)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            tokio::spawn(async move {
+                let owner = format!("after-{i}");
+                let lease = store.try_acquire_or_renew("r", &owner, TTL).await.unwrap();
+                (owner, lease)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut holders = std::collections::BTreeSet::new();
+    for racer in racers {
+        let (owner, lease) = racer.await.unwrap();
+        holders.insert(lease.holder.clone());
+        if lease.acquired {
+            assert_eq!(lease.fencing_token.get(), 6, "{lease:?}");
+            winners.push(owner);
+        }
+    }
+    assert_eq!(winners.len(), 1, "one winner after the reboot: {winners:?}");
+    assert_eq!(holders.into_iter().collect::<Vec<_>>(), winners);
+}
