@@ -1,4 +1,4 @@
-//! A seeded simulation of the fenced elector under faults, checking SPEC invariants 1-4
+//! A seeded simulation of the fenced elector under faults, checking invariants 1-4 of `docs/semantics.md`
 //! after every step.
 //!
 //! Each schedule is a fresh current-thread runtime with paused time: 3-5 electors on one
@@ -132,7 +132,7 @@ enum Violation {
         owner: String,
         first_owner: String,
     },
-    /// Invariant 1 (SPEC 2.2): a lapsed or released term was renewed under its old token.
+    /// Invariant 1 (a lapsed term is never resumed): a lapsed or released term was renewed under its old token.
     LapsedTermResumed {
         at_ms: u64,
         token: u64,
