@@ -2,10 +2,9 @@
 //! on SQLite, on a throwaway PostgreSQL server and (feature `etcd`) on a throwaway etcd
 //! server, plus the negative controls that prove the checker can fail.
 //!
-//! Sized for CI: TTL 1 s, a fault every 200-250 ms on average; the passing rounds inject
-//! at least 80 + 80 + 60 = 220 faults between them (and the SQLite clock-step round 30
-//! more). Each run prints its report (visible
-//! with `--nocapture`).
+//! Sized for CI: TTL 1 s, a fault every 140-180 ms on average; each backend's passing
+//! round injects at least 200 faults (and the SQLite clock-step round 30 more). Each run
+//! prints its report (visible with `--nocapture`).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -76,21 +75,30 @@ fn violation_kinds(report: &Value) -> Vec<String> {
 struct Expect<'a> {
     /// Fault kinds that must each have been injected.
     kinds: &'a [&'a str],
+    /// How long the round runs.
+    duration: &'a str,
     /// Faults injected, at least.
     faults: u64,
     /// Writes acknowledged, at least.
     admitted: u64,
 }
 
-/// Runs a round that must pass: 5 workers, 25 s of faults, TTL 1 s, plus `args`. No
+/// Runs a round that must pass: 5 workers, TTL 1 s, plus `args`. No
 /// violation (exit 0); enough faults of every expected kind; fenced writes flow and
 /// leadership moves; every acknowledged write is in the log, which holds nothing else
 /// but writes whose outcome their worker never learnt; and a write is admitted after
 /// every fault. Returns the report for the round's own checks.
 fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
-    let mut all = vec!["--workers", "5", "--duration", "25s", "--ttl", "1s"];
+    let mut all = vec![
+        "--workers",
+        "5",
+        "--duration",
+        expect.duration,
+        "--ttl",
+        "1s",
+    ];
     all.extend_from_slice(args);
-    let (code, report) = chaos(&all, Duration::from_secs(120));
+    let (code, report) = chaos(&all, Duration::from_secs(180));
     assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
     assert_eq!(code, 0);
     assert!(
@@ -162,7 +170,7 @@ fn unfenced_is_caught(mut args: Vec<&str>) {
 }
 
 /// SQLite: pauses, kills, kills-mid-transaction and wall-clock steps of the workers
-/// (libfaketime), a fault every 200 ms (the store never wedges: see
+/// (libfaketime), a fault every 140 ms (the store never wedges: see
 /// `tenure_chaos::backend::DetachedLeases`).
 #[test]
 fn sqlite_round_passes() {
@@ -171,7 +179,7 @@ fn sqlite_round_passes() {
             "--store",
             "sqlite:throwaway",
             "--fault-every",
-            "200ms",
+            "140ms",
             "--faults",
             "pause,kill,restart,clock",
             "--seed",
@@ -179,7 +187,8 @@ fn sqlite_round_passes() {
         ],
         Expect {
             kinds: &["pause", "kill", "restart", "clock"],
-            faults: 80,
+            duration: "36s",
+            faults: 200,
             admitted: 50,
         },
     );
@@ -229,7 +238,7 @@ fn sqlite_without_the_fence_is_caught() {
 
 /// A throwaway PostgreSQL server owned by the run: pauses, kills, server restarts
 /// (clean and crashed) and cuts (proxy resets, proxy blackholes, `pg_terminate_backend`),
-/// a fault every 200 ms.
+/// a fault every 160 ms.
 #[test]
 fn postgres_round_passes() {
     let report = passing_round(
@@ -237,13 +246,14 @@ fn postgres_round_passes() {
             "--store",
             "postgres:throwaway",
             "--fault-every",
-            "200ms",
+            "160ms",
             "--seed",
             "13",
         ],
         Expect {
             kinds: &["pause", "kill", "restart", "cut"],
-            faults: 80,
+            duration: "50s",
+            faults: 200,
             admitted: 60,
         },
     );
@@ -278,7 +288,7 @@ fn postgres_without_the_fence_is_caught() {
 }
 
 /// A throwaway etcd server owned by the run: pauses, kills, server restarts (clean and
-/// crashed) and proxy cuts (resets and blackholes), a fault every 250 ms. Leaders write
+/// crashed) and proxy cuts (resets and blackholes), a fault every 180 ms. Leaders write
 /// through etcd fenced transactions.
 #[cfg(feature = "etcd")]
 #[test]
@@ -288,13 +298,14 @@ fn etcd_round_passes() {
             "--store",
             "etcd:throwaway",
             "--fault-every",
-            "250ms",
+            "180ms",
             "--seed",
             "17",
         ],
         Expect {
             kinds: &["pause", "kill", "restart", "cut"],
-            faults: 60,
+            duration: "55s",
+            faults: 200,
             admitted: 60,
         },
     );
