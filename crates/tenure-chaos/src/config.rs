@@ -228,9 +228,6 @@ pub struct ChaosConfig {
     /// How long a SQLite statement waits for another process's write lock; `None`
     /// means TTL/2, below the elector's local window (see [`crate::backend::Backend::open`]).
     pub sqlite_busy_timeout: Option<Duration>,
-    /// Give the workers' electors the SQLite lease store as is, without
-    /// [`crate::backend::DetachedLeases`]: reproduces the wedge described in the crate docs.
-    pub sqlite_raw_leases: bool,
     /// The program to run as a worker and the arguments that put it in worker mode
     /// (`tenure chaos-worker`).
     pub worker_command: (PathBuf, Vec<String>),

@@ -70,7 +70,6 @@ impl Spawner {
             app_name: self.app_name.clone(),
             unsafe_skip_fence: self.config.unsafe_skip_fence,
             sqlite_busy: self.config.sqlite_busy(),
-            sqlite_raw_leases: self.config.sqlite_raw_leases,
             via: self.via.clone(),
         };
         let log =

@@ -17,7 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::backend::{Backend, Connect, DetachedLeases, Entry, WriteOutcome};
+use crate::backend::{Backend, Connect, Entry, WriteOutcome};
 use crate::history::{EventKind, HistoryWriter};
 use crate::ChaosError;
 
@@ -42,8 +42,6 @@ pub struct WorkerArgs {
     pub unsafe_skip_fence: bool,
     /// SQLite busy timeout (see [`Backend::open`]).
     pub sqlite_busy: Duration,
-    /// Give the elector the SQLite lease store as is, not behind [`DetachedLeases`].
-    pub sqlite_raw_leases: bool,
     /// Proxies to reach the store through (see [`Connect::via`]); empty: direct.
     pub via: Vec<SocketAddr>,
 }
@@ -70,9 +68,6 @@ impl WorkerArgs {
         ];
         if self.unsafe_skip_fence {
             flags.push("--unsafe-skip-fence".to_owned());
-        }
-        if self.sqlite_raw_leases {
-            flags.push("--sqlite-raw-leases".to_owned());
         }
         if !self.via.is_empty() {
             flags.push("--via".to_owned());
@@ -131,13 +126,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
         retry_interval: args.ttl / 2,
         ..Default::default()
     };
-    let leases = match &backend {
-        Backend::Sqlite(_) if !args.sqlite_raw_leases => {
-            Arc::new(DetachedLeases::new(backend.leases())) as Arc<dyn tenure::LeaseStore>
-        }
-        _ => backend.leases(),
-    };
-    let elector = LeaseLeaderElector::new(leases, options)?;
+    let elector = LeaseLeaderElector::new(backend.leases(), options)?;
     let seq = Arc::new(AtomicU64::new(0));
     let role = args.role.clone();
     elector

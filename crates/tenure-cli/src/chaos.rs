@@ -54,10 +54,6 @@ pub struct ChaosArgs {
     /// Above the TTL, an acquire the elector abandons can leave the lock held for good.
     #[arg(long, value_parser = parse_duration)]
     sqlite_busy_timeout: Option<Duration>,
-    /// Give the workers' electors the SQLite lease store without the cancel-safe
-    /// wrapper, to reproduce the store wedge `tenure chaos` found (see tenure-chaos docs).
-    #[arg(long)]
-    sqlite_raw_leases: bool,
     /// Keep histories and worker logs in this directory (default: a temporary one,
     /// removed when the run passes).
     #[arg(long)]
@@ -83,8 +79,6 @@ pub struct WorkerFlags {
     unsafe_skip_fence: bool,
     #[arg(long)]
     sqlite_busy_ms: u64,
-    #[arg(long)]
-    sqlite_raw_leases: bool,
     /// Proxies to reach the store through, comma-separated `IP:PORT`s.
     #[arg(long, value_delimiter = ',')]
     via: Vec<std::net::SocketAddr>,
@@ -113,7 +107,6 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
         write_every: args.write_every,
         unsafe_skip_fence: args.unsafe_skip_fence,
         sqlite_busy_timeout: args.sqlite_busy_timeout,
-        sqlite_raw_leases: args.sqlite_raw_leases,
         worker_command: (std::env::current_exe()?, vec!["chaos-worker".to_owned()]),
         run_dir: args.dir,
     };
@@ -150,7 +143,6 @@ pub fn worker(flags: WorkerFlags) -> anyhow::Result<u8> {
         app_name: flags.app_name,
         unsafe_skip_fence: flags.unsafe_skip_fence,
         sqlite_busy: Duration::from_millis(flags.sqlite_busy_ms),
-        sqlite_raw_leases: flags.sqlite_raw_leases,
         via: flags.via,
     };
     crate::runtime()?

@@ -170,8 +170,8 @@ fn unfenced_is_caught(mut args: Vec<&str>) {
 }
 
 /// SQLite: pauses, kills, kills-mid-transaction and wall-clock steps of the workers
-/// (libfaketime), a fault every 140 ms (the store never wedges: see
-/// `tenure_chaos::backend::DetachedLeases`).
+/// (libfaketime), a fault every 140 ms, on the lease store as it is: an acquire the
+/// elector abandons mid-`BEGIN IMMEDIATE` must not wedge the file (every fault recovers).
 #[test]
 fn sqlite_round_passes() {
     let report = passing_round(
