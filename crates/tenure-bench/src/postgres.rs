@@ -244,6 +244,7 @@ impl Client for RawClient {
             .bind(micros(REGISTRY_TTL))
             .bind(node)
             .bind(None::<String>)
+            .bind(format!("tenure-members:{SCHEMA}"))
             .execute(&mut self.conn)
             .await
             .map_err(err("raw heartbeat"))?;

@@ -452,4 +452,23 @@ impl NodeRegistry for EtcdNodeRegistry {
     fn ttl(&self) -> Duration {
         self.ttl
     }
+
+    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
+        // Watch first, then read: a change between the two is in the read or the watch.
+        let changed = async {
+            let mut watch = self.watch_members().await?;
+            if self.live_nodes().await? == observed {
+                watch.next().await?;
+            }
+            Ok::<(), Error>(())
+        };
+        match tokio::time::timeout_at(deadline, changed).await {
+            Ok(Ok(())) | Err(_) => {}
+            // No push channel: sleep to the deadline rather than return in a loop.
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "cannot watch the membership; sleeping to the deadline");
+                tokio::time::sleep_until(deadline).await;
+            }
+        }
+    }
 }

@@ -84,6 +84,9 @@ impl LeaseFixture for EtcdFixture {
 }
 
 struct EtcdRegistryFixture {
+    endpoints: Vec<String>,
+    prefix: String,
+    ttl: Duration,
     registry: Arc<EtcdNodeRegistry>,
 }
 
@@ -92,9 +95,12 @@ impl RegistryBackend for Etcd {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let endpoints = vec![EtcdServer::shared().expect("shared etcd server").endpoint()];
         let client = common::client(&endpoints).await;
-        let registry =
-            EtcdNodeRegistry::new(client, &common::unique_prefix("registry"), ttl).unwrap();
+        let prefix = common::unique_prefix("registry");
+        let registry = EtcdNodeRegistry::new(client, &prefix, ttl).unwrap();
         Box::new(EtcdRegistryFixture {
+            endpoints,
+            prefix,
+            ttl,
             registry: Arc::new(registry),
         })
     }
@@ -104,6 +110,11 @@ impl RegistryBackend for Etcd {
 impl RegistryFixture for EtcdRegistryFixture {
     fn registry(&self) -> Arc<dyn NodeRegistry> {
         self.registry.clone()
+    }
+
+    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
+        let client = common::client(&self.endpoints).await;
+        Arc::new(EtcdNodeRegistry::new(client, &self.prefix, self.ttl).unwrap())
     }
 
     async fn pass_time(&self, by: Duration) {

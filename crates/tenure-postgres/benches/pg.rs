@@ -126,6 +126,7 @@ impl Client {
                     .bind(micros(REGISTRY_TTL))
                     .bind(&*node)
                     .bind(None::<String>)
+                    .bind("tenure-members:bench")
                     .execute(conn)
                     .await
                     .expect("raw heartbeat");

@@ -34,12 +34,11 @@ use sqlx::{PgPool, Row};
 use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
 use time::OffsetDateTime;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
-use crate::notify::{ListenState, Notifier};
+use crate::notify::Notifier;
 use crate::schema::Schema;
 
 /// The longest TTL accepted: PostgreSQL timestamps end in 294276 AD, and a lease that
@@ -278,73 +277,15 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        // Subscribe first, then check the row, then wait: a change committed between
-        // the check and the wait is still seen as a notification.
-        let (mut events, mut state) = self.inner.notifier.subscribe();
-        let generation = loop {
-            let current = *state.borrow_and_update();
-            match current {
-                ListenState::Listening(generation) => break generation,
-                ListenState::Down => {
-                    // No push channel: sleep until it is back (then re-check) or the
-                    // deadline, never spin.
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => return,
-                        changed = state.changed() => if changed.is_err() {
-                            tokio::time::sleep_until(deadline).await;
-                            return;
-                        },
-                    }
-                }
-            }
+        let unchanged = async {
+            let info = self.fetch_info(role).await?;
+            Ok(info
+                .is_some_and(|info| info.fencing_token == observed && info.live_holder().is_some()))
         };
-        match self.fetch_info(role).await {
-            Ok(Some(info)) if info.fencing_token == observed && info.live_holder().is_some() => {}
-            Ok(_) => return,
-            Err(error) => {
-                tracing::debug!(role, %error, "could not re-check the lease before waiting; sleeping to the deadline");
-                tokio::time::sleep_until(deadline).await;
-                return;
-            }
-        }
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return,
-                event = events.recv() => match event {
-                    Ok(changed) if &*changed == role => return,
-                    Ok(_) => {}
-                    // Missed some: one of them may have been ours.
-                    Err(RecvError::Lagged(_)) => return,
-                    Err(RecvError::Closed) => {
-                        tokio::time::sleep_until(deadline).await;
-                        return;
-                    }
-                },
-                changed = state.changed() => {
-                    if changed.is_err() {
-                        tokio::time::sleep_until(deadline).await;
-                        return;
-                    }
-                    let now = *state.borrow_and_update();
-                    if now != ListenState::Listening(generation) {
-                        // Notifications may have been lost in the gap: wait until the
-                        // listener is back (or the deadline) and let the caller re-check.
-                        loop {
-                            if matches!(*state.borrow_and_update(), ListenState::Listening(_)) {
-                                return;
-                            }
-                            tokio::select! {
-                                _ = tokio::time::sleep_until(deadline) => return,
-                                changed = state.changed() => if changed.is_err() {
-                                    tokio::time::sleep_until(deadline).await;
-                                    return;
-                                },
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        self.inner
+            .notifier
+            .wait(deadline, unchanged, |payload| payload == role)
+            .await;
     }
 
     fn min_ttl(&self) -> Duration {

@@ -1,7 +1,9 @@
-//! One LISTEN connection per lease store, shared by every waiting contender.
+//! One LISTEN connection per store (the lease store, the registry), shared by every
+//! waiter.
 //!
-//! Release and every change of term send `NOTIFY` on the schema's channel with the
-//! role as payload (inside the same statement, so it is delivered exactly at commit).
+//! Release and every change of term send `NOTIFY` on the schema's lease channel with the
+//! role as payload, and a join or leave on its membership channel (inside the same
+//! statement, so it is delivered exactly at commit).
 //! The listener task is started on the first wait, fans notifications out through a
 //! broadcast channel, and publishes whether it is currently listening. When its
 //! connection fails it reconnects with a backoff; waiters then fall back to sleeping to
@@ -12,8 +14,10 @@ use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -70,6 +74,87 @@ impl Notifier {
             )));
         }
         (events, state)
+    }
+}
+
+impl Notifier {
+    /// Waits until a notification whose payload `matches` arrives, or `deadline`.
+    ///
+    /// Subscribes first, then runs `unchanged` (a read of what the caller observed:
+    /// `Ok(true)` while nothing changed), then waits: a change committed between the read
+    /// and the wait still arrives as a notification. Returns at once when the read says
+    /// something changed. Without a working listener (down, or notifications lost in a
+    /// reconnect gap) it never spins: it sleeps until the listener is back or the
+    /// deadline, and lets the caller read again.
+    pub(crate) async fn wait(
+        &self,
+        deadline: Instant,
+        unchanged: impl std::future::Future<Output = tenure::Result<bool>>,
+        matches: impl Fn(&str) -> bool,
+    ) {
+        let (mut events, mut state) = self.subscribe();
+        let generation = loop {
+            let current = *state.borrow_and_update();
+            match current {
+                ListenState::Listening(generation) => break generation,
+                ListenState::Down => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => return,
+                        changed = state.changed() => if changed.is_err() {
+                            tokio::time::sleep_until(deadline).await;
+                            return;
+                        },
+                    }
+                }
+            }
+        };
+        match unchanged.await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                debug!(%error, "could not re-check before waiting; sleeping to the deadline");
+                tokio::time::sleep_until(deadline).await;
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                event = events.recv() => match event {
+                    Ok(payload) if matches(&payload) => return,
+                    Ok(_) => {}
+                    // Missed some: one of them may have been ours.
+                    Err(RecvError::Lagged(_)) => return,
+                    Err(RecvError::Closed) => {
+                        tokio::time::sleep_until(deadline).await;
+                        return;
+                    }
+                },
+                changed = state.changed() => {
+                    if changed.is_err() {
+                        tokio::time::sleep_until(deadline).await;
+                        return;
+                    }
+                    let now = *state.borrow_and_update();
+                    if now != ListenState::Listening(generation) {
+                        // Notifications may have been lost in the gap: wait until the
+                        // listener is back (or the deadline) and let the caller re-check.
+                        loop {
+                            if matches!(*state.borrow_and_update(), ListenState::Listening(_)) {
+                                return;
+                            }
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(deadline) => return,
+                                changed = state.changed() => if changed.is_err() {
+                                    tokio::time::sleep_until(deadline).await;
+                                    return;
+                                },
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! A heartbeat is one upsert stamped with `statement_timestamp()`; liveness
 //! (`now < last_heartbeat + ttl`) is evaluated by the database in the same statement
-//! that reads it, so hosts' clocks never matter. Metadata is stored as `jsonb`.
+//! that reads it, so hosts' clocks never matter. Metadata is stored as `jsonb`. A join (a
+//! node's first heartbeat, or its first after it lapsed) and a leave send `NOTIFY` on the
+//! schema's membership channel in the same statement, for membership waiters.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +14,12 @@ use sqlx::{PgPool, Row};
 use tenure::lease::validate_name;
 use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
+use tokio::time::Instant;
 
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::lease::{system_time, MAX_TTL};
+use crate::notify::Notifier;
 use crate::schema::Schema;
 
 /// A [`NodeRegistry`] on PostgreSQL.
@@ -27,6 +31,9 @@ pub struct PgNodeRegistry {
     pool: PgPool,
     /// Heartbeats: one statement each, on the registry's own connections.
     direct: Arc<DirectConnections>,
+    /// Joins and leaves, pushed to [`NodeRegistry::wait_for_members_change`].
+    notifier: Arc<Notifier>,
+    channel: String,
     ttl: Duration,
     ttl_micros: i64,
     heartbeat_sql: String,
@@ -54,6 +61,8 @@ impl PgNodeRegistry {
         let live = LIVE;
         Ok(PgNodeRegistry {
             direct: Arc::new(DirectConnections::for_pool(&pool)),
+            notifier: Arc::new(Notifier::new(pool.clone(), schema.members_channel())),
+            channel: schema.members_channel(),
             pool,
             ttl,
             ttl_micros,
@@ -69,8 +78,10 @@ impl PgNodeRegistry {
                  FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
             ),
             leave_sql: format!(
-                "WITH gone AS (DELETE FROM {t} n WHERE node_id = $2 RETURNING {live} AS was_live)
-                 SELECT COALESCE(bool_or(was_live), false) FROM gone"
+                "WITH gone AS (DELETE FROM {t} n WHERE node_id = $2 RETURNING {live} AS was_live),
+                     told AS (SELECT pg_notify($3, '') FROM gone WHERE was_live)
+                 SELECT COALESCE((SELECT bool_or(was_live) FROM gone), false),
+                     (SELECT count(*) FROM told)"
             ),
         })
     }
@@ -90,7 +101,8 @@ impl PgNodeRegistry {
         let query = sqlx::query(&self.heartbeat_sql)
             .bind(self.ttl_micros)
             .bind(node_id)
-            .bind(json);
+            .bind(json)
+            .bind(&self.channel);
         self.direct.execute(WHAT, query).await
     }
 }
@@ -141,6 +153,7 @@ impl NodeRegistry for PgNodeRegistry {
         sqlx::query_scalar(&self.leave_sql)
             .bind(self.ttl_micros)
             .bind(node_id)
+            .bind(&self.channel)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| pg_error("could not remove the node", e))
@@ -149,6 +162,11 @@ impl NodeRegistry for PgNodeRegistry {
     fn ttl(&self) -> Duration {
         self.ttl
     }
+
+    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        let unchanged = async { Ok(self.live_nodes().await? == observed) };
+        self.notifier.wait(deadline, unchanged, |_| true).await;
+    }
 }
 
 /// A node is live while its last heartbeat is within the TTL ($1, in microseconds).
@@ -156,17 +174,21 @@ const LIVE: &str = "n.last_heartbeat + $1 * interval '1 microsecond' > statement
 
 /// The heartbeat upsert on node table `t` (a quoted, qualified name): a node whose last
 /// heartbeat lapsed starts a new membership (first_seen restarts); metadata is replaced
-/// only when given ($3 not null). Public only so the benchmark issues exactly the
-/// registry's statement.
+/// only when given ($3 not null); a join (a new membership) is announced on channel $4.
+/// Public only so the benchmark issues exactly the registry's statement.
 #[doc(hidden)]
 pub fn heartbeat_statement(t: &str) -> String {
     let live = LIVE;
     format!(
-                "INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
-                 VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
-                 ON CONFLICT (node_id) DO UPDATE SET
-                     first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
-                     last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
-                     metadata = COALESCE($3::jsonb, n.metadata)"
+                "WITH up AS (
+                     INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
+                     VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
+                     ON CONFLICT (node_id) DO UPDATE SET
+                         first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
+                         last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
+                         metadata = COALESCE($3::jsonb, n.metadata)
+                     RETURNING n.first_seen = statement_timestamp() AS joined
+                 )
+                 SELECT count(*) FROM (SELECT pg_notify($4, '') FROM up WHERE up.joined) n"
             )
 }

@@ -73,6 +73,11 @@ impl Schema {
     pub(crate) fn channel(&self) -> String {
         format!("tenure:{}", self.name)
     }
+
+    /// The LISTEN/NOTIFY channel joins and leaves of this schema's nodes are announced on.
+    pub(crate) fn members_channel(&self) -> String {
+        format!("tenure-members:{}", self.name)
+    }
 }
 
 impl Default for Schema {

@@ -32,6 +32,9 @@ struct PgFixture {
 }
 
 struct PgRegistryFixture {
+    server: &'static PgServer,
+    schema: Schema,
+    ttl: Duration,
     registry: Arc<PgNodeRegistry>,
 }
 
@@ -86,9 +89,14 @@ impl LeaseFixture for PgFixture {
 #[async_trait]
 impl RegistryBackend for Postgres {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
-        let (_, pool, schema) = fresh().await;
-        let registry = Arc::new(PgNodeRegistry::new(pool, schema, ttl).expect("registry"));
-        Box::new(PgRegistryFixture { registry })
+        let (server, pool, schema) = fresh().await;
+        let registry = Arc::new(PgNodeRegistry::new(pool, schema.clone(), ttl).expect("registry"));
+        Box::new(PgRegistryFixture {
+            server,
+            schema,
+            ttl,
+            registry,
+        })
     }
 }
 
@@ -96,6 +104,11 @@ impl RegistryBackend for Postgres {
 impl RegistryFixture for PgRegistryFixture {
     fn registry(&self) -> Arc<dyn NodeRegistry> {
         self.registry.clone()
+    }
+
+    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
+        let pool = common::pool(self.server, 2, "conformance-reopened").await;
+        Arc::new(PgNodeRegistry::new(pool, self.schema.clone(), self.ttl).expect("registry"))
     }
 
     async fn pass_time(&self, by: Duration) {

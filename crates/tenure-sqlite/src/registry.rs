@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
 use tenure::{Error, NodeRegistry, Result};
+use tokio::time::Instant;
 
 use crate::database::{column, store_error, SqliteDatabase, SqliteOptions, StoreNow};
 use crate::BACKEND;
@@ -19,6 +20,14 @@ use crate::BACKEND;
 /// past process incarnations do not pile up. Generous, because another registry on the
 /// same file may use a longer liveness TTL.
 const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The in-process change signal of the membership (a name no role can have: roles hold
+/// no NUL byte).
+const MEMBERSHIP: &str = "\0membership";
+
+/// A membership waiter polls the file every this many of the database's poll intervals
+/// (100 ms by default) for joins and leaves written by other processes.
+const MEMBERSHIP_POLLS: u32 = 10;
 
 // The statements of a heartbeat, run in one `BEGIN IMMEDIATE` transaction after
 // `READ_BOOT`. Times are monotonic nanoseconds. Public (through `statements`) only so the benchmark issues exactly
@@ -67,6 +76,9 @@ fn live_bound(now: i64, ttl: Duration) -> i64 {
 ///
 /// A node is live while `now < last_heartbeat + ttl` on store time; `ttl` belongs to
 /// this registry value, so processes sharing a file should agree on it.
+/// [`wait_for_members_change`](NodeRegistry::wait_for_members_change) wakes at once for a
+/// join or leave written through the same [`SqliteDatabase`], and within ten polling
+/// intervals (100 ms by default) for one written by another process.
 ///
 /// # Examples
 ///
@@ -139,20 +151,17 @@ impl SqliteNodeRegistry {
             .fetch_optional(&mut *tx)
             .await
             .map_err(store_error("cannot read the node"))?;
-        let (last, first_seen, kept_metadata) = match current {
+        let (last, first_seen, kept_metadata, joined) = match current {
             Some(row) => {
                 let last: i64 = column(&row, 0)?;
                 let first: i64 = column(&row, 1)?;
                 let kept: String = column(&row, 2)?;
                 // A node that lapsed starts a new membership.
-                let first = if is_live(last, self.ttl, now) {
-                    first
-                } else {
-                    now
-                };
-                (last.max(now), first, kept)
+                let live = is_live(last, self.ttl, now);
+                let first = if live { first } else { now };
+                (last.max(now), first, kept, !live)
             }
-            None => (now, now, "{}".to_owned()),
+            None => (now, now, "{}".to_owned(), true),
         };
         sqlx::query(UPSERT_NODE)
             .bind(node_id)
@@ -170,7 +179,11 @@ impl SqliteNodeRegistry {
             .map_err(store_error("cannot forget long-lapsed nodes"))?;
         tx.commit()
             .await
-            .map_err(store_error("cannot commit the heartbeat"))
+            .map_err(store_error("cannot commit the heartbeat"))?;
+        if joined {
+            self.db.signal_change(MEMBERSHIP);
+        }
+        Ok(())
     }
 
     /// The live rows, sorted by id, and the store time they were judged at.
@@ -250,11 +263,43 @@ impl NodeRegistry for SqliteNodeRegistry {
         tx.commit()
             .await
             .map_err(store_error("cannot commit the leave"))?;
-        Ok(last.is_some_and(|last| is_live(last, self.ttl, now)))
+        let was_live = last.is_some_and(|last| is_live(last, self.ttl, now));
+        if was_live {
+            self.db.signal_change(MEMBERSHIP);
+        }
+        Ok(was_live)
     }
 
     fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        let signal = self.db.change_signal(MEMBERSHIP);
+        let poll = self.db.poll_interval() * MEMBERSHIP_POLLS;
+        loop {
+            let notified = signal.notified();
+            tokio::pin!(notified);
+            // Subscribe before reading, so a change between the read and the wait wakes us.
+            notified.as_mut().enable();
+            match tokio::time::timeout_at(deadline, self.live_nodes()).await {
+                Ok(Ok(live)) if live != observed => return,
+                Ok(Ok(_)) => {}
+                // A failing store is not a change: keep polling until the deadline.
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "cannot poll the membership; retrying");
+                }
+                Err(_) => return,
+            }
+            let next = (Instant::now() + poll).min(deadline);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+        }
     }
 }
 

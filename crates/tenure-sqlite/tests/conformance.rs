@@ -74,8 +74,9 @@ impl LeaseFixture for SqliteFixture {
 }
 
 struct SqliteRegistryFixture {
-    _dir: TempDir,
+    dir: TempDir,
     clock: ManualHostClock,
+    ttl: Duration,
     registry: Arc<SqliteNodeRegistry>,
 }
 
@@ -89,8 +90,9 @@ impl RegistryBackend for Sqlite {
             .await
             .unwrap();
         Box::new(SqliteRegistryFixture {
-            _dir: dir,
+            dir,
             clock,
+            ttl,
             registry: Arc::new(registry),
         })
     }
@@ -100,6 +102,15 @@ impl RegistryBackend for Sqlite {
 impl RegistryFixture for SqliteRegistryFixture {
     fn registry(&self) -> Arc<dyn NodeRegistry> {
         self.registry.clone()
+    }
+    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
+        let options = SqliteOptions::new().with_clock(self.clock.clone());
+        let path = self.dir.path().join("tenure.db");
+        Arc::new(
+            SqliteNodeRegistry::open_with(path, self.ttl, options)
+                .await
+                .unwrap(),
+        )
     }
     async fn pass_time(&self, by: Duration) {
         self.clock.advance(by);

@@ -505,6 +505,61 @@ fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
     }
 }
 
+/// A waiter on the membership returns at once when what it observed is already stale,
+/// and is woken by a join and by a leave made through another instance, well before its
+/// deadline (a push, not a poll of the deadline).
+pub async fn scenario_members_change_wakes_waiters(backend: &dyn RegistryBackend) {
+    let fx = backend.create(Duration::from_secs(60)).await;
+    let registry = fx.registry();
+    registry.heartbeat("node-a").await.unwrap();
+    let start = tokio::time::Instant::now();
+    registry
+        .wait_for_members_change(&[], start + Duration::from_secs(60))
+        .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "a stale view must not be waited on"
+    );
+
+    let other = fx.reopen().await;
+    for (change, expected) in [
+        ("join node-b", ["node-a", "node-b"].as_slice()),
+        ("leave node-a", &["node-b"]),
+    ] {
+        let observed = registry.live_nodes().await.unwrap();
+        let waiter = {
+            let registry = Arc::clone(&registry);
+            tokio::spawn(async move {
+                let start = tokio::time::Instant::now();
+                registry
+                    .wait_for_members_change(&observed, start + Duration::from_secs(60))
+                    .await;
+                start.elapsed()
+            })
+        };
+        // Let the waiter subscribe; then change the membership through another instance.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if change.starts_with("join") {
+            other.heartbeat("node-b").await.unwrap();
+        } else {
+            assert!(other.leave("node-a").await.unwrap());
+        }
+        let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("a waiter must wake on {change}"))
+            .unwrap();
+        assert!(
+            waited < Duration::from_secs(5),
+            "woke {waited:?} after {change}, expected a push"
+        );
+        assert_eq!(
+            registry.live_nodes().await.unwrap(),
+            expected,
+            "after {change}"
+        );
+    }
+}
+
 /// Every bad input the lease store rules name is `InvalidArgument` naming the field.
 pub async fn scenario_bad_input(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
@@ -758,6 +813,7 @@ macro_rules! registry_scenarios {
             scenario_live_set_sorted,
             scenario_leave,
             scenario_metadata_and_times,
+            scenario_members_change_wakes_waiters,
             scenario_registry_bad_input);
     };
     (@each $backend:expr; $attrs:tt; $($name:ident),*) => {

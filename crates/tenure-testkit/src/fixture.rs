@@ -55,6 +55,10 @@ pub trait RegistryFixture: Send + Sync {
     /// The registry the scenario drives.
     fn registry(&self) -> Arc<dyn NodeRegistry>;
 
+    /// Another registry on the same storage, as another process would open it (the same
+    /// one where a backend lives in one process only).
+    async fn reopen(&self) -> Arc<dyn NodeRegistry>;
+
     /// Lets at least `by` of store time pass.
     async fn pass_time(&self, by: Duration);
 

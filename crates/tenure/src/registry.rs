@@ -69,6 +69,22 @@ pub trait NodeRegistry: Send + Sync + 'static {
 
     /// The liveness TTL: a node is live for this long after a heartbeat.
     fn ttl(&self) -> Duration;
+
+    /// Waits until the live membership differs from `observed` (the sorted ids of
+    /// [`live_nodes`](Self::live_nodes) as the caller last read them) or until
+    /// `deadline`, whichever comes first.
+    ///
+    /// A backend that can push (a notify, a notification, a watch) returns as soon as a
+    /// node joins (its first heartbeat, or the first after it lapsed) or leaves, so
+    /// members react to a join or a leave in one round trip rather than one poll
+    /// interval. A node that stops heartbeating is not pushed: it drops out when its TTL
+    /// passes, which callers time themselves (from [`members`](Self::members)). It may
+    /// return early spuriously; callers then read again. The default sleeps to the
+    /// deadline.
+    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
+        let _ = observed;
+        tokio::time::sleep_until(deadline).await;
+    }
 }
 
 /// Checks metadata against the size limits.

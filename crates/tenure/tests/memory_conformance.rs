@@ -68,6 +68,9 @@ impl RegistryFixture for MemoryRegistryFixture {
     fn registry(&self) -> Arc<dyn NodeRegistry> {
         self.registry.clone()
     }
+    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
+        self.registry.clone()
+    }
     async fn pass_time(&self, by: Duration) {
         self.clock.advance(by);
     }

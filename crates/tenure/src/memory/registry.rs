@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::lease::validate_name;
 use crate::registry::{validate_heartbeat, Metadata, NodeInfo};
@@ -24,6 +25,8 @@ pub struct InMemoryNodeRegistry {
     ttl: Duration,
     clock: Arc<dyn Clock>,
     members: Mutex<BTreeMap<String, Member>>,
+    /// Woken when a node joins or leaves.
+    changed: Notify,
 }
 
 impl InMemoryNodeRegistry {
@@ -41,6 +44,7 @@ impl InMemoryNodeRegistry {
             ttl,
             clock: Arc::new(clock),
             members: Mutex::new(BTreeMap::new()),
+            changed: Notify::new(),
         })
     }
 
@@ -49,19 +53,38 @@ impl InMemoryNodeRegistry {
         let now = self.clock.now();
         let mut members = self.members.lock();
         let ttl = self.ttl;
-        let member = members.entry(node_id.to_owned()).or_insert_with(|| Member {
-            last_heartbeat: now,
-            first_seen: now,
-            metadata: Metadata::new(),
+        let mut joined = false;
+        let member = members.entry(node_id.to_owned()).or_insert_with(|| {
+            joined = true;
+            Member {
+                last_heartbeat: now,
+                first_seen: now,
+                metadata: Metadata::new(),
+            }
         });
         if !is_live(member.last_heartbeat, ttl, now) {
             member.first_seen = now;
+            joined = true;
         }
         member.last_heartbeat = member.last_heartbeat.max(now);
         if let Some(metadata) = metadata {
             member.metadata = metadata.clone();
         }
+        drop(members);
+        if joined {
+            self.changed.notify_waiters();
+        }
         Ok(())
+    }
+
+    fn live_ids(&self) -> Vec<String> {
+        let now = self.clock.now();
+        let members = self.members.lock();
+        members
+            .iter()
+            .filter(|(_, m)| is_live(m.last_heartbeat, self.ttl, now))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -80,13 +103,7 @@ impl NodeRegistry for InMemoryNodeRegistry {
     }
 
     async fn live_nodes(&self) -> Result<Vec<String>> {
-        let now = self.clock.now();
-        let members = self.members.lock();
-        Ok(members
-            .iter()
-            .filter(|(_, m)| is_live(m.last_heartbeat, self.ttl, now))
-            .map(|(id, _)| id.clone())
-            .collect())
+        Ok(self.live_ids())
     }
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {
@@ -109,10 +126,25 @@ impl NodeRegistry for InMemoryNodeRegistry {
         validate_name("node_id", node_id)?;
         let now = self.clock.now();
         let removed = self.members.lock().remove(node_id);
-        Ok(removed.is_some_and(|m| is_live(m.last_heartbeat, self.ttl, now)))
+        let was_live = removed.is_some_and(|m| is_live(m.last_heartbeat, self.ttl, now));
+        if was_live {
+            self.changed.notify_waiters();
+        }
+        Ok(was_live)
     }
 
     fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
+        let notified = self.changed.notified();
+        tokio::pin!(notified);
+        // Register before comparing, so a join or leave in between is not missed.
+        notified.as_mut().enable();
+        if self.live_ids() != observed {
+            return;
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
     }
 }
