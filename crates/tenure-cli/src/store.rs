@@ -44,33 +44,46 @@ impl std::fmt::Debug for StoreUrl {
 }
 
 impl StoreUrl {
-    /// Parses a store URL's scheme; the backend checks the rest when it opens.
+    /// Parses a `--store` value: the scheme picks the backend, whose own parser then
+    /// checks the rest, so a malformed URL is a usage error before anything is opened.
+    /// Every message starts with `--store` and never repeats the URL's password.
     pub fn parse(raw: &str) -> Result<Self, UsageError> {
+        let usage = |problem: String| UsageError(format!("--store: {problem}"));
         let raw = raw.trim();
         if raw.is_empty() {
-            return Err(UsageError(format!("the store URL is empty; {ACCEPTED}")));
+            return Err(usage(format!("the store URL is empty; {ACCEPTED}")));
         }
-        let Some((scheme, _rest)) = raw.split_once(':') else {
-            return Err(UsageError(format!(
-                "the store URL has no scheme; {ACCEPTED}"
-            )));
+        let Some((scheme, rest)) = raw.split_once(':') else {
+            return Err(usage(format!("the store URL has no scheme; {ACCEPTED}")));
+        };
+        let backend = |error: tenure::Error| match error {
+            tenure::Error::InvalidArgument {
+                field: "url",
+                reason,
+            } => usage(reason),
+            tenure::Error::InvalidArgument { field, reason } => usage(format!("{field} {reason}")),
+            other => usage(other.to_string()),
         };
         match scheme {
-            "memory" => Ok(StoreUrl::Memory),
-            "sqlite" => Ok(StoreUrl::Sqlite(raw.to_owned())),
-            "postgres" | "postgresql" => Ok(StoreUrl::Postgres(raw.to_owned())),
-            "etcd" => Ok(StoreUrl::Etcd(raw.to_owned())),
-            other => {
-                // Only a short, printable prefix: a mangled URL may hold a password.
-                let shown: String = other
-                    .chars()
-                    .take(20)
-                    .filter(|c| c.is_ascii_alphanumeric() || "+-.".contains(*c))
-                    .collect();
-                Err(UsageError(format!(
-                    "unknown store scheme {shown:?}; {ACCEPTED}"
-                )))
+            "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
+            "memory" => Err(usage("memory: takes nothing after the colon".to_owned())),
+            "sqlite" => {
+                tenure_sqlite::path_from_url(raw).map_err(backend)?;
+                Ok(StoreUrl::Sqlite(raw.to_owned()))
             }
+            "postgres" | "postgresql" => {
+                tenure_postgres::connect_options(raw).map_err(backend)?;
+                Ok(StoreUrl::Postgres(raw.to_owned()))
+            }
+            "etcd" => {
+                #[cfg(feature = "etcd")]
+                tenure_etcd::EtcdUrl::parse(raw).map_err(backend)?;
+                Ok(StoreUrl::Etcd(raw.to_owned()))
+            }
+            other => Err(usage(match shown_scheme(other) {
+                Some(shown) => format!("unknown store scheme {shown:?}; {ACCEPTED}"),
+                None => format!("the store URL does not start with a known scheme; {ACCEPTED}"),
+            })),
         }
     }
 
@@ -94,6 +107,18 @@ impl StoreUrl {
         }
         Ok(())
     }
+}
+
+/// The text before the first colon, if it can be shown: a real scheme's shape (a letter,
+/// then letters, digits, `+`, `-` or `.`), at most 16 characters. A password in a URL
+/// always follows a colon (`user:password@`) or sits in the query after `://`, so text
+/// of this shape before the first colon is a mistyped scheme, not a mangled password;
+/// anything else may be one and is not repeated.
+fn shown_scheme(scheme: &str) -> Option<&str> {
+    let mut chars = scheme.chars();
+    let shaped = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    (shaped && scheme.len() <= 16).then_some(scheme)
 }
 
 /// The default store: `sqlite:` on a file under the user's state directory.
