@@ -82,7 +82,10 @@ impl StoreUrl {
             }
             other => Err(usage(match shown_scheme(other) {
                 Some(shown) => format!("unknown store scheme {shown:?}; {ACCEPTED}"),
-                None => format!("the store URL does not start with a known scheme; {ACCEPTED}"),
+                None => format!(
+                    "the store URL does not start with a scheme tenure knows (it is not shown: a \
+                     mistyped URL may hold its password there); {ACCEPTED}"
+                ),
             })),
         }
     }
@@ -109,16 +112,40 @@ impl StoreUrl {
     }
 }
 
-/// The text before the first colon, if it can be shown: a real scheme's shape (a letter,
-/// then letters, digits, `+`, `-` or `.`), at most 16 characters. A password in a URL
-/// always follows a colon (`user:password@`) or sits in the query after `://`, so text
-/// of this shape before the first colon is a mistyped scheme, not a mangled password;
-/// anything else may be one and is not repeated.
-fn shown_scheme(scheme: &str) -> Option<&str> {
-    let mut chars = scheme.chars();
-    let shaped = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
-    (shaped && scheme.len() <= 16).then_some(scheme)
+/// Schemes of other systems, named back when a user tries one. Any other text before
+/// the first colon is never shown: in a mangled URL it may be the password (a property
+/// test found `etcAAaaaAAa:...` from a password with a colon typed into it).
+const OTHER_SCHEMES: &[&str] = &[
+    "mysql",
+    "mariadb",
+    "redis",
+    "rediss",
+    "mongodb",
+    "mongodb+srv",
+    "http",
+    "https",
+    "file",
+    "consul",
+    "zk",
+    "zookeeper",
+    "nats",
+    "sqlserver",
+    "mssql",
+    "oracle",
+    "cockroachdb",
+    "sqlite3",
+    "postgre",
+    "pg",
+    "psql",
+    "etcd3",
+];
+
+/// `scheme` if it is one of [`OTHER_SCHEMES`] (in any case).
+fn shown_scheme(scheme: &str) -> Option<&'static str> {
+    OTHER_SCHEMES
+        .iter()
+        .copied()
+        .find(|known| known.eq_ignore_ascii_case(scheme))
 }
 
 /// The default store: `sqlite:` on a file under the user's state directory.
