@@ -171,7 +171,10 @@ mod tests {
         /// Whatever the password holds and wherever it sits, it is among the secrets.
         #[test]
         fn every_password_is_found((secret, url) in tenure_testkit::fuzz::postgres_url()) {
-            proptest::prop_assume!(!url.ends_with(":throwaway"));
+            if url.ends_with(":throwaway") {
+                // No password to find (and too many cases to reject).
+                return Ok(());
+            }
             let secrets = url_secrets(&url);
             proptest::prop_assert!(secrets.iter().any(|s| s == secret.raw()), "{url:?}: {secrets:?}");
         }
