@@ -74,6 +74,15 @@ impl StoreSpec {
         if spec.is_etcd() {
             check_etcd(&spec)?;
         }
+        if let StoreSpec::Postgres(url) = &spec {
+            // Also keeps sqlx from logging a parameter it does not know, with its value.
+            tenure_postgres::connect_options(url).map_err(|error| match error {
+                tenure::Error::InvalidArgument { reason, .. } => {
+                    usage(format!("--store: {reason}"))
+                }
+                other => usage(format!("--store: {other}")),
+            })?;
+        }
         Ok(spec)
     }
 

@@ -54,7 +54,12 @@ impl StoreSpec {
             ("sqlite", "throwaway") => Ok(StoreSpec::SqliteThrowaway),
             ("sqlite", _) => Ok(StoreSpec::Sqlite(raw.to_owned())),
             ("postgres" | "postgresql", "throwaway") => Ok(StoreSpec::PostgresThrowaway),
-            ("postgres" | "postgresql", _) => Ok(StoreSpec::Postgres(raw.to_owned())),
+            ("postgres" | "postgresql", _) => {
+                // Also keeps sqlx from logging a parameter it does not know, with its value.
+                tenure_postgres::connect_options(raw)
+                    .map_err(|error| ChaosError::Usage(error.to_string()))?;
+                Ok(StoreSpec::Postgres(raw.to_owned()))
+            }
             ("etcd", _) if !cfg!(feature = "etcd") => Err(ChaosError::Usage(NO_ETCD.to_owned())),
             ("etcd", "throwaway") => Ok(StoreSpec::EtcdThrowaway),
             ("etcd", _) => {
