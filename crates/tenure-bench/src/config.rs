@@ -64,19 +64,24 @@ impl StoreSpec {
             ("etcd", "throwaway") => StoreSpec::EtcdThrowaway,
             ("etcd", rest) if rest.starts_with("//") => StoreSpec::Etcd(raw.to_owned()),
             _ => {
-                // Only a short, printable prefix: a mangled URL may hold a password.
-                let shown: String = scheme
-                    .chars()
-                    .take(20)
-                    .filter(|c| c.is_ascii_alphanumeric() || "+-.".contains(*c))
-                    .collect();
+                // Nothing of the URL is shown: in a mangled one, even the text before the
+                // first colon may be the password.
                 return Err(usage(format!(
-                    "--store {shown:?}: unknown or incomplete store; {ACCEPTED}"
+                    "--store: unknown or incomplete store; {ACCEPTED}"
                 )));
             }
         };
         if spec.is_etcd() {
             check_etcd(&spec)?;
+        }
+        if let StoreSpec::Postgres(url) = &spec {
+            // Also keeps sqlx from logging a parameter it does not know, with its value.
+            tenure_postgres::connect_options(url).map_err(|error| match error {
+                tenure::Error::InvalidArgument { reason, .. } => {
+                    usage(format!("--store: {reason}"))
+                }
+                other => usage(format!("--store: {other}")),
+            })?;
         }
         Ok(spec)
     }

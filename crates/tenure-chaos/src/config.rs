@@ -44,13 +44,22 @@ impl fmt::Debug for StoreSpec {
 impl StoreSpec {
     /// Parses `--store`.
     pub fn parse(raw: &str) -> Result<Self, ChaosError> {
+        Self::parse_unnamed(raw).map_err(naming("--store"))
+    }
+
+    fn parse_unnamed(raw: &str) -> Result<Self, ChaosError> {
         let raw = raw.trim();
         let (scheme, rest) = raw.split_once(':').unwrap_or((raw, ""));
         match (scheme, rest) {
             ("sqlite", "throwaway") => Ok(StoreSpec::SqliteThrowaway),
             ("sqlite", _) => Ok(StoreSpec::Sqlite(raw.to_owned())),
             ("postgres" | "postgresql", "throwaway") => Ok(StoreSpec::PostgresThrowaway),
-            ("postgres" | "postgresql", _) => Ok(StoreSpec::Postgres(raw.to_owned())),
+            ("postgres" | "postgresql", _) => {
+                // Also keeps sqlx from logging a parameter it does not know, with its value.
+                tenure_postgres::connect_options(raw)
+                    .map_err(|error| ChaosError::Usage(error.to_string()))?;
+                Ok(StoreSpec::Postgres(raw.to_owned()))
+            }
             ("etcd", _) if !cfg!(feature = "etcd") => Err(ChaosError::Usage(NO_ETCD.to_owned())),
             ("etcd", "throwaway") => Ok(StoreSpec::EtcdThrowaway),
             ("etcd", _) => {
@@ -186,11 +195,19 @@ impl CutFlavour {
     }
 }
 
+/// Puts the flag in front of a usage error's message.
+fn naming(flag: &'static str) -> impl Fn(ChaosError) -> ChaosError {
+    move |error| match error {
+        ChaosError::Usage(message) => ChaosError::Usage(format!("{flag}: {message}")),
+        other => other,
+    }
+}
+
 /// Parses `pause,kill,...` (no duplicates, at least one).
 pub fn parse_faults(raw: &str) -> Result<Vec<FaultKind>, ChaosError> {
     let mut kinds = Vec::new();
     for part in raw.split(',').filter(|p| !p.trim().is_empty()) {
-        let kind: FaultKind = part.parse()?;
+        let kind: FaultKind = part.parse().map_err(naming("--faults"))?;
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }

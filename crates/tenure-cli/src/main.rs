@@ -8,6 +8,7 @@ mod chaos;
 mod demo;
 mod inspect;
 mod output;
+mod parse;
 mod run;
 mod store;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::parse::parse_duration;
 use crate::store::StoreUrl;
 
 /// Exit codes. A command run by `tenure run` passes its own code through, so a child
@@ -199,11 +201,6 @@ enum Command {
     /// One `tenure chaos` worker process (started by `tenure chaos`).
     #[command(hide = true)]
     ChaosWorker(chaos::WorkerFlags),
-}
-
-fn parse_duration(raw: &str) -> Result<Duration, String> {
-    humantime::parse_duration(raw.trim())
-        .map_err(|error| format!("{error}: expected a number with a unit, e.g. 500ms, 15s, 2m"))
 }
 
 fn main() -> ExitCode {

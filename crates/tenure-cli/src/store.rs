@@ -44,33 +44,49 @@ impl std::fmt::Debug for StoreUrl {
 }
 
 impl StoreUrl {
-    /// Parses a store URL's scheme; the backend checks the rest when it opens.
+    /// Parses a `--store` value: the scheme picks the backend, whose own parser then
+    /// checks the rest, so a malformed URL is a usage error before anything is opened.
+    /// Every message starts with `--store` and never repeats the URL's password.
     pub fn parse(raw: &str) -> Result<Self, UsageError> {
+        let usage = |problem: String| UsageError(format!("--store: {problem}"));
         let raw = raw.trim();
         if raw.is_empty() {
-            return Err(UsageError(format!("the store URL is empty; {ACCEPTED}")));
+            return Err(usage(format!("the store URL is empty; {ACCEPTED}")));
         }
-        let Some((scheme, _rest)) = raw.split_once(':') else {
-            return Err(UsageError(format!(
-                "the store URL has no scheme; {ACCEPTED}"
-            )));
+        let Some((scheme, rest)) = raw.split_once(':') else {
+            return Err(usage(format!("the store URL has no scheme; {ACCEPTED}")));
+        };
+        let backend = |error: tenure::Error| match error {
+            tenure::Error::InvalidArgument {
+                field: "url",
+                reason,
+            } => usage(reason),
+            tenure::Error::InvalidArgument { field, reason } => usage(format!("{field} {reason}")),
+            other => usage(other.to_string()),
         };
         match scheme {
-            "memory" => Ok(StoreUrl::Memory),
-            "sqlite" => Ok(StoreUrl::Sqlite(raw.to_owned())),
-            "postgres" | "postgresql" => Ok(StoreUrl::Postgres(raw.to_owned())),
-            "etcd" => Ok(StoreUrl::Etcd(raw.to_owned())),
-            other => {
-                // Only a short, printable prefix: a mangled URL may hold a password.
-                let shown: String = other
-                    .chars()
-                    .take(20)
-                    .filter(|c| c.is_ascii_alphanumeric() || "+-.".contains(*c))
-                    .collect();
-                Err(UsageError(format!(
-                    "unknown store scheme {shown:?}; {ACCEPTED}"
-                )))
+            "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
+            "memory" => Err(usage("memory: takes nothing after the colon".to_owned())),
+            "sqlite" => {
+                tenure_sqlite::path_from_url(raw).map_err(backend)?;
+                Ok(StoreUrl::Sqlite(raw.to_owned()))
             }
+            "postgres" | "postgresql" => {
+                tenure_postgres::connect_options(raw).map_err(backend)?;
+                Ok(StoreUrl::Postgres(raw.to_owned()))
+            }
+            "etcd" => {
+                #[cfg(feature = "etcd")]
+                tenure_etcd::EtcdUrl::parse(raw).map_err(backend)?;
+                Ok(StoreUrl::Etcd(raw.to_owned()))
+            }
+            other => Err(usage(match shown_scheme(other) {
+                Some(shown) => format!("unknown store scheme {shown:?}; {ACCEPTED}"),
+                None => format!(
+                    "the store URL does not start with a scheme tenure knows (it is not shown: a \
+                     mistyped URL may hold its password there); {ACCEPTED}"
+                ),
+            })),
         }
     }
 
@@ -94,6 +110,42 @@ impl StoreUrl {
         }
         Ok(())
     }
+}
+
+/// Schemes of other systems, named back when a user tries one. Any other text before
+/// the first colon is never shown: in a mangled URL it may be the password (a property
+/// test found `etcAAaaaAAa:...` from a password with a colon typed into it).
+const OTHER_SCHEMES: &[&str] = &[
+    "mysql",
+    "mariadb",
+    "redis",
+    "rediss",
+    "mongodb",
+    "mongodb+srv",
+    "http",
+    "https",
+    "file",
+    "consul",
+    "zk",
+    "zookeeper",
+    "nats",
+    "sqlserver",
+    "mssql",
+    "oracle",
+    "cockroachdb",
+    "sqlite3",
+    "postgre",
+    "pg",
+    "psql",
+    "etcd3",
+];
+
+/// `scheme` if it is one of [`OTHER_SCHEMES`] (in any case).
+fn shown_scheme(scheme: &str) -> Option<&'static str> {
+    OTHER_SCHEMES
+        .iter()
+        .copied()
+        .find(|known| known.eq_ignore_ascii_case(scheme))
 }
 
 /// The default store: `sqlite:` on a file under the user's state directory.

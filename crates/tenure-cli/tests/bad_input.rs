@@ -58,7 +58,7 @@ fn malformed_store_urls() {
     let cases: Vec<(String, Vec<&str>)> = vec![
         (
             "foo:bar".into(),
-            vec!["unknown store scheme \"foo\"", "sqlite:PATH"],
+            vec!["does not start with a scheme tenure knows", "sqlite:PATH"],
         ),
         (
             "mysql://root:hunter2@db/x".into(),

@@ -81,11 +81,11 @@ mod lease;
 mod notify;
 mod registry;
 mod schema;
+mod url;
 
-use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tenure::{Error, Result};
 
@@ -94,6 +94,7 @@ pub use fence::PgFence;
 pub use lease::{PgLeaseStore, MAX_TTL, MIN_TTL};
 pub use registry::PgNodeRegistry;
 pub use schema::{migrate, Schema, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
+pub use url::connect_options;
 
 /// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
 #[doc(hidden)]
@@ -103,6 +104,7 @@ pub mod statements {
 }
 
 use crate::error::pg_error_scrubbed;
+use crate::url::url_secrets;
 
 /// How [`connect`] builds the pool and the stores.
 #[derive(Clone, Debug)]
@@ -147,7 +149,8 @@ pub struct PgBackend {
 /// Connects to `url` (`postgres://user:password@host:port/db?...`), checks that the
 /// server answers, optionally migrates, and returns the stores.
 ///
-/// Errors never contain the URL or its password.
+/// The URL is checked first by [`connect_options`] (so a query parameter sqlx does not
+/// know is refused rather than logged). Errors never contain the URL or its password.
 pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     let schema = Schema::new(&options.schema)?;
     if options.max_connections == 0 {
@@ -156,14 +159,7 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
             "must be greater than zero",
         ));
     }
-    let connect_options = PgConnectOptions::from_str(url).map_err(|_| {
-        // The parser's message may quote the URL; say what is expected instead.
-        Error::invalid(
-            "url",
-            "is not a valid PostgreSQL URL; expected postgres://USER:PASSWORD@HOST:PORT/DATABASE",
-        )
-    })?;
-    let connect_options = connect_options.application_name("tenure");
+    let connect_options = connect_options(url)?;
     let secrets = url_secrets(url);
     // One direct connection first: a pool that cannot connect only says it timed out,
     // while this names the server and the real cause (refused, bad password, ...).
@@ -222,63 +218,9 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     Ok(backend)
 }
 
-/// The password of a URL, raw and percent-decoded, for scrubbing error messages.
-fn url_secrets(url: &str) -> Vec<String> {
-    let mut secrets = Vec::new();
-    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = after_scheme.split(['/', '?']).next().unwrap_or("");
-    if let Some((userinfo, _)) = authority.rsplit_once('@') {
-        if let Some((_, password)) = userinfo.split_once(':') {
-            secrets.push(password.to_owned());
-            secrets.push(percent_decode(password));
-        }
-    }
-    if let Some((_, query)) = url.split_once('?') {
-        for pair in query.split('&') {
-            if let Some(password) = pair.strip_prefix("password=") {
-                secrets.push(password.to_owned());
-                secrets.push(percent_decode(password));
-            }
-        }
-    }
-    secrets.retain(|s| !s.is_empty());
-    secrets
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Some(byte) = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_are_found_raw_and_decoded() {
-        let secrets = url_secrets("postgres://bob:p%40ss@db:5432/x?sslmode=disable");
-        assert!(secrets.contains(&"p%40ss".to_owned()));
-        assert!(secrets.contains(&"p@ss".to_owned()));
-        let secrets = url_secrets("postgres://db/x?user=bob&password=hunter2");
-        assert!(secrets.contains(&"hunter2".to_owned()));
-        assert!(url_secrets("postgres://bob@db/x").is_empty());
-    }
 
     #[test]
     fn schema_names_are_checked() {

@@ -825,6 +825,13 @@ pub fn path_from_url(url: &str) -> Result<PathBuf> {
             "sqlite url query parameters are not supported: give only the file path",
         ));
     }
+    // Caught here, or the file system refuses it later as a store failure, not bad usage.
+    if rest.contains('\0') {
+        return Err(Error::invalid(
+            "url",
+            "the sqlite url's path holds a NUL byte, which no file name can",
+        ));
+    }
     Ok(PathBuf::from(rest))
 }
 

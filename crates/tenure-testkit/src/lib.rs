@@ -6,10 +6,13 @@
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd), re-exported for
 //!   tests that start, stop, kill and pause them.
+//! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
 #![deny(missing_docs)]
 
 pub mod conformance;
 mod fixture;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 pub use tenure_throwaway::{etcd, postgres};
