@@ -1,8 +1,9 @@
 //! `sqlite:PATH` and `sqlite:throwaway`: the SQLite store beside its own statements.
 //!
-//! The raw side issues `tenure_sqlite::statements` in one `BEGIN IMMEDIATE`
-//! transaction on a plain connection with the store's settings (WAL, `synchronous =
-//! FULL`, 5 s busy timeout), with the decision reduced to the expected case. Two store
+//! The raw side runs the store's own write steps (`tenure_sqlite::statements`) in one
+//! `BEGIN IMMEDIATE` transaction on a plain connection with the store's settings (WAL,
+//! `synchronous = FULL`, 5 s busy timeout): what the store adds is its pool, its
+//! writer queue and its checks. Two store
 //! handles on separate `SqliteDatabase`s see each other's releases only by polling, so
 //! the release bound is the polling interval.
 
@@ -14,7 +15,8 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tenure::{Error, LeaseStore, Result};
-use tenure_sqlite::{statements, SqliteDatabase, SqliteOptions};
+use tenure_sqlite::statements::{self, LeaseWrite};
+use tenure_sqlite::{SqliteDatabase, SqliteOptions};
 
 use crate::backend::{unexpected, Backend, Client, Counter, Handles, BENCH_TTL, REGISTRY_TTL};
 use crate::report::Floor;
@@ -106,64 +108,38 @@ impl RawClient {
             .map_err(err("raw boot-id read"))?;
         Ok((tx, statements::monotonic_nanos()?))
     }
-}
 
-type LeaseRow = (Option<String>, i64, i64);
-
-async fn read_lease(conn: &mut SqliteConnection, role: &str) -> Result<Option<LeaseRow>> {
-    sqlx::query_as(statements::READ_LEASE)
-        .bind(role)
-        .fetch_optional(conn)
-        .await
-        .map_err(err("raw lease read"))
+    /// The store's lease step on a plain connection; an answer other than `new_term`
+    /// is an error.
+    async fn take(&mut self, role: &str, owner: &str, new_term: bool) -> Result<u64> {
+        let (mut tx, now) = self.begin().await?;
+        let expires_at = now.saturating_add(nanos(BENCH_TTL));
+        match statements::write_lease(&mut tx, role, owner, now, expires_at).await? {
+            LeaseWrite::Written { token, new_term: n } if n == new_term => {
+                tx.commit().await.map_err(err("raw commit"))?;
+                u64::try_from(token).map_err(|_| unexpected(format!("token {token} of {role}")))
+            }
+            other => Err(unexpected(format!("raw write of {role}: {other:?}"))),
+        }
+    }
 }
 
 #[async_trait]
 impl Client for RawClient {
     async fn acquire(&mut self, role: &str, owner: &str) -> Result<u64> {
-        let (mut tx, now) = self.begin().await?;
-        if read_lease(&mut tx, role).await?.is_some() {
-            return Err(unexpected(format!("raw acquire of {role}: not a new role")));
-        }
-        sqlx::query(statements::INSERT_LEASE)
-            .bind(role)
-            .bind(owner)
-            .bind(now.saturating_add(nanos(BENCH_TTL)))
-            .execute(&mut *tx)
-            .await
-            .map_err(err("raw lease insert"))?;
-        tx.commit().await.map_err(err("raw commit"))?;
-        Ok(1)
+        self.take(role, owner, true).await
     }
 
     async fn renew(&mut self, role: &str, owner: &str) -> Result<()> {
-        let (mut tx, now) = self.begin().await?;
-        match read_lease(&mut tx, role).await? {
-            Some((Some(holder), _, expires_at)) if holder == owner && now < expires_at => {}
-            _ => return Err(unexpected(format!("raw renewal of {role}: not held"))),
-        }
-        sqlx::query(statements::RENEW_LEASE)
-            .bind(role)
-            .bind(now.saturating_add(nanos(BENCH_TTL)))
-            .execute(&mut *tx)
-            .await
-            .map_err(err("raw renewal"))?;
-        tx.commit().await.map_err(err("raw commit"))
+        self.take(role, owner, false).await.map(drop)
     }
 
     async fn release(&mut self, role: &str, owner: &str, token: u64) -> Result<()> {
         let (mut tx, now) = self.begin().await?;
-        match read_lease(&mut tx, role).await? {
-            Some((Some(holder), t, expires_at))
-                if holder == owner && u64::try_from(t).ok() == Some(token) && now < expires_at => {}
-            _ => return Err(unexpected(format!("raw release of {role}: not held"))),
+        let token = i64::try_from(token).unwrap_or(i64::MAX);
+        if !statements::release_lease(&mut tx, role, owner, token, now).await? {
+            return Err(unexpected(format!("raw release of {role}: not held")));
         }
-        sqlx::query(statements::RELEASE_LEASE)
-            .bind(role)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(err("raw release"))?;
         tx.commit().await.map_err(err("raw commit"))
     }
 

@@ -136,35 +136,34 @@ pub struct Latency {
     pub max_us: f64,
 }
 
-/// The nearest-rank percentile `p` of exact samples (any order); `None` when empty.
-pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    Some(sorted[rank(sorted.len(), p) - 1])
+/// The nearest-rank percentile `p` of samples already in ascending order; `None` when
+/// empty. `tenure chaos` reports its recovery times with this too, so both tools mean
+/// the same by p50 and p99.
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    (!sorted.is_empty()).then(|| sorted[rank(sorted.len(), p) - 1])
 }
 
-/// p50, p99 and max of exact samples.
+/// p50, p99 and max of exact samples (any order).
 pub fn summarize(samples: &[Duration]) -> Latency {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
     Latency {
-        count: samples.len() as u64,
-        p50_us: micros(percentile(samples, 0.5)),
-        p99_us: micros(percentile(samples, 0.99)),
-        max_us: micros(samples.iter().max().copied()),
+        count: sorted.len() as u64,
+        p50_us: micros(nearest_rank(&sorted, 0.5)),
+        p99_us: micros(nearest_rank(&sorted, 0.99)),
+        max_us: micros(sorted.last().copied()),
     }
 }
 
 /// The median (the lower middle value for an even count); `None` when empty or any
 /// value is NaN.
 pub fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() || values.iter().any(|v| v.is_nan()) {
+    if values.iter().any(|v| v.is_nan()) {
         return None;
     }
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    Some(sorted[(sorted.len() - 1) / 2])
+    nearest_rank(&sorted, 0.5)
 }
 
 #[cfg(test)]
@@ -177,14 +176,14 @@ mod tests {
 
     #[test]
     fn exact_percentiles_are_nearest_rank() {
-        let samples: Vec<Duration> = (1..=100).rev().map(ms).collect();
-        assert_eq!(percentile(&samples, 0.5), Some(ms(50)));
-        assert_eq!(percentile(&samples, 0.99), Some(ms(99)));
-        assert_eq!(percentile(&samples, 1.0), Some(ms(100)));
-        assert_eq!(percentile(&samples, 0.001), Some(ms(1)));
-        assert_eq!(percentile(&[], 0.5), None);
+        let samples: Vec<Duration> = (1..=100).map(ms).collect();
+        assert_eq!(nearest_rank(&samples, 0.5), Some(ms(50)));
+        assert_eq!(nearest_rank(&samples, 0.99), Some(ms(99)));
+        assert_eq!(nearest_rank(&samples, 1.0), Some(ms(100)));
+        assert_eq!(nearest_rank(&samples, 0.001), Some(ms(1)));
+        assert_eq!(nearest_rank::<Duration>(&[], 0.5), None);
         // Few samples: p99 of three is the largest, not an interpolation.
-        assert_eq!(percentile(&[ms(1), ms(2), ms(30)], 0.99), Some(ms(30)));
+        assert_eq!(nearest_rank(&[ms(1), ms(2), ms(30)], 0.99), Some(ms(30)));
         let s = summarize(&[ms(3), ms(1), ms(2)]);
         assert_eq!((s.count, s.p50_us, s.max_us), (3, 2000.0, 3000.0));
     }
@@ -198,7 +197,7 @@ mod tests {
         }
         assert_eq!(h.count(), 10_000);
         for p in [0.01, 0.5, 0.9, 0.99, 1.0] {
-            let exact = values[rank(values.len(), p) - 1] as f64;
+            let exact = nearest_rank(&values, p).unwrap() as f64;
             let got = h.percentile(p).unwrap().as_nanos() as f64;
             assert!(got >= exact, "p{p}: {got} < {exact}");
             assert!(got <= exact * 1.016 + 1.0, "p{p}: {got} vs {exact}");

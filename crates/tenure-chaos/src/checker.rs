@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
+use tenure_bench::stats::nearest_rank;
 
 use crate::backend::LogRow;
 use crate::config::FaultKind;
@@ -474,20 +475,15 @@ fn recovery(
             let recovery = Recovery {
                 recovered: s.all.len() as u64,
                 unrecovered: s.unrecovered,
-                p50_ms: quantile(&s.all, 0.5),
-                p99_ms: quantile(&s.all, 0.99),
+                p50_ms: nearest_rank(&s.all, 0.5),
+                p99_ms: nearest_rank(&s.all, 0.99),
                 max_ms: s.all.last().copied(),
                 isolated: s.isolated.len() as u64,
-                isolated_p99_ms: quantile(&s.isolated, 0.99),
+                isolated_p99_ms: nearest_rank(&s.isolated, 0.99),
             };
             (kind, recovery)
         })
         .collect()
-}
-
-/// The `q` quantile of sorted samples (nearest rank), `None` when there are none.
-fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    (!sorted.is_empty()).then(|| sorted[((sorted.len() - 1) as f64 * q).round() as usize])
 }
 
 #[cfg(test)]

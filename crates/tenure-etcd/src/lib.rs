@@ -72,8 +72,9 @@ pub use url::{connect, connect_client, connect_options, EtcdUrl};
 pub use version::EtcdVersion;
 
 /// The requests the store and registry send, built by the same functions they use, so
-/// a benchmark (`tenure bench`, `benches/etcd.rs`) can send exactly those through
-/// etcd-client directly. Not part of the supported API: it changes with the store.
+/// `tenure bench`'s raw baseline sends exactly those through etcd-client directly. Not a
+/// supported API: it changes with the store. It stays public (hidden) because a copy of
+/// the builders in the bench would drift from the store it is meant to measure.
 #[doc(hidden)]
 pub mod requests {
     pub use crate::lease::{acquire_txn, release_txn, renew_txn};

@@ -96,7 +96,10 @@ pub use registry::PgNodeRegistry;
 pub use schema::{migrate, Schema, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
 pub use url::connect_options;
 
-/// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
+/// The store's SQL statements, for `tenure bench`'s raw baseline only; not a supported
+/// API, it changes with the store. It stays public (hidden) because the baseline must
+/// issue the store's statement text on a plain connection: a copy in the bench would
+/// drift from the store it is meant to measure.
 #[doc(hidden)]
 pub mod statements {
     pub use crate::lease::{acquire_statement, release_statement};

@@ -20,26 +20,20 @@ use crate::database::{
 use crate::BACKEND;
 
 // The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
-// after `READ_BOOT`; times are monotonic nanoseconds. Public (through `statements`) only
-// so the benchmark issues exactly the store's statements.
+// after `READ_BOOT`; times are monotonic nanoseconds.
 
 /// Reads a role's row: `holder, token, expires_at` for role `?1`.
-#[doc(hidden)]
-pub const READ_LEASE: &str = "SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1";
+const READ_LEASE: &str = "SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1";
 /// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`.
-#[doc(hidden)]
-pub const INSERT_LEASE: &str =
+const INSERT_LEASE: &str =
     "INSERT INTO tenure_leases (role, holder, token, expires_at) VALUES (?1, ?2, 1, ?3)";
 /// Renews role `?1`'s live term to expire at `?2`.
-#[doc(hidden)]
-pub const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
+const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
 /// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`.
-#[doc(hidden)]
-pub const TAKE_OVER_LEASE: &str =
+const TAKE_OVER_LEASE: &str =
     "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4 WHERE role = ?1";
 /// Ends role `?1`'s term at store time `?2`, keeping the token.
-#[doc(hidden)]
-pub const RELEASE_LEASE: &str =
+const RELEASE_LEASE: &str =
     "UPDATE tenure_leases SET holder = NULL, expires_at = ?2 WHERE role = ?1";
 
 /// The lease row of one role.
@@ -69,6 +63,113 @@ async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<Leas
         })
     })
     .transpose()
+}
+
+/// What [`write_lease`] found and did.
+#[derive(Debug)]
+pub enum LeaseWrite {
+    /// `owner` holds term `token` now: a `new_term`, or its live term renewed.
+    Written {
+        /// The term's token.
+        token: i64,
+        /// Whether the term is new (first, or taken over), not renewed.
+        new_term: bool,
+    },
+    /// Another owner's live term; nothing was written.
+    Refused {
+        /// The live holder.
+        holder: String,
+        /// Its term's token.
+        token: i64,
+        /// When its term ends, in store time.
+        expires_at: i64,
+    },
+}
+
+/// The lease step of `try_acquire_or_renew` inside an open `BEGIN IMMEDIATE`
+/// transaction at store time `now`: reads the role's row, decides, writes the term
+/// ending at `expires_at`. The caller commits.
+pub async fn write_lease(
+    conn: &mut SqliteConnection,
+    role: &str,
+    owner: &str,
+    now: i64,
+    expires_at: i64,
+) -> Result<LeaseWrite> {
+    let (token, new_term) = match read_row(conn, role).await? {
+        None => {
+            sqlx::query(INSERT_LEASE)
+                .bind(role)
+                .bind(owner)
+                .bind(expires_at)
+                .execute(conn)
+                .await
+                .map_err(store_error("cannot write the lease"))?;
+            (1, true)
+        }
+        Some(row) if now < row.expires_at && row.holder.as_deref() == Some(owner) => {
+            sqlx::query(RENEW_LEASE)
+                .bind(role)
+                .bind(expires_at)
+                .execute(conn)
+                .await
+                .map_err(store_error("cannot renew the lease"))?;
+            (row.token, false)
+        }
+        Some(LeaseRow {
+            holder: Some(holder),
+            token,
+            expires_at: held_until,
+        }) if now < held_until => {
+            return Ok(LeaseWrite::Refused {
+                holder,
+                token,
+                expires_at: held_until,
+            })
+        }
+        Some(row) => {
+            let next = row.token.checked_add(1).ok_or_else(|| {
+                Error::store_msg(
+                    BACKEND,
+                    format!("the token counter of role {role:?} is exhausted"),
+                )
+            })?;
+            sqlx::query(TAKE_OVER_LEASE)
+                .bind(role)
+                .bind(owner)
+                .bind(next)
+                .bind(expires_at)
+                .execute(conn)
+                .await
+                .map_err(store_error("cannot write the lease"))?;
+            (next, true)
+        }
+    };
+    Ok(LeaseWrite::Written { token, new_term })
+}
+
+/// The step of `release` inside an open `BEGIN IMMEDIATE` transaction at store time
+/// `now`: ends `owner`'s live term `token` on `role`, keeping the token. Whether it did;
+/// the caller commits.
+pub async fn release_lease(
+    conn: &mut SqliteConnection,
+    role: &str,
+    owner: &str,
+    token: i64,
+    now: i64,
+) -> Result<bool> {
+    match read_row(conn, role).await? {
+        Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
+            sqlx::query(RELEASE_LEASE)
+                .bind(role)
+                .bind(now)
+                .execute(conn)
+                .await
+                .map_err(store_error("cannot release the lease"))?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Durable, fenced leases in a SQLite file, shared by every process on the host that
@@ -217,32 +318,13 @@ impl LeaseStore for SqliteLeaseStore {
         // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
         let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
         let expires_at = now.checked_add(ttl_nanos).ok_or_else(too_large)?;
-        let current = read_row(&mut tx, role).await?;
-        let (token, new_term) = match current {
-            None => {
-                sqlx::query(INSERT_LEASE)
-                    .bind(role)
-                    .bind(owner)
-                    .bind(expires_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(store_error("cannot write the lease"))?;
-                (1, true)
-            }
-            Some(row) if now < row.expires_at && row.holder.as_deref() == Some(owner) => {
-                sqlx::query(RENEW_LEASE)
-                    .bind(role)
-                    .bind(expires_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(store_error("cannot renew the lease"))?;
-                (row.token, false)
-            }
-            Some(LeaseRow {
-                holder: Some(holder),
+        let (token, new_term) = match write_lease(&mut tx, role, owner, now, expires_at).await? {
+            LeaseWrite::Written { token, new_term } => (token, new_term),
+            LeaseWrite::Refused {
+                holder,
                 token,
                 expires_at: held_until,
-            }) if now < held_until => {
+            } => {
                 // Not acquired. Commit, not roll back: the transaction may have started
                 // a new boot, which every later call must see.
                 tx.commit()
@@ -255,23 +337,6 @@ impl LeaseStore for SqliteLeaseStore {
                     holder,
                     now: now_time,
                 });
-            }
-            Some(row) => {
-                let next = row.token.checked_add(1).ok_or_else(|| {
-                    Error::store_msg(
-                        BACKEND,
-                        format!("the token counter of role {role:?} is exhausted"),
-                    )
-                })?;
-                sqlx::query(TAKE_OVER_LEASE)
-                    .bind(role)
-                    .bind(owner)
-                    .bind(next)
-                    .bind(expires_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(store_error("cannot write the lease"))?;
-                (next, true)
             }
         };
         tx.commit()
@@ -297,18 +362,7 @@ impl LeaseStore for SqliteLeaseStore {
         };
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
-        let released = match read_row(&mut tx, role).await? {
-            Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
-                sqlx::query(RELEASE_LEASE)
-                    .bind(role)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(store_error("cannot release the lease"))?;
-                true
-            }
-            _ => false,
-        };
+        let released = release_lease(&mut tx, role, owner, token, now).await?;
         tx.commit()
             .await
             .map_err(store_error("cannot commit the release"))?;

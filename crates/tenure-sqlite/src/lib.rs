@@ -63,11 +63,14 @@ pub use fence::{fence_in_transaction, SqliteFence};
 pub use lease::SqliteLeaseStore;
 pub use registry::SqliteNodeRegistry;
 
-/// The store's SQL statements, for benchmarks that issue them raw; not a stable API.
+/// The store's write steps and statements, for `tenure bench`'s raw baseline only; not
+/// a supported API, it changes with the store. It stays public (hidden) because the
+/// baseline must run the store's own transaction bodies on a plain connection: a copy
+/// in the bench would drift from the store it is meant to measure.
 #[doc(hidden)]
 pub mod statements {
     pub use crate::database::{monotonic_nanos, READ_BOOT};
-    pub use crate::lease::{INSERT_LEASE, READ_LEASE, RELEASE_LEASE, RENEW_LEASE, TAKE_OVER_LEASE};
+    pub use crate::lease::{release_lease, write_lease, LeaseWrite};
     pub use crate::registry::{forget_bound, FORGET_NODES, READ_NODE, UPSERT_NODE};
 }
 

@@ -1,7 +1,7 @@
 //! In-memory store hot paths, each beside a baseline measured in the same run.
 //!
-//! - `renew/decide`: renewing a hot role through the allocation-free inherent path;
-//! - `renew/trait`: the same through `dyn LeaseStore` (boxed future, owned holder);
+//! - `renew/trait`: renewing a hot role through `dyn LeaseStore` (boxed future, owned
+//!   holder), the path the elector takes;
 //! - `baseline/clock`: one `SystemTime::now()`, the floor of any renewal on wall time;
 //! - `baseline/map`: a bare `FxHashMap` lookup and update under a mutex, what a renewal
 //!   is without the contract's checks;
@@ -33,19 +33,8 @@ fn ready<F: std::future::Future>(future: F) -> F::Output {
 }
 
 fn renew(c: &mut Criterion) {
-    let store = InMemoryLeaseStore::new();
-    store.decide("hot", "node-a", TTL).unwrap();
     let mut group = c.benchmark_group("renew");
     group.throughput(Throughput::Elements(1));
-    group.bench_function("decide", |b| {
-        b.iter(|| {
-            black_box(
-                store
-                    .decide(black_box("hot"), black_box("node-a"), TTL)
-                    .unwrap(),
-            )
-        })
-    });
     let dyn_store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::new());
     ready(dyn_store.try_acquire_or_renew("hot", "node-a", TTL)).unwrap();
     group.bench_function("trait", |b| {
@@ -88,7 +77,9 @@ fn two_threads(c: &mut Criterion) {
                         let role = format!("role-{thread}");
                         let owner = format!("node-{thread}");
                         for _ in 0..iters {
-                            black_box(store.decide(&role, &owner, TTL).unwrap());
+                            black_box(
+                                ready(store.try_acquire_or_renew(&role, &owner, TTL)).unwrap(),
+                            );
                         }
                     });
                 }

@@ -14,22 +14,6 @@ use crate::{Clock, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, Sys
 
 const SHARDS: usize = 16;
 
-/// The outcome of [`InMemoryLeaseStore::decide`]: a [`LeaseResult`] without the holder's
-/// name when the caller holds the lease, so renewing allocates nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the caller holds the lease after the call.
-    pub acquired: bool,
-    /// The current term's token.
-    pub fencing_token: FencingToken,
-    /// When the current term ends.
-    pub expires_at: SystemTime,
-    /// The store time of the decision.
-    pub now: SystemTime,
-    /// The live holder when it is somebody else (`None` when `acquired`).
-    pub other_holder: Option<String>,
-}
-
 #[derive(Debug)]
 struct Slot {
     holder: Option<String>,
@@ -58,7 +42,7 @@ impl Slot {
 /// The lease store for one process, on an injected [`Clock`].
 ///
 /// Roles are spread over 16 mutex-guarded shards, so contenders for different roles
-/// rarely meet; renewing an existing term allocates nothing. Waiting contenders are
+/// rarely meet; renewing an existing term updates its entry in place. Waiting contenders are
 /// woken through a per-role [`Notify`] the moment a term is released or replaced.
 ///
 /// # Examples
@@ -119,10 +103,16 @@ impl InMemoryLeaseStore {
         let index = (FxBuildHasher.hash_one(role) >> 58) as usize % SHARDS;
         &self.shards[index]
     }
+}
 
-    /// The lease step of [`LeaseStore::try_acquire_or_renew`], synchronously and without
-    /// allocating when the caller already holds the role.
-    pub fn decide(&self, role: &str, owner: &str, ttl: Duration) -> Result<Decision> {
+#[async_trait]
+impl LeaseStore for InMemoryLeaseStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
         let now = self.clock.now();
         let expires_at = validate_ttl(ttl, Duration::from_nanos(1), now)?;
         let mut shard = self.shard(role).lock();
@@ -131,12 +121,12 @@ impl InMemoryLeaseStore {
         if let Some(slot) = shard.get_mut(role) {
             if now < slot.expires_at && slot.holder.as_deref() == Some(owner) {
                 slot.expires_at = expires_at;
-                return Ok(Decision {
+                return Ok(LeaseResult {
                     acquired: true,
                     fencing_token: slot.token,
                     expires_at,
                     now,
-                    other_holder: None,
+                    holder: owner.to_owned(),
                 });
             }
         }
@@ -151,12 +141,12 @@ impl InMemoryLeaseStore {
                     changed: Arc::new(Notify::new()),
                 },
             );
-            return Ok(Decision {
+            return Ok(LeaseResult {
                 acquired: true,
                 fencing_token: FencingToken::from(1),
                 expires_at,
                 now,
-                other_holder: None,
+                holder: owner.to_owned(),
             });
         };
         let live = now < slot.expires_at;
@@ -165,12 +155,12 @@ impl InMemoryLeaseStore {
                 slot.expires_at = expires_at;
             }
             Some(holder) if live => {
-                return Ok(Decision {
+                return Ok(LeaseResult {
                     acquired: false,
                     fencing_token: slot.token,
                     expires_at: slot.expires_at,
                     now,
-                    other_holder: Some(holder.to_owned()),
+                    holder: holder.to_owned(),
                 });
             }
             _ => {
@@ -186,31 +176,12 @@ impl InMemoryLeaseStore {
                 slot.changed.notify_waiters();
             }
         }
-        Ok(Decision {
+        Ok(LeaseResult {
             acquired: true,
             fencing_token: slot.token,
             expires_at: slot.expires_at,
             now,
-            other_holder: None,
-        })
-    }
-}
-
-#[async_trait]
-impl LeaseStore for InMemoryLeaseStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        let decision = self.decide(role, owner, ttl)?;
-        Ok(LeaseResult {
-            acquired: decision.acquired,
-            fencing_token: decision.fencing_token,
-            expires_at: decision.expires_at,
-            holder: decision.other_holder.unwrap_or_else(|| owner.to_owned()),
-            now: decision.now,
+            holder: owner.to_owned(),
         })
     }
 

@@ -6,5 +6,5 @@
 mod lease;
 mod registry;
 
-pub use lease::{Decision, InMemoryLeaseStore};
+pub use lease::InMemoryLeaseStore;
 pub use registry::InMemoryNodeRegistry;
