@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use async_trait::async_trait;
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
-    ElectionState, Error, FenceStore, FencingToken, LeaseInfo, LeaseLeaderElector,
-    LeaseLeaderOptions, LeaseResult, LeaseStore, Metadata, NodeRegistry,
+    ElectionState, Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions,
+    LeaseStore, Metadata, NodeRegistry,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -122,38 +123,14 @@ impl Stall {
     }
 }
 
-/// A lease store seen through a process that may be frozen.
-struct StalledLeases {
-    inner: Arc<dyn LeaseStore>,
-    stall: Stall,
-}
-
+/// A frozen process's lease calls: a renewal or release waits while it is stalled.
 #[async_trait]
-impl LeaseStore for StalledLeases {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> tenure::Result<LeaseResult> {
-        self.stall.wait_until_running().await;
-        self.inner.try_acquire_or_renew(role, owner, ttl).await
-    }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> tenure::Result<bool> {
-        self.stall.wait_until_running().await;
-        self.inner.release(role, owner, token).await
-    }
-    async fn get(&self, role: &str) -> tenure::Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> tenure::Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
-    }
-    fn min_ttl(&self) -> Duration {
-        self.inner.min_ttl()
+impl Interceptor for Stall {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        if matches!(call, Call::TryAcquireOrRenew { .. } | Call::Release { .. }) {
+            self.wait_until_running().await;
+        }
+        next.run(call).await
     }
 }
 
@@ -211,10 +188,8 @@ pub async fn run(stores: DemoStores, timing: DemoTiming, unique_names: bool) -> 
         retry_interval: Duration::from_secs(60),
         ..Default::default()
     };
-    let leases_a: Arc<dyn LeaseStore> = Arc::new(StalledLeases {
-        inner: stores.leases.clone(),
-        stall: stall_a.clone(),
-    });
+    let leases_a = InterceptStore::new(stores.leases.clone()).with(Arc::new(stall_a.clone()));
+    let leases_a: Arc<dyn LeaseStore> = Arc::new(leases_a);
     let elector_a = Arc::new(LeaseLeaderElector::new(leases_a, options(&names.node_a))?);
     let elector_b = Arc::new(LeaseLeaderElector::new(
         stores.leases.clone(),

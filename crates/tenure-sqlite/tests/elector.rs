@@ -2,17 +2,16 @@
 //! still in flight holds this process's writer slot and the file's write lock, so the
 //! elector must let it finish before it releases.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tenure::{
-    ElectionState, FencingToken, LeaseInfo, LeaseLeaderElector, LeaseLeaderOptions, LeaseResult,
-    LeaseStore, Result,
-};
-use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore};
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure_sqlite::SqliteDatabase;
 use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -20,12 +19,12 @@ use tokio_util::sync::CancellationToken;
 const ROLE: &str = "reports";
 const TTL: Duration = Duration::from_secs(4);
 
-/// The SQLite store with renewals that can be held in flight: once `hold` is called,
-/// the next `try_acquire_or_renew` is polled once (so it takes the writer slot and
-/// starts `BEGIN IMMEDIATE`), announces itself through `in_flight`, and goes on only
-/// once the gate opens and its caller polls it again, like a slow disk under a renewal.
+/// Renewals that can be held in flight: once `hold` is called, the next
+/// `try_acquire_or_renew` is polled once (so it takes the writer slot and starts
+/// `BEGIN IMMEDIATE`), announces itself through `in_flight`, and goes on only once the
+/// gate opens and its caller polls it again, like a slow disk under a renewal.
+#[derive(Default)]
 struct HeldRenewals {
-    inner: SqliteLeaseStore,
     gate: Mutex<Option<watch::Receiver<bool>>>,
     in_flight: Notify,
     released: Mutex<Vec<(FencingToken, bool)>>,
@@ -37,21 +36,12 @@ impl HeldRenewals {
         *self.gate.lock() = Some(gate);
         open
     }
-}
 
-#[async_trait]
-impl LeaseStore for HeldRenewals {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        // A boxed future (async-trait), so it can be polled by hand.
-        let mut call = self.inner.try_acquire_or_renew(role, owner, ttl);
+    async fn renew(&self, call: Call, next: Next) -> Reply {
         let Some(mut gate) = self.gate.lock().take() else {
-            return call.await;
+            return next.run(call).await;
         };
+        let mut call = std::pin::pin!(next.run(call));
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         self.in_flight.notify_one();
         if let Poll::Ready(answer) = first {
@@ -60,19 +50,22 @@ impl LeaseStore for HeldRenewals {
         let _ = gate.wait_for(|open| *open).await;
         call.await
     }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        let released = self.inner.release(role, owner, token).await?;
-        self.released.lock().push((token, released));
-        Ok(released)
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
+}
+
+#[async_trait]
+impl Interceptor for HeldRenewals {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        match call {
+            Call::TryAcquireOrRenew { .. } => self.renew(call, next).await,
+            Call::Release { token, .. } => {
+                let reply = next.run(call).await;
+                if let Reply::Released(Ok(released)) = reply {
+                    self.released.lock().push((token, released));
+                }
+                reply
+            }
+            call => next.run(call).await,
+        }
     }
 }
 
@@ -86,16 +79,13 @@ impl LeaseStore for HeldRenewals {
 async fn shutdown_during_a_renewal_releases_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("elector.db");
-    let held = Arc::new(HeldRenewals {
-        inner: SqliteDatabase::open(&path).await.unwrap().lease_store(),
-        gate: Mutex::new(None),
-        in_flight: Notify::new(),
-        released: Mutex::new(Vec::new()),
-    });
+    let held = Arc::new(HeldRenewals::default());
+    let node_a = Arc::new(SqliteDatabase::open(&path).await.unwrap().lease_store());
+    let node_a = InterceptStore::new(node_a).with(held.clone());
     let other = SqliteDatabase::open(&path).await.unwrap().lease_store();
     let elector = Arc::new(
         LeaseLeaderElector::new(
-            held.clone(),
+            Arc::new(node_a),
             LeaseLeaderOptions {
                 owner_id: "node-a".to_owned(),
                 lease_ttl: TTL,

@@ -73,6 +73,7 @@ mod clock;
 mod elector;
 mod error;
 mod fence;
+pub mod intercept;
 pub mod lease;
 pub mod memory;
 mod owner;

@@ -1,6 +1,6 @@
 //! The fenced elector, deterministically: paused tokio time, the in-memory store on a
 //! [`TokioClock`] (so store expiry and the elector's timers move together), and one
-//! store wrapper whose switches hang, stall, fail, hold, lapse, steal or shorten calls.
+//! interceptor whose switches hang, stall, fail, hold, lapse, steal or shorten calls.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
-    Clock, ElectionState, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseInfo,
-    LeaseLeaderElector, LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
+    Clock, ElectionState, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseLeaderElector,
+    LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -130,7 +131,7 @@ where
     tokio::spawn(async move { elector.run(ROLE, work, shutdown).await })
 }
 
-/// What a [`SwitchStore`] does to the next `try_acquire_or_renew` when armed.
+/// What [`Switches`] do to the next `try_acquire_or_renew` when armed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Twist {
     None,
@@ -142,14 +143,14 @@ enum Twist {
     Steal,
 }
 
-/// The in-memory store behind switches a test flips, applied to `try_acquire_or_renew`
-/// in this order: `hang` (never answer: a wedged connection), `stalled_until` (wait:
-/// a wedged connection that recovers), `fail_next` (fail with [`Error::Store`]),
+/// Switches a test flips on the in-memory store, applied to `try_acquire_or_renew` in
+/// this order: `hang` (never answer: a wedged connection), `stalled_until` (wait: a
+/// wedged connection that recovers), `fail_next` (fail with [`Error::Store`]),
 /// `on_the_wire` (the call reaches the store only when the gate opens, whether or not
 /// the caller still waits: a request already sent), `next` (a one-shot [`Twist`]) and
 /// `grant` (the store grants, and really keeps, only this fraction of the asked TTL).
 /// Every granted answer is recorded with the instant it was decided.
-struct SwitchStore {
+struct Switches {
     inner: Arc<InMemoryLeaseStore>,
     clock: TokioClock,
     hang: AtomicBool,
@@ -166,10 +167,10 @@ struct SwitchStore {
     released: Mutex<Vec<(FencingToken, bool)>>,
 }
 
-impl SwitchStore {
+impl Switches {
     /// All switches off: a plain pass-through.
     fn new(inner: Arc<InMemoryLeaseStore>, clock: &TokioClock) -> Arc<Self> {
-        Arc::new(SwitchStore {
+        Arc::new(Switches {
             inner,
             clock: clock.clone(),
             hang: AtomicBool::new(false),
@@ -183,6 +184,11 @@ impl SwitchStore {
             granted: Mutex::new(Vec::new()),
             released: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The store as seen through these switches.
+    fn store(self: &Arc<Self>) -> Arc<dyn LeaseStore> {
+        Arc::new(InterceptStore::new(self.inner.clone()).with(self.clone()))
     }
 
     fn last_granted(&self) -> LeaseResult {
@@ -208,34 +214,33 @@ impl SwitchStore {
         failing
     }
 
-    /// The call as the store decides it: twisted if armed, granting `grant` of `ttl`.
-    async fn decide(
+    /// Twists the live term of `owner` as armed, before the call reaches the store.
+    async fn twist(
         inner: &InMemoryLeaseStore,
         twist: Twist,
         role: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<LeaseResult> {
-        if twist != Twist::None {
-            let info = inner.get(role).await?.expect("a lease to twist");
-            assert_eq!(info.live_holder(), Some(owner), "twist only a live term");
-            assert!(inner.release(role, owner, info.fencing_token).await?);
-            if twist == Twist::Steal {
-                let stolen = inner.try_acquire_or_renew(role, "intruder", ttl).await?;
-                assert!(stolen.acquired);
-            }
+    ) -> Result<()> {
+        if twist == Twist::None {
+            return Ok(());
         }
-        inner.try_acquire_or_renew(role, owner, ttl).await
+        let info = inner.get(role).await?.expect("a lease to twist");
+        assert_eq!(info.live_holder(), Some(owner), "twist only a live term");
+        assert!(inner.release(role, owner, info.fencing_token).await?);
+        if twist == Twist::Steal {
+            let stolen = inner.try_acquire_or_renew(role, "intruder", ttl).await?;
+            assert!(stolen.acquired);
+        }
+        Ok(())
     }
-}
 
-#[async_trait]
-impl LeaseStore for SwitchStore {
-    async fn try_acquire_or_renew(
+    async fn acquire(
         &self,
-        role: &str,
-        owner: &str,
+        role: String,
+        owner: String,
         ttl: Duration,
+        next: Next,
     ) -> Result<LeaseResult> {
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
@@ -248,16 +253,21 @@ impl LeaseStore for SwitchStore {
         let twist = std::mem::replace(&mut *self.next.lock(), Twist::None);
         let ttl = ttl.mul_f64(*self.grant.lock());
         let gate = self.on_the_wire.lock().clone();
-        let result = match gate {
-            None => Self::decide(&self.inner, twist, role, owner, ttl).await?,
-            Some(mut gate) => {
-                let (inner, role, owner) = (self.inner.clone(), role.to_owned(), owner.to_owned());
-                let sent = tokio::spawn(async move {
-                    let _ = gate.wait_for(|open| *open).await;
-                    Self::decide(&inner, twist, &role, &owner, ttl).await
-                });
-                sent.await.expect("the call on the wire")?
+        let detached = gate.is_some();
+        let inner = self.inner.clone();
+        let decide = async move {
+            if let Some(mut gate) = gate {
+                let _ = gate.wait_for(|open| *open).await;
             }
+            Self::twist(&inner, twist, &role, &owner, ttl).await?;
+            next.run(Call::TryAcquireOrRenew { role, owner, ttl })
+                .await
+                .into_lease()
+        };
+        let result = if detached {
+            tokio::spawn(decide).await.expect("the call on the wire")?
+        } else {
+            decide.await?
         };
         if twist != Twist::None {
             *self.twisted.lock() = Some((self.clock.now(), result.clone()));
@@ -267,19 +277,24 @@ impl LeaseStore for SwitchStore {
         }
         Ok(result)
     }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        let released = self.inner.release(role, owner, token).await?;
-        self.released.lock().push((token, released));
-        Ok(released)
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.inner.wait_for_change(role, observed, deadline).await
+}
+
+#[async_trait]
+impl Interceptor for Switches {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        match call {
+            Call::TryAcquireOrRenew { role, owner, ttl } => {
+                Reply::Lease(self.acquire(role, owner, ttl, next).await)
+            }
+            Call::Release { token, .. } => {
+                let reply = next.run(call).await;
+                if let Reply::Released(Ok(released)) = reply {
+                    self.released.lock().push((token, released));
+                }
+                reply
+            }
+            call => next.run(call).await,
+        }
     }
 }
 
@@ -376,7 +391,7 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
 struct Incarnation {
     owner: String,
     shutdown: CancellationToken,
-    store: Arc<SwitchStore>,
+    switches: Arc<Switches>,
 }
 
 /// Setup: three electors (ttl 900 ms, renew 300 ms, retry 200 ms) on one store and
@@ -412,9 +427,9 @@ async fn electors_never_run_work_concurrently() {
                 incarnation += 1;
                 // A restarted process is a new owner.
                 let owner = format!("{node}-{incarnation}");
-                let stall = SwitchStore::new(store.clone(), &clock);
+                let stall = Switches::new(store.clone(), &clock);
                 let elector = elector(
-                    stall.clone(),
+                    stall.store(),
                     options(
                         &owner,
                         Duration::from_millis(900),
@@ -426,7 +441,7 @@ async fn electors_never_run_work_concurrently() {
                 incarnations.lock().push(Incarnation {
                     owner: owner.clone(),
                     shutdown: shutdown.clone(),
-                    store: stall,
+                    switches: stall,
                 });
                 let (running, max_running, terms) =
                     (running.clone(), max_running.clone(), terms.clone());
@@ -483,7 +498,7 @@ async fn electors_never_run_work_concurrently() {
             leader.shutdown.cancel();
             shutdowns += 1;
         } else {
-            *leader.store.stalled_until.lock() = Instant::now() + secs(2);
+            *leader.switches.stalled_until.lock() = Instant::now() + secs(2);
             stalls += 1;
         }
     }
@@ -510,7 +525,7 @@ async fn electors_never_run_work_concurrently() {
 }
 
 /// Setup: ttl 10 s, renew 3 s, max drift 1 % (local window 9.9 s). node-a leads through
-/// a SwitchStore; node-b contends on the plain store. After two renewals node-a's
+/// Switches; node-b contends on the plain store. After two renewals node-a's
 /// store hangs. node-a's `leadership` must be cancelled at its last successful request
 /// + 9.9 s, before the store expiry of that answer; node-b then takes over with token
 /// 2; node-a's late write with token 1 is rejected by the fence.
@@ -518,10 +533,10 @@ async fn electors_never_run_work_concurrently() {
 async fn hung_renewals_cancel_leadership_before_store_expiry() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = SwitchStore::new(store.clone(), &clock);
+    let hanging = Switches::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
-    let a = elector(hanging.clone(), standard("node-a"));
+    let a = elector(hanging.store(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
     let shutdown = CancellationToken::new();
@@ -582,7 +597,7 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
     join(run_b, "node-b run").await.unwrap();
 }
 
-/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s). The store makes one
+/// Setup: node-a leads through Switches (ttl 10 s, renew 3 s). The store makes one
 /// renewal come back acquired with a new token (the term lapsed and a new one began).
 /// The old work takes 2 s to wind down after cancellation; the elector must await it
 /// before calling work with the new token.
@@ -590,8 +605,8 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
 async fn renewal_with_a_new_token_awaits_the_old_work_first() {
     let clock = clock();
     let store = memory(&clock);
-    let twist = SwitchStore::new(store.clone(), &clock);
-    let a = elector(twist.clone(), standard("node-a"));
+    let twist = Switches::new(store.clone(), &clock);
+    let a = elector(twist.store(), standard("node-a"));
     let mut state = a.watch();
     let log: Arc<Mutex<Vec<(String, SystemTime)>>> = Arc::default();
     let shutdown = CancellationToken::new();
@@ -647,7 +662,7 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
     assert_eq!(live_holder(&store).await, None);
 }
 
-/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s). The store hands the
+/// Setup: node-a leads through Switches (ttl 10 s, renew 3 s). The store hands the
 /// lease to `intruder` just before one renewal, which therefore answers "not acquired".
 /// `leadership` must be cancelled at that instant (not at the local deadline); node-a
 /// then follows the intruder and takes over with token 3 once its lease expires.
@@ -655,10 +670,10 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
 async fn renewal_not_acquired_cancels_leadership_at_once() {
     let clock = clock();
     let store = memory(&clock);
-    let twist = SwitchStore::new(store.clone(), &clock);
+    let twist = Switches::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
-    let a = elector(twist.clone(), standard("node-a"));
+    let a = elector(twist.store(), standard("node-a"));
     let mut state = a.watch();
     let shutdown = CancellationToken::new();
     let run = spawn_run(
@@ -773,7 +788,7 @@ async fn released_lease_is_taken_over_at_once() {
     join(run_c, "node-c run").await.unwrap();
 }
 
-/// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through a SwitchStore,
+/// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through Switches,
 /// node-b follows on the plain store. node-a's renewals start hanging; node-b must take
 /// over within ttl + a small margin of node-a's last successful renewal (it wakes at the
 /// holder's expiry), not ttl + the 60 s retry interval.
@@ -781,9 +796,9 @@ async fn released_lease_is_taken_over_at_once() {
 async fn stalled_leader_is_replaced_within_the_ttl() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = SwitchStore::new(store.clone(), &clock);
+    let hanging = Switches::new(store.clone(), &clock);
     let a = elector(
-        hanging.clone(),
+        hanging.store(),
         options("node-a", secs(10), secs(3), secs(60)),
     );
     let b = elector(
@@ -936,7 +951,7 @@ async fn work_panicking_is_an_error_not_a_crash() {
     assert_eq!(live_holder(&store).await, None);
 }
 
-/// Setup: an elector on a SwitchStore failing on a switch (ttl 10 s, renew 3 s, retry 1 s). Phase 1: the
+/// Setup: an elector through failing Switches (ttl 10 s, renew 3 s, retry 1 s). Phase 1: the
 /// first five acquires fail; it keeps retrying and leads. Phase 2: two renewals in a row
 /// fail (less than the local window); the term survives. Phase 3: every call fails for
 /// 30 s; the term is lost at the local deadline, `run` keeps going and leads again with a
@@ -945,9 +960,9 @@ async fn work_panicking_is_an_error_not_a_crash() {
 async fn transient_store_errors_never_end_run() {
     let clock = clock();
     let store = memory(&clock);
-    let flaky = SwitchStore::new(store.clone(), &clock);
+    let flaky = Switches::new(store.clone(), &clock);
     flaky.fail_next.store(5, Ordering::SeqCst);
-    let a = elector(flaky.clone(), standard("node-a"));
+    let a = elector(flaky.store(), standard("node-a"));
     let mut state = a.watch();
     let terms = Arc::new(Mutex::new(Vec::new()));
     let work_terms = terms.clone();
@@ -1001,7 +1016,7 @@ async fn transient_store_errors_never_end_run() {
 }
 
 /// Setup: ttl 10 s, renew 3 s, retry 1 s. node-b leads on the plain store; node-a
-/// follows through a SwitchStore whose calls made while `hang` is set never answer.
+/// follows through Switches whose calls made while `hang` is set never answer.
 /// One of node-a's acquire attempts is swallowed that way; then the store heals and
 /// node-b shuts down. node-a must give up on the lost call (its answer could no longer
 /// start a usable term after the local window) and lead, not wait forever.
@@ -1009,8 +1024,8 @@ async fn transient_store_errors_never_end_run() {
 async fn a_hung_acquire_does_not_block_the_contender_forever() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = SwitchStore::new(store.clone(), &clock);
-    let a = elector(hanging.clone(), standard("node-a"));
+    let hanging = Switches::new(store.clone(), &clock);
+    let a = elector(hanging.store(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
     let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
@@ -1050,14 +1065,14 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
 async fn work_grace_cancels_leadership_that_much_earlier() {
     let clock = clock();
     let store = memory(&clock);
-    let hanging = SwitchStore::new(store.clone(), &clock);
+    let hanging = Switches::new(store.clone(), &clock);
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
     let options = LeaseLeaderOptions {
         work_grace: secs(2),
         ..standard("node-a")
     };
-    let a = elector(hanging.clone(), options);
+    let a = elector(hanging.store(), options);
     let mut a_state = a.watch();
     let shutdown = CancellationToken::new();
     let run_a = spawn_run(
@@ -1087,11 +1102,11 @@ async fn work_grace_cancels_leadership_that_much_earlier() {
 async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
     let clock = clock();
     let store = memory(&clock);
-    let halving = SwitchStore::new(store.clone(), &clock);
+    let halving = Switches::new(store.clone(), &clock);
     *halving.grant.lock() = 0.5;
     let fence = Arc::new(Fence::new());
     let cancelled_at = Arc::new(Mutex::new(Vec::new()));
-    let a = elector(halving.clone(), standard("node-a"));
+    let a = elector(halving.store(), standard("node-a"));
     let mut a_state = a.watch();
     let shutdown = CancellationToken::new();
     let run_a = spawn_run(
@@ -1125,7 +1140,7 @@ async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
     join(run_a, "node-a run").await.unwrap();
 }
 
-/// Setup: node-a leads through a SwitchStore (ttl 10 s, renew 3 s, drift 1 %). One
+/// Setup: node-a leads through Switches (ttl 10 s, renew 3 s, drift 1 %). One
 /// renewal comes back with a new token (the term lapsed and a new one began); the old
 /// work takes 15 s, longer than the TTL, to wind down after cancellation, so the new
 /// term's local deadline (its answer + 9.9 s) passes meanwhile. Work must never be called
@@ -1135,8 +1150,8 @@ async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
 async fn work_is_never_called_for_a_term_past_its_deadline() {
     let clock = clock();
     let store = memory(&clock);
-    let twist = SwitchStore::new(store.clone(), &clock);
-    let a = elector(twist.clone(), standard("node-a"));
+    let twist = Switches::new(store.clone(), &clock);
+    let a = elector(twist.store(), standard("node-a"));
     let mut state = a.watch();
     let calls: Arc<Mutex<Vec<(FencingToken, Instant)>>> = Arc::default();
     let work_calls = calls.clone();
@@ -1202,8 +1217,8 @@ async fn work_is_never_called_for_a_term_past_its_deadline() {
 async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
     let clock = clock();
     let store = memory(&clock);
-    let wire = SwitchStore::new(store.clone(), &clock);
-    let a = elector(wire.clone(), standard("node-a"));
+    let wire = Switches::new(store.clone(), &clock);
+    let a = elector(wire.store(), standard("node-a"));
     let mut state = a.watch();
     let shutdown = CancellationToken::new();
     let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };

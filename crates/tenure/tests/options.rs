@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
-    Error, FencingToken, InMemoryLeaseStore, LeaseInfo, LeaseLeaderElector, LeaseLeaderOptions,
-    LeaseResult, LeaseStore, Result, TokioClock,
+    Error, InMemoryLeaseStore, LeaseLeaderElector, LeaseLeaderOptions, Result, TokioClock,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -232,45 +232,35 @@ fn bad_owner_ids_are_rejected() {
     }
 }
 
-/// The in-memory store with a one-second minimum TTL, like etcd.
+/// A one-second minimum TTL, like etcd's, and a count of the calls that reach the store.
+#[derive(Default)]
 struct WholeSeconds {
-    inner: Arc<InMemoryLeaseStore>,
     calls: AtomicUsize,
 }
 
 #[async_trait]
-impl LeaseStore for WholeSeconds {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
+impl Interceptor for WholeSeconds {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire_or_renew(role, owner, ttl).await
+        next.run(call).await
     }
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.inner.release(role, owner, token).await
-    }
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.inner.get(role).await
-    }
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.inner.list().await
-    }
-    fn min_ttl(&self) -> Duration {
+    fn min_ttl(&self, _below: Duration) -> Duration {
         Duration::from_secs(1)
     }
+}
+
+/// The in-memory store through [`WholeSeconds`].
+fn whole_seconds() -> (Arc<WholeSeconds>, Arc<InterceptStore>) {
+    let counter = Arc::new(WholeSeconds::default());
+    let store = InterceptStore::new(memory()).with(counter.clone());
+    (counter, Arc::new(store))
 }
 
 /// Setup: a store whose `min_ttl` is 1 s. A 500 ms lease_ttl is rejected by `new` with
 /// both values in the message; exactly 1 s is accepted.
 #[test]
 fn ttl_below_the_store_minimum_is_rejected() {
-    let store = Arc::new(WholeSeconds {
-        inner: memory(),
-        calls: AtomicUsize::new(0),
-    });
+    let (counter, store) = whole_seconds();
     let short = LeaseLeaderOptions {
         lease_ttl: ms(500),
         renew_interval: ms(100),
@@ -288,7 +278,11 @@ fn ttl_below_the_store_minimum_is_rejected() {
         ..valid()
     };
     LeaseLeaderElector::new(store.clone(), exact).unwrap();
-    assert_eq!(store.calls.load(Ordering::SeqCst), 0, "new makes no calls");
+    assert_eq!(
+        counter.calls.load(Ordering::SeqCst),
+        0,
+        "new makes no calls"
+    );
 }
 
 /// Setup: a valid elector on the in-memory store. `run` with an empty, NUL-holding or
@@ -296,10 +290,7 @@ fn ttl_below_the_store_minimum_is_rejected() {
 /// store.
 #[tokio::test(start_paused = true)]
 async fn bad_role_makes_run_return_invalid_argument() {
-    let store = Arc::new(WholeSeconds {
-        inner: memory(),
-        calls: AtomicUsize::new(0),
-    });
+    let (counter, store) = whole_seconds();
     let elector = LeaseLeaderElector::new(store.clone(), valid()).unwrap();
     let called = Arc::new(AtomicUsize::new(0));
     for (role, mention) in [
@@ -321,7 +312,7 @@ async fn bad_role_makes_run_return_invalid_argument() {
         expect_invalid(outcome, "role", &[mention]);
     }
     assert_eq!(called.load(Ordering::SeqCst), 0);
-    assert_eq!(store.calls.load(Ordering::SeqCst), 0);
+    assert_eq!(counter.calls.load(Ordering::SeqCst), 0);
 }
 
 /// Setup: none. `work_grace` must leave room: below the local window, and with a grace

@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
     Clock, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseInfo, LeaseLeaderElector,
     LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
@@ -540,13 +541,13 @@ struct CallPlan {
     grant: f64,
 }
 
-/// The fault wrapper in front of the shared store, one per elector slot.
-struct FaultStore {
+/// The faults in front of the shared store, one interceptor per elector slot.
+struct Faults {
     sim: Arc<Sim>,
     index: usize,
 }
 
-impl FaultStore {
+impl Faults {
     fn plan(&self) -> CallPlan {
         self.sim.random(|rng| {
             let latency = TTL.mul_f64(rng.random_range(0.0..1.0 / 3.0));
@@ -589,15 +590,13 @@ impl FaultStore {
             tokio::time::sleep_until(until).await;
         }
     }
-}
 
-#[async_trait]
-impl LeaseStore for FaultStore {
-    async fn try_acquire_or_renew(
+    async fn acquire(
         &self,
-        role: &str,
-        owner: &str,
+        role: String,
+        owner: String,
         ttl: Duration,
+        next: Next,
     ) -> Result<LeaseResult> {
         let plan = self.plan();
         self.wait_out_pause().await;
@@ -611,18 +610,19 @@ impl LeaseStore for FaultStore {
         // A short grant never shortens the caller's live term: a store may grant less
         // than asked, but must not move a term's expiry back (its holder's deadline still
         // rests on the earlier answer until this one arrives).
-        let live = match self.sim.store.get(role).await {
-            Ok(Some(info)) if info.live_holder() == Some(owner) => info.remaining(),
+        let live = match self.sim.store.get(&role).await {
+            Ok(Some(info)) if info.live_holder() == Some(&owner) => info.remaining(),
             _ => Duration::ZERO,
         };
         let granted = ttl.mul_f64(plan.grant).max(live);
-        let mut result = self
-            .sim
-            .store
-            .try_acquire_or_renew(role, owner, granted)
-            .await;
+        let call = Call::TryAcquireOrRenew {
+            role,
+            owner: owner.clone(),
+            ttl: granted,
+        };
+        let mut result = next.run(call).await.into_lease();
         if let Ok(answer) = &mut result {
-            self.sim.on_answer(owner, answer).await;
+            self.sim.on_answer(&owner, answer).await;
             self.sim.shown(answer, ttl);
         }
         tokio::time::sleep(plan.response).await;
@@ -632,32 +632,37 @@ impl LeaseStore for FaultStore {
         self.wait_out_pause().await;
         result
     }
+}
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        let latency = self
-            .sim
-            .random(|rng| TTL.mul_f64(rng.random_range(0.0..0.1)));
-        self.wait_out_pause().await;
-        tokio::time::sleep(latency).await;
-        let released = self.sim.store.release(role, owner, token).await?;
-        self.sim.on_release(owner, token, released).await;
-        Ok(released)
-    }
-
-    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
-        self.sim.store.get(role).await
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.sim.store.list().await
-    }
-
-    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        self.sim
-            .store
-            .wait_for_change(role, observed, deadline)
-            .await;
-        self.wait_out_pause().await;
+#[async_trait]
+impl Interceptor for Faults {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        match call {
+            Call::TryAcquireOrRenew { role, owner, ttl } => {
+                Reply::Lease(self.acquire(role, owner, ttl, next).await)
+            }
+            Call::Release {
+                ref owner, token, ..
+            } => {
+                let owner = owner.clone();
+                let latency = self
+                    .sim
+                    .random(|rng| TTL.mul_f64(rng.random_range(0.0..0.1)));
+                self.wait_out_pause().await;
+                tokio::time::sleep(latency).await;
+                let reply = next.run(call).await;
+                if let Reply::Released(Ok(released)) = reply {
+                    self.sim.on_release(&owner, token, released).await;
+                }
+                reply
+            }
+            Call::WaitForChange { .. } => {
+                let reply = next.run(call).await;
+                self.wait_out_pause().await;
+                reply
+            }
+            call => next.run(call).await,
+        }
     }
 }
 
@@ -719,10 +724,11 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
             retry_interval: RETRY,
             ..Default::default()
         };
-        let store = Arc::new(FaultStore {
+        let faults = Arc::new(Faults {
             sim: sim.clone(),
             index,
         });
+        let store = Arc::new(InterceptStore::new(sim.store.clone()).with(faults));
         let elector = match LeaseLeaderElector::new(store, options) {
             Ok(elector) => elector,
             Err(error) => {

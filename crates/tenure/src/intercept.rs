@@ -1,0 +1,620 @@
+//! Fault injection for lease stores: one intercepting [`LeaseStore`] whose hooks delay,
+//! hang, fail or rewrite any call on its way to a store and its answer on the way back.
+//!
+//! A fault test needs a store that misbehaves in one particular way: a renewal that
+//! hangs, a store that grants half the TTL asked for, a process frozen mid-call. Rather
+//! than a hand-written store wrapper per fault (each forwarding every trait method), an
+//! [`InterceptStore`] wraps any store and passes every call, described as a plain
+//! [`Call`], through a stack of [`Interceptor`]s. Each one sees the call and a [`Next`]
+//! (the rest of the stack, then the store), so it can
+//!
+//! - **delay** it: sleep (on tokio time, so paused-clock tests stay deterministic), then
+//!   call `next.run(call)`;
+//! - **hang** it: wait for a `CancellationToken`, a `Notify` or forever before going on;
+//! - **fail** it: answer [`Reply::error`] without calling `next`;
+//! - **rewrite** it: change the call's arguments before `next.run`, or the answer after;
+//! - anything else a stalled network or process does: run `next` in its own task so the
+//!   request reaches the store even when the caller stops waiting, or hold the call
+//!   between two polls of the store's future.
+//!
+//! The first interceptor added is the outermost: it sees the call first and the answer
+//! last. Adding a [`LeaseStore`] method means editing this file only: a [`Call`]
+//! variant, its [`Reply`], and the one place that forwards calls to the store.
+//!
+//! # Examples
+//!
+//! A store that is down while a switch is on:
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use std::sync::atomic::{AtomicBool, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+//! use tenure::{Error, InMemoryLeaseStore, LeaseStore};
+//!
+//! /// Fails every call while `down` is set.
+//! struct Outage {
+//!     down: AtomicBool,
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl Interceptor for Outage {
+//!     async fn intercept(&self, call: Call, next: Next) -> Reply {
+//!         if self.down.load(Ordering::SeqCst) {
+//!             return Reply::error(&call, Error::store_msg("memory", "injected outage"));
+//!         }
+//!         next.run(call).await
+//!     }
+//! }
+//!
+//! let outage = Arc::new(Outage { down: AtomicBool::new(true) });
+//! let store = InterceptStore::new(Arc::new(InMemoryLeaseStore::new())).with(outage.clone());
+//! let ttl = Duration::from_secs(10);
+//! assert!(store.try_acquire_or_renew("reports", "node-a", ttl).await.is_err());
+//! outage.down.store(false, Ordering::SeqCst);
+//! assert!(store.try_acquire_or_renew("reports", "node-a", ttl).await?.acquired);
+//! # Ok::<(), tenure::Error>(())
+//! # }).unwrap();
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+
+/// One call to a [`LeaseStore`], with its arguments, as an [`Interceptor`] sees it.
+///
+/// The arguments are owned so that an interceptor can move the call into a task of its
+/// own. New variants may come with new store methods: match with a catch-all arm that
+/// passes the call on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Call {
+    /// [`LeaseStore::try_acquire_or_renew`].
+    TryAcquireOrRenew {
+        /// The role.
+        role: String,
+        /// The contender.
+        owner: String,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// [`LeaseStore::release`].
+    Release {
+        /// The role.
+        role: String,
+        /// The holder releasing.
+        owner: String,
+        /// The token of the term to end.
+        token: FencingToken,
+    },
+    /// [`LeaseStore::get`].
+    Get {
+        /// The role.
+        role: String,
+    },
+    /// [`LeaseStore::list`].
+    List,
+    /// [`LeaseStore::wait_for_change`].
+    WaitForChange {
+        /// The role.
+        role: String,
+        /// The token of the term the caller saw.
+        observed: FencingToken,
+        /// When the caller stops waiting.
+        deadline: Instant,
+    },
+}
+
+impl Call {
+    /// The name of the store method this call is for (`"release"`, ...), for logs.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Call::TryAcquireOrRenew { .. } => "try_acquire_or_renew",
+            Call::Release { .. } => "release",
+            Call::Get { .. } => "get",
+            Call::List => "list",
+            Call::WaitForChange { .. } => "wait_for_change",
+        }
+    }
+}
+
+/// The answer to one [`Call`]: the variant of the call's method.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Reply {
+    /// From [`Call::TryAcquireOrRenew`].
+    Lease(Result<LeaseResult>),
+    /// From [`Call::Release`].
+    Released(Result<bool>),
+    /// From [`Call::Get`].
+    Info(Result<Option<LeaseInfo>>),
+    /// From [`Call::List`].
+    List(Result<Vec<LeaseInfo>>),
+    /// From [`Call::WaitForChange`]: the wait ended.
+    Changed,
+}
+
+impl Reply {
+    /// The answer to `call` failing with `error`.
+    ///
+    /// A wait for change cannot fail: its caller reads the store again when it returns,
+    /// and sees the failure there. So for [`Call::WaitForChange`] the error is dropped and
+    /// the wait ends at once.
+    pub fn error(call: &Call, error: Error) -> Reply {
+        match call {
+            Call::TryAcquireOrRenew { .. } => Reply::Lease(Err(error)),
+            Call::Release { .. } => Reply::Released(Err(error)),
+            Call::Get { .. } => Reply::Info(Err(error)),
+            Call::List => Reply::List(Err(error)),
+            Call::WaitForChange { .. } => Reply::Changed,
+        }
+    }
+
+    /// The answer of a [`Call::TryAcquireOrRenew`]; an error if an interceptor answered
+    /// it with the reply to another method.
+    pub fn into_lease(self) -> Result<LeaseResult> {
+        match self {
+            Reply::Lease(result) => result,
+            other => Err(other.mismatch("try_acquire_or_renew")),
+        }
+    }
+
+    /// The answer of a [`Call::Release`]; an error if it is the reply to another method.
+    pub fn into_released(self) -> Result<bool> {
+        match self {
+            Reply::Released(result) => result,
+            other => Err(other.mismatch("release")),
+        }
+    }
+
+    /// The answer of a [`Call::Get`]; an error if it is the reply to another method.
+    pub fn into_info(self) -> Result<Option<LeaseInfo>> {
+        match self {
+            Reply::Info(result) => result,
+            other => Err(other.mismatch("get")),
+        }
+    }
+
+    /// The answer of a [`Call::List`]; an error if it is the reply to another method.
+    pub fn into_list(self) -> Result<Vec<LeaseInfo>> {
+        match self {
+            Reply::List(result) => result,
+            other => Err(other.mismatch("list")),
+        }
+    }
+
+    /// A bug in an interceptor, reported to the caller rather than panicking inside a
+    /// store call.
+    fn mismatch(&self, method: &str) -> Error {
+        let answered = match self {
+            Reply::Lease(_) => "try_acquire_or_renew",
+            Reply::Released(_) => "release",
+            Reply::Info(_) => "get",
+            Reply::List(_) => "list",
+            Reply::Changed => "wait_for_change",
+        };
+        Error::store_msg(
+            "intercept",
+            format!("an interceptor answered {method} with the reply to {answered}"),
+        )
+    }
+}
+
+/// A hook on every call through an [`InterceptStore`].
+#[async_trait]
+pub trait Interceptor: Send + Sync + 'static {
+    /// Handles `call`: pass it on with `next.run(call)` (changed or not, now or later,
+    /// in this task or another), or answer it without the store. `next` runs the
+    /// interceptors after this one, then the store.
+    async fn intercept(&self, call: Call, next: Next) -> Reply;
+
+    /// The smallest TTL the store honours as seen through this interceptor, given
+    /// `below`, the one of the interceptors after it and the store. Unchanged by default.
+    fn min_ttl(&self, below: Duration) -> Duration {
+        below
+    }
+}
+
+/// The rest of an [`InterceptStore`]'s stack after one interceptor: the interceptors
+/// added after it, then the store.
+///
+/// It owns what it needs (`Send + 'static`), so an interceptor may move it into a task
+/// of its own.
+pub struct Next {
+    store: Arc<dyn LeaseStore>,
+    hooks: Arc<[Arc<dyn Interceptor>]>,
+    at: usize,
+}
+
+impl Next {
+    /// Passes `call` on to the next interceptor, or to the store after the last one.
+    pub async fn run(self, call: Call) -> Reply {
+        let Some(hook) = self.hooks.get(self.at).cloned() else {
+            return forward(self.store.as_ref(), call).await;
+        };
+        let rest = Next {
+            at: self.at + 1,
+            ..self
+        };
+        hook.intercept(call, rest).await
+    }
+}
+
+/// The one place a call reaches the store.
+async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
+    match call {
+        Call::TryAcquireOrRenew { role, owner, ttl } => {
+            Reply::Lease(store.try_acquire_or_renew(&role, &owner, ttl).await)
+        }
+        Call::Release { role, owner, token } => {
+            Reply::Released(store.release(&role, &owner, token).await)
+        }
+        Call::Get { role } => Reply::Info(store.get(&role).await),
+        Call::List => Reply::List(store.list().await),
+        Call::WaitForChange {
+            role,
+            observed,
+            deadline,
+        } => {
+            store.wait_for_change(&role, observed, deadline).await;
+            Reply::Changed
+        }
+    }
+}
+
+/// A [`LeaseStore`] that passes every call through a stack of [`Interceptor`]s before
+/// (and instead of, if one says so) the store it wraps.
+///
+/// With no interceptor it is the store itself.
+pub struct InterceptStore {
+    store: Arc<dyn LeaseStore>,
+    hooks: Arc<[Arc<dyn Interceptor>]>,
+}
+
+impl InterceptStore {
+    /// Wraps `store` with an empty stack.
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        InterceptStore {
+            store,
+            hooks: Arc::new([]),
+        }
+    }
+
+    /// Adds `hook` below the ones added before: they see each call before it does, and
+    /// its answer after it. Keep a clone of the `Arc` to flip the hook's switches.
+    pub fn with(self, hook: Arc<dyn Interceptor>) -> Self {
+        let hooks = self.hooks.iter().cloned().chain([hook]).collect();
+        InterceptStore { hooks, ..self }
+    }
+
+    async fn call(&self, call: Call) -> Reply {
+        let next = Next {
+            store: self.store.clone(),
+            hooks: self.hooks.clone(),
+            at: 0,
+        };
+        next.run(call).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for InterceptStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        let call = Call::TryAcquireOrRenew {
+            role: role.to_owned(),
+            owner: owner.to_owned(),
+            ttl,
+        };
+        self.call(call).await.into_lease()
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        let call = Call::Release {
+            role: role.to_owned(),
+            owner: owner.to_owned(),
+            token,
+        };
+        self.call(call).await.into_released()
+    }
+
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        let call = Call::Get {
+            role: role.to_owned(),
+        };
+        self.call(call).await.into_info()
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.call(Call::List).await.into_list()
+    }
+
+    async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
+        let call = Call::WaitForChange {
+            role: role.to_owned(),
+            observed,
+            deadline,
+        };
+        // Any answer ends the wait: the caller reads the store again either way.
+        let _ = self.call(call).await;
+    }
+
+    fn min_ttl(&self) -> Duration {
+        self.hooks
+            .iter()
+            .rev()
+            .fold(self.store.min_ttl(), |below, hook| hook.min_ttl(below))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use parking_lot::Mutex;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::{InMemoryLeaseStore, TokioClock};
+
+    const ROLE: &str = "reports";
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn start() -> SystemTime {
+        SystemTime::UNIX_EPOCH + secs(1_800_000_000)
+    }
+
+    fn memory() -> Arc<InMemoryLeaseStore> {
+        Arc::new(InMemoryLeaseStore::with_clock(TokioClock::starting_at(
+            start(),
+        )))
+    }
+
+    /// A boxed reply future, so test hooks can be closures.
+    type Boxed = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
+    /// An interceptor from a closure over the call and the rest of the stack.
+    struct Hook<F>(F);
+
+    #[async_trait]
+    impl<F: Fn(Call, Next) -> Boxed + Send + Sync + 'static> Interceptor for Hook<F> {
+        async fn intercept(&self, call: Call, next: Next) -> Reply {
+            (self.0)(call, next).await
+        }
+    }
+
+    fn hook(f: impl Fn(Call, Next) -> Boxed + Send + Sync + 'static) -> Arc<dyn Interceptor> {
+        Arc::new(Hook(f))
+    }
+
+    /// Setup: a store behind one hook that sleeps 2 s before every acquire. The answer
+    /// is decided 2 s of store time after the call, and the call took 2 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_delays_a_call_on_tokio_time() {
+        let store = InterceptStore::new(memory()).with(hook(|call, next| {
+            Box::pin(async move {
+                if let Call::TryAcquireOrRenew { .. } = call {
+                    tokio::time::sleep(secs(2)).await;
+                }
+                next.run(call).await
+            })
+        }));
+        let sent = Instant::now();
+        let answer = store
+            .try_acquire_or_renew(ROLE, "node-a", secs(10))
+            .await
+            .unwrap();
+        assert_eq!(sent.elapsed(), secs(2));
+        assert_eq!(answer.now, start() + secs(2));
+        assert!(
+            store.get(ROLE).await.unwrap().is_some(),
+            "get is not delayed"
+        );
+        assert_eq!(sent.elapsed(), secs(2));
+    }
+
+    /// Setup: a hook that holds every call until a token is cancelled. An acquire made
+    /// while it is held does not answer for a minute, then reaches the store and answers
+    /// as soon as the token is cancelled.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_call_goes_on_when_its_token_is_cancelled() {
+        let inner = memory();
+        let held = CancellationToken::new();
+        let release = held.clone();
+        let store = Arc::new(
+            InterceptStore::new(inner.clone()).with(hook(move |call, next| {
+                let held = held.clone();
+                Box::pin(async move {
+                    held.cancelled().await;
+                    next.run(call).await
+                })
+            })),
+        );
+        let call = tokio::spawn({
+            let store = store.clone();
+            async move { store.try_acquire_or_renew(ROLE, "node-a", secs(10)).await }
+        });
+        tokio::time::sleep(secs(60)).await;
+        assert!(
+            !call.is_finished(),
+            "the call hangs while the token is live"
+        );
+        assert_eq!(
+            inner.get(ROLE).await.unwrap(),
+            None,
+            "nothing reached the store"
+        );
+        release.cancel();
+        let answer = call.await.unwrap().unwrap();
+        assert!(answer.acquired);
+        assert_eq!(answer.now, start() + secs(60));
+    }
+
+    /// Setup: a hook that fails every acquire and release with a store error. Both
+    /// calls return that error and the store below never sees them; reads pass.
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_fails_a_call_without_the_store() {
+        let inner = memory();
+        let store = InterceptStore::new(inner.clone()).with(hook(|call, next| {
+            Box::pin(async move {
+                match call {
+                    Call::TryAcquireOrRenew { .. } | Call::Release { .. } => {
+                        Reply::error(&call, Error::store_msg("memory", "injected failure"))
+                    }
+                    call => next.run(call).await,
+                }
+            })
+        }));
+        let error = store
+            .try_acquire_or_renew(ROLE, "node-a", secs(10))
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "memory store: injected failure");
+        assert!(error.is_transient());
+        let error = store
+            .release(ROLE, "node-a", FencingToken::from(1))
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "memory store: injected failure");
+        assert_eq!(store.get(ROLE).await.unwrap(), None);
+        assert_eq!(store.list().await.unwrap(), Vec::new());
+        assert_eq!(inner.get(ROLE).await.unwrap(), None);
+    }
+
+    /// Setup: a hook that asks the store for half the TTL and then reports a token one
+    /// higher than the store gave. The store really keeps the lease for 5 s; the caller
+    /// sees the halved expiry and the twisted token.
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_rewrites_the_arguments_and_the_answer() {
+        let inner = memory();
+        let store = InterceptStore::new(inner.clone()).with(hook(|call, next| {
+            Box::pin(async move {
+                let Call::TryAcquireOrRenew { role, owner, ttl } = call else {
+                    return next.run(call).await;
+                };
+                let ttl = ttl / 2;
+                let mut reply = next.run(Call::TryAcquireOrRenew { role, owner, ttl }).await;
+                if let Reply::Lease(Ok(answer)) = &mut reply {
+                    answer.fencing_token = FencingToken::from(answer.fencing_token.get() + 1);
+                }
+                reply
+            })
+        }));
+        let answer = store
+            .try_acquire_or_renew(ROLE, "node-a", secs(10))
+            .await
+            .unwrap();
+        assert_eq!(answer.remaining(), secs(5));
+        assert_eq!(answer.fencing_token, FencingToken::from(2));
+        let kept = inner.get(ROLE).await.unwrap().unwrap();
+        assert_eq!(kept.remaining(), secs(5));
+        assert_eq!(kept.fencing_token, FencingToken::from(1));
+    }
+
+    /// Setup: two logging hooks, `outer` added first. Each call passes `outer` then
+    /// `inner` on the way in and the reverse on the way out; the minimum TTL is folded
+    /// from the store outwards.
+    #[tokio::test(start_paused = true)]
+    async fn hooks_compose_first_added_outermost() {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        struct Logging {
+            name: &'static str,
+            log: Arc<Mutex<Vec<String>>>,
+            min_ttl: Duration,
+        }
+        #[async_trait]
+        impl Interceptor for Logging {
+            async fn intercept(&self, call: Call, next: Next) -> Reply {
+                let method = call.method();
+                self.log.lock().push(format!("{} {method} in", self.name));
+                let reply = next.run(call).await;
+                self.log.lock().push(format!("{} {method} out", self.name));
+                reply
+            }
+            fn min_ttl(&self, below: Duration) -> Duration {
+                self.log
+                    .lock()
+                    .push(format!("{} min_ttl {below:?}", self.name));
+                below.max(self.min_ttl)
+            }
+        }
+        let logging = |name, min_ttl| -> Arc<dyn Interceptor> {
+            Arc::new(Logging {
+                name,
+                log: log.clone(),
+                min_ttl,
+            })
+        };
+        let store = InterceptStore::new(memory())
+            .with(logging("outer", Duration::from_millis(500)))
+            .with(logging("inner", secs(1)));
+        let answer = store
+            .try_acquire_or_renew(ROLE, "node-a", secs(10))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + secs(1);
+        store
+            .wait_for_change(ROLE, answer.fencing_token, deadline)
+            .await;
+        assert_eq!(Instant::now(), deadline, "the wait reached the store");
+        assert!(store
+            .release(ROLE, "node-a", answer.fencing_token)
+            .await
+            .unwrap());
+        assert_eq!(store.min_ttl(), secs(1));
+        assert_eq!(
+            *log.lock(),
+            [
+                "outer try_acquire_or_renew in",
+                "inner try_acquire_or_renew in",
+                "inner try_acquire_or_renew out",
+                "outer try_acquire_or_renew out",
+                "outer wait_for_change in",
+                "inner wait_for_change in",
+                "inner wait_for_change out",
+                "outer wait_for_change out",
+                "outer release in",
+                "inner release in",
+                "inner release out",
+                "outer release out",
+                "inner min_ttl 1ms",
+                "outer min_ttl 1s",
+            ]
+        );
+    }
+
+    /// Setup: a hook that answers every call with the reply to `list`. The store calls
+    /// of other methods fail with an error naming both methods instead of panicking.
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_of_the_wrong_kind_is_an_error() {
+        let store = InterceptStore::new(memory()).with(hook(|_call, _next| {
+            Box::pin(async { Reply::List(Ok(Vec::new())) })
+        }));
+        let error = store
+            .try_acquire_or_renew(ROLE, "node-a", secs(10))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "intercept store: an interceptor answered try_acquire_or_renew with the reply to list"
+        );
+        assert!(store.get(ROLE).await.is_err());
+        assert!(store
+            .release(ROLE, "node-a", FencingToken::from(1))
+            .await
+            .is_err());
+        assert_eq!(store.list().await.unwrap(), Vec::new());
+    }
+}
