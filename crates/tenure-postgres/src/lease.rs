@@ -158,24 +158,11 @@ pub(crate) fn system_time(t: OffsetDateTime) -> SystemTime {
 }
 
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken> {
-    u64::try_from(value).map(FencingToken::from).map_err(|_| {
-        Error::store_msg(
-            BACKEND,
-            format!("negative fencing token {value} in the lease table"),
-        )
-    })
+    tenure::lease::token_from_i64(BACKEND, value)
 }
 
 pub(crate) fn token_to_db(field: &'static str, token: FencingToken) -> Result<i64> {
-    i64::try_from(token.get()).map_err(|_| {
-        Error::invalid(
-            field,
-            format!(
-                "{token} is beyond the largest token PostgreSQL stores ({})",
-                i64::MAX
-            ),
-        )
-    })
+    tenure::lease::token_to_i64(field, BACKEND, token)
 }
 
 fn decode<'r, T>(row: &'r sqlx::postgres::PgRow, column: &str) -> Result<T>

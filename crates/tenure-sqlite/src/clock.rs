@@ -174,3 +174,81 @@ impl HostClock for ManualHostClock {
         })
     }
 }
+
+/// Store time of one call: the monotonic reading in the file's unit (nanoseconds) and
+/// the wall clock read with it, for showing stored times.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreNow {
+    pub(crate) boot_id: String,
+    pub(crate) mono: i64,
+    pub(crate) wall: SystemTime,
+}
+
+impl StoreNow {
+    pub(crate) fn from_host(host: HostTime) -> Result<StoreNow> {
+        Ok(StoreNow {
+            mono: mono_nanos(host.monotonic)?,
+            boot_id: host.boot_id,
+            wall: host.wall,
+        })
+    }
+
+    /// A stored monotonic time as a wall-clock time: `wall + (at - mono)`.
+    pub(crate) fn wall_at(&self, at: i64) -> Result<SystemTime> {
+        let ahead = i128::from(at) - i128::from(self.mono);
+        let by = Duration::from_nanos(u64::try_from(ahead.unsigned_abs()).unwrap_or(u64::MAX));
+        let shown = if ahead >= 0 {
+            self.wall.checked_add(by)
+        } else {
+            self.wall.checked_sub(by)
+        };
+        shown.ok_or_else(|| {
+            Error::store_msg(
+                BACKEND,
+                "a stored time cannot be shown as a wall-clock time",
+            )
+        })
+    }
+}
+
+/// A monotonic reading in nanoseconds, the unit of the file's times.
+fn mono_nanos(monotonic: Duration) -> Result<i64> {
+    i64::try_from(monotonic.as_nanos()).map_err(|_| {
+        Error::store_msg(
+            BACKEND,
+            format!("the monotonic clock reads {monotonic:?}, more than 292 years"),
+        )
+    })
+}
+
+/// The store time of the host's own clocks in the file's unit (monotonic nanoseconds).
+/// Public (through `statements`) only so the benchmark reads exactly the store's clock.
+#[doc(hidden)]
+pub fn monotonic_nanos() -> Result<i64> {
+    mono_nanos(crate::clock::monotonic_now()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored time is shown at its distance from the monotonic reading, on either
+    /// side, out to the extremes of the file's range.
+    #[test]
+    fn stored_times_shown_on_the_wall_clock() {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = StoreNow {
+            boot_id: "b".to_owned(),
+            mono: 1_000,
+            wall,
+        };
+        assert_eq!(now.wall_at(1_000).unwrap(), wall);
+        assert_eq!(
+            now.wall_at(1_500).unwrap(),
+            wall + Duration::from_nanos(500)
+        );
+        assert_eq!(now.wall_at(400).unwrap(), wall - Duration::from_nanos(600));
+        assert!(now.wall_at(i64::MAX).is_ok());
+        assert!(now.wall_at(i64::MIN).is_ok());
+    }
+}

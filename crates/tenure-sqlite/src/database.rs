@@ -1,4 +1,5 @@
-//! The opened database file: its pool, its store time and its in-process change signals.
+//! The opened database file: its pool, the in-process writer queue and change signals,
+//! WAL and the checks made before a path is opened.
 //!
 //! [`SqliteDatabase`] is what the lease store, the node registry and the fence share:
 //! one connection pool over one file and one host clock (monotonic time and boot id).
@@ -12,7 +13,7 @@ use std::io::{ErrorKind, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use sqlx::sqlite::{
@@ -22,46 +23,12 @@ use sqlx::{Sqlite, Transaction};
 use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::clock::{HostClock, HostTime, SystemHostClock};
+use crate::clock::{HostClock, StoreNow, SystemHostClock};
+use crate::schema::{create_schema_at, start_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
-
-/// The schema version this crate writes and understands. Version 1 kept wall-clock
-/// nanoseconds and a high-water mark (`tenure_clock`); opening such a file migrates it.
-const SCHEMA_VERSION: i64 = 2;
-
-/// The tables, created idempotently. Times are nanoseconds of the host's monotonic
-/// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
-/// the first write transaction under each boot).
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS tenure_meta (
-    key   TEXT PRIMARY KEY NOT NULL,
-    value INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tenure_boot (
-    id      INTEGER PRIMARY KEY CHECK (id = 0),
-    boot_id TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tenure_leases (
-    role       TEXT PRIMARY KEY NOT NULL,
-    holder     TEXT,
-    token      INTEGER NOT NULL CHECK (token >= 1),
-    expires_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tenure_nodes (
-    node_id        TEXT PRIMARY KEY NOT NULL,
-    last_heartbeat INTEGER NOT NULL,
-    first_seen     INTEGER NOT NULL,
-    metadata       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
-CREATE TABLE IF NOT EXISTS tenure_fences (
-    resource TEXT PRIMARY KEY NOT NULL,
-    highest  INTEGER NOT NULL
-);
-";
 
 /// How the database is opened and how waiting contenders poll it.
 ///
@@ -410,202 +377,6 @@ impl SqliteDatabase {
     }
 }
 
-/// Store time of one call: the monotonic reading in the file's unit (nanoseconds) and
-/// the wall clock read with it, for showing stored times.
-#[derive(Clone, Debug)]
-pub(crate) struct StoreNow {
-    pub(crate) boot_id: String,
-    pub(crate) mono: i64,
-    pub(crate) wall: SystemTime,
-}
-
-impl StoreNow {
-    fn from_host(host: HostTime) -> Result<StoreNow> {
-        Ok(StoreNow {
-            mono: mono_nanos(host.monotonic)?,
-            boot_id: host.boot_id,
-            wall: host.wall,
-        })
-    }
-
-    /// A stored monotonic time as a wall-clock time: `wall + (at - mono)`.
-    pub(crate) fn wall_at(&self, at: i64) -> Result<SystemTime> {
-        let ahead = i128::from(at) - i128::from(self.mono);
-        let by = Duration::from_nanos(u64::try_from(ahead.unsigned_abs()).unwrap_or(u64::MAX));
-        let shown = if ahead >= 0 {
-            self.wall.checked_add(by)
-        } else {
-            self.wall.checked_sub(by)
-        };
-        shown.ok_or_else(|| {
-            Error::store_msg(
-                BACKEND,
-                "a stored time cannot be shown as a wall-clock time",
-            )
-        })
-    }
-}
-
-/// A monotonic reading in nanoseconds, the unit of the file's times.
-fn mono_nanos(monotonic: Duration) -> Result<i64> {
-    i64::try_from(monotonic.as_nanos()).map_err(|_| {
-        Error::store_msg(
-            BACKEND,
-            format!("the monotonic clock reads {monotonic:?}, more than 292 years"),
-        )
-    })
-}
-
-/// The store time of the host's own clocks in the file's unit (monotonic nanoseconds).
-/// Public (through `statements`) only so the benchmark reads exactly the store's clock.
-#[doc(hidden)]
-pub fn monotonic_nanos() -> Result<i64> {
-    mono_nanos(crate::clock::monotonic_now()?)
-}
-
-/// Reads the boot id the file's times belong to: the first statement of every write
-/// transaction. Public (through `statements`) only so the benchmark issues exactly the
-/// store's statement.
-#[doc(hidden)]
-pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
-
-/// Starts a boot in the file: every lease ends now (tokens stay), every heartbeat is
-/// forgotten, and the file records the boot id its times now belong to.
-async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
-    sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
-        .bind(now.mono)
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot expire the leases of a past boot"))?;
-    sqlx::query("DELETE FROM tenure_nodes")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot forget the heartbeats of a past boot"))?;
-    record_boot(conn, &now.boot_id).await
-}
-
-async fn record_boot(conn: &mut SqliteConnection, boot_id: &str) -> Result<()> {
-    sqlx::query("INSERT OR REPLACE INTO tenure_boot (id, boot_id) VALUES (0, ?1)")
-        .bind(boot_id)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot record the boot id"))
-}
-
-/// Creates tenure's tables in the database behind `conn` if they are missing, or
-/// migrates older ones (run it inside a write transaction). [`SqliteDatabase::open`]
-/// and [`SqliteDatabase::from_pool`] call it; call it yourself only when you fence
-/// writes in a database you open some other way.
-pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
-    create_schema_at(conn, &SystemHostClock).await
-}
-
-/// [`create_schema`] with the clock a migration converts times with.
-async fn create_schema_at(conn: &mut SqliteConnection, clock: &dyn HostClock) -> Result<()> {
-    // Statement by statement: the schema has no `;` inside a statement.
-    for statement in SCHEMA.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        sqlx::query(statement)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
-    }
-    let version: Option<i64> =
-        sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| Error::store(BACKEND, "cannot read the schema version", e))?;
-    match version {
-        None => {
-            sqlx::query("INSERT INTO tenure_meta (key, value) VALUES ('schema_version', ?1)")
-                .bind(SCHEMA_VERSION)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| Error::store(BACKEND, "cannot record the schema version", e))?;
-            Ok(())
-        }
-        Some(SCHEMA_VERSION) => Ok(()),
-        Some(1) => migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await,
-        Some(other) => Err(Error::store_msg(
-            BACKEND,
-            format!(
-                "the database has tenure schema version {other}, this build understands \
-                 {SCHEMA_VERSION}: upgrade tenure"
-            ),
-        )),
-    }
-}
-
-/// Migrates a schema-1 file (wall-clock nanoseconds, with the high-water mark in
-/// `tenure_clock`) to monotonic time under the current boot, keeping every token.
-///
-/// Every stored time moves by the same amount, from the old store time (the wall clock,
-/// never below the high-water mark) to the monotonic clock, so each lease and heartbeat
-/// keeps exactly the time it had left: a lease live when the file is migrated stays
-/// live for the rest of its TTL (its holder may still be an older tenure, which cannot
-/// renew once `tenure_clock` is gone and so steps down by its own deadline), and an
-/// expired one stays expired.
-async fn migrate_from_wall_clock(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
-    let high_water: Option<i64> =
-        sqlx::query_scalar("SELECT high_water FROM tenure_clock WHERE id = 0")
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(store_error("cannot read the schema-1 store clock"))?;
-    let wall = to_nanos(now.wall)
-        .map_err(|_| Error::store_msg(BACKEND, "the wall clock reads a time outside 1677..2262"))?;
-    let old_now = high_water.map_or(wall, |mark| mark.max(wall));
-    let moved = |t: i64| {
-        let at = i128::from(t) - i128::from(old_now) + i128::from(now.mono);
-        i64::try_from(at.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(i64::MIN)
-    };
-    let leases: Vec<(String, i64)> = sqlx::query_as("SELECT role, expires_at FROM tenure_leases")
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(store_error("cannot read the schema-1 leases"))?;
-    for (role, expires_at) in &leases {
-        sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
-            .bind(role)
-            .bind(moved(*expires_at))
-            .execute(&mut *conn)
-            .await
-            .map_err(store_error("cannot migrate a lease"))?;
-    }
-    let nodes: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT node_id, last_heartbeat, first_seen FROM tenure_nodes")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(store_error("cannot read the schema-1 nodes"))?;
-    for (node_id, last, first) in &nodes {
-        sqlx::query(
-            "UPDATE tenure_nodes SET last_heartbeat = ?2, first_seen = ?3 WHERE node_id = ?1",
-        )
-        .bind(node_id)
-        .bind(moved(*last))
-        .bind(moved(*first))
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot migrate a node"))?;
-    }
-    // Gone, so a schema-1 tenure still running on the file fails every call rather
-    // than mixing wall-clock times into monotonic ones.
-    sqlx::query("DROP TABLE tenure_clock")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot drop the schema-1 store clock"))?;
-    record_boot(conn, &now.boot_id).await?;
-    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
-        .bind(SCHEMA_VERSION)
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot record the schema version"))?;
-    tracing::info!(
-        leases = leases.len(),
-        nodes = nodes.len(),
-        "migrated the sqlite store to schema {SCHEMA_VERSION}: store time is the monotonic clock"
-    );
-    Ok(())
-}
-
 /// Rejects every path `open` must not touch, before SQLite sees it; creates a missing
 /// file with mode 0600.
 fn check_path(path: &Path) -> Result<()> {
@@ -750,34 +521,14 @@ fn is_busy(error: &sqlx::Error) -> bool {
     }
 }
 
-/// Nanoseconds since the Unix epoch, or `Err` outside the years 1677..2262.
-pub(crate) fn to_nanos(time: SystemTime) -> std::result::Result<i64, ()> {
-    match time.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(after) => i64::try_from(after.as_nanos()).map_err(|_| ()),
-        Err(before) => i64::try_from(before.duration().as_nanos())
-            .map(|n| -n)
-            .map_err(|_| ()),
-    }
-}
-
-/// A token read from the file; tokens are stored as positive INTEGERs.
+/// A token read from the file (stored as a positive INTEGER).
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken> {
-    u64::try_from(value)
-        .map(FencingToken::from)
-        .map_err(|_| Error::store_msg(BACKEND, format!("corrupt token {value} in the database")))
+    tenure::lease::token_from_i64(BACKEND, value)
 }
 
 /// A token to store or compare: at most `i64::MAX`, SQLite's largest INTEGER.
 pub(crate) fn token_to_db(token: FencingToken) -> Result<i64> {
-    i64::try_from(token.get()).map_err(|_| {
-        Error::invalid(
-            "token",
-            format!(
-                "{token} is larger than the sqlite backend's maximum {}",
-                i64::MAX
-            ),
-        )
-    })
+    tenure::lease::token_to_i64("token", BACKEND, token)
 }
 
 /// Maps a sqlx failure to [`Error::Store`], saying what was being done.
@@ -791,126 +542,4 @@ where
     T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
 {
     sqlx::Row::try_get(row, index).map_err(store_error("cannot decode a row"))
-}
-
-/// Parses `sqlite:PATH` or `sqlite://PATH` into the file path.
-///
-/// The error never repeats the URL; it says what shape was expected.
-pub fn path_from_url(url: &str) -> Result<PathBuf> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| {
-            Error::invalid(
-                "url",
-                "a sqlite url must start with sqlite: or sqlite:// (e.g. sqlite:/var/lib/tenure.db)",
-            )
-        })?;
-    if rest.is_empty() {
-        return Err(Error::invalid(
-            "url",
-            "the sqlite url has no file path (e.g. sqlite:/var/lib/tenure.db)",
-        ));
-    }
-    if rest == ":memory:" || rest.starts_with(":memory:") {
-        return Err(Error::invalid(
-            "url",
-            "an in-memory sqlite database is not supported: leases must be shared and durable; \
-             use a file path",
-        ));
-    }
-    if rest.contains('?') {
-        return Err(Error::invalid(
-            "url",
-            "sqlite url query parameters are not supported: give only the file path",
-        ));
-    }
-    // Caught here, or the file system refuses it later as a store failure, not bad usage.
-    if rest.contains('\0') {
-        return Err(Error::invalid(
-            "url",
-            "the sqlite url's path holds a NUL byte, which no file name can",
-        ));
-    }
-    Ok(PathBuf::from(rest))
-}
-
-/// Opens the database named by a `sqlite:PATH` or `sqlite://PATH` url
-/// (`sqlite:///abs/path` and `sqlite:/abs/path` are the same file).
-pub async fn connect(url: &str) -> Result<SqliteDatabase> {
-    connect_with(url, SqliteOptions::default()).await
-}
-
-/// [`connect`] with options.
-pub async fn connect_with(url: &str, options: SqliteOptions) -> Result<SqliteDatabase> {
-    let path = path_from_url(url)?;
-    SqliteDatabase::open_with(path, options).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wall_nanos_cover_1677_to_2262() {
-        let epoch = SystemTime::UNIX_EPOCH;
-        assert_eq!(to_nanos(epoch + Duration::from_nanos(7)), Ok(7));
-        assert_eq!(to_nanos(epoch - Duration::from_secs(5)), Ok(-5_000_000_000));
-        assert!(to_nanos(epoch + Duration::from_secs(300 * 365 * 86_400)).is_err());
-    }
-
-    /// A stored time is shown at its distance from the monotonic reading, on either
-    /// side, out to the extremes of the file's range.
-    #[test]
-    fn stored_times_shown_on_the_wall_clock() {
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let now = StoreNow {
-            boot_id: "b".to_owned(),
-            mono: 1_000,
-            wall,
-        };
-        assert_eq!(now.wall_at(1_000).unwrap(), wall);
-        assert_eq!(
-            now.wall_at(1_500).unwrap(),
-            wall + Duration::from_nanos(500)
-        );
-        assert_eq!(now.wall_at(400).unwrap(), wall - Duration::from_nanos(600));
-        assert!(now.wall_at(i64::MAX).is_ok());
-        assert!(now.wall_at(i64::MIN).is_ok());
-    }
-
-    #[test]
-    fn urls() {
-        assert_eq!(
-            path_from_url("sqlite:/a/b.db").unwrap(),
-            Path::new("/a/b.db")
-        );
-        assert_eq!(
-            path_from_url("sqlite:///a/b.db").unwrap(),
-            Path::new("/a/b.db")
-        );
-        assert_eq!(
-            path_from_url("sqlite://rel.db").unwrap(),
-            Path::new("rel.db")
-        );
-        assert_eq!(path_from_url("sqlite:rel.db").unwrap(), Path::new("rel.db"));
-        for bad in [
-            "",
-            "postgres://u:secret@h/db",
-            "sqlite:",
-            "sqlite://",
-            "sqlite::memory:",
-            "sqlite:/a.db?mode=ro",
-        ] {
-            match path_from_url(bad) {
-                Err(Error::InvalidArgument {
-                    field: "url",
-                    reason,
-                }) => {
-                    assert!(!reason.contains("secret"), "{reason}");
-                }
-                other => panic!("{bad:?}: {other:?}"),
-            }
-        }
-    }
 }

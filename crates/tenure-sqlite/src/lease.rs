@@ -14,8 +14,9 @@ use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
 use tokio::time::Instant;
 
+use crate::clock::StoreNow;
 use crate::database::{
-    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions, StoreNow,
+    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions,
 };
 use crate::BACKEND;
 

@@ -54,14 +54,16 @@ mod database;
 mod fence;
 mod lease;
 mod registry;
+mod schema;
+mod url;
 
 pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
-pub use database::{
-    connect, connect_with, create_schema, path_from_url, SqliteDatabase, SqliteOptions,
-};
+pub use database::{SqliteDatabase, SqliteOptions};
 pub use fence::{fence_in_transaction, SqliteFence};
 pub use lease::SqliteLeaseStore;
 pub use registry::SqliteNodeRegistry;
+pub use schema::create_schema;
+pub use url::{connect, connect_with, path_from_url};
 
 /// The store's write steps and statements, for `tenure bench`'s raw baseline only; not
 /// a supported API, it changes with the store. It stays public (hidden) because the
@@ -69,9 +71,10 @@ pub use registry::SqliteNodeRegistry;
 /// in the bench would drift from the store it is meant to measure.
 #[doc(hidden)]
 pub mod statements {
-    pub use crate::database::{monotonic_nanos, READ_BOOT};
+    pub use crate::clock::monotonic_nanos;
     pub use crate::lease::{release_lease, write_lease, LeaseWrite};
     pub use crate::registry::{forget_bound, FORGET_NODES, READ_NODE, UPSERT_NODE};
+    pub use crate::schema::READ_BOOT;
 }
 
 /// The backend name in [`tenure::Error::Store`].

@@ -13,7 +13,8 @@ use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
 use tenure::{Error, NodeRegistry, Result};
 use tokio::time::Instant;
 
-use crate::database::{column, store_error, SqliteDatabase, SqliteOptions, StoreNow};
+use crate::clock::StoreNow;
+use crate::database::{column, store_error, SqliteDatabase, SqliteOptions};
 use crate::BACKEND;
 
 /// Rows of nodes that lapsed this long ago are deleted by later heartbeats, so ids of

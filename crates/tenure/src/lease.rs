@@ -134,6 +134,31 @@ pub trait LeaseStore: Send + Sync + 'static {
     }
 }
 
+/// A token as the signed 64-bit integer SQL stores keep it in: above `i64::MAX` is
+/// [`Error::InvalidArgument`] naming `field`. For backends.
+pub fn token_to_i64(field: &'static str, backend: &str, token: FencingToken) -> Result<i64> {
+    i64::try_from(token.get()).map_err(|_| {
+        Error::invalid(
+            field,
+            format!(
+                "{token} is larger than the {backend} backend's largest token, {}",
+                i64::MAX
+            ),
+        )
+    })
+}
+
+/// A token read back from a signed 64-bit column; a negative one is a corrupt row
+/// ([`Error::Store`]). For backends.
+pub fn token_from_i64(backend: &'static str, value: i64) -> Result<FencingToken> {
+    u64::try_from(value).map(FencingToken::from).map_err(|_| {
+        Error::store_msg(
+            backend,
+            format!("corrupt fencing token {value} in the store"),
+        )
+    })
+}
+
 /// Checks a role, owner or node id: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL
 /// and no control characters.
 pub fn validate_name(field: &'static str, value: &str) -> Result<()> {

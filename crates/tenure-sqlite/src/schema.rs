@@ -1,0 +1,217 @@
+//! The file's tables and their versions: creating them, migrating a schema-1 file (wall
+//! clock) to monotonic time, and starting a new boot (every lease expires, every token
+//! stays).
+
+use std::time::SystemTime;
+
+use sqlx::sqlite::SqliteConnection;
+use tenure::{Error, Result};
+
+use crate::clock::{HostClock, StoreNow, SystemHostClock};
+use crate::database::store_error;
+use crate::BACKEND;
+
+/// The schema version this crate writes and understands. Version 1 kept wall-clock
+/// nanoseconds and a high-water mark (`tenure_clock`); opening such a file migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 2;
+
+/// The tables, created idempotently. Times are nanoseconds of the host's monotonic
+/// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
+/// the first write transaction under each boot).
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tenure_meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenure_boot (
+    id      INTEGER PRIMARY KEY CHECK (id = 0),
+    boot_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenure_leases (
+    role       TEXT PRIMARY KEY NOT NULL,
+    holder     TEXT,
+    token      INTEGER NOT NULL CHECK (token >= 1),
+    expires_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tenure_nodes (
+    node_id        TEXT PRIMARY KEY NOT NULL,
+    last_heartbeat INTEGER NOT NULL,
+    first_seen     INTEGER NOT NULL,
+    metadata       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
+CREATE TABLE IF NOT EXISTS tenure_fences (
+    resource TEXT PRIMARY KEY NOT NULL,
+    highest  INTEGER NOT NULL
+);
+";
+
+/// Reads the boot id the file's times belong to: the first statement of every write
+/// transaction. Public (through `statements`) only so the benchmark issues exactly the
+/// store's statement.
+#[doc(hidden)]
+pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
+
+/// Starts a boot in the file: every lease ends now (tokens stay), every heartbeat is
+/// forgotten, and the file records the boot id its times now belong to.
+pub(crate) async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
+    sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
+        .bind(now.mono)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot expire the leases of a past boot"))?;
+    sqlx::query("DELETE FROM tenure_nodes")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot forget the heartbeats of a past boot"))?;
+    record_boot(conn, &now.boot_id).await
+}
+
+async fn record_boot(conn: &mut SqliteConnection, boot_id: &str) -> Result<()> {
+    sqlx::query("INSERT OR REPLACE INTO tenure_boot (id, boot_id) VALUES (0, ?1)")
+        .bind(boot_id)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(store_error("cannot record the boot id"))
+}
+
+/// Creates tenure's tables in the database behind `conn` if they are missing, or
+/// migrates older ones (run it inside a write transaction). [`SqliteDatabase::open`]
+/// and [`SqliteDatabase::from_pool`] call it; call it yourself only when you fence
+/// writes in a database you open some other way.
+pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
+    create_schema_at(conn, &SystemHostClock).await
+}
+
+/// [`create_schema`] with the clock a migration converts times with.
+pub(crate) async fn create_schema_at(
+    conn: &mut SqliteConnection,
+    clock: &dyn HostClock,
+) -> Result<()> {
+    // Statement by statement: the schema has no `;` inside a statement.
+    for statement in SCHEMA.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
+    }
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, "cannot read the schema version", e))?;
+    match version {
+        None => {
+            sqlx::query("INSERT INTO tenure_meta (key, value) VALUES ('schema_version', ?1)")
+                .bind(SCHEMA_VERSION)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| Error::store(BACKEND, "cannot record the schema version", e))?;
+            Ok(())
+        }
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(1) => migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await,
+        Some(other) => Err(Error::store_msg(
+            BACKEND,
+            format!(
+                "the database has tenure schema version {other}, this build understands \
+                 {SCHEMA_VERSION}: upgrade tenure"
+            ),
+        )),
+    }
+}
+
+/// Migrates a schema-1 file (wall-clock nanoseconds, with the high-water mark in
+/// `tenure_clock`) to monotonic time under the current boot, keeping every token.
+///
+/// Every stored time moves by the same amount, from the old store time (the wall clock,
+/// never below the high-water mark) to the monotonic clock, so each lease and heartbeat
+/// keeps exactly the time it had left: a lease live when the file is migrated stays
+/// live for the rest of its TTL (its holder may still be an older tenure, which cannot
+/// renew once `tenure_clock` is gone and so steps down by its own deadline), and an
+/// expired one stays expired.
+async fn migrate_from_wall_clock(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
+    let high_water: Option<i64> =
+        sqlx::query_scalar("SELECT high_water FROM tenure_clock WHERE id = 0")
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the schema-1 store clock"))?;
+    let wall = to_nanos(now.wall)
+        .map_err(|_| Error::store_msg(BACKEND, "the wall clock reads a time outside 1677..2262"))?;
+    let old_now = high_water.map_or(wall, |mark| mark.max(wall));
+    let moved = |t: i64| {
+        let at = i128::from(t) - i128::from(old_now) + i128::from(now.mono);
+        i64::try_from(at.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(i64::MIN)
+    };
+    let leases: Vec<(String, i64)> = sqlx::query_as("SELECT role, expires_at FROM tenure_leases")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(store_error("cannot read the schema-1 leases"))?;
+    for (role, expires_at) in &leases {
+        sqlx::query("UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1")
+            .bind(role)
+            .bind(moved(*expires_at))
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error("cannot migrate a lease"))?;
+    }
+    let nodes: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT node_id, last_heartbeat, first_seen FROM tenure_nodes")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the schema-1 nodes"))?;
+    for (node_id, last, first) in &nodes {
+        sqlx::query(
+            "UPDATE tenure_nodes SET last_heartbeat = ?2, first_seen = ?3 WHERE node_id = ?1",
+        )
+        .bind(node_id)
+        .bind(moved(*last))
+        .bind(moved(*first))
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot migrate a node"))?;
+    }
+    // Gone, so a schema-1 tenure still running on the file fails every call rather
+    // than mixing wall-clock times into monotonic ones.
+    sqlx::query("DROP TABLE tenure_clock")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot drop the schema-1 store clock"))?;
+    record_boot(conn, &now.boot_id).await?;
+    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
+        .bind(SCHEMA_VERSION)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot record the schema version"))?;
+    tracing::info!(
+        leases = leases.len(),
+        nodes = nodes.len(),
+        "migrated the sqlite store to schema {SCHEMA_VERSION}: store time is the monotonic clock"
+    );
+    Ok(())
+}
+
+/// Nanoseconds since the Unix epoch, or `Err` outside the years 1677..2262.
+pub(crate) fn to_nanos(time: SystemTime) -> std::result::Result<i64, ()> {
+    match time.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_nanos()).map_err(|_| ()),
+        Err(before) => i64::try_from(before.duration().as_nanos())
+            .map(|n| -n)
+            .map_err(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn wall_nanos_cover_1677_to_2262() {
+        let epoch = SystemTime::UNIX_EPOCH;
+        assert_eq!(to_nanos(epoch + Duration::from_nanos(7)), Ok(7));
+        assert_eq!(to_nanos(epoch - Duration::from_secs(5)), Ok(-5_000_000_000));
+        assert!(to_nanos(epoch + Duration::from_secs(300 * 365 * 86_400)).is_err());
+    }
+}
