@@ -4,6 +4,7 @@
 //!   `async fn scenario_*(backend)` functions; each backend crate's tests call every
 //!   scenario with its own
 //!   [`LeaseBackend`] / [`RegistryBackend`].
+//! - [`sessions`]: the session scenarios (many roles held under one renewable session).
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
@@ -13,6 +14,7 @@ pub mod conformance;
 mod fixture;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+pub mod sessions;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 pub use tenure_throwaway::{etcd, postgres};

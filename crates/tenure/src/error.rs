@@ -48,6 +48,9 @@ pub enum Error {
     /// The leader's work panicked; the panic was contained and the lease released.
     #[error("leader work panicked: {0}")]
     WorkPanicked(String),
+    /// The session has ended (expired or closed); sessions are never revived.
+    #[error("session {0} has ended")]
+    SessionEnded(crate::session::SessionId),
 }
 
 impl Error {

@@ -64,7 +64,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use crate::{
+    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+};
 
 /// One call to a [`LeaseStore`], with its arguments, as an [`Interceptor`] sees it.
 ///
@@ -108,6 +110,32 @@ pub enum Call {
         /// When the caller stops waiting.
         deadline: Instant,
     },
+    /// [`LeaseStore::open_session`].
+    OpenSession {
+        /// The owner.
+        owner: String,
+        /// The session TTL.
+        ttl: Duration,
+    },
+    /// [`LeaseStore::keep_alive_session`].
+    KeepAliveSession {
+        /// The session.
+        session: SessionId,
+        /// The session TTL.
+        ttl: Duration,
+    },
+    /// [`LeaseStore::acquire_in_session`].
+    AcquireInSession {
+        /// The role.
+        role: String,
+        /// The session to hold it under.
+        session: SessionId,
+    },
+    /// [`LeaseStore::close_session`].
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
 }
 
 impl Call {
@@ -119,6 +147,10 @@ impl Call {
             Call::Get { .. } => "get",
             Call::List => "list",
             Call::WaitForChange { .. } => "wait_for_change",
+            Call::OpenSession { .. } => "open_session",
+            Call::KeepAliveSession { .. } => "keep_alive_session",
+            Call::AcquireInSession { .. } => "acquire_in_session",
+            Call::CloseSession { .. } => "close_session",
         }
     }
 }
@@ -127,10 +159,14 @@ impl Call {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Reply {
-    /// From [`Call::TryAcquireOrRenew`].
+    /// From [`Call::TryAcquireOrRenew`] and [`Call::AcquireInSession`].
     Lease(Result<LeaseResult>),
-    /// From [`Call::Release`].
+    /// From [`Call::Release`] and [`Call::CloseSession`].
     Released(Result<bool>),
+    /// From [`Call::OpenSession`].
+    Session(Result<SessionGrant>),
+    /// From [`Call::KeepAliveSession`].
+    KeptAlive(Result<Option<SessionGrant>>),
     /// From [`Call::Get`].
     Info(Result<Option<LeaseInfo>>),
     /// From [`Call::List`].
@@ -152,6 +188,10 @@ impl Reply {
             Call::Get { .. } => Reply::Info(Err(error)),
             Call::List => Reply::List(Err(error)),
             Call::WaitForChange { .. } => Reply::Changed,
+            Call::OpenSession { .. } => Reply::Session(Err(error)),
+            Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
+            Call::AcquireInSession { .. } => Reply::Lease(Err(error)),
+            Call::CloseSession { .. } => Reply::Released(Err(error)),
         }
     }
 
@@ -197,6 +237,8 @@ impl Reply {
             Reply::Info(_) => "get",
             Reply::List(_) => "list",
             Reply::Changed => "wait_for_change",
+            Reply::Session(_) => "open_session",
+            Reply::KeptAlive(_) => "keep_alive_session",
         };
         Error::store_msg(
             "intercept",
@@ -264,6 +306,14 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             store.wait_for_change(&role, observed, deadline).await;
             Reply::Changed
         }
+        Call::OpenSession { owner, ttl } => Reply::Session(store.open_session(&owner, ttl).await),
+        Call::KeepAliveSession { session, ttl } => {
+            Reply::KeptAlive(store.keep_alive_session(session, ttl).await)
+        }
+        Call::AcquireInSession { role, session } => {
+            Reply::Lease(store.acquire_in_session(&role, session).await)
+        }
+        Call::CloseSession { session } => Reply::Released(store.close_session(session).await),
     }
 }
 
@@ -353,6 +403,42 @@ impl LeaseStore for InterceptStore {
             .iter()
             .rev()
             .fold(self.store.min_ttl(), |below, hook| hook.min_ttl(below))
+    }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        let call = Call::OpenSession {
+            owner: owner.to_owned(),
+            ttl,
+        };
+        match self.call(call).await {
+            Reply::Session(result) => result,
+            other => Err(other.mismatch("open_session")),
+        }
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        match self.call(Call::KeepAliveSession { session, ttl }).await {
+            Reply::KeptAlive(result) => result,
+            other => Err(other.mismatch("keep_alive_session")),
+        }
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        let call = Call::AcquireInSession {
+            role: role.to_owned(),
+            session,
+        };
+        self.call(call).await.into_lease()
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        self.call(Call::CloseSession { session })
+            .await
+            .into_released()
     }
 }
 

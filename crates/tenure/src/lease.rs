@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use crate::session::{SessionGrant, SessionId};
 use crate::{Error, FencingToken, Result};
 
 /// The longest role, owner or node id, in bytes.
@@ -131,6 +132,55 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The smallest TTL this backend can honour (etcd: one second).
     fn min_ttl(&self) -> Duration {
         Duration::from_millis(1)
+    }
+
+    /// Opens a session for `owner`, live until `now + ttl` on store time (see
+    /// [`crate::session`]). Ids are never handed out twice. Bad `owner` or `ttl` is
+    /// [`Error::InvalidArgument`], with the rules of [`try_acquire_or_renew`](Self::try_acquire_or_renew).
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        let _ = (owner, ttl);
+        Err(crate::session::unsupported())
+    }
+
+    /// Keeps a live session alive: its expiry becomes `now + ttl` (never earlier than it
+    /// was), and so does every role held under it, in one write however many roles
+    /// that is. `None` when the session has ended (expired or closed): it is never
+    /// revived, and its roles are free.
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        let _ = (session, ttl);
+        Err(crate::session::unsupported())
+    }
+
+    /// Acquires `role` under a live `session`, in one atomic step on store time:
+    ///
+    /// 1. held under this same session and live: acquired, token unchanged, nothing
+    ///    written;
+    /// 2. free, released or expired (a plain lease past its expiry, or one held under a
+    ///    session that ended): a new term under the session, token = previous + 1,
+    ///    holder = the session's owner, expiring with the session;
+    /// 3. otherwise: not acquired; the result describes the live holder.
+    ///
+    /// A role held under a session is live exactly while the session is; its
+    /// `expires_at` (here, in [`get`](Self::get) and [`list`](Self::list)) is the
+    /// session's. [`release`](Self::release) ends such a term as any other (the session
+    /// goes on), and [`try_acquire_or_renew`](Self::try_acquire_or_renew) by the holder
+    /// turns it into a plain lease of its own TTL. A session that has ended is
+    /// [`Error::SessionEnded`].
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        let _ = (role, session);
+        Err(crate::session::unsupported())
+    }
+
+    /// Ends a session at once and releases every role held under it (tokens are kept;
+    /// waiters on those roles are woken as for a release). Returns whether the session
+    /// was live.
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        let _ = session;
+        Err(crate::session::unsupported())
     }
 }
 

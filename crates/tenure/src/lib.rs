@@ -79,6 +79,7 @@ pub mod memory;
 mod owner;
 pub mod placement;
 pub mod registry;
+pub mod session;
 mod token;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
@@ -93,4 +94,5 @@ pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
 pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};
 pub use placement::place;
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
+pub use session::{SessionGrant, SessionId};
 pub use token::FencingToken;

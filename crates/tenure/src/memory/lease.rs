@@ -1,16 +1,21 @@
 //! [`InMemoryLeaseStore`]: the lease contract on a sharded hash map.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
 use crate::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
-use crate::{Clock, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SystemClock};
+use crate::session::validate_open;
+use crate::{
+    Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
+    SessionId, SystemClock,
+};
 
 const SHARDS: usize = 16;
 
@@ -18,22 +23,48 @@ const SHARDS: usize = 16;
 struct Slot {
     holder: Option<String>,
     token: FencingToken,
+    /// The term's end; for a term held under a session, the session's expiry decides
+    /// instead (see [`Sessions::expiry`]).
     expires_at: SystemTime,
+    /// The session the term is held under, if any.
+    session: Option<SessionId>,
     /// Woken on every change of term (release or a new token), never on renewal.
     changed: Arc<Notify>,
 }
 
-impl Slot {
-    fn is_live_term(&self, token: FencingToken, now: SystemTime) -> bool {
-        self.holder.is_some() && self.token == token && now < self.expires_at
+/// A live or expired session; closed ones are removed.
+#[derive(Debug)]
+struct Session {
+    owner: String,
+    expires_at: SystemTime,
+    /// The roles acquired under it (some may have been released or taken over since).
+    roles: FxHashSet<String>,
+}
+
+#[derive(Debug, Default)]
+struct Sessions {
+    by_id: FxHashMap<SessionId, Session>,
+}
+
+impl Sessions {
+    /// When `slot`'s term ends: its own expiry, or its session's (the epoch once the
+    /// session was closed).
+    fn expiry(&self, slot: &Slot) -> SystemTime {
+        match slot.session {
+            None => slot.expires_at,
+            Some(id) => self
+                .by_id
+                .get(&id)
+                .map_or(SystemTime::UNIX_EPOCH, |s| s.expires_at),
+        }
     }
 
-    fn info(&self, role: &str, now: SystemTime) -> LeaseInfo {
+    fn info(&self, slot: &Slot, role: &str, now: SystemTime) -> LeaseInfo {
         LeaseInfo {
             role: role.to_owned(),
-            holder: self.holder.clone(),
-            fencing_token: self.token,
-            expires_at: self.expires_at,
+            holder: slot.holder.clone(),
+            fencing_token: slot.token,
+            expires_at: self.expiry(slot),
             now,
         }
     }
@@ -72,6 +103,9 @@ impl Slot {
 pub struct InMemoryLeaseStore {
     clock: Arc<dyn Clock>,
     shards: Box<[Mutex<FxHashMap<String, Slot>>]>,
+    /// Locked after a shard, never before one.
+    sessions: Mutex<Sessions>,
+    next_session: AtomicU64,
 }
 
 impl Default for InMemoryLeaseStore {
@@ -94,6 +128,8 @@ impl InMemoryLeaseStore {
         InMemoryLeaseStore {
             clock: Arc::new(clock),
             shards,
+            sessions: Mutex::new(Sessions::default()),
+            next_session: AtomicU64::new(1),
         }
     }
 
@@ -102,6 +138,45 @@ impl InMemoryLeaseStore {
         // choices stay independent.
         let index = (FxBuildHasher.hash_one(role) >> 58) as usize % SHARDS;
         &self.shards[index]
+    }
+}
+
+impl InMemoryLeaseStore {
+    /// When `slot`'s term ends, locking the sessions only for a term held under one.
+    fn expiry(&self, slot: &Slot) -> SystemTime {
+        match slot.session {
+            None => slot.expires_at,
+            Some(_) => self.sessions.lock().expiry(slot),
+        }
+    }
+
+    fn is_live_term(&self, slot: &Slot, token: FencingToken, now: SystemTime) -> bool {
+        slot.holder.is_some() && slot.token == token && now < self.expiry(slot)
+    }
+}
+
+/// Starts a new term for `owner` in `slot` (token + 1) and wakes its waiters.
+fn new_term(slot: &mut Slot, owner: &str, expires_at: SystemTime, session: Option<SessionId>) {
+    slot.token = slot.token.next();
+    slot.expires_at = expires_at;
+    slot.session = session;
+    match &mut slot.holder {
+        Some(holder) => {
+            holder.clear();
+            holder.push_str(owner);
+        }
+        None => slot.holder = Some(owner.to_owned()),
+    }
+    slot.changed.notify_waiters();
+}
+
+fn first_slot(owner: &str, expires_at: SystemTime, session: Option<SessionId>) -> Slot {
+    Slot {
+        holder: Some(owner.to_owned()),
+        token: FencingToken::from(1),
+        expires_at,
+        session,
+        changed: Arc::new(Notify::new()),
     }
 }
 
@@ -119,7 +194,10 @@ impl LeaseStore for InMemoryLeaseStore {
         // Renewal fast path: a stored role and holder were validated when they were
         // stored, so a live holder equal to `owner` needs no further checks.
         if let Some(slot) = shard.get_mut(role) {
-            if now < slot.expires_at && slot.holder.as_deref() == Some(owner) {
+            if slot.session.is_none()
+                && now < slot.expires_at
+                && slot.holder.as_deref() == Some(owner)
+            {
                 slot.expires_at = expires_at;
                 return Ok(LeaseResult {
                     acquired: true,
@@ -132,15 +210,7 @@ impl LeaseStore for InMemoryLeaseStore {
         }
         validate_acquire(role, owner, ttl, Duration::from_nanos(1), now)?;
         let Some(slot) = shard.get_mut(role) else {
-            shard.insert(
-                role.to_owned(),
-                Slot {
-                    holder: Some(owner.to_owned()),
-                    token: FencingToken::from(1),
-                    expires_at,
-                    changed: Arc::new(Notify::new()),
-                },
-            );
+            shard.insert(role.to_owned(), first_slot(owner, expires_at, None));
             return Ok(LeaseResult {
                 acquired: true,
                 fencing_token: FencingToken::from(1),
@@ -149,32 +219,25 @@ impl LeaseStore for InMemoryLeaseStore {
                 holder: owner.to_owned(),
             });
         };
-        let live = now < slot.expires_at;
+        let current_expiry = self.expiry(slot);
+        let live = now < current_expiry;
         match slot.holder.as_deref() {
             Some(holder) if live && holder == owner => {
+                // The holder renews on its own from here: a session's term becomes a
+                // plain lease, same token.
+                slot.session = None;
                 slot.expires_at = expires_at;
             }
             Some(holder) if live => {
                 return Ok(LeaseResult {
                     acquired: false,
                     fencing_token: slot.token,
-                    expires_at: slot.expires_at,
+                    expires_at: current_expiry,
                     now,
                     holder: holder.to_owned(),
                 });
             }
-            _ => {
-                slot.token = slot.token.next();
-                slot.expires_at = expires_at;
-                match &mut slot.holder {
-                    Some(holder) => {
-                        holder.clear();
-                        holder.push_str(owner);
-                    }
-                    None => slot.holder = Some(owner.to_owned()),
-                }
-                slot.changed.notify_waiters();
-            }
+            _ => new_term(slot, owner, expires_at, None),
         }
         Ok(LeaseResult {
             acquired: true,
@@ -192,10 +255,11 @@ impl LeaseStore for InMemoryLeaseStore {
         let Some(slot) = shard.get_mut(role) else {
             return Ok(false);
         };
-        if !slot.is_live_term(token, now) || slot.holder.as_deref() != Some(owner) {
+        if !self.is_live_term(slot, token, now) || slot.holder.as_deref() != Some(owner) {
             return Ok(false);
         }
         slot.holder = None;
+        slot.session = None;
         slot.expires_at = now;
         slot.changed.notify_waiters();
         Ok(true)
@@ -205,7 +269,8 @@ impl LeaseStore for InMemoryLeaseStore {
         validate_name("role", role)?;
         let now = self.clock.now();
         let shard = self.shard(role).lock();
-        Ok(shard.get(role).map(|slot| slot.info(role, now)))
+        let sessions = self.sessions.lock();
+        Ok(shard.get(role).map(|slot| sessions.info(slot, role, now)))
     }
 
     async fn list(&self) -> Result<Vec<LeaseInfo>> {
@@ -215,9 +280,10 @@ impl LeaseStore for InMemoryLeaseStore {
             .iter()
             .flat_map(|shard| {
                 let shard = shard.lock();
+                let sessions = self.sessions.lock();
                 shard
                     .iter()
-                    .map(|(role, slot)| slot.info(role, now))
+                    .map(|(role, slot)| sessions.info(slot, role, now))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -234,7 +300,7 @@ impl LeaseStore for InMemoryLeaseStore {
         let changed = {
             let shard = self.shard(role).lock();
             match shard.get(role) {
-                Some(slot) if slot.is_live_term(observed, self.clock.now()) => {
+                Some(slot) if self.is_live_term(slot, observed, self.clock.now()) => {
                     Arc::clone(&slot.changed)
                 }
                 _ => return,
@@ -248,10 +314,122 @@ impl LeaseStore for InMemoryLeaseStore {
         {
             let shard = self.shard(role).lock();
             match shard.get(role) {
-                Some(slot) if slot.is_live_term(observed, self.clock.now()) => {}
+                Some(slot) if self.is_live_term(slot, observed, self.clock.now()) => {}
                 _ => return,
             }
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        let now = self.clock.now();
+        let expires_at = validate_open(owner, ttl, Duration::from_nanos(1), now)?;
+        let id = SessionId::from(self.next_session.fetch_add(1, Ordering::Relaxed));
+        let session = Session {
+            owner: owner.to_owned(),
+            expires_at,
+            roles: FxHashSet::default(),
+        };
+        self.sessions.lock().by_id.insert(id, session);
+        Ok(SessionGrant {
+            id,
+            owner: owner.to_owned(),
+            expires_at,
+            now,
+        })
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        let now = self.clock.now();
+        let renewed_until = validate_ttl(ttl, Duration::from_nanos(1), now)?;
+        let mut sessions = self.sessions.lock();
+        let Some(entry) = sessions.by_id.get_mut(&session) else {
+            return Ok(None);
+        };
+        if now >= entry.expires_at {
+            // Ended: never revived. Forgetting it keeps memory bounded; its roles read
+            // as expired either way.
+            sessions.by_id.remove(&session);
+            return Ok(None);
+        }
+        entry.expires_at = entry.expires_at.max(renewed_until);
+        Ok(Some(SessionGrant {
+            id: session,
+            owner: entry.owner.clone(),
+            expires_at: entry.expires_at,
+            now,
+        }))
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        validate_name("role", role)?;
+        let now = self.clock.now();
+        let mut shard = self.shard(role).lock();
+        let mut sessions = self.sessions.lock();
+        let (owner, session_expiry) = match sessions.by_id.get(&session) {
+            Some(s) if now < s.expires_at => (s.owner.clone(), s.expires_at),
+            _ => return Err(Error::SessionEnded(session)),
+        };
+        let held = |token| LeaseResult {
+            acquired: true,
+            fencing_token: token,
+            expires_at: session_expiry,
+            now,
+            holder: owner.clone(),
+        };
+        let token = match shard.get_mut(role) {
+            None => {
+                shard.insert(
+                    role.to_owned(),
+                    first_slot(&owner, session_expiry, Some(session)),
+                );
+                FencingToken::from(1)
+            }
+            Some(slot) => {
+                let current_expiry = sessions.expiry(slot);
+                let live = slot.holder.is_some() && now < current_expiry;
+                if live && slot.session == Some(session) {
+                    return Ok(held(slot.token));
+                }
+                if live {
+                    return Ok(LeaseResult {
+                        acquired: false,
+                        fencing_token: slot.token,
+                        expires_at: current_expiry,
+                        now,
+                        holder: slot.holder.clone().unwrap_or_default(),
+                    });
+                }
+                new_term(slot, &owner, session_expiry, Some(session));
+                slot.token
+            }
+        };
+        if let Some(entry) = sessions.by_id.get_mut(&session) {
+            entry.roles.insert(role.to_owned());
+        }
+        Ok(held(token))
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        let now = self.clock.now();
+        let Some(entry) = self.sessions.lock().by_id.remove(&session) else {
+            return Ok(false);
+        };
+        for role in &entry.roles {
+            let mut shard = self.shard(role).lock();
+            if let Some(slot) = shard.get_mut(role.as_str()) {
+                if slot.session == Some(session) {
+                    slot.holder = None;
+                    slot.session = None;
+                    slot.expires_at = now.min(entry.expires_at);
+                    slot.changed.notify_waiters();
+                }
+            }
+        }
+        Ok(now < entry.expires_at)
     }
 }

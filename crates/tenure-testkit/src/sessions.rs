@@ -1,0 +1,339 @@
+//! The session scenarios of the conformance suite: one renewable session that many roles
+//! are held under (`docs/semantics.md`, "Sessions"). Every backend runs them through
+//! [`session_scenarios!`](crate::session_scenarios).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{Error, LeaseStore, SessionGrant};
+
+use crate::LeaseBackend;
+
+async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
+    let grant = store.open_session(owner, ttl).await.unwrap();
+    assert_eq!(grant.owner, owner);
+    assert!(
+        grant.remaining() > Duration::ZERO && grant.remaining() <= ttl,
+        "a new session has at most its TTL left: {grant:?}"
+    );
+    grant
+}
+
+/// Sessions get distinct ids; keeping one alive moves its expiry forward; once its TTL
+/// passes it has ended for good: keep-alive answers `None` and acquiring under it is
+/// `SessionEnded`.
+pub async fn scenario_session_lives_while_kept_alive(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    let b = open(store.as_ref(), "node-b", ttl).await;
+    assert_ne!(a.id, b.id, "session ids are never handed out twice");
+
+    fx.pass_time(ttl.mul_f64(0.6)).await;
+    let kept = store
+        .keep_alive_session(a.id, ttl)
+        .await
+        .unwrap()
+        .expect("a live session is kept alive");
+    assert!(kept.expires_at > a.expires_at, "{kept:?} after {a:?}");
+    assert_eq!(kept.id, a.id);
+
+    fx.pass_time(ttl.mul_f64(0.6)).await;
+    // b was not kept alive: it has ended; a still lives.
+    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
+    assert!(store.keep_alive_session(a.id, ttl).await.unwrap().is_some());
+    assert!(matches!(
+        store.acquire_in_session("alpha", b.id).await,
+        Err(Error::SessionEnded(id)) if id == b.id
+    ));
+    // Never revived.
+    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
+}
+
+/// Roles held under a session live as long as the session, however many renewals of
+/// the session pass; re-acquiring under the same session keeps the token; when the
+/// session ends, every role is free and taking it starts a new term with a larger token.
+pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let session = open(store.as_ref(), "node-a", ttl).await;
+    let roles = ["g/0", "g/1", "g/2"];
+    let mut tokens = Vec::new();
+    for role in roles {
+        let held = store.acquire_in_session(role, session.id).await.unwrap();
+        assert!(held.acquired, "{held:?}");
+        assert_eq!(held.holder, "node-a");
+        assert_eq!(
+            held.expires_at, session.expires_at,
+            "a role expires with its session"
+        );
+        tokens.push(held.fencing_token);
+    }
+    let again = store.acquire_in_session("g/1", session.id).await.unwrap();
+    assert!(again.acquired);
+    assert_eq!(again.fencing_token, tokens[1], "same session, same term");
+
+    for _ in 0..2 {
+        fx.pass_time(ttl.mul_f64(0.6)).await;
+        store
+            .keep_alive_session(session.id, ttl)
+            .await
+            .unwrap()
+            .expect("kept alive");
+    }
+    // 1.2 TTLs after the roles were taken: alive through the session alone.
+    for (role, token) in roles.iter().zip(&tokens) {
+        let other = store
+            .try_acquire_or_renew(role, "node-b", ttl)
+            .await
+            .unwrap();
+        assert!(
+            !other.acquired,
+            "{role} is held under a live session: {other:?}"
+        );
+        assert_eq!(other.holder, "node-a");
+        assert_eq!(other.fencing_token, *token);
+        let info = store.get(role).await.unwrap().expect("lease");
+        assert_eq!(info.live_holder(), Some("node-a"));
+    }
+
+    fx.pass_time(ttl).await;
+    let taken = store
+        .try_acquire_or_renew("g/0", "node-b", ttl)
+        .await
+        .unwrap();
+    assert!(
+        taken.acquired,
+        "the session ended, so its roles are free: {taken:?}"
+    );
+    assert!(taken.fencing_token > tokens[0]);
+    let next = open(store.as_ref(), "node-a", ttl).await;
+    let back = store.acquire_in_session("g/2", next.id).await.unwrap();
+    assert!(back.acquired);
+    assert!(
+        back.fencing_token > tokens[2],
+        "a lapsed term is never resumed"
+    );
+}
+
+/// Closing a session releases its roles at once (a waiter wakes), keeps their tokens,
+/// and ends the session; releasing one role ends only that term.
+pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let session = open(store.as_ref(), "node-a", ttl).await;
+    let one = store.acquire_in_session("g/0", session.id).await.unwrap();
+    let two = store.acquire_in_session("g/1", session.id).await.unwrap();
+    assert!(store
+        .release("g/0", "node-a", one.fencing_token)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.get("g/0").await.unwrap().unwrap().live_holder(),
+        None,
+        "released"
+    );
+    assert_eq!(
+        store.get("g/1").await.unwrap().unwrap().live_holder(),
+        Some("node-a"),
+        "the rest of the session is untouched"
+    );
+
+    let waiter = {
+        let store = Arc::clone(&store);
+        let observed = two.fencing_token;
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            store
+                .wait_for_change("g/1", observed, start + Duration::from_secs(60))
+                .await;
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = fx.reopen().await;
+    assert!(
+        other.close_session(session.id).await.unwrap(),
+        "it was live"
+    );
+    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("a waiter must wake when the session closes")
+        .unwrap();
+    assert!(waited < Duration::from_secs(5), "woke after {waited:?}");
+    let info = store.get("g/1").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), None);
+    assert_eq!(info.fencing_token, two.fencing_token, "the token survives");
+    assert!(
+        !store.close_session(session.id).await.unwrap(),
+        "already closed"
+    );
+    assert_eq!(
+        store.keep_alive_session(session.id, ttl).await.unwrap(),
+        None
+    );
+    let next = store
+        .try_acquire_or_renew("g/1", "node-b", ttl)
+        .await
+        .unwrap();
+    assert!(next.acquired && next.fencing_token > two.fencing_token);
+}
+
+/// A role held by someone else (a plain lease, or another session) is refused with the
+/// holder's term; the holder renewing a session's role on its own keeps the token and
+/// makes it a plain lease; a session opened through another instance of the store is
+/// the same session.
+pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let plain = store
+        .try_acquire_or_renew("g/0", "node-b", ttl)
+        .await
+        .unwrap();
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    let c = open(store.as_ref(), "node-c", ttl).await;
+    let refused = store.acquire_in_session("g/0", a.id).await.unwrap();
+    assert!(!refused.acquired);
+    assert_eq!(refused.holder, "node-b");
+    assert_eq!(refused.fencing_token, plain.fencing_token);
+
+    let held = store.acquire_in_session("g/1", a.id).await.unwrap();
+    let other_session = store.acquire_in_session("g/1", c.id).await.unwrap();
+    assert!(!other_session.acquired, "{other_session:?}");
+    assert_eq!(other_session.holder, "node-a");
+
+    // The same session through another instance (another process on durable stores).
+    let reopened = fx.reopen().await;
+    let same = reopened.acquire_in_session("g/1", a.id).await.unwrap();
+    assert!(same.acquired);
+    assert_eq!(same.fencing_token, held.fencing_token);
+    assert!(reopened
+        .keep_alive_session(a.id, ttl)
+        .await
+        .unwrap()
+        .is_some());
+
+    let own = store
+        .try_acquire_or_renew("g/1", "node-a", ttl)
+        .await
+        .unwrap();
+    assert!(own.acquired);
+    assert_eq!(
+        own.fencing_token, held.fencing_token,
+        "a renewal keeps the token"
+    );
+    assert!(store.close_session(a.id).await.unwrap());
+    let after = store
+        .try_acquire_or_renew("g/1", "node-c", ttl)
+        .await
+        .unwrap();
+    assert!(
+        !after.acquired,
+        "g/1 became node-a's own lease, which outlives its old session: {after:?}"
+    );
+}
+
+/// Many sessions race for the same roles: each role has exactly one winner, and no
+/// token is handed out twice.
+pub async fn scenario_session_contention(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let contenders = fx.contenders().min(16);
+    let mut sessions = Vec::new();
+    for i in 0..contenders {
+        sessions.push(open(store.as_ref(), &format!("node-{i}"), ttl).await.id);
+    }
+    let tasks: Vec<_> = sessions
+        .iter()
+        .map(|&session| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut won = Vec::new();
+                for role in ["g/0", "g/1", "g/2", "g/3"] {
+                    let result = store.acquire_in_session(role, session).await.unwrap();
+                    if result.acquired {
+                        won.push((role, result.fencing_token));
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut winners = BTreeSet::new();
+    let mut per_role = std::collections::BTreeMap::new();
+    for task in tasks {
+        for (role, token) in task.await.unwrap() {
+            *per_role.entry(role).or_insert(0) += 1;
+            assert!(
+                winners.insert((role, token)),
+                "token {token} twice for {role}"
+            );
+        }
+    }
+    assert_eq!(per_role.len(), 4, "every role has a winner: {per_role:?}");
+    assert!(
+        per_role.values().all(|&n| n == 1),
+        "one winner each: {per_role:?}"
+    );
+}
+
+fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
+    match result {
+        Err(Error::InvalidArgument { field: f, .. }) if f == field => {}
+        other => panic!("expected InvalidArgument for {field}, got {other:?}"),
+    }
+}
+
+/// Bad input to the session calls is `InvalidArgument` naming the field.
+pub async fn scenario_session_bad_input(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    assert_invalid(store.open_session("", ttl).await, "owner");
+    assert_invalid(store.open_session("a\0b", ttl).await, "owner");
+    assert_invalid(store.open_session(&"x".repeat(256), ttl).await, "owner");
+    assert_invalid(store.open_session("node-a", Duration::ZERO).await, "ttl");
+    assert_invalid(
+        store
+            .open_session("node-a", Duration::from_secs(u64::MAX))
+            .await,
+        "ttl",
+    );
+    let session = open(store.as_ref(), "node-a", ttl).await;
+    assert_invalid(store.acquire_in_session("", session.id).await, "role");
+    assert_invalid(store.acquire_in_session("a\0b", session.id).await, "role");
+    assert_invalid(
+        store.keep_alive_session(session.id, Duration::ZERO).await,
+        "ttl",
+    );
+}
+
+/// Runs every session scenario against one backend as `#[tokio::test]`s.
+#[macro_export]
+macro_rules! session_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::session_scenarios!(@each $backend; [$($key = $value),*];
+            scenario_session_lives_while_kept_alive,
+            scenario_session_holds_roles,
+            scenario_session_close_releases_roles,
+            scenario_session_meets_other_holders,
+            scenario_session_contention,
+            scenario_session_bad_input);
+    };
+    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
+        $( $crate::session_scenarios!(@one $backend; $attrs; $name); )*
+    };
+    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
+        #[tokio::test($($key = $value),*)]
+        async fn $name() {
+            let backend = $backend;
+            $crate::sessions::$name(&backend).await;
+        }
+    };
+}
