@@ -80,6 +80,7 @@ mod owner;
 pub mod placement;
 pub mod registry;
 pub mod session;
+pub mod shard;
 mod token;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
@@ -95,4 +96,5 @@ pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};
 pub use placement::place;
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
 pub use session::{SessionGrant, SessionId};
+pub use shard::{ShardElector, ShardOptions, ShardState};
 pub use token::FencingToken;

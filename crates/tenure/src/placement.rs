@@ -18,13 +18,19 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// `current` owners (shard -> member; owners that are not live members are ignored).
 ///
 /// With `M` distinct live members, each gets `floor(shards / M)` or `ceil(shards / M)`
-/// shards. The members given the larger share are those currently owning the most (so a
-/// balanced placement stays put), ties broken by a hash of the member. Each member keeps,
-/// of its current shards, as many as its share allows (those it weighs highest), and the
-/// rest of the shards go, in shard order, to the highest-weighing member with room left.
-/// So a member joining takes only shards it wins (about `N / (M + 1)`), a member leaving
-/// frees only its own, and a cold start spreads shards by weight alone. With no members
-/// every shard is untargeted (an empty map).
+/// shards; which members get the larger share depends on the members alone (a hash of
+/// each), never on who owns what. Each member keeps, of its current shards, as many as
+/// its share allows (those it weighs highest), and the rest of the shards go, in shard
+/// order, to the highest-weighing member with room left. So a member joining takes only
+/// shards it wins (about `N / (M + 1)`), a member leaving frees only its own, and a cold
+/// start spreads shards by weight alone. With no members every shard is untargeted (an
+/// empty map).
+///
+/// Because the shares do not follow current ownership, members that see the same
+/// membership agree on every target while shards move: a member that has taken the
+/// shards targeted at it, or released the ones targeted elsewhere, leaves every other
+/// member's placement unchanged, so no shard is left with two members each deferring to
+/// the other.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -66,7 +72,7 @@ pub fn place(
         }
     }
 
-    let quotas = quotas(shards, &held, &seeds);
+    let quotas = quotas(shards, &seeds);
     let mut target: Vec<Option<usize>> = vec![None; shards as usize];
     let mut load = vec![0u32; members.len()];
     for (m, shards_held) in held.iter_mut().enumerate() {
@@ -95,14 +101,15 @@ pub fn place(
         .collect()
 }
 
-/// Each member's share: `floor(N/M)`, plus one for the `N mod M` members currently
-/// holding the most (ties by member hash, then by name order).
-fn quotas(shards: u32, held: &[Vec<u32>], seeds: &[u64]) -> Vec<u32> {
-    let count = held.len() as u32;
+/// Each member's share: `floor(N/M)`, plus one for the `N mod M` members with the
+/// highest hashes (ties by name order). Independent of current ownership on purpose
+/// (see [`place`]).
+fn quotas(shards: u32, seeds: &[u64]) -> Vec<u32> {
+    let count = seeds.len() as u32;
     let (base, extra) = (shards / count, shards % count);
-    let mut order: Vec<usize> = (0..held.len()).collect();
-    order.sort_by_key(|&m| std::cmp::Reverse((held[m].len(), seeds[m], std::cmp::Reverse(m))));
-    let mut quotas = vec![base; held.len()];
+    let mut order: Vec<usize> = (0..seeds.len()).collect();
+    order.sort_by_key(|&m| std::cmp::Reverse((seeds[m], std::cmp::Reverse(m))));
+    let mut quotas = vec![base; seeds.len()];
     for &m in order.iter().take(extra as usize) {
         quotas[m] += 1;
     }

@@ -1,0 +1,716 @@
+//! Shard groups: `N` fenced shards spread evenly across the live members of a group.
+//!
+//! Shard `k` of group `G` is the role `G/k`: an ordinary lease with its own fencing token,
+//! so fences, `tenure status` and every rule of a single role apply per shard. A
+//! [`ShardElector`] is one member. It heartbeats its `node_id` into a [`NodeRegistry`]
+//! (metadata `group = G`), computes the target owner of every shard from the live
+//! members with [`place`], contends only for the shards targeted at it, and hands the
+//! others over gracefully (cancel the work, await it, release, so the target takes the
+//! shard on the store's push). It holds all its shards under one session
+//! ([`crate::session`]), so keeping them alive costs one call per renew interval however
+//! many it holds.
+//!
+//! **Guarantees.** Each shard has at most one live owner at any store time (it is a
+//! lease). A member cancels every shard's `leadership` no later than
+//! `sent + granted * (1 - max_clock_drift) - work_grace` of its last successful session
+//! renewal, even if the store hangs. After membership settles every shard is owned and
+//! each live member owns `floor(N/M)` or `ceil(N/M)` of them.
+//!
+//! **Non-guarantees.** As for the single-role elector: a paused process can still act
+//! after its shards moved; only fences stop it. Membership views may differ for a
+//! moment; the per-shard leases keep that safe, and a shard nobody owns for longer than
+//! the TTL (its target is wedged, or views disagree) is rescued by any member and then
+//! handed to its target.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::elector::{work_outcome, WorkOutcome};
+use crate::lease::validate_name;
+use crate::{
+    place, spawn_heartbeat, Error, FencingToken, LeaseLeaderOptions, LeaseStore, Metadata,
+    NodeRegistry, Result, SessionGrant, SessionId,
+};
+
+/// The most shards one group may have.
+pub const MAX_SHARDS: u32 = 100_000;
+
+/// The metadata key naming a member's group in the registry.
+pub const GROUP_KEY: &str = "group";
+
+/// Options of a [`ShardElector`]; checked by [`ShardOptions::validate`].
+#[derive(Clone, Debug)]
+pub struct ShardOptions {
+    /// The group's name; shard `k` is the role `group/k`.
+    pub group: String,
+    /// How many shards the group has, `1..=MAX_SHARDS`.
+    pub shards: u32,
+    /// This member's id in the registry and the owner of its shards. A restarted member
+    /// with the same id keeps its targets.
+    pub node_id: String,
+    /// The session TTL: how long the member's shards outlive its last renewal. Default
+    /// 30 s.
+    pub lease_ttl: Duration,
+    /// How often the session is renewed. Default 10 s.
+    pub renew_interval: Duration,
+    /// How often the member looks again without a push (orphans, expired leases,
+    /// errors). Default 2 s.
+    pub retry_interval: Duration,
+    /// At most this many of the member's shards hand over at once. Default 4.
+    pub max_moves_in_flight: usize,
+    /// A member that vanished from membership keeps its targets this long (a restart).
+    /// Default zero.
+    pub rebalance_delay: Duration,
+    /// The largest clock-rate difference tolerated, as for the elector. Default 1%.
+    pub max_clock_drift: f64,
+    /// How long before the local deadline `leadership` is cancelled. Default zero.
+    pub work_grace: Duration,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            group: String::new(),
+            shards: 0,
+            node_id: String::new(),
+            lease_ttl: Duration::from_secs(30),
+            renew_interval: Duration::from_secs(10),
+            retry_interval: Duration::from_secs(2),
+            max_moves_in_flight: 4,
+            rebalance_delay: Duration::ZERO,
+            max_clock_drift: 0.01,
+            work_grace: Duration::ZERO,
+        }
+    }
+}
+
+impl ShardOptions {
+    /// Checks the options; the error names the option and the rule it breaks. The
+    /// timing rules are the elector's.
+    pub fn validate(&self) -> Result<()> {
+        validate_name("group", &self.group)?;
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(Error::invalid(
+                "shards",
+                format!("{} must be in 1..={MAX_SHARDS}", self.shards),
+            ));
+        }
+        // The longest shard role must still be a valid role name.
+        validate_name("group", &role(&self.group, self.shards - 1))?;
+        if self.max_moves_in_flight == 0 {
+            return Err(Error::invalid(
+                "max_moves_in_flight",
+                "must be greater than zero",
+            ));
+        }
+        self.timing().validate()
+    }
+
+    fn timing(&self) -> LeaseLeaderOptions {
+        LeaseLeaderOptions {
+            owner_id: self.node_id.clone(),
+            lease_ttl: self.lease_ttl,
+            renew_interval: self.renew_interval,
+            retry_interval: self.retry_interval,
+            max_clock_drift: self.max_clock_drift,
+            work_grace: self.work_grace,
+            ..Default::default()
+        }
+    }
+}
+
+/// The role of shard `shard` of `group`: `group/shard`.
+pub fn role(group: &str, shard: u32) -> String {
+    format!("{group}/{shard}")
+}
+
+/// What a member sees, published through [`ShardElector::watch`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardState {
+    /// The live members of the group, sorted.
+    pub members: Vec<String>,
+    /// The shards this member runs work for, with their terms' tokens.
+    pub owned: BTreeMap<u32, FencingToken>,
+    /// The target owner of every shard, from this member's view.
+    pub target: BTreeMap<u32, String>,
+}
+
+/// One member of a shard group.
+pub struct ShardElector {
+    store: Arc<dyn LeaseStore>,
+    registry: Arc<dyn NodeRegistry>,
+    options: ShardOptions,
+    state: watch::Sender<ShardState>,
+}
+
+impl std::fmt::Debug for ShardElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardElector")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One shard term running here.
+struct Term {
+    token: FencingToken,
+    leadership: CancellationToken,
+    task: JoinHandle<Result<()>>,
+    /// Being handed over (its work was cancelled; it is released when the work ends).
+    handing_over: bool,
+    /// Taken while targeted at another member (an orphan): handed to that member only
+    /// once it owns some shard, so a member that heartbeats but never works cannot
+    /// strand shards by having them handed to it.
+    rescued: bool,
+}
+
+/// The member's session and the local deadline its last renewal allows.
+struct Session {
+    id: SessionId,
+    deadline: Instant,
+    next_renew: Instant,
+}
+
+/// What woke the member's loop.
+enum Wake {
+    /// A shard's work ended (returned, or wound down after a cancel).
+    WorkEnded(u32),
+    /// Something may have changed: a push, a handover done, a timer.
+    Look,
+}
+
+impl ShardElector {
+    /// A member over `store` and `registry`; fails with [`Error::InvalidArgument`] on bad
+    /// options.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        registry: Arc<dyn NodeRegistry>,
+        options: ShardOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        if options.lease_ttl < store.min_ttl() {
+            return Err(Error::invalid(
+                "lease_ttl",
+                format!(
+                    "{:?} is below the store's minimum of {:?}",
+                    options.lease_ttl,
+                    store.min_ttl()
+                ),
+            ));
+        }
+        Ok(ShardElector {
+            store,
+            registry,
+            options,
+            state: watch::Sender::new(ShardState::default()),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ShardOptions {
+        &self.options
+    }
+
+    /// A receiver of the member's view: members, owned shards, targets.
+    pub fn watch(&self) -> watch::Receiver<ShardState> {
+        self.state.subscribe()
+    }
+
+    /// Runs the member until `shutdown` fires, calling `work(shard, token, leadership)`
+    /// once per shard term held here. `leadership` is cancelled when the term ends (the
+    /// shard moves, the session is lost, shutdown) and the work is awaited before the
+    /// shard is released, so work must return promptly once it is cancelled. Work that
+    /// returns on its own ends its term (the shard is released and taken again after
+    /// `retry_interval`). On shutdown every shard's work is cancelled and awaited, the
+    /// session is closed (releasing every shard at once) and the member leaves the
+    /// registry. Store errors are logged and retried, never returned.
+    pub async fn run<W, Fut>(&self, mut work: W, shutdown: CancellationToken) -> Result<()>
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let mut metadata = Metadata::new();
+        metadata.insert(GROUP_KEY.to_owned(), self.options.group.clone());
+        let heartbeat_stop = CancellationToken::new();
+        // Dropping `run` (the task aborted, the process dying) stops the heartbeat too, so
+        // a member that is gone drops out of the group.
+        let _stop_heartbeat_on_drop = heartbeat_stop.clone().drop_guard();
+        let beat_every = (self.registry.ttl() / 3).max(Duration::from_millis(1));
+        self.registry
+            .heartbeat_with(&self.options.node_id, &metadata)
+            .await
+            .unwrap_or_else(|error| warn!(%error, "first heartbeat failed; retrying"));
+        let heartbeat = spawn_heartbeat(
+            self.registry.clone(),
+            self.options.node_id.clone(),
+            metadata,
+            beat_every,
+            heartbeat_stop.clone(),
+        );
+        let mut member = Member {
+            elector: self,
+            session: None,
+            terms: BTreeMap::new(),
+            cooling: HashMap::new(),
+            orphaned_since: HashMap::new(),
+            last_seen: HashMap::new(),
+            waiting: BTreeSet::new(),
+        };
+        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
+        let outcome = member
+            .run(&mut work, &shutdown, &wake_tx, &mut wake_rx)
+            .await;
+        heartbeat_stop.cancel();
+        let _ = heartbeat.await;
+        if let Err(error) = self.registry.leave(&self.options.node_id).await {
+            warn!(%error, "could not leave the registry; membership lapses on its own");
+        }
+        self.state.send_replace(ShardState::default());
+        outcome
+    }
+}
+
+/// The mutable side of one running member.
+struct Member<'a> {
+    elector: &'a ShardElector,
+    session: Option<Session>,
+    terms: BTreeMap<u32, Term>,
+    /// Shards whose work returned on its own: not taken again before then.
+    cooling: HashMap<u32, Instant>,
+    /// When this member first saw each shard with no live owner.
+    orphaned_since: HashMap<u32, Instant>,
+    /// When each member was last seen live (for `rebalance_delay`).
+    last_seen: HashMap<String, Instant>,
+    /// Shards whose store push is being waited on.
+    waiting: BTreeSet<u32>,
+}
+
+impl Member<'_> {
+    fn options(&self) -> &ShardOptions {
+        &self.elector.options
+    }
+
+    async fn run<W, Fut>(
+        &mut self,
+        work: &mut W,
+        shutdown: &CancellationToken,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+        wake_rx: &mut mpsc::UnboundedReceiver<Wake>,
+    ) -> Result<()>
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let mut observed: Vec<String> = Vec::new();
+        loop {
+            if self.session.is_none() {
+                self.open_session(shutdown).await;
+                if shutdown.is_cancelled() {
+                    break;
+                }
+            }
+            observed = match self.reconcile(work, wake_tx).await {
+                Ok(members) => members,
+                Err(error) => {
+                    warn!(group = %self.options().group, %error, "could not read the group; retrying");
+                    observed
+                }
+            };
+            let (deadline, next_renew) = match &self.session {
+                Some(s) => (s.deadline, s.next_renew),
+                None => continue,
+            };
+            let look_again = Instant::now() + self.options().retry_interval;
+            let registry = self.elector.registry.clone();
+            let members_changed = registry.wait_for_members_change(&observed, look_again);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep_until(deadline) => {
+                    warn!(group = %self.options().group, node = %self.options().node_id,
+                        "local deadline passed without a session renewal: every shard is lost");
+                    self.lose_everything().await;
+                }
+                _ = tokio::time::sleep_until(next_renew) => self.renew().await,
+                Some(wake) = wake_rx.recv() => self.woken(wake).await,
+                _ = members_changed => {}
+            }
+        }
+        self.drain().await;
+        Ok(())
+    }
+
+    /// Opens a session, retrying on store errors until shutdown.
+    async fn open_session(&mut self, shutdown: &CancellationToken) {
+        let options = self.options().clone();
+        loop {
+            let sent = Instant::now();
+            let attempt = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                attempt = self.elector.store.open_session(&options.node_id, options.lease_ttl) => attempt,
+            };
+            match attempt {
+                Ok(grant) => {
+                    info!(group = %options.group, node = %options.node_id, session = %grant.id,
+                        "session opened");
+                    self.session = Some(self.session_from(sent, &grant));
+                    return;
+                }
+                Err(error) if !error.is_transient() => {
+                    warn!(%error, "cannot open a session; retrying");
+                }
+                Err(error) => warn!(%error, "opening a session failed; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(options.retry_interval) => {}
+            }
+        }
+    }
+
+    /// The local deadline and next renewal a grant answered to a request sent at `sent`
+    /// allows.
+    fn session_from(&self, sent: Instant, grant: &SessionGrant) -> Session {
+        let timing = self.options().timing();
+        let granted = timing.lease_ttl.min(grant.remaining());
+        let window = granted
+            .mul_f64(1.0 - timing.max_clock_drift)
+            .saturating_sub(timing.work_grace);
+        // Renew at the same fraction of what was granted as of the full TTL.
+        let renew_after = timing
+            .renew_interval
+            .mul_f64(granted.as_secs_f64() / timing.lease_ttl.as_secs_f64());
+        Session {
+            id: grant.id,
+            deadline: sent + window,
+            next_renew: sent + renew_after,
+        }
+    }
+
+    /// One session renewal, bounded by the local deadline.
+    async fn renew(&mut self) {
+        let Some(session) = &self.session else { return };
+        let (id, deadline) = (session.id, session.deadline);
+        let sent = Instant::now();
+        let ttl = self.options().lease_ttl;
+        let answer =
+            tokio::time::timeout_at(deadline, self.elector.store.keep_alive_session(id, ttl)).await;
+        match answer {
+            Ok(Ok(Some(grant))) => {
+                let renewed = self.session_from(sent, &grant);
+                debug!(session = %id, "session renewed");
+                self.session = Some(renewed);
+            }
+            Ok(Ok(None)) => {
+                warn!(group = %self.options().group, session = %id,
+                    "the session ended on the store: every shard is lost");
+                self.lose_everything().await;
+            }
+            Ok(Err(error)) => {
+                let retry = self
+                    .options()
+                    .retry_interval
+                    .min(self.options().renew_interval);
+                warn!(%error, retry_in = ?retry, "session renewal failed; retrying");
+                if let Some(session) = &mut self.session {
+                    session.next_renew = Instant::now() + retry;
+                }
+            }
+            // The deadline arm of the loop ends the session.
+            Err(_) => {}
+        }
+    }
+
+    /// The session is gone: cancel and await every shard's work, forget the session.
+    async fn lose_everything(&mut self) {
+        let terms = std::mem::take(&mut self.terms);
+        for term in terms.values() {
+            term.leadership.cancel();
+        }
+        for (shard, term) in terms {
+            if let Err(error) = work_outcome_of(term.task).await {
+                warn!(shard, %error, "shard work failed after its term ended");
+            }
+        }
+        self.session = None;
+        self.publish_owned();
+    }
+
+    async fn woken(&mut self, wake: Wake) {
+        let Wake::WorkEnded(shard) = wake else { return };
+        let Some(term) = self.terms.remove(&shard) else {
+            return;
+        };
+        let returned_on_its_own = !term.leadership.is_cancelled();
+        term.leadership.cancel();
+        if let Err(error) = work_outcome_of(term.task).await {
+            warn!(shard, %error, "shard work failed");
+        }
+        if returned_on_its_own {
+            self.cooling
+                .insert(shard, Instant::now() + self.options().retry_interval);
+        }
+        self.release(shard, term.token).await;
+        self.publish_owned();
+    }
+
+    async fn release(&self, shard: u32, token: FencingToken) {
+        let role = role(&self.options().group, shard);
+        let node = &self.options().node_id;
+        let deadline = self
+            .session
+            .as_ref()
+            .map_or_else(Instant::now, |s| s.deadline);
+        match tokio::time::timeout_at(deadline, self.elector.store.release(&role, node, token))
+            .await
+        {
+            Ok(Ok(_)) => debug!(shard, token = %token, "shard released"),
+            Ok(Err(error)) => {
+                warn!(shard, %error, "release failed; the shard frees when the session ends")
+            }
+            Err(_) => warn!(
+                shard,
+                "release timed out; the shard frees when the session ends"
+            ),
+        }
+    }
+
+    /// Reads the group and acts on it: contend for the shards targeted here, hand over
+    /// the ones targeted elsewhere, rescue orphans. Returns the live members seen.
+    async fn reconcile<W, Fut>(
+        &mut self,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> Result<Vec<String>>
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let options = self.options().clone();
+        let now = Instant::now();
+        let live = self.group_members().await?;
+        for member in &live {
+            self.last_seen.insert(member.clone(), now);
+        }
+        self.last_seen
+            .retain(|_, seen| now.duration_since(*seen) < options.rebalance_delay);
+        let mut planned: BTreeSet<String> = live.iter().cloned().collect();
+        planned.extend(self.last_seen.keys().cloned());
+        planned.insert(options.node_id.clone());
+        let planned: Vec<String> = planned.into_iter().collect();
+
+        let owners = self.live_owners().await?;
+        let target = place(&options.group, options.shards, &planned, &owners);
+
+        // Hand over what is targeted at another member, a few at a time.
+        let moving = self.terms.values().filter(|t| t.handing_over).count();
+        let mut room = options.max_moves_in_flight.saturating_sub(moving);
+        for (shard, term) in self.terms.iter_mut() {
+            if room == 0 {
+                break;
+            }
+            let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+                continue;
+            };
+            let to_is_working = owners.values().any(|owner| owner == to);
+            if !term.handing_over && (!term.rescued || to_is_working) {
+                info!(shard, to = %to, "handing the shard over");
+                term.handing_over = true;
+                term.leadership.cancel();
+                room -= 1;
+            }
+        }
+
+        // Contend for what is targeted here, and rescue long orphans.
+        for shard in 0..options.shards {
+            if self.terms.contains_key(&shard) {
+                continue;
+            }
+            let owner = owners.get(&shard);
+            let orphan_for = match owner {
+                Some(_) => {
+                    self.orphaned_since.remove(&shard);
+                    Duration::ZERO
+                }
+                None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),
+            };
+            let mine = target.get(&shard) == Some(&options.node_id);
+            let rescue = owner.is_none() && orphan_for > options.lease_ttl;
+            let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+            if (mine || rescue) && cooled {
+                self.contend(shard, !mine, work, wake_tx).await;
+            }
+        }
+        self.publish(live.clone(), target);
+        Ok(live)
+    }
+
+    async fn contend<W, Fut>(
+        &mut self,
+        shard: u32,
+        rescued: bool,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let Some(session) = &self.session else { return };
+        let (id, deadline) = (session.id, session.deadline);
+        let role = role(&self.options().group, shard);
+        let answer =
+            tokio::time::timeout_at(deadline, self.elector.store.acquire_in_session(&role, id))
+                .await;
+        match answer {
+            Ok(Ok(result)) if result.acquired => {
+                if Instant::now() >= deadline {
+                    return;
+                }
+                let leadership = CancellationToken::new();
+                let future = work(shard, result.fencing_token, leadership.clone());
+                let wake = wake_tx.clone();
+                let task = tokio::spawn(async move {
+                    let outcome = work_outcome(tokio::spawn(future).await);
+                    let _ = wake.send(Wake::WorkEnded(shard));
+                    outcome
+                });
+                info!(shard, token = %result.fencing_token, "shard term started");
+                self.orphaned_since.remove(&shard);
+                self.terms.insert(
+                    shard,
+                    Term {
+                        token: result.fencing_token,
+                        leadership,
+                        task,
+                        handing_over: false,
+                        rescued,
+                    },
+                );
+                self.publish_owned();
+            }
+            Ok(Ok(result)) => {
+                // Held elsewhere (a handover in progress): wake on the store's push.
+                if self.waiting.insert(shard) {
+                    let store = self.elector.store.clone();
+                    let wake = wake_tx.clone();
+                    let until = Instant::now() + self.options().lease_ttl;
+                    let observed = result.fencing_token;
+                    tokio::spawn(async move {
+                        store.wait_for_change(&role, observed, until).await;
+                        let _ = wake.send(Wake::Look);
+                    });
+                }
+            }
+            Ok(Err(Error::SessionEnded(_))) => {
+                warn!(shard, "the session ended while contending");
+                self.lose_everything().await;
+            }
+            Ok(Err(error)) => warn!(shard, %error, "could not contend for the shard; retrying"),
+            Err(_) => warn!(
+                shard,
+                "contending for the shard got no answer before the deadline"
+            ),
+        }
+        self.waiting.remove(&shard);
+    }
+
+    /// The live members of this group, sorted.
+    async fn group_members(&self) -> Result<Vec<String>> {
+        let group = &self.options().group;
+        let members = self.elector.registry.members().await?;
+        Ok(members
+            .into_iter()
+            .filter(|m| m.metadata.get(GROUP_KEY) == Some(group))
+            .map(|m| m.node_id)
+            .collect())
+    }
+
+    /// The live owner of each shard, from the store.
+    async fn live_owners(&self) -> Result<BTreeMap<u32, String>> {
+        let prefix = format!("{}/", self.options().group);
+        let leases = self.elector.store.list().await?;
+        Ok(leases
+            .into_iter()
+            .filter_map(|lease| {
+                let shard: u32 = lease.role.strip_prefix(&prefix)?.parse().ok()?;
+                let holder = lease.live_holder()?.to_owned();
+                (shard < self.options().shards).then_some((shard, holder))
+            })
+            .collect())
+    }
+
+    fn publish(&self, members: Vec<String>, target: BTreeMap<u32, String>) {
+        let owned = self.owned();
+        self.elector.state.send_if_modified(|state| {
+            let next = ShardState {
+                members,
+                owned,
+                target,
+            };
+            let changed = *state != next;
+            *state = next;
+            changed
+        });
+    }
+
+    fn publish_owned(&self) {
+        let owned = self.owned();
+        self.elector.state.send_if_modified(|state| {
+            let changed = state.owned != owned;
+            state.owned = owned;
+            changed
+        });
+    }
+
+    fn owned(&self) -> BTreeMap<u32, FencingToken> {
+        self.terms
+            .iter()
+            .filter(|(_, t)| !t.handing_over)
+            .map(|(k, t)| (*k, t.token))
+            .collect()
+    }
+
+    /// Shutdown: cancel and await every shard's work, then close the session (releasing
+    /// every shard at once).
+    async fn drain(&mut self) {
+        let terms = std::mem::take(&mut self.terms);
+        for term in terms.values() {
+            term.leadership.cancel();
+        }
+        for (shard, term) in terms {
+            if let Err(error) = work_outcome_of(term.task).await {
+                warn!(shard, %error, "shard work failed while draining");
+            }
+        }
+        self.publish_owned();
+        if let Some(session) = self.session.take() {
+            let close = self.elector.store.close_session(session.id);
+            match tokio::time::timeout_at(session.deadline, close).await {
+                Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),
+                Ok(Err(error)) => {
+                    warn!(%error, "closing the session failed; it expires on its own")
+                }
+                Err(_) => warn!("closing the session timed out; it expires on its own"),
+            }
+        }
+    }
+}
+
+async fn work_outcome_of(task: JoinHandle<Result<()>>) -> Result<()> {
+    match task.await {
+        Ok(outcome) => outcome,
+        Err(join) => Err(Error::WorkPanicked(join.to_string())),
+    }
+}

@@ -1,0 +1,379 @@
+//! Shard groups on the in-memory store and registry, on paused tokio time: members
+//! settle evenly, joins move only the newcomer's shards, a leave or a crash frees only
+//! the leaver's, a member that heartbeats but never works strands nothing, and no shard
+//! ever has two members working on it at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::{
+    Error, FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata,
+    NodeRegistry, ShardElector, ShardOptions, ShardState, TokioClock,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(3);
+const RENEW: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_millis(500);
+const GROUP: &str = "jobs";
+
+/// Who is working on which shard right now, and every overlap ever seen.
+#[derive(Default)]
+struct Running {
+    now: Mutex<HashMap<u32, (String, FencingToken)>>,
+    overlaps: Mutex<Vec<String>>,
+    terms: Mutex<Vec<(u32, String, FencingToken)>>,
+}
+
+struct Group {
+    store: Arc<dyn LeaseStore>,
+    registry: Arc<dyn NodeRegistry>,
+    running: Arc<Running>,
+    members: BTreeMap<String, Member>,
+}
+
+struct Member {
+    shutdown: CancellationToken,
+    task: JoinHandle<tenure::Result<()>>,
+    state: watch::Receiver<ShardState>,
+}
+
+fn options(node: &str, shards: u32) -> ShardOptions {
+    ShardOptions {
+        group: GROUP.to_owned(),
+        shards,
+        node_id: node.to_owned(),
+        lease_ttl: TTL,
+        renew_interval: RENEW,
+        retry_interval: RETRY,
+        ..Default::default()
+    }
+}
+
+impl Group {
+    fn new(store: Arc<dyn LeaseStore>) -> Group {
+        let registry = InMemoryNodeRegistry::with_clock(TTL, TokioClock::new()).unwrap();
+        Group {
+            store,
+            registry: Arc::new(registry),
+            running: Arc::default(),
+            members: BTreeMap::new(),
+        }
+    }
+
+    fn in_memory() -> Group {
+        Group::new(Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())))
+    }
+
+    fn start(&mut self, node: &str, shards: u32) {
+        let elector = ShardElector::new(
+            self.store.clone(),
+            self.registry.clone(),
+            options(node, shards),
+        )
+        .unwrap();
+        let state = elector.watch();
+        let shutdown = CancellationToken::new();
+        let running = self.running.clone();
+        let name = node.to_owned();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            elector
+                .run(
+                    move |shard, token, leadership: CancellationToken| {
+                        let running = running.clone();
+                        let name = name.clone();
+                        async move {
+                            {
+                                let mut now = running.now.lock();
+                                if let Some((other, other_token)) = now.get(&shard) {
+                                    running.overlaps.lock().push(format!(
+                                        "shard {shard}: {name} (token {token}) started while \
+                                         {other} (token {other_token}) works"
+                                    ));
+                                }
+                                now.insert(shard, (name.clone(), token));
+                                running.terms.lock().push((shard, name.clone(), token));
+                            }
+                            leadership.cancelled().await;
+                            running.now.lock().remove(&shard);
+                        }
+                    },
+                    stop,
+                )
+                .await
+        });
+        self.members.insert(
+            node.to_owned(),
+            Member {
+                shutdown,
+                task,
+                state,
+            },
+        );
+    }
+
+    /// Each member's owned shards as its watch shows them.
+    fn owned(&self) -> BTreeMap<String, Vec<u32>> {
+        self.members
+            .iter()
+            .map(|(node, m)| {
+                (
+                    node.clone(),
+                    m.state.borrow().owned.keys().copied().collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Who works on each shard right now.
+    fn workers(&self) -> BTreeMap<u32, String> {
+        let now = self.running.now.lock();
+        now.iter()
+            .map(|(k, (node, _))| (*k, node.clone()))
+            .collect()
+    }
+
+    fn assert_no_overlap(&self) {
+        let overlaps = self.running.overlaps.lock();
+        assert!(
+            overlaps.is_empty(),
+            "two members worked on one shard: {overlaps:?}"
+        );
+    }
+
+    fn assert_balanced(&self, shards: u32) {
+        let workers = self.workers();
+        assert_eq!(
+            workers.len(),
+            shards as usize,
+            "every shard is worked on: {workers:?}"
+        );
+        let mut per_member: BTreeMap<&str, usize> = BTreeMap::new();
+        for node in workers.values() {
+            *per_member.entry(node).or_default() += 1;
+        }
+        let m = self.members.len();
+        let (floor, ceil) = (shards as usize / m, (shards as usize).div_ceil(m));
+        for node in self.members.keys() {
+            let n = per_member.get(node.as_str()).copied().unwrap_or(0);
+            assert!(
+                n == floor || n == ceil,
+                "{node} works on {n} of {shards} shards over {m} members: {per_member:?}"
+            );
+        }
+        self.assert_no_overlap();
+    }
+}
+
+/// Setup: 4 members start at once on 64 shards. Within 2 renew intervals every shard
+/// has exactly one member working on it, 16 each, and the watches agree.
+#[tokio::test(start_paused = true)]
+async fn four_members_settle_64_shards_evenly() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(64);
+    let owned = group.owned();
+    assert!(owned.values().all(|shards| shards.len() == 16), "{owned:?}");
+}
+
+/// Setup: 4 members settled on 64 shards; a fifth joins. Only shards the newcomer now
+/// owns moved (12 or 13 of them), each handed over once; nobody else's changed.
+#[tokio::test(start_paused = true)]
+async fn a_join_moves_only_the_newcomers_shards() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    let before = group.workers();
+    let terms_before = group.running.terms.lock().len();
+
+    group.start("e", 64);
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(64);
+    let after = group.workers();
+    let moved: Vec<u32> = after
+        .iter()
+        .filter(|(k, node)| before.get(k) != Some(node))
+        .map(|(k, _)| *k)
+        .collect();
+    assert!(
+        moved.iter().all(|k| after[k] == "e"),
+        "a shard moved between old members: {moved:?}"
+    );
+    assert!((12..=13).contains(&moved.len()), "{} moved", moved.len());
+    let new_terms = group.running.terms.lock().len() - terms_before;
+    assert_eq!(new_terms, moved.len(), "one new term per moved shard");
+}
+
+/// Setup: 4 members settled; one shuts down. Its shards are taken over at once (the
+/// session is closed and the member leaves), by the other three, evenly; nothing else
+/// moved.
+#[tokio::test(start_paused = true)]
+async fn a_graceful_leave_hands_over_at_once() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    let before = group.workers();
+    let leaver = group.members.remove("b").unwrap();
+    leaver.shutdown.cancel();
+    leaver.task.await.unwrap().unwrap();
+    for step in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        eprintln!(
+            "after {} ms: {} worked on",
+            (step + 1) * 50,
+            group.workers().len()
+        );
+    }
+    group.assert_balanced(64);
+    for (shard, node) in &before {
+        if node != "b" {
+            assert_eq!(&group.workers()[shard], node, "shard {shard} moved");
+        }
+    }
+}
+
+/// Setup: 4 members settled; one crashes (its task is dropped: no renewal, no leave).
+/// Its shards are worked on again within the TTL plus a retry interval, and no shard
+/// ever had two members at once.
+#[tokio::test(start_paused = true)]
+async fn a_crashed_members_shards_are_taken_within_the_ttl() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    let crashed = group.members.remove("c").unwrap();
+    crashed.task.abort();
+    let _ = crashed.task.await;
+    // Its work was never told: forget it as the dead process would.
+    group.running.now.lock().retain(|_, (node, _)| node != "c");
+    tokio::time::sleep(TTL + RETRY + Duration::from_millis(100)).await;
+    group.assert_balanced(64);
+}
+
+/// Setup: 3 working members and one that heartbeats into the group but never works
+/// (a wedged elector). After the orphans' TTL every shard is worked on anyway.
+#[tokio::test(start_paused = true)]
+async fn a_wedged_member_strands_no_shard() {
+    let mut group = Group::in_memory();
+    let mut metadata = Metadata::new();
+    metadata.insert("group".to_owned(), GROUP.to_owned());
+    let _wedged = tenure::spawn_heartbeat(
+        group.registry.clone(),
+        "wedged",
+        metadata,
+        TTL / 3,
+        CancellationToken::new(),
+    );
+    for node in ["a", "b", "c"] {
+        group.start(node, 24);
+    }
+    tokio::time::sleep(3 * TTL).await;
+    let workers = group.workers();
+    assert_eq!(workers.len(), 24, "every shard is worked on: {workers:?}");
+    assert!(workers.values().all(|node| node != "wedged"));
+    group.assert_no_overlap();
+}
+
+/// Counts calls by method.
+#[derive(Default)]
+struct Calls {
+    by_method: Mutex<BTreeMap<&'static str, usize>>,
+}
+
+#[async_trait::async_trait]
+impl Interceptor for Calls {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        *self.by_method.lock().entry(call.method()).or_default() += 1;
+        next.run(call).await
+    }
+}
+
+/// Setup: one member holds 200 shards for 20 renew intervals. Keeping them costs one
+/// session keep-alive per interval, never a per-shard renewal, and no term restarts.
+#[tokio::test(start_paused = true)]
+async fn renewal_costs_one_call_per_interval_however_many_shards() {
+    let calls = Arc::new(Calls::default());
+    let store = InterceptStore::new(Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())))
+        .with(calls.clone());
+    let mut group = Group::new(Arc::new(store));
+    group.start("solo", 200);
+    tokio::time::sleep(RENEW / 2).await;
+    group.assert_balanced(200);
+    let terms = group.running.terms.lock().len();
+    let keep_alives = calls.by_method.lock().get("keep_alive_session").copied();
+    tokio::time::sleep(20 * RENEW).await;
+    let after = calls.by_method.lock().clone();
+    let renewed = after["keep_alive_session"] - keep_alives.unwrap_or(0);
+    assert!(
+        (19..=21).contains(&renewed),
+        "{renewed} keep-alives in 20 intervals: {after:?}"
+    );
+    assert_eq!(
+        after.get("try_acquire_or_renew"),
+        None,
+        "no per-role renewal: {after:?}"
+    );
+    assert_eq!(group.running.terms.lock().len(), terms, "no term restarted");
+    group.assert_balanced(200);
+}
+
+/// Bad options are `InvalidArgument` naming the option.
+#[test]
+fn bad_options_name_the_option() {
+    let store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::new());
+    let registry: Arc<dyn NodeRegistry> =
+        Arc::new(InMemoryNodeRegistry::new(Duration::from_secs(10)).unwrap());
+    let check = |options: ShardOptions, field: &str| match ShardElector::new(
+        store.clone(),
+        registry.clone(),
+        options,
+    ) {
+        Err(Error::InvalidArgument { field: f, .. }) if f == field => {}
+        other => panic!("expected InvalidArgument for {field}, got {other:?}"),
+    };
+    check(options("a", 0), "shards");
+    check(options("a", tenure::shard::MAX_SHARDS + 1), "shards");
+    check(
+        ShardOptions {
+            group: String::new(),
+            ..options("a", 4)
+        },
+        "group",
+    );
+    check(
+        ShardOptions {
+            group: "x".repeat(254),
+            ..options("a", 100)
+        },
+        "group",
+    );
+    check(options("", 4), "owner_id");
+    check(
+        ShardOptions {
+            renew_interval: TTL,
+            ..options("a", 4)
+        },
+        "renew_interval",
+    );
+    check(
+        ShardOptions {
+            max_moves_in_flight: 0,
+            ..options("a", 4)
+        },
+        "max_moves_in_flight",
+    );
+}
