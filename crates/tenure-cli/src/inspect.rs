@@ -40,6 +40,113 @@ fn lease_rows(leases: &[LeaseInfo]) -> Vec<Vec<String>> {
         .collect()
 }
 
+#[derive(Serialize)]
+struct GroupReport<'a> {
+    group: &'a str,
+    shards: Vec<ShardRow<'a>>,
+    per_member: std::collections::BTreeMap<&'a str, usize>,
+    unowned: usize,
+}
+
+#[derive(Serialize)]
+struct ShardRow<'a> {
+    shard: u32,
+    owner: Option<&'a str>,
+    fencing_token: u64,
+    expires_in_ms: Option<u128>,
+}
+
+/// The leases of `group`'s shards (roles `group/k`), sorted by shard number.
+fn shard_leases(group: &str, leases: Vec<LeaseInfo>) -> Vec<(u32, LeaseInfo)> {
+    let prefix = format!("{group}/");
+    let mut shards: Vec<(u32, LeaseInfo)> = leases
+        .into_iter()
+        .filter_map(|lease| {
+            let shard = lease.role.strip_prefix(&prefix)?.parse().ok()?;
+            Some((shard, lease))
+        })
+        .collect();
+    shards.sort_by_key(|(shard, _)| *shard);
+    shards
+}
+
+/// Prints a shard group once, or every second with `watch`: shard, owner, token and
+/// expiry, then how many shards each member owns.
+pub async fn group_status(
+    stores: &Stores,
+    group: &str,
+    json: bool,
+    watch: bool,
+) -> anyhow::Result<u8> {
+    loop {
+        let shards = shard_leases(group, stores.leases.list().await?);
+        let mut per_member = std::collections::BTreeMap::new();
+        for (_, lease) in &shards {
+            if let Some(owner) = lease.live_holder() {
+                *per_member.entry(owner).or_insert(0) += 1;
+            }
+        }
+        let unowned = shards
+            .iter()
+            .filter(|(_, lease)| lease.live_holder().is_none())
+            .count();
+        if json {
+            let report = GroupReport {
+                group,
+                shards: shards
+                    .iter()
+                    .map(|(shard, lease)| ShardRow {
+                        shard: *shard,
+                        owner: lease.live_holder(),
+                        fencing_token: lease.fencing_token.get(),
+                        expires_in_ms: lease.live_holder().map(|_| lease.remaining().as_millis()),
+                    })
+                    .collect(),
+                per_member,
+                unowned,
+            };
+            println!("{}", serde_json::to_string(&report)?);
+        } else if shards.is_empty() {
+            println!("no shards of group {group:?}");
+        } else {
+            let leases: Vec<LeaseInfo> = shards.iter().map(|(_, lease)| lease.clone()).collect();
+            let mut rows = lease_rows(&leases);
+            for (row, (shard, _)) in rows.iter_mut().zip(&shards) {
+                row[0] = shard.to_string();
+            }
+            print!("{}", table(&["SHARD", "OWNER", "TOKEN", "EXPIRES"], &rows));
+            println!();
+            let mut members: Vec<Vec<String>> = per_member
+                .iter()
+                .map(|(member, n)| vec![(*member).to_owned(), n.to_string()])
+                .collect();
+            if unowned > 0 {
+                members.push(vec!["(unowned)".to_owned(), unowned.to_string()]);
+            }
+            print!("{}", table(&["MEMBER", "SHARDS"], &members));
+        }
+        if !again(watch, json).await {
+            return Ok(exit::OK);
+        }
+    }
+}
+
+/// After one view: `false` to stop (not watching, or interrupted); `true` a second
+/// later, with a blank line between human-readable views.
+async fn again(watch: bool, json: bool) -> bool {
+    if !watch {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => return false,
+        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+    }
+    if !json {
+        println!();
+    }
+    true
+}
+
 /// Prints leases once, or every second with `watch` until interrupted.
 pub async fn status(
     stores: &Stores,
@@ -81,15 +188,8 @@ pub async fn status(
                 )
             );
         }
-        if !watch {
+        if !again(watch, json).await {
             return Ok(exit::OK);
-        }
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(exit::OK),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-        if !json {
-            println!();
         }
     }
 }

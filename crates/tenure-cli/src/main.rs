@@ -153,8 +153,12 @@ enum Command {
     /// Show leases: role, holder, token, time to expiry.
     Status {
         /// Only this role.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "group")]
         role: Option<String>,
+        /// A shard group's shards (roles GROUP/0, GROUP/1, ...): shard, owner, token, and
+        /// shards per member.
+        #[arg(long)]
+        group: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -300,15 +304,23 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
         }
         Command::Status {
             role,
+            group,
             json,
             watch,
             store: arg,
         } => {
+            if let Some(group) = &group {
+                tenure::lease::validate_name("group", group)
+                    .map_err(|e| UsageError(format!("--group: {e}")))?;
+            }
             let url = StoreUrl::parse(&arg.raw()?)?;
             url.require_shared("status")?;
             runtime()?.block_on(async {
                 let stores = store::open(&url, arg.member_ttl).await?;
-                inspect::status(&stores, role.as_deref(), json, watch).await
+                match &group {
+                    Some(group) => inspect::group_status(&stores, group, json, watch).await,
+                    None => inspect::status(&stores, role.as_deref(), json, watch).await,
+                }
             })
         }
         Command::Members { json, store: arg } => {

@@ -77,3 +77,78 @@ fn default_store_is_created_private() {
     );
     assert_eq!(mode(&db), 0o600);
 }
+
+/// `tenure status --group G` lists only G's shards (roles `G/k`, sorted by number) with
+/// their owners and tokens, and counts shards per member; `--json` gives the same, and
+/// bad input is a usage error.
+#[test]
+fn status_of_a_shard_group() {
+    let dir = tempdir();
+    let url = sqlite_url(dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use tenure::LeaseStore;
+        let store = tenure_sqlite::SqliteLeaseStore::open(dir.path().join("tenure.db"))
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(60);
+        for (role, owner) in [
+            ("jobs/10", "node-a"),
+            ("jobs/0", "node-a"),
+            ("jobs/1", "node-b"),
+            ("jobs/x", "node-b"),
+            ("other/0", "node-c"),
+        ] {
+            assert!(
+                store
+                    .try_acquire_or_renew(role, owner, ttl)
+                    .await
+                    .unwrap()
+                    .acquired
+            );
+        }
+    });
+
+    let output = output_within(
+        tenure().args(["status", "--group", "jobs", "--json", "--store", &url]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let shards: Vec<u64> = report["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["shard"].as_u64().unwrap())
+        .collect();
+    assert_eq!(shards, [0, 1, 10]);
+    assert_eq!(report["shards"][2]["owner"], "node-a");
+    assert_eq!(report["per_member"]["node-a"], 2);
+    assert_eq!(report["per_member"]["node-b"], 1);
+    assert_eq!(report["unowned"], 0);
+
+    let output = output_within(
+        tenure().args(["status", "--group", "jobs", "--store", &url]),
+        Duration::from_secs(30),
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("SHARD") && text.contains("MEMBER"), "{text}");
+    assert!(
+        !text.contains("other/0") && !text.contains("jobs/x"),
+        "{text}"
+    );
+
+    for bad in [
+        vec!["status", "--group", ""],
+        vec!["status", "--group", "jobs", "--role", "jobs/0"],
+    ] {
+        let output = output_within(
+            tenure().args(&bad).args(["--store", &url]),
+            Duration::from_secs(30),
+        );
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {output:?}");
+    }
+}
