@@ -10,6 +10,7 @@ mod inspect;
 mod output;
 mod parse;
 mod run;
+mod run_shards;
 mod store;
 
 use std::ffi::OsString;
@@ -112,8 +113,17 @@ enum Command {
     /// (`tenure fence`) stops its writes once another instance leads.
     Run {
         /// The role to lead (one singleton job or resource).
-        #[arg(long)]
-        role: String,
+        #[arg(long, required_unless_present = "group", conflicts_with = "group")]
+        role: Option<String>,
+        /// Join shard group GROUP instead: run the command once per shard this member
+        /// owns (TENURE_SHARD, TENURE_SHARDS, TENURE_ROLE=GROUP/k and that shard's
+        /// TENURE_FENCING_TOKEN), stopping it when the shard moves or is lost. Needs
+        /// --shards; --node-id names the member (default: unique per process).
+        #[arg(long, requires = "shards", conflicts_with_all = ["no_wait", "wait_timeout"])]
+        group: Option<String>,
+        /// How many shards the group has (1 to 100000); with --group.
+        #[arg(long, requires = "group")]
+        shards: Option<u32>,
         /// How long a term lasts without renewal. The other timings default to fractions
         /// of it, so --ttl alone always works.
         #[arg(long, default_value = "15s", value_parser = parse_duration)]
@@ -269,6 +279,8 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Run {
             role,
+            group,
+            shards,
             ttl,
             renew_every,
             retry_every,
@@ -284,7 +296,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             let url = StoreUrl::parse(&raw)?;
             url.require_shared("run")?;
             let args = run::RunArgs {
-                role,
+                role: role.or_else(|| group.clone()).unwrap_or_default(),
                 ttl,
                 renew_every,
                 retry_every,
@@ -296,7 +308,16 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 store_url: raw,
                 command,
             };
+            if let (Some(group), Some(shards)) = (&group, shards) {
+                check_group_flags(&args, group, shards)?;
+            }
             check_run_flags(&args)?;
+            if let (Some(group), Some(shards)) = (group, shards) {
+                return runtime()?.block_on(async {
+                    let stores = store::open(&url, store.member_ttl).await?;
+                    run_shards::run(stores, args, group, shards).await
+                });
+            }
             runtime()?.block_on(async {
                 let stores = store::open(&url, store.member_ttl).await?;
                 run::run(stores, args).await
@@ -356,6 +377,27 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
 }
 
 /// Flag-level checks, so messages name the flags rather than the library's options.
+/// The shard-group flags, checked before the store is opened.
+fn check_group_flags(args: &run::RunArgs, group: &str, shards: u32) -> Result<(), UsageError> {
+    let node_id = args.node_id.clone().unwrap_or_else(|| "node".to_owned());
+    let options = run_shards::options(args, group, shards, node_id);
+    match options.validate() {
+        Ok(()) => Ok(()),
+        Err(tenure::Error::InvalidArgument { field, reason }) => {
+            let flag = match field {
+                "group" => "--group",
+                "shards" => "--shards",
+                "renew_interval" => "--renew-every",
+                "retry_interval" => "--retry-every",
+                "work_grace" => "--kill-after",
+                other => other,
+            };
+            Err(UsageError(format!("{flag}: {reason}")))
+        }
+        Err(other) => Err(UsageError(other.to_string())),
+    }
+}
+
 fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
     let show = |d: Duration| output::human(d);
     // Names are checked here, before the store is opened, so a bad one creates nothing.

@@ -148,7 +148,7 @@ impl RunArgs {
 
 /// How the command's run ended.
 #[derive(Debug)]
-enum Outcome {
+pub(crate) enum Outcome {
     /// The command exited on its own (or after a forwarded signal).
     Exited(ExitStatus),
     /// Leadership was lost and the command was stopped.
@@ -226,6 +226,8 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
                             store_url: store_url.clone(),
                             kill_after,
                             suspended: suspended.clone(),
+                            extra_env: Vec::new(),
+                            scope: ScopeKind::Descendants,
                         };
                         let outcome = outcome.clone();
                         let shutdown = stop.clone();
@@ -391,19 +393,66 @@ async fn print_waiting(store: &dyn LeaseStore, role: &str, waited: Duration) {
 }
 
 /// Everything needed to start the command for one term.
-struct ChildSpec {
-    command: Vec<OsString>,
-    token: FencingToken,
-    role: String,
-    owner: String,
-    store_url: String,
-    kill_after: Duration,
+pub(crate) struct ChildSpec {
+    pub(crate) command: Vec<OsString>,
+    pub(crate) token: FencingToken,
+    pub(crate) role: String,
+    pub(crate) owner: String,
+    pub(crate) store_url: String,
+    pub(crate) kill_after: Duration,
     /// Set while the command is stopped by a Ctrl-Z (SIGTSTP) of tenure.
-    suspended: Arc<AtomicBool>,
+    pub(crate) suspended: Arc<AtomicBool>,
+    /// More environment for the command (a shard's number, the shard count).
+    pub(crate) extra_env: Vec<(&'static str, String)>,
+    /// Which processes are the command's: every descendant of tenure (one command per
+    /// tenure), or only the command's own session (one command per shard).
+    pub(crate) scope: ScopeKind,
+}
+
+/// How a command's processes are told apart from the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScopeKind {
+    /// Every descendant of tenure, which is a child subreaper: covers processes that
+    /// leave the command's group or session. One command per tenure.
+    Descendants,
+    /// The command's own session (it is started as a session leader): covers whatever it
+    /// starts unless that calls `setsid` itself. Several commands per tenure.
+    OwnSession,
+}
+
+/// The processes of one running command.
+#[derive(Clone, Copy, Debug)]
+enum Scope {
+    Descendants,
+    Session(Pid),
+}
+
+impl Scope {
+    /// The command's live processes.
+    fn members(self) -> Vec<Pid> {
+        match self {
+            Scope::Descendants => descendants(),
+            Scope::Session(session) => processes()
+                .into_iter()
+                .filter(|p| p.session == session && !p.zombie)
+                .map(|p| p.pid)
+                .collect(),
+        }
+    }
+
+    /// Reaps tenure's orphaned children: only as the subreaper of one command (other
+    /// children are other shards' commands, reaped by tokio).
+    fn reap_orphans(self, command: Option<Pid>) {
+        if matches!(self, Scope::Descendants) {
+            reap_orphans(command);
+        }
+    }
 }
 
 impl ChildSpec {
-    async fn run(
+    /// Runs the command until it exits or `leadership` ends (then stops it), forwarding
+    /// the signals that arrive on `forward`.
+    pub(crate) async fn run(
         self,
         leadership: &CancellationToken,
         forward: &mut mpsc::UnboundedReceiver<Signal>,
@@ -426,13 +475,22 @@ impl ChildSpec {
             .env("TENURE_ROLE", &self.role)
             .env("TENURE_OWNER", &self.owner)
             .env("TENURE_STORE", &self.store_url)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
+            .kill_on_drop(true);
+        let own_session = self.scope == ScopeKind::OwnSession;
+        if !own_session {
             // Its own process group, so forwarded signals reach everything it started
             // in it, as a terminal's would.
-            .process_group(0)
-            .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            command.process_group(0);
+        }
+        // SAFETY: prctl and setsid are async-signal-safe; nothing else runs between fork
+        // and exec.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
+                if own_session {
+                    // A new session (and process group) the command's processes share.
+                    nix::unistd::setsid().map_err(std::io::Error::from)?;
+                }
                 // If tenure dies (SIGKILL, OOM), the command must not outlive its lease.
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
             });
@@ -449,6 +507,10 @@ impl ChildSpec {
             return Outcome::SpawnFailed(std::io::Error::other(
                 "the command exited before it could be tracked",
             ));
+        };
+        let scope = match self.scope {
+            ScopeKind::Descendants => Scope::Descendants,
+            ScopeKind::OwnSession => Scope::Session(pgid),
         };
         info!(role = %self.role, token = %self.token, pid = pgid.as_raw(), "command started");
         let mut kill_at: Option<tokio::time::Instant> = None;
@@ -469,7 +531,7 @@ impl ChildSpec {
                         self.kill_after
                     };
                     let status =
-                        stop_descendants(Some(&mut child), pgid, grace, &self.role).await;
+                        stop_descendants(Some(&mut child), pgid, grace, &self.role, scope).await;
                     return Outcome::Lost(status);
                 }
                 status = child.wait() => {
@@ -477,12 +539,12 @@ impl ChildSpec {
                         Ok(status) => status,
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
-                    let left = descendants();
+                    let left = scope.members();
                     if !left.is_empty() || !group_gone(pgid) {
                         warn!(role = %self.role, token = %self.token, left = left.len(),
                             "the command exited and left processes running; \
                              stopping them before releasing");
-                        stop_descendants(None, pgid, self.kill_after, &self.role).await;
+                        stop_descendants(None, pgid, self.kill_after, &self.role, scope).await;
                     }
                     return Outcome::Exited(status);
                 }
@@ -499,7 +561,7 @@ impl ChildSpec {
                     // Lost while stopped: the branch above stops everything instead.
                     if !leadership.is_cancelled() {
                         self.suspended.store(false, Ordering::SeqCst);
-                        signal_all(&descendants(), pgid, Signal::SIGCONT);
+                        signal_all(&scope.members(), pgid, Signal::SIGCONT);
                     }
                 }
                 _ = sleep_until_opt(kill_at) => {
@@ -507,7 +569,7 @@ impl ChildSpec {
                     let _ = killpg(pgid, Signal::SIGKILL);
                     kill_at = None;
                 }
-                Some(()) = children.recv() => reap_orphans(Some(pgid)),
+                Some(()) = children.recv() => scope.reap_orphans(Some(pgid)),
             }
         }
     }
@@ -535,6 +597,7 @@ async fn stop_descendants(
     group: Pid,
     kill_after: Duration,
     role: &str,
+    scope: Scope,
 ) -> ExitStatus {
     let mut status = None;
     let started = tokio::time::Instant::now();
@@ -542,7 +605,7 @@ async fn stop_descendants(
     let mut report_at = started + STOP_REPORT_EVERY;
     // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
     if !kill_after.is_zero() {
-        let left = descendants();
+        let left = scope.members();
         signal_all(&left, group, Signal::SIGTERM);
         signal_all(&left, group, Signal::SIGCONT);
     }
@@ -559,8 +622,8 @@ async fn stop_descendants(
             .as_deref()
             .and_then(|c| c.id())
             .map(|pid| Pid::from_raw(pid as i32));
-        reap_orphans(command);
-        let left = descendants();
+        scope.reap_orphans(command);
+        let left = scope.members();
         if left.is_empty() && child.is_none() && group_gone(group) {
             break;
         }
@@ -620,6 +683,7 @@ fn suspend(suspended: &AtomicBool) {
 struct ProcessEntry {
     pid: Pid,
     parent: Pid,
+    session: Pid,
     zombie: bool,
 }
 
@@ -636,9 +700,12 @@ fn processes() -> Vec<ProcessEntry> {
             let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
             let state = fields.next()?;
             let parent: i32 = fields.next()?.parse().ok()?;
+            let _group = fields.next()?;
+            let session: i32 = fields.next()?.parse().ok()?;
             Some(ProcessEntry {
                 pid: Pid::from_raw(pid),
                 parent: Pid::from_raw(parent),
+                session: Pid::from_raw(session),
                 zombie: state == "Z" || state == "X",
             })
         })
@@ -695,7 +762,7 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// SIGINT, SIGTERM, SIGHUP, SIGTSTP and SIGCONT, as one stream.
-struct Signals {
+pub(crate) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
@@ -704,7 +771,8 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> anyhow::Result<Self> {
+    /// Listens for the five signals.
+    pub(crate) fn new() -> anyhow::Result<Self> {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
@@ -716,7 +784,8 @@ impl Signals {
         })
     }
 
-    async fn recv(&mut self) -> Option<Signal> {
+    /// The next signal.
+    pub(crate) async fn recv(&mut self) -> Option<Signal> {
         tokio::select! {
             s = self.interrupt.recv() => s.map(|_| Signal::SIGINT),
             s = self.terminate.recv() => s.map(|_| Signal::SIGTERM),
@@ -787,6 +856,8 @@ mod tests {
             store_url: "sqlite:unused".to_owned(),
             kill_after: Duration::from_millis(100),
             suspended: Arc::default(),
+            extra_env: Vec::new(),
+            scope: ScopeKind::Descendants,
         };
         let leadership = CancellationToken::new();
         leadership.cancel();
