@@ -135,7 +135,7 @@ impl Claim<'_> {
 /// What [`write_lease`] found and did.
 #[derive(Debug)]
 pub enum LeaseWrite {
-    /// `owner` holds term `token` now: a `new_term`, or its live term renewed.
+    /// `owner` holds term `token` now: a `new_term`, or its live term renewed (kept, under a session).
     Written {
         /// The term's token.
         token: i64,
