@@ -2,16 +2,25 @@
 //!
 //! Each call that writes is one `BEGIN IMMEDIATE` transaction: it takes the file's
 //! write lock, reads store time (starting a new boot in the file if needed), reads the
-//! role's row and decides exactly as the in-memory reference store does. Rows are never
-//! deleted; release clears the holder and keeps the token, so the counter survives
+//! role's row and decides exactly as the in-memory reference store does. Lease rows are
+//! never deleted; release clears the holder and keeps the token, so the counter survives
 //! everything.
+//!
+//! A session is one row of `tenure_sessions`; a role held under it names it in its
+//! `session_id` and ends when it does (the `tenure_terms` view reads each term's end),
+//! so keeping a session alive writes that one row however many roles it holds.
 
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteConnection;
-use tenure::lease::{validate_acquire, validate_name, validate_release};
-use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use sqlx::{Sqlite, Transaction};
+use tenure::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
+use tenure::session::validate_open;
+use tenure::{
+    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+};
 use tokio::time::Instant;
 
 use crate::clock::StoreNow;
@@ -23,25 +32,55 @@ use crate::BACKEND;
 // The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
 // after `READ_BOOT`; times are monotonic nanoseconds.
 
-/// Reads a role's row: `holder, token, expires_at` for role `?1`.
-const READ_LEASE: &str = "SELECT holder, token, expires_at FROM tenure_leases WHERE role = ?1";
-/// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`.
+/// Reads a role's term: `holder, token, expires_at, session_id` for role `?1`, where
+/// `expires_at` is the session's for a term held under one.
+const READ_LEASE: &str =
+    "SELECT holder, token, expires_at, session_id FROM tenure_terms WHERE role = ?1";
+/// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`, under
+/// session `?4` (NULL for a plain lease).
 const INSERT_LEASE: &str =
-    "INSERT INTO tenure_leases (role, holder, token, expires_at) VALUES (?1, ?2, 1, ?3)";
-/// Renews role `?1`'s live term to expire at `?2`.
+    "INSERT INTO tenure_leases (role, holder, token, expires_at, session_id) \
+     VALUES (?1, ?2, 1, ?3, ?4)";
+/// Renews role `?1`'s live plain term to expire at `?2`.
 const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
-/// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`.
-const TAKE_OVER_LEASE: &str =
-    "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4 WHERE role = ?1";
+/// Renews role `?1`'s live term held under a session as a plain lease expiring at `?2`.
+const DETACH_LEASE: &str =
+    "UPDATE tenure_leases SET expires_at = ?2, session_id = NULL WHERE role = ?1";
+/// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`, under
+/// session `?5` (NULL for a plain lease).
+const TAKE_OVER_LEASE: &str = "UPDATE tenure_leases \
+     SET holder = ?2, token = ?3, expires_at = ?4, session_id = ?5 WHERE role = ?1";
 /// Ends role `?1`'s term at store time `?2`, keeping the token.
 const RELEASE_LEASE: &str =
-    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2 WHERE role = ?1";
+    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2, session_id = NULL WHERE role = ?1";
 
-/// The lease row of one role.
+/// Forgets the sessions that ended before store time `?1` (their terms read as ended
+/// through their own `expires_at`, see the schema).
+const SWEEP_SESSIONS: &str = "DELETE FROM tenure_sessions WHERE expires_at <= ?1";
+/// Opens a session for owner `?1` expiring at `?2`.
+const OPEN_SESSION: &str = "INSERT INTO tenure_sessions (owner, expires_at) VALUES (?1, ?2)";
+/// Moves live session `?1`'s expiry to `?2` (never earlier) at store time `?3`: the one
+/// row a keep-alive writes.
+const KEEP_ALIVE_SESSION: &str = "UPDATE tenure_sessions SET expires_at = max(expires_at, ?2) \
+     WHERE id = ?1 AND expires_at > ?3 RETURNING owner, expires_at";
+/// Reads live session `?1` at store time `?2`: `owner, expires_at`.
+const READ_SESSION: &str =
+    "SELECT owner, expires_at FROM tenure_sessions WHERE id = ?1 AND expires_at > ?2";
+/// Ends session `?1`, returning when it would have expired.
+const CLOSE_SESSION: &str = "DELETE FROM tenure_sessions WHERE id = ?1 RETURNING expires_at";
+/// Releases every role held under session `?1` at store time `?2` (the session expiring
+/// at `?3`, if known), keeping the tokens; returns the roles.
+const RELEASE_SESSION_ROLES: &str = "UPDATE tenure_leases \
+     SET holder = NULL, session_id = NULL, expires_at = min(?2, coalesce(?3, expires_at)) \
+     WHERE session_id = ?1 RETURNING role";
+
+/// The term of one role.
 struct LeaseRow {
     holder: Option<String>,
     token: i64,
+    /// Its end: its own, or its session's.
     expires_at: i64,
+    session_id: Option<i64>,
 }
 
 impl LeaseRow {
@@ -61,15 +100,42 @@ async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<Leas
             holder: column(&row, 0)?,
             token: column(&row, 1)?,
             expires_at: column(&row, 2)?,
+            session_id: column(&row, 3)?,
         })
     })
     .transpose()
 }
 
+/// Who takes a term in [`write_term`], and what a live term of its own means to it.
+#[derive(Clone, Copy, Debug)]
+enum Claim<'a> {
+    /// `try_acquire_or_renew`: `owner`'s own live term is renewed, as a plain lease
+    /// ending at `expires_at`.
+    Lease { owner: &'a str, expires_at: i64 },
+    /// `acquire_in_session`: a live term under `session` is kept as it is; a new term
+    /// is `owner`'s under `session`, ending at `expires_at` (the session's).
+    Session {
+        session: i64,
+        owner: &'a str,
+        expires_at: i64,
+    },
+}
+
+impl Claim<'_> {
+    fn holds(&self, row: &LeaseRow) -> bool {
+        match *self {
+            Claim::Lease { owner, .. } => row.holder.as_deref() == Some(owner),
+            Claim::Session { session, .. } => {
+                row.holder.is_some() && row.session_id == Some(session)
+            }
+        }
+    }
+}
+
 /// What [`write_lease`] found and did.
 #[derive(Debug)]
 pub enum LeaseWrite {
-    /// `owner` holds term `token` now: a `new_term`, or its live term renewed.
+    /// `owner` holds term `token` now: a `new_term`, or its live term renewed (kept, under a session).
     Written {
         /// The term's token.
         token: i64,
@@ -97,30 +163,60 @@ pub async fn write_lease(
     now: i64,
     expires_at: i64,
 ) -> Result<LeaseWrite> {
+    write_term(conn, role, now, Claim::Lease { owner, expires_at }).await
+}
+
+/// The one decision of both acquire paths (see [`write_lease`]): reads the role's term,
+/// keeps or renews the claimant's own live one, refuses another live one, or starts a
+/// new term.
+async fn write_term(
+    conn: &mut SqliteConnection,
+    role: &str,
+    now: i64,
+    claim: Claim<'_>,
+) -> Result<LeaseWrite> {
+    let (owner, expires_at, session) = match claim {
+        Claim::Lease { owner, expires_at } => (owner, expires_at, None),
+        Claim::Session {
+            session,
+            owner,
+            expires_at,
+        } => (owner, expires_at, Some(session)),
+    };
     let (token, new_term) = match read_row(conn, role).await? {
         None => {
             sqlx::query(INSERT_LEASE)
                 .bind(role)
                 .bind(owner)
                 .bind(expires_at)
+                .bind(session)
                 .execute(conn)
                 .await
                 .map_err(store_error("cannot write the lease"))?;
             (1, true)
         }
-        Some(row) if now < row.expires_at && row.holder.as_deref() == Some(owner) => {
-            sqlx::query(RENEW_LEASE)
-                .bind(role)
-                .bind(expires_at)
-                .execute(conn)
-                .await
-                .map_err(store_error("cannot renew the lease"))?;
+        Some(row) if now < row.expires_at && claim.holds(&row) => {
+            if let Claim::Lease { .. } = claim {
+                // The holder renews on its own from here: a session's term becomes a
+                // plain lease, same token.
+                let renew = match row.session_id {
+                    None => RENEW_LEASE,
+                    Some(_) => DETACH_LEASE,
+                };
+                sqlx::query(renew)
+                    .bind(role)
+                    .bind(expires_at)
+                    .execute(conn)
+                    .await
+                    .map_err(store_error("cannot renew the lease"))?;
+            }
             (row.token, false)
         }
         Some(LeaseRow {
             holder: Some(holder),
             token,
             expires_at: held_until,
+            ..
         }) if now < held_until => {
             return Ok(LeaseWrite::Refused {
                 holder,
@@ -140,6 +236,7 @@ pub async fn write_lease(
                 .bind(owner)
                 .bind(next)
                 .bind(expires_at)
+                .bind(session)
                 .execute(conn)
                 .await
                 .map_err(store_error("cannot write the lease"))?;
@@ -181,6 +278,11 @@ pub async fn release_lease(
 /// takeover written through the same [`SqliteDatabase`], and within the polling
 /// interval (10 ms by default) for one written by another process.
 ///
+/// Sessions are durable rows too, with ids that are never handed out twice. Keeping one
+/// alive writes its row alone, whatever the number of roles held under it; closing one
+/// releases those roles in the same transaction and wakes their waiters as a release
+/// does. A new boot ends every session.
+///
 /// # Examples
 ///
 /// ```
@@ -203,6 +305,43 @@ pub async fn release_lease(
 #[derive(Clone, Debug)]
 pub struct SqliteLeaseStore {
     db: SqliteDatabase,
+}
+
+/// A TTL in the file's unit, nanoseconds; beyond 292 years is [`Error::InvalidArgument`].
+fn ttl_nanos(ttl: Duration) -> Result<i64> {
+    i64::try_from(ttl.as_nanos()).map_err(|_| ttl_too_large(ttl))
+}
+
+/// Store time `now + ttl` in the file's unit.
+fn ends_at(now: i64, ttl_nanos: i64, ttl: Duration) -> Result<i64> {
+    now.checked_add(ttl_nanos).ok_or_else(|| ttl_too_large(ttl))
+}
+
+fn ttl_too_large(ttl: Duration) -> Error {
+    Error::invalid(
+        "ttl",
+        format!("{ttl:?} is too large for the sqlite store's nanosecond clock (292 years)"),
+    )
+}
+
+/// A session id as stored; one above `i64::MAX` was never handed out.
+fn session_to_db(session: SessionId) -> Option<i64> {
+    i64::try_from(session.get()).ok()
+}
+
+fn session_from_db(id: i64) -> Result<SessionId> {
+    u64::try_from(id).map(SessionId::from).map_err(|_| {
+        Error::store_msg(
+            BACKEND,
+            format!("the database holds a negative session id, {id}"),
+        )
+    })
+}
+
+/// Commits a store write. Also when nothing was written: the transaction may have
+/// started a new boot, which every later call must see.
+async fn commit(tx: Transaction<'static, Sqlite>, doing: &str) -> Result<()> {
+    tx.commit().await.map_err(store_error(doing))
 }
 
 impl SqliteLeaseStore {
@@ -238,13 +377,53 @@ impl SqliteLeaseStore {
         &self.db
     }
 
+    /// Commits the step `write` of an acquire path and answers it: acquired until
+    /// `acquired_until`, or refused with the live holder's term. Waiters are woken for
+    /// a new term.
+    async fn answer(
+        &self,
+        tx: Transaction<'static, Sqlite>,
+        role: &str,
+        owner: &str,
+        write: LeaseWrite,
+        now: &StoreNow,
+        acquired_until: SystemTime,
+    ) -> Result<LeaseResult> {
+        commit(tx, "cannot commit the lease").await?;
+        match write {
+            LeaseWrite::Written { token, new_term } => {
+                if new_term {
+                    self.db.signal_change(role);
+                }
+                Ok(LeaseResult {
+                    acquired: true,
+                    fencing_token: token_from_db(token)?,
+                    expires_at: acquired_until,
+                    holder: owner.to_owned(),
+                    now: now.wall,
+                })
+            }
+            LeaseWrite::Refused {
+                holder,
+                token,
+                expires_at,
+            } => Ok(LeaseResult {
+                acquired: false,
+                fencing_token: token_from_db(token)?,
+                expires_at: now.wall_at(expires_at)?,
+                holder,
+                now: now.wall,
+            }),
+        }
+    }
+
     /// Whether `(role, observed)` is still the live term, on store time.
     async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
         let now = self.db.now()?;
         let row = sqlx::query(
             "SELECT holder, token, expires_at, \
              coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
-             FROM tenure_leases WHERE role = ?1",
+             FROM tenure_terms WHERE role = ?1",
         )
         .bind(role)
         .bind(&now.boot_id)
@@ -258,6 +437,7 @@ impl SqliteLeaseStore {
             holder: column(&row, 0)?,
             token: column(&row, 1)?,
             expires_at: column(&row, 2)?,
+            session_id: None,
         };
         let this_boot: bool = column(&row, 3)?;
         Ok(this_boot && current.is_live_term(observed, now.mono))
@@ -285,7 +465,7 @@ impl SqliteLeaseStore {
         let rows = sqlx::query(
             "SELECT role, holder, token, expires_at, \
              coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
-             FROM tenure_leases WHERE ?1 IS NULL OR role = ?1 ORDER BY role",
+             FROM tenure_terms WHERE ?1 IS NULL OR role = ?1 ORDER BY role",
         )
         .bind(role)
         .bind(&now.boot_id)
@@ -305,54 +485,16 @@ impl LeaseStore for SqliteLeaseStore {
         ttl: std::time::Duration,
     ) -> Result<LeaseResult> {
         // Bad input is refused before the store is touched.
-        let too_large = || {
-            Error::invalid(
-                "ttl",
-                format!("{ttl:?} is too large for the sqlite store's nanosecond clock (292 years)"),
-            )
-        };
         validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
-        let ttl_nanos = i64::try_from(ttl.as_nanos()).map_err(|_| too_large())?;
+        let ttl_nanos = ttl_nanos(ttl)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
         let store_now = self.db.write_now(&mut tx).await?;
-        let (now, now_time) = (store_now.mono, store_now.wall);
         // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
-        let expires_time = tenure::lease::validate_ttl(ttl, self.min_ttl(), now_time)?;
-        let expires_at = now.checked_add(ttl_nanos).ok_or_else(too_large)?;
-        let (token, new_term) = match write_lease(&mut tx, role, owner, now, expires_at).await? {
-            LeaseWrite::Written { token, new_term } => (token, new_term),
-            LeaseWrite::Refused {
-                holder,
-                token,
-                expires_at: held_until,
-            } => {
-                // Not acquired. Commit, not roll back: the transaction may have started
-                // a new boot, which every later call must see.
-                tx.commit()
-                    .await
-                    .map_err(store_error("cannot commit the lease check"))?;
-                return Ok(LeaseResult {
-                    acquired: false,
-                    fencing_token: token_from_db(token)?,
-                    expires_at: store_now.wall_at(held_until)?,
-                    holder,
-                    now: now_time,
-                });
-            }
-        };
-        tx.commit()
+        let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
+        let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
+        let write = write_lease(&mut tx, role, owner, store_now.mono, expires_at).await?;
+        self.answer(tx, role, owner, write, &store_now, expires_time)
             .await
-            .map_err(store_error("cannot commit the lease"))?;
-        if new_term {
-            self.db.signal_change(role);
-        }
-        Ok(LeaseResult {
-            acquired: true,
-            fencing_token: token_from_db(token)?,
-            expires_at: expires_time,
-            holder: owner.to_owned(),
-            now: now_time,
-        })
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
@@ -364,9 +506,7 @@ impl LeaseStore for SqliteLeaseStore {
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let released = release_lease(&mut tx, role, owner, token, now).await?;
-        tx.commit()
-            .await
-            .map_err(store_error("cannot commit the release"))?;
+        commit(tx, "cannot commit the release").await?;
         if released {
             self.db.signal_change(role);
         }
@@ -416,5 +556,117 @@ impl LeaseStore for SqliteLeaseStore {
                 return;
             }
         }
+    }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        validate_open(owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        let ttl_nanos = ttl_nanos(ttl)?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let expires_at = ends_at(now.mono, ttl_nanos, ttl)?;
+        // Ended sessions are never revived, so their rows only take room.
+        sqlx::query(SWEEP_SESSIONS)
+            .bind(now.mono)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error("cannot forget ended sessions"))?;
+        let id = sqlx::query(OPEN_SESSION)
+            .bind(owner)
+            .bind(expires_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error("cannot open the session"))?
+            .last_insert_rowid();
+        commit(tx, "cannot commit the session").await?;
+        Ok(SessionGrant {
+            id: session_from_db(id)?,
+            owner: owner.to_owned(),
+            expires_at: now.wall_at(expires_at)?,
+            now: now.wall,
+        })
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        validate_ttl(ttl, self.min_ttl(), self.db.now()?.wall)?;
+        let ttl_nanos = ttl_nanos(ttl)?;
+        let Some(id) = session_to_db(session) else {
+            return Ok(None);
+        };
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let renewed_until = ends_at(now.mono, ttl_nanos, ttl)?;
+        let kept: Option<(String, i64)> = sqlx::query_as(KEEP_ALIVE_SESSION)
+            .bind(id)
+            .bind(renewed_until)
+            .bind(now.mono)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error("cannot keep the session alive"))?;
+        commit(tx, "cannot commit the keep-alive").await?;
+        kept.map(|(owner, expires_at)| {
+            Ok(SessionGrant {
+                id: session,
+                owner,
+                expires_at: now.wall_at(expires_at)?,
+                now: now.wall,
+            })
+        })
+        .transpose()
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        validate_name("role", role)?;
+        let Some(id) = session_to_db(session) else {
+            return Err(Error::SessionEnded(session));
+        };
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?;
+        let live: Option<(String, i64)> = sqlx::query_as(READ_SESSION)
+            .bind(id)
+            .bind(now.mono)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error("cannot read the session"))?;
+        let Some((owner, expires_at)) = live else {
+            commit(tx, "cannot commit the session check").await?;
+            return Err(Error::SessionEnded(session));
+        };
+        let claim = Claim::Session {
+            session: id,
+            owner: &owner,
+            expires_at,
+        };
+        let write = write_term(&mut tx, role, now.mono, claim).await?;
+        let until = now.wall_at(expires_at)?;
+        self.answer(tx, role, &owner, write, &now, until).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        let Some(id) = session_to_db(session) else {
+            return Ok(false);
+        };
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
+        let ended: Option<i64> = sqlx::query_scalar(CLOSE_SESSION)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error("cannot close the session"))?;
+        let released: Vec<String> = sqlx::query_scalar(RELEASE_SESSION_ROLES)
+            .bind(id)
+            .bind(now)
+            .bind(ended)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error("cannot release the session's roles"))?;
+        commit(tx, "cannot commit the close").await?;
+        for role in &released {
+            self.db.signal_change(role);
+        }
+        Ok(ended.is_some_and(|expires_at| now < expires_at))
     }
 }

@@ -1,6 +1,6 @@
 //! The file's tables and their versions: creating them, migrating a schema-1 file (wall
-//! clock) to monotonic time, and starting a new boot (every lease expires, every token
-//! stays).
+//! clock) to monotonic time and a schema-2 file to sessions, and starting a new boot
+//! (every lease and session ends, every token stays).
 
 use std::time::SystemTime;
 
@@ -12,12 +12,19 @@ use crate::database::store_error;
 use crate::BACKEND;
 
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
-/// nanoseconds and a high-water mark (`tenure_clock`); opening such a file migrates it.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+/// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions.
+/// Opening an older file migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
 /// the first write transaction under each boot).
+///
+/// A term held under a session has its session in `session_id` and ends when the
+/// session does; its own `expires_at` keeps the session's expiry when the term was
+/// taken, which the session only ever passes, so once the session row is gone (closed,
+/// or a new boot) the term reads as ended. `AUTOINCREMENT` keeps session ids from ever
+/// being handed out twice, even after the newest one was deleted.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY NOT NULL,
@@ -31,6 +38,12 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
     role       TEXT PRIMARY KEY NOT NULL,
     holder     TEXT,
     token      INTEGER NOT NULL CHECK (token >= 1),
+    expires_at INTEGER NOT NULL,
+    session_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS tenure_sessions (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner      TEXT NOT NULL,
     expires_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tenure_nodes (
@@ -46,20 +59,54 @@ CREATE TABLE IF NOT EXISTS tenure_fences (
 );
 ";
 
+/// What needs the `session_id` column, created once it exists (a schema-2 file gains it
+/// in [`add_sessions`]). The index is partial so plain leases never touch it; the view
+/// is the one place that says when a term ends.
+const SESSION_OBJECTS: &str = "
+CREATE INDEX IF NOT EXISTS tenure_leases_session ON tenure_leases (session_id)
+    WHERE session_id IS NOT NULL;
+CREATE VIEW IF NOT EXISTS tenure_terms AS
+    SELECT l.role, l.holder, l.token, coalesce(s.expires_at, l.expires_at) AS expires_at,
+           l.session_id
+    FROM tenure_leases l LEFT JOIN tenure_sessions s ON s.id = l.session_id
+";
+
+/// Refuses a new term that keeps the session of the term it replaces. This build never
+/// writes one (a new term names its own session, or none), but a schema-2 tenure still
+/// running on a migrated file would: it reads a session's term by its stale own
+/// `expires_at`, takes it over while the session lives and leaves it attached, so two
+/// holders would each think the role theirs. The trigger makes that write fail instead
+/// (also once the session ended: such a role waits for this build to take it).
+/// (One statement with `;` inside, so it is not in [`SESSION_OBJECTS`].)
+const SESSION_GUARD: &str = "
+CREATE TRIGGER IF NOT EXISTS tenure_leases_new_term_leaves_session
+BEFORE UPDATE OF token ON tenure_leases
+WHEN OLD.session_id IS NOT NULL AND NEW.session_id IS OLD.session_id
+BEGIN
+    SELECT RAISE(ABORT, 'this file has tenure schema 3 (sessions): upgrade every tenure using it');
+END";
+
 /// Reads the boot id the file's times belong to: the first statement of every write
 /// transaction. Public (through `statements`) only so the benchmark issues exactly the
 /// store's statement.
 #[doc(hidden)]
 pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
 
-/// Starts a boot in the file: every lease ends now (tokens stay), every heartbeat is
-/// forgotten, and the file records the boot id its times now belong to.
+/// Starts a boot in the file: every lease and every session ends now (tokens stay),
+/// every heartbeat is forgotten, and the file records the boot id its times now belong
+/// to.
 pub(crate) async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
     sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
         .bind(now.mono)
         .execute(&mut *conn)
         .await
         .map_err(store_error("cannot expire the leases of a past boot"))?;
+    // Their times belong to the past boot; the terms held under them read as ended
+    // through their own `expires_at`, set just above.
+    sqlx::query("DELETE FROM tenure_sessions")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot end the sessions of a past boot"))?;
     sqlx::query("DELETE FROM tenure_nodes")
         .execute(&mut *conn)
         .await
@@ -89,13 +136,7 @@ pub(crate) async fn create_schema_at(
     conn: &mut SqliteConnection,
     clock: &dyn HostClock,
 ) -> Result<()> {
-    // Statement by statement: the schema has no `;` inside a statement.
-    for statement in SCHEMA.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        sqlx::query(statement)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
-    }
+    run_all(conn, SCHEMA).await?;
     let version: Option<i64> =
         sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
             .fetch_optional(&mut *conn)
@@ -108,18 +149,65 @@ pub(crate) async fn create_schema_at(
                 .execute(&mut *conn)
                 .await
                 .map_err(|e| Error::store(BACKEND, "cannot record the schema version", e))?;
-            Ok(())
         }
-        Some(SCHEMA_VERSION) => Ok(()),
-        Some(1) => migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await,
-        Some(other) => Err(Error::store_msg(
-            BACKEND,
-            format!(
-                "the database has tenure schema version {other}, this build understands \
-                 {SCHEMA_VERSION}: upgrade tenure"
-            ),
-        )),
+        Some(SCHEMA_VERSION) => {}
+        Some(1) => {
+            migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await?;
+            add_sessions(conn).await?;
+        }
+        Some(2) => add_sessions(conn).await?,
+        Some(other) => {
+            return Err(Error::store_msg(
+                BACKEND,
+                format!(
+                    "the database has tenure schema version {other}, this build understands \
+                     {SCHEMA_VERSION}: upgrade tenure"
+                ),
+            ))
+        }
     }
+    run_all(conn, SESSION_OBJECTS).await?;
+    sqlx::query(SESSION_GUARD)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))
+}
+
+/// Runs `statements` one by one: they have no `;` inside a statement.
+async fn run_all(conn: &mut SqliteConnection, statements: &str) -> Result<()> {
+    for statement in statements
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
+    }
+    Ok(())
+}
+
+async fn record_version(conn: &mut SqliteConnection, version: i64) -> Result<()> {
+    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
+        .bind(version)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(store_error("cannot record the schema version"))
+}
+
+/// Migrates a schema-2 file to sessions: every lease is a plain one (no session), and
+/// `tenure_sessions` was created empty with the rest of the schema.
+async fn add_sessions(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::query("ALTER TABLE tenure_leases ADD COLUMN session_id INTEGER")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot add sessions to the leases"))?;
+    record_version(conn, SCHEMA_VERSION).await?;
+    tracing::info!("migrated the sqlite store to schema {SCHEMA_VERSION}: sessions");
+    Ok(())
 }
 
 /// Migrates a schema-1 file (wall-clock nanoseconds, with the high-water mark in
@@ -179,15 +267,11 @@ async fn migrate_from_wall_clock(conn: &mut SqliteConnection, now: &StoreNow) ->
         .await
         .map_err(store_error("cannot drop the schema-1 store clock"))?;
     record_boot(conn, &now.boot_id).await?;
-    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
-        .bind(SCHEMA_VERSION)
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot record the schema version"))?;
+    record_version(conn, 2).await?;
     tracing::info!(
         leases = leases.len(),
         nodes = nodes.len(),
-        "migrated the sqlite store to schema {SCHEMA_VERSION}: store time is the monotonic clock"
+        "migrated the sqlite store to schema 2: store time is the monotonic clock"
     );
     Ok(())
 }

@@ -274,19 +274,69 @@ async fn connect_parses_urls() {
     assert!(reason.contains("does not exist"), "{reason}");
 }
 
-/// The tables of schema 1 (wall-clock nanoseconds, a high-water mark), as that
-/// version of tenure created them.
-const SCHEMA_1: &str = "
+/// The tables schemas 1 and 2 share, as those versions of tenure created them.
+macro_rules! old_tables {
+    () => {
+        "
 CREATE TABLE tenure_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
-CREATE TABLE tenure_clock (id INTEGER PRIMARY KEY CHECK (id = 0), high_water INTEGER NOT NULL);
 CREATE TABLE tenure_leases (role TEXT PRIMARY KEY NOT NULL, holder TEXT,
     token INTEGER NOT NULL CHECK (token >= 1), expires_at INTEGER NOT NULL);
 CREATE TABLE tenure_nodes (node_id TEXT PRIMARY KEY NOT NULL, last_heartbeat INTEGER NOT NULL,
     first_seen INTEGER NOT NULL, metadata TEXT NOT NULL);
 CREATE INDEX tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
 CREATE TABLE tenure_fences (resource TEXT PRIMARY KEY NOT NULL, highest INTEGER NOT NULL);
-INSERT INTO tenure_meta VALUES ('schema_version', 1);
-";
+"
+    };
+}
+
+/// Schema 1: wall-clock nanoseconds and a high-water mark.
+const SCHEMA_1: &str = concat!(
+    old_tables!(),
+    "CREATE TABLE tenure_clock (id INTEGER PRIMARY KEY CHECK (id = 0), high_water INTEGER NOT NULL);
+INSERT INTO tenure_meta VALUES ('schema_version', 1);"
+);
+
+/// Schema 2: monotonic nanoseconds under a boot id, no sessions.
+const SCHEMA_2: &str = concat!(
+    old_tables!(),
+    "CREATE TABLE tenure_boot (id INTEGER PRIMARY KEY CHECK (id = 0), boot_id TEXT NOT NULL);
+INSERT INTO tenure_meta VALUES ('schema_version', 2);"
+);
+
+/// A file at `path` with the tables of `schema` and the lease rows
+/// `(role, holder, token, expires_at)`, as an older tenure left it; more rows go
+/// through the returned pool, which the caller closes.
+async fn old_file(
+    path: &Path,
+    schema: &str,
+    leases: &[(&str, Option<&str>, i64, i64)],
+) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    for statement in schema.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    for (role, holder, token, expires) in leases {
+        sqlx::query("INSERT INTO tenure_leases VALUES (?1, ?2, ?3, ?4)")
+            .bind(role)
+            .bind(holder)
+            .bind(token)
+            .bind(expires)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    pool
+}
+
+async fn schema_version(db: &SqliteDatabase) -> i64 {
+    sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
 
 /// Setup: a schema-1 file at wall time t0 whose high-water mark is t0 + 2 s (its store
 /// time then), with a live lease (token 7, expiring t0 + 7 s), an expired one (token 3),
@@ -306,32 +356,17 @@ async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
     {
-        let options = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-        for statement in SCHEMA_1.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            sqlx::query(statement).execute(&pool).await.unwrap();
-        }
+        let leases = [
+            ("live", Some("old-a"), 7, at(7)),
+            ("expired", Some("old-b"), 3, at(1)),
+            ("released", None, 9, at(-5)),
+        ];
+        let pool = old_file(&path, SCHEMA_1, &leases).await;
         sqlx::query("INSERT INTO tenure_clock VALUES (0, ?1)")
             .bind(at(2))
             .execute(&pool)
             .await
             .unwrap();
-        for (role, holder, token, expires) in [
-            ("live", Some("old-a"), 7, at(7)),
-            ("expired", Some("old-b"), 3, at(1)),
-            ("released", None, 9, at(-5)),
-        ] {
-            sqlx::query("INSERT INTO tenure_leases VALUES (?1, ?2, ?3, ?4)")
-                .bind(role)
-                .bind(holder)
-                .bind(token)
-                .bind(expires)
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
         for (node, last) in [("fresh", at(1)), ("lapsed", at(-20))] {
             sqlx::query("INSERT INTO tenure_nodes VALUES (?1, ?2, ?2, '{}')")
                 .bind(node)
@@ -362,12 +397,7 @@ async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
             .await
             .unwrap();
     assert!(tables.is_empty(), "the schema-1 clock table must be gone");
-    let version: i64 =
-        sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
-            .fetch_one(db.pool())
-            .await
-            .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(schema_version(&db).await, 3);
     assert_eq!(
         db.fence().highest("ledger").await.unwrap(),
         Some(tenure::FencingToken::from(7))
@@ -403,4 +433,59 @@ async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
             .get(),
         8
     );
+}
+
+/// Setup: a schema-2 file under the clock's boot with a live lease (token 7, 5 s left)
+/// and a released one (token 9). Opening it migrates it in place to schema 3: the live
+/// lease keeps its holder and time, the released one is free with the next token, and
+/// sessions work on the migrated file.
+#[tokio::test]
+async fn schema_2_file_gains_sessions_keeping_every_lease() {
+    use std::time::SystemTime;
+    use tenure_sqlite::{HostClock, ManualHostClock, SqliteOptions};
+
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clock = ManualHostClock::new(start);
+    clock.advance(Duration::from_secs(100));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    {
+        let second = 1_000_000_000_i64;
+        let leases = [
+            ("live", Some("old-a"), 7, 105 * second),
+            ("released", None, 9, 90 * second),
+        ];
+        let pool = old_file(&path, SCHEMA_2, &leases).await;
+        sqlx::query("INSERT INTO tenure_boot VALUES (0, ?1)")
+            .bind(clock.now().unwrap().boot_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+    assert_eq!(schema_version(&db).await, 3);
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
+    assert_eq!(live.remaining(), Duration::from_secs(5));
+
+    let session = store.open_session("node-b", TTL).await.unwrap();
+    let refused = store.acquire_in_session("live", session.id).await.unwrap();
+    assert!(
+        !refused.acquired && refused.holder == "old-a",
+        "{refused:?}"
+    );
+    let taken = store
+        .acquire_in_session("released", session.id)
+        .await
+        .unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    assert_eq!(taken.fencing_token.get(), 10);
+    clock.advance(Duration::from_secs(5));
+    let after = store.acquire_in_session("live", session.id).await.unwrap();
+    assert!(after.acquired, "{after:?}");
+    assert_eq!(after.fencing_token.get(), 8);
 }
