@@ -595,6 +595,10 @@ impl LeaseLeaderElector {
         });
 
         let leadership = CancellationToken::new();
+        // Work runs on its own task: if this future is dropped mid-term (the caller's
+        // select! moved on, its task was aborted), nothing renews any more, so the work
+        // must be told it no longer leads.
+        let _cancel_on_drop = leadership.clone().drop_guard();
         let mut task: JoinHandle<Fut::Output> = tokio::spawn(work(term.token, leadership.clone()));
         let mut renewal: Option<AttemptFuture<'_>> = None;
         let end = loop {

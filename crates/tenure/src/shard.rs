@@ -294,6 +294,17 @@ struct Member<'a> {
     waiting: BTreeSet<u32>,
 }
 
+impl Drop for Member<'_> {
+    /// Shard work runs on tasks of its own: if `run` is dropped mid-term (the caller's
+    /// select! moved on, its task was aborted), nothing renews the session any more, so
+    /// every shard's work must be told it no longer leads.
+    fn drop(&mut self) {
+        for term in self.terms.values() {
+            term.leadership.cancel();
+        }
+    }
+}
+
 impl Member<'_> {
     fn options(&self) -> &ShardOptions {
         &self.elector.options

@@ -1248,3 +1248,43 @@ async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
         .unwrap();
     assert!(next.acquired, "a successor gets in at once: {next:?}");
 }
+
+/// Setup: node-a leads; the future of its `run` is dropped (the caller's `select!` took
+/// another branch, or its task was aborted). The work, which runs on its own task, must
+/// see `leadership` cancelled: nothing renews the lease any more, so it must not go on
+/// believing it leads.
+#[tokio::test(start_paused = true)]
+async fn dropping_run_cancels_leadership() {
+    let clock = clock();
+    let store = memory(&clock);
+    let a = elector(store.clone(), standard("node-a"));
+    let (started_tx, started) = oneshot::channel();
+    let (ended_tx, ended) = oneshot::channel();
+    let work = {
+        let mut started_tx = Some(started_tx);
+        let mut ended_tx = Some(ended_tx);
+        move |_token, leadership: CancellationToken| {
+            let started = started_tx.take();
+            let ended = ended_tx.take();
+            async move {
+                if let Some(started) = started {
+                    let _ = started.send(());
+                }
+                leadership.cancelled().await;
+                if let Some(ended) = ended {
+                    let _ = ended.send(());
+                }
+            }
+        }
+    };
+    let run = a.run(ROLE, work, CancellationToken::new());
+    tokio::select! {
+        _ = run => panic!("run returned"),
+        _ = started => {}
+    }
+    // `run` is dropped here, mid-term.
+    tokio::time::timeout(Duration::from_secs(1), ended)
+        .await
+        .expect("leadership must be cancelled when run is dropped")
+        .unwrap();
+}

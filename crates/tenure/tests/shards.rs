@@ -258,8 +258,6 @@ async fn a_crashed_members_shards_are_taken_within_the_ttl() {
     let crashed = group.members.remove("c").unwrap();
     crashed.task.abort();
     let _ = crashed.task.await;
-    // Its work was never told: forget it as the dead process would.
-    group.running.now.lock().retain(|_, (node, _)| node != "c");
     tokio::time::sleep(TTL + RETRY + Duration::from_millis(100)).await;
     group.assert_balanced(64);
 }
@@ -376,4 +374,27 @@ fn bad_options_name_the_option() {
         },
         "max_moves_in_flight",
     );
+}
+
+/// Setup: 2 members settled on 8 shards; one member's `run` is dropped (its task
+/// aborted). The work of its shards, on tasks of their own, must see `leadership`
+/// cancelled at once: nothing renews their session any more.
+#[tokio::test(start_paused = true)]
+async fn dropping_run_cancels_every_shards_leadership() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b"] {
+        group.start(node, 8);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(8);
+    let dropped = group.members.remove("a").unwrap();
+    dropped.task.abort();
+    let _ = dropped.task.await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let still = group
+        .workers()
+        .into_values()
+        .filter(|node| node == "a")
+        .count();
+    assert_eq!(still, 0, "a's shard work still believes it leads");
 }
