@@ -173,8 +173,14 @@ struct Sql {
 impl Sql {
     fn new() -> Sql {
         Sql {
-            acquire: statements::acquire_statement(&table("tenure_leases")),
-            release: statements::release_statement(&table("tenure_leases")),
+            acquire: statements::acquire_statement(
+                &table("tenure_leases"),
+                &table("tenure_sessions"),
+            ),
+            release: statements::release_statement(
+                &table("tenure_leases"),
+                &table("tenure_sessions"),
+            ),
             heartbeat: statements::heartbeat_statement(&table("tenure_nodes")),
             channel: channel(),
         }

@@ -3,10 +3,10 @@
 //! sqlx 0.8 pings every connection it takes back into a pool (`sqlx-core`
 //! `pool/connection.rs`, not configurable). For a call that is one statement, that ping
 //! doubles the round trips and, on a busy pool, the next caller waits for it. So
-//! acquire/renew, release and heartbeat run on connections the store takes out of the
-//! pool for good (`detach`: the pool may open replacements) and keeps between calls: at
-//! most as many as the pool's `max_connections`, taken only when that many calls run at
-//! once.
+//! acquire/renew, release, the session calls and heartbeat run on connections the store
+//! takes out of the pool for good (`detach`: the pool may open replacements) and keeps
+//! between calls: at most as many as the pool's `max_connections`, taken only when that
+//! many calls run at once.
 //!
 //! A connection goes back to the idle stack only after its statement completed. On an
 //! error, or when the caller's future is dropped mid-statement, it is closed instead:
@@ -71,6 +71,19 @@ impl DirectConnections {
             .map_err(|e| pg_error(what, e))
     }
 
+    /// Runs `query` for at most one row on one of the store's connections.
+    pub(crate) async fn fetch_optional(
+        &self,
+        what: &str,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> tenure::Result<Option<PgRow>> {
+        let checkout = self.checkout(what).await?;
+        checkout
+            .fetch_optional(query)
+            .await
+            .map_err(|e| pg_error(what, e))
+    }
+
     /// Runs `query` for its effect on one of the store's connections.
     pub(crate) async fn execute(
         &self,
@@ -130,6 +143,15 @@ impl Checkout<'_> {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<PgRow, sqlx::Error> {
         let answer = query.fetch_one(self.conn()?).await;
+        self.settle(answer)
+    }
+
+    /// Runs `query` for at most one row; the connection is kept only if it succeeded.
+    async fn fetch_optional(
+        mut self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        let answer = query.fetch_optional(self.conn()?).await;
         self.settle(answer)
     }
 

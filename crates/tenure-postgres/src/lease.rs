@@ -22,6 +22,11 @@
 //! Release and every change of term `NOTIFY` the schema's channel from inside the same
 //! statement; [`LeaseStore::wait_for_change`] listens through one shared connection.
 //!
+//! **Sessions** (see `session.rs`) are rows of `tenure_sessions`; a lease row held under
+//! one names it in `session_id` and lives exactly while it does. Every statement here
+//! judges such a row by its session's expiry; for a plain lease (`session_id` NULL) the
+//! session table is never read, so the single-role path keeps its one statement.
+//!
 //! Tokens are only as durable as the commit: run with `synchronous_commit = on` (the
 //! default), and with synchronous replication when the database may fail over, or a
 //! failover can hand out a token twice.
@@ -31,8 +36,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
-use tenure::lease::{validate_acquire, validate_name, validate_release};
-use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use tenure::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
+use tenure::session::validate_open;
+use tenure::{
+    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
@@ -40,6 +48,7 @@ use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::notify::Notifier;
 use crate::schema::Schema;
+use crate::session::{self, SessionStatements};
 
 /// The longest TTL accepted: PostgreSQL timestamps end in 294276 AD, and a lease that
 /// outlives its holder by centuries is a mistake, not a configuration.
@@ -59,11 +68,11 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// holds one more pool connection while anyone waits in
 /// [`wait_for_change`](LeaseStore::wait_for_change).
 ///
-/// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` (and `CREATE` for the
-/// migration). Runs at READ COMMITTED: a database or role whose
-/// `default_transaction_isolation` is stricter makes racing acquires fail with
-/// serialization errors (reported as store errors and retried by the elector), never
-/// hand out a token twice.
+/// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` and
+/// `<schema>.tenure_sessions` (and `CREATE` for the migration). Runs at READ COMMITTED:
+/// a database or role whose `default_transaction_isolation` is stricter makes racing
+/// acquires fail with serialization errors (reported as store errors and retried by the
+/// elector), never hand out a token twice.
 #[derive(Clone, Debug)]
 pub struct PgLeaseStore {
     inner: Arc<Inner>,
@@ -80,22 +89,27 @@ struct Inner {
     release_sql: String,
     get_sql: String,
     list_sql: String,
+    sessions: SessionStatements,
 }
 
 impl PgLeaseStore {
     /// A store over `pool` using tables in `schema` (see [`Schema::new`]).
     pub fn new(pool: PgPool, schema: Schema) -> PgLeaseStore {
         let t = schema.table("tenure_leases");
-        let acquire_sql = acquire_statement(&t);
-        let release_sql = release_statement(&t);
-        let get_sql = format!(
-            "SELECT role, holder, fencing_token, expires_at, statement_timestamp() AS now
-             FROM {t} WHERE role = $1"
+        let sessions = schema.table("tenure_sessions");
+        let acquire_sql = acquire_statement(&t, &sessions);
+        let release_sql = release_statement(&t, &sessions);
+        // A session-held row shows its session's expiry; one whose session row is
+        // missing (never the case: sessions are not deleted) reads as expired.
+        let read = format!(
+            "SELECT l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
+                THEN l.expires_at
+                ELSE COALESCE(s.expires_at, LEAST(l.expires_at, statement_timestamp())) END
+                AS expires_at, statement_timestamp() AS now
+             FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id"
         );
-        let list_sql = format!(
-            "SELECT role, holder, fencing_token, expires_at, statement_timestamp() AS now
-             FROM {t} ORDER BY role COLLATE \"C\""
-        );
+        let get_sql = format!("{read} WHERE l.role = $1");
+        let list_sql = format!("{read} ORDER BY l.role COLLATE \"C\"");
         let notifier = Notifier::new(pool.clone(), schema.channel());
         PgLeaseStore {
             inner: Arc::new(Inner {
@@ -107,6 +121,7 @@ impl PgLeaseStore {
                 release_sql,
                 get_sql,
                 list_sql,
+                sessions: SessionStatements::new(&t, &sessions),
             }),
         }
     }
@@ -165,7 +180,7 @@ pub(crate) fn token_to_db(field: &'static str, token: FencingToken) -> Result<i6
     tenure::lease::token_to_i64(field, BACKEND, token)
 }
 
-fn decode<'r, T>(row: &'r sqlx::postgres::PgRow, column: &str) -> Result<T>
+pub(crate) fn decode<'r, T>(row: &'r sqlx::postgres::PgRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
@@ -278,6 +293,45 @@ impl LeaseStore for PgLeaseStore {
     fn min_ttl(&self) -> Duration {
         MIN_TTL
     }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        validate_open(owner, ttl, MIN_TTL, SystemTime::now())?;
+        let micros = ttl_micros(ttl)?;
+        self.inner
+            .sessions
+            .open(&self.inner.direct, owner, micros)
+            .await
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        validate_ttl(ttl, MIN_TTL, SystemTime::now())?;
+        let micros = ttl_micros(ttl)?;
+        self.inner
+            .sessions
+            .keep_alive(&self.inner.direct, session, micros)
+            .await
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        validate_name("role", role)?;
+        let channel = self.inner.schema.channel();
+        self.inner
+            .sessions
+            .acquire(&self.inner.direct, role, session, &channel)
+            .await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        let channel = self.inner.schema.channel();
+        self.inner
+            .sessions
+            .close(&self.inner.direct, session, &channel)
+            .await
+    }
 }
 
 /// The acquire-or-renew statement on lease table `t` (a quoted, qualified name): one
@@ -285,10 +339,15 @@ impl LeaseStore for PgLeaseStore {
 /// new term. A renewal never moves the expiry back: a statement that waited after it
 /// arrived (behind a lock, on a starved backend) carries an older timestamp than a
 /// renewal that already committed, and the holder's deadline follows the later one.
-/// Public only so the benchmark issues exactly the store's statement.
+///
+/// A role held under a session (`session_id` set) is judged by the session's expiry
+/// (`sessions`, the session table), read only for such a role; any acquire by the
+/// holder makes it a plain lease again. Public only so the benchmark issues exactly the
+/// store's statement.
 #[doc(hidden)]
-pub fn acquire_statement(t: &str) -> String {
-    let free = "l.holder IS NULL OR l.expires_at <= statement_timestamp()";
+pub fn acquire_statement(t: &str, sessions: &str) -> String {
+    let end = session::term_end(sessions, true);
+    let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
     format!(
             "WITH up AS (
                 INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
@@ -300,10 +359,13 @@ pub fn acquire_statement(t: &str) -> String {
                         THEN l.fencing_token + 1 ELSE l.fencing_token END,
                     expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at
                         WHEN l.holder = EXCLUDED.holder
-                        THEN GREATEST(l.expires_at, EXCLUDED.expires_at)
-                        ELSE l.expires_at END,
+                        THEN GREATEST(CASE WHEN l.session_id IS NULL THEN l.expires_at END,
+                            EXCLUDED.expires_at)
+                        ELSE {end} END,
                     term_txid = CASE WHEN {free}
-                        THEN EXCLUDED.term_txid ELSE l.term_txid END
+                        THEN EXCLUDED.term_txid ELSE l.term_txid END,
+                    session_id = CASE WHEN {free} OR l.holder = EXCLUDED.holder
+                        THEN NULL ELSE l.session_id END
                 RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
             )
             SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
@@ -312,14 +374,19 @@ pub fn acquire_statement(t: &str) -> String {
     )
 }
 
-/// The release statement on lease table `t`; see [`acquire_statement`].
+/// The release statement on lease table `t`; see [`acquire_statement`]. A role held
+/// under a session is released alone (the session goes on). The session's expiry is
+/// read without a lock: a release decides no takeover, and locking the session before
+/// the lease row would invert the lock order of closing a session.
 #[doc(hidden)]
-pub fn release_statement(t: &str) -> String {
+pub fn release_statement(t: &str, sessions: &str) -> String {
+    let end = session::term_end(sessions, false);
     format!(
         "WITH rel AS (
-                UPDATE {t} SET holder = NULL, expires_at = statement_timestamp()
-                WHERE role = $1 AND holder = $2 AND fencing_token = $3
-                    AND expires_at > statement_timestamp()
+                UPDATE {t} AS l SET holder = NULL, session_id = NULL,
+                    expires_at = statement_timestamp()
+                WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
+                    AND {end} > statement_timestamp()
                 RETURNING role
             )
             SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"

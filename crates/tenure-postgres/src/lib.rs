@@ -5,7 +5,8 @@
 //!
 //! - [`PgLeaseStore`]: the [`LeaseStore`](tenure::LeaseStore) contract, one autocommit
 //!   statement per operation, expiry on `statement_timestamp()`, push-based takeover
-//!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter).
+//!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter),
+//!   and sessions: many roles held under one row kept alive with one `UPDATE`.
 //! - [`PgNodeRegistry`]: heartbeat membership on database time, metadata as `jsonb`.
 //! - [`PgFence`]: fenced transactions inside the caller's own transaction, and the
 //!   [`FenceStore`](tenure::FenceStore) the CLI uses.
@@ -67,8 +68,9 @@
 //!   transactions refuse REPEATABLE READ and SERIALIZABLE.
 //! - **Privileges.** [`migrate`] needs `CREATE` on the database (or an existing schema
 //!   the role may create tables in). At run time the role needs `SELECT, INSERT, UPDATE`
-//!   on `tenure_leases`, `tenure_fences` and `tenure_advisory_terms`, and additionally
-//!   `DELETE` on `tenure_nodes`, all in the configured schema (default `tenure`).
+//!   on `tenure_leases`, `tenure_sessions`, `tenure_fences` and `tenure_advisory_terms`,
+//!   and additionally `DELETE` on `tenure_nodes`, all in the configured schema (default
+//!   `tenure`).
 //! - **Poolers.** Leases and fences work through any pooler; LISTEN/NOTIFY and the
 //!   advisory-lock elector need session pooling (not PgBouncer transaction mode).
 #![deny(missing_docs)]
@@ -81,6 +83,7 @@ mod lease;
 mod notify;
 mod registry;
 mod schema;
+mod session;
 mod url;
 
 use std::time::Duration;
@@ -104,6 +107,7 @@ pub use url::connect_options;
 pub mod statements {
     pub use crate::lease::{acquire_statement, release_statement};
     pub use crate::registry::heartbeat_statement;
+    pub use crate::session::keep_alive_statement;
 }
 
 use crate::error::pg_error_scrubbed;

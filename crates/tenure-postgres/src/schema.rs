@@ -112,6 +112,7 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
     let nodes = schema.table("tenure_nodes");
     let fences = schema.table("tenure_fences");
     let terms = schema.table("tenure_advisory_terms");
+    let sessions = schema.table("tenure_sessions");
     let statements = [
         format!("CREATE SCHEMA IF NOT EXISTS {s}"),
         // A lease row is never deleted: release clears `holder` and keeps the token, so
@@ -123,6 +124,16 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
                 fencing_token bigint NOT NULL CHECK (fencing_token > 0),
                 expires_at timestamptz NOT NULL,
                 term_txid bigint NOT NULL
+            )"
+        ),
+        // Sessions are never deleted either (a closed one ends at once): an identity
+        // never hands out an id twice, and a lease row naming an ended session reads as
+        // expired.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {sessions} (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                owner text NOT NULL,
+                expires_at timestamptz NOT NULL
             )"
         ),
         format!(
@@ -152,8 +163,46 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
             .await
             .map_err(|e| pg_error("migrate: could not create the tenure schema and tables (the role needs CREATE on the database, or on an existing schema)", e))?;
     }
+    add_session_column(&mut tx, &leases).await?;
     tx.commit()
         .await
         .map_err(|e| pg_error("migrate: could not commit", e))?;
+    Ok(())
+}
+
+/// Gives a lease table made before sessions existed its `session_id` column (the
+/// session a term is held under; NULL for a plain lease) and the index closing a
+/// session releases its roles through. Checked first because `ALTER TABLE` takes an
+/// exclusive lock on the table even when the column is already there, and `migrate`
+/// runs on every start.
+async fn add_session_column(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    leases: &str,
+) -> Result<()> {
+    let present: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+         WHERE attrelid = $1::regclass AND attname = 'session_id' AND NOT attisdropped)",
+    )
+    .bind(leases)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(|e| pg_error("migrate: could not inspect the lease table", e))?;
+    if present {
+        return Ok(());
+    }
+    for statement in [
+        format!("ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS session_id bigint"),
+        // Partial: plain leases (the common case) never enter it, so their renewals
+        // stay HOT updates.
+        format!(
+            "CREATE INDEX IF NOT EXISTS tenure_leases_session_id ON {leases} (session_id)
+             WHERE session_id IS NOT NULL"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| pg_error("migrate: could not add sessions to the lease table", e))?;
+    }
     Ok(())
 }

@@ -858,7 +858,8 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
     // The store's own acquire statement, with its parameters as literals, behind a
     // sleep in the same simple-query message: both share one statement_timestamp().
     let table = format!("\"{}\".\"tenure_leases\"", schema.name());
-    let late_sql = tenure_postgres::statements::acquire_statement(&table)
+    let sessions = format!("\"{}\".\"tenure_sessions\"", schema.name());
+    let late_sql = tenure_postgres::statements::acquire_statement(&table, &sessions)
         .replace("$1", "'job'")
         .replace("$2", "'node-a'")
         .replace("$3", &ttl.as_micros().to_string())

@@ -1,0 +1,278 @@
+//! Sessions on PostgreSQL: one row in `tenure_sessions` per session, and lease rows that
+//! name the session their term is held under (`tenure_leases.session_id`).
+//!
+//! A role held under a session is live exactly while the session row's `expires_at` is
+//! in the future: that is the only expiry consulted for such a role (the lease row's own
+//! `expires_at` is then just the session's expiry as last seen). So keeping a session
+//! alive is one `UPDATE` of one row, whatever the number of roles, and a session that
+//! ended frees every role at once without touching them.
+//!
+//! **Races across the two rows.** A statement that takes a role held under another
+//! session judges that session dead on its `statement_timestamp()`, then writes the
+//! lease row; a keep-alive that started earlier but commits later would otherwise
+//! extend a session whose role was just taken. Two rules close that gap:
+//! - deciding whether a session-held role is free reads the session row `FOR SHARE`,
+//!   so it waits for a keep-alive in flight and sees its result;
+//! - a keep-alive judges liveness on `clock_timestamp()` (the time it got the row), not
+//!   on the earlier `statement_timestamp()`, so one that waited behind a takeover
+//!   finds the session already ended.
+//!
+//! Lock order is always lease row, then session row (the upsert locks the lease row
+//! before evaluating its `SET`; closing releases the roles before ending the session),
+//! so these statements cannot deadlock each other.
+
+use sqlx::postgres::PgRow;
+use tenure::{Error, LeaseResult, Result, SessionGrant, SessionId};
+
+use crate::direct::DirectConnections;
+use crate::error::BACKEND;
+use crate::lease::{decode, system_time, token_from_db};
+
+/// How often [`SessionStatements::acquire`] runs its statement again when the snapshot
+/// missed a term its own session started concurrently (see [`acquire_statement`]);
+/// each run sees every commit before it began.
+const ACQUIRE_ATTEMPTS: usize = 3;
+
+/// The session statements of one schema, and the calls running them on the store's
+/// own connections (arguments already validated by the store).
+#[derive(Debug)]
+pub(crate) struct SessionStatements {
+    open: String,
+    keep_alive: String,
+    acquire: String,
+    close: String,
+}
+
+impl SessionStatements {
+    /// The statements on lease table `t` and session table `sessions` (both quoted,
+    /// qualified names).
+    pub(crate) fn new(t: &str, sessions: &str) -> SessionStatements {
+        SessionStatements {
+            open: open_statement(sessions),
+            keep_alive: keep_alive_statement(sessions),
+            acquire: acquire_statement(t, sessions),
+            close: close_statement(t, sessions),
+        }
+    }
+
+    /// Opens a session for `owner` of `micros` microseconds.
+    pub(crate) async fn open(
+        &self,
+        direct: &DirectConnections,
+        owner: &str,
+        micros: i64,
+    ) -> Result<SessionGrant> {
+        let query = sqlx::query(&self.open).bind(owner).bind(micros);
+        let row = direct
+            .fetch_one("could not open the session", query)
+            .await?;
+        grant(&row)
+    }
+
+    /// Keeps `session` alive for `micros` more microseconds; `None` once it ended.
+    pub(crate) async fn keep_alive(
+        &self,
+        direct: &DirectConnections,
+        session: SessionId,
+        micros: i64,
+    ) -> Result<Option<SessionGrant>> {
+        let Ok(id) = i64::try_from(session.get()) else {
+            // No such id was ever handed out.
+            return Ok(None);
+        };
+        let query = sqlx::query(&self.keep_alive).bind(id).bind(micros);
+        let row = direct
+            .fetch_optional("could not keep the session alive", query)
+            .await?;
+        row.map(|row| grant(&row)).transpose()
+    }
+
+    /// Acquires `role` under `session`, announcing a new term on `channel`.
+    pub(crate) async fn acquire(
+        &self,
+        direct: &DirectConnections,
+        role: &str,
+        session: SessionId,
+        channel: &str,
+    ) -> Result<LeaseResult> {
+        let Ok(id) = i64::try_from(session.get()) else {
+            return Err(Error::SessionEnded(session));
+        };
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            let query = sqlx::query(&self.acquire).bind(role).bind(id).bind(channel);
+            let row = direct
+                .fetch_one("could not acquire the lease in the session", query)
+                .await?;
+            if let Some(result) = acquired(&row, session, id)? {
+                return Ok(result);
+            }
+            tracing::debug!(role, %session, "a concurrent acquire under the same session; again");
+        }
+        Err(Error::store_msg(
+            BACKEND,
+            format!("acquiring {role:?} in session {session} kept racing with itself"),
+        ))
+    }
+
+    /// Closes `session`, releasing its roles with a notification each on `channel`;
+    /// whether it was live.
+    pub(crate) async fn close(
+        &self,
+        direct: &DirectConnections,
+        session: SessionId,
+        channel: &str,
+    ) -> Result<bool> {
+        let Ok(id) = i64::try_from(session.get()) else {
+            return Ok(false);
+        };
+        let query = sqlx::query(&self.close).bind(id).bind(channel);
+        let row = direct
+            .fetch_one("could not close the session", query)
+            .await?;
+        let ended: i64 = decode(&row, "ended")?;
+        Ok(ended > 0)
+    }
+}
+
+fn grant(row: &PgRow) -> Result<SessionGrant> {
+    let id: i64 = decode(row, "id")?;
+    let id = u64::try_from(id)
+        .map_err(|_| Error::store_msg(BACKEND, format!("session id {id} is negative")))?;
+    Ok(SessionGrant {
+        id: SessionId::from(id),
+        owner: decode(row, "owner")?,
+        expires_at: system_time(decode(row, "expires_at")?),
+        now: system_time(decode(row, "now")?),
+    })
+}
+
+/// The answer of one run of [`acquire_statement`] for session `session` (`id` in the
+/// database); `None` when the statement must run again.
+fn acquired(row: &PgRow, session: SessionId, id: i64) -> Result<Option<LeaseResult>> {
+    let Some(owner) = decode::<Option<String>>(row, "owner")? else {
+        return Err(Error::SessionEnded(session));
+    };
+    let now = system_time(decode(row, "now")?);
+    if let Some(holder) = decode::<Option<String>>(row, "holder")? {
+        // A new term under this session, or the live holder's term.
+        let held_here = decode::<Option<i64>>(row, "session_id")? == Some(id);
+        return Ok(Some(LeaseResult {
+            acquired: held_here,
+            fencing_token: token_from_db(decode(row, "fencing_token")?)?,
+            expires_at: system_time(decode(row, "expires_at")?),
+            holder,
+            now,
+        }));
+    }
+    let Some(token) = decode::<Option<i64>>(row, "held_token")? else {
+        return Ok(None);
+    };
+    // Already held under this session: nothing was written.
+    Ok(Some(LeaseResult {
+        acquired: true,
+        fencing_token: token_from_db(token)?,
+        expires_at: system_time(decode(row, "session_expires_at")?),
+        holder: owner,
+        now,
+    }))
+}
+
+/// When the term in lease row `l` ends: its own expiry, or the expiry of the session it
+/// is held under (`-infinity` if that session row is missing). `lock` reads the session
+/// row `FOR SHARE`: needed wherever the answer decides a takeover (see the module docs).
+/// Evaluated lazily by `CASE`, so a plain lease never reads the session table.
+pub(crate) fn term_end(sessions: &str, lock: bool) -> String {
+    let lock = if lock { " FOR SHARE" } else { "" };
+    format!(
+        "CASE WHEN l.session_id IS NULL THEN l.expires_at ELSE COALESCE(
+            (SELECT s.expires_at FROM {sessions} s WHERE s.id = l.session_id{lock}),
+            '-infinity'::timestamptz) END"
+    )
+}
+
+/// Opens a session: `(owner, ttl in microseconds)`, one row.
+fn open_statement(sessions: &str) -> String {
+    format!(
+        "INSERT INTO {sessions} (owner, expires_at)
+         VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond')
+         RETURNING id, owner, expires_at, statement_timestamp() AS now"
+    )
+}
+
+/// Keeps a live session alive: `(id, ttl in microseconds)`; no row when it has ended.
+/// One row version per call, whatever the number of roles held under it. Public only
+/// so a test can run the store's statement late.
+#[doc(hidden)]
+pub fn keep_alive_statement(sessions: &str) -> String {
+    format!(
+        "UPDATE {sessions}
+         SET expires_at = GREATEST(expires_at, statement_timestamp() + $2 * interval '1 microsecond')
+         WHERE id = $1 AND expires_at > clock_timestamp()
+         RETURNING id, owner, expires_at, statement_timestamp() AS now"
+    )
+}
+
+/// Acquires a role under a session: `(role, session id, channel)`, one row.
+///
+/// `me` is the session if it is live. The upsert starts a new term under it when the
+/// role is free, rewrites a live holder's row unchanged (so the answer names the latest
+/// committed term, as in the single-role statement), and skips a role already held
+/// under this session: nothing is written then, and `held` reads its token. `held`
+/// reads the statement's snapshot, which misses a term this same session started in a
+/// concurrent statement that committed after the snapshot; it then returns no token and
+/// the caller runs the statement again.
+fn acquire_statement(t: &str, sessions: &str) -> String {
+    let end = term_end(sessions, true);
+    let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
+    format!(
+        "WITH me AS (
+            SELECT id, owner, expires_at FROM {sessions}
+            WHERE id = $2 AND expires_at > statement_timestamp()
+        ),
+        up AS (
+            INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid, session_id)
+            SELECT $1, me.owner, 1, me.expires_at, txid_current(), me.id FROM me
+            ON CONFLICT (role) DO UPDATE SET
+                holder = CASE WHEN {free} THEN EXCLUDED.holder ELSE l.holder END,
+                fencing_token = CASE WHEN {free}
+                    THEN l.fencing_token + 1 ELSE l.fencing_token END,
+                expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE {end} END,
+                term_txid = CASE WHEN {free} THEN EXCLUDED.term_txid ELSE l.term_txid END,
+                session_id = CASE WHEN {free} THEN EXCLUDED.session_id ELSE l.session_id END
+            WHERE l.session_id IS DISTINCT FROM EXCLUDED.session_id
+            RETURNING l.holder, l.fencing_token, l.expires_at, l.session_id,
+                l.term_txid = txid_current() AS new_term
+        ),
+        held AS (
+            SELECT l.fencing_token FROM {t} l
+            WHERE l.role = $1 AND l.session_id = $2 AND l.holder IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM up)
+        )
+        SELECT me.owner, me.expires_at AS session_expires_at,
+            up.holder, up.fencing_token, up.expires_at, up.session_id,
+            held.fencing_token AS held_token, statement_timestamp() AS now,
+            (SELECT count(*) FROM (SELECT pg_notify($3, $1) FROM up WHERE up.new_term) n) AS notified
+        FROM (SELECT) one LEFT JOIN me ON true LEFT JOIN up ON true LEFT JOIN held ON true"
+    )
+}
+
+/// Closes a session: `(id, channel)`, one row: whether it was live, and how many roles
+/// it released (each announced on the channel, as a release is). The roles go first
+/// (`ended` waits on `rel`), keeping the lease-then-session lock order.
+fn close_statement(t: &str, sessions: &str) -> String {
+    format!(
+        "WITH rel AS (
+            UPDATE {t} SET holder = NULL, session_id = NULL, expires_at = statement_timestamp()
+            WHERE session_id = $1
+            RETURNING role
+        ),
+        ended AS (
+            UPDATE {sessions} SET expires_at = statement_timestamp()
+            WHERE id = $1 AND expires_at > statement_timestamp()
+                AND (SELECT count(*) FROM rel) >= 0
+            RETURNING id
+        )
+        SELECT (SELECT count(*) FROM ended) AS ended,
+            (SELECT count(*) FROM (SELECT pg_notify($2, rel.role) FROM rel) n) AS released"
+    )
+}

@@ -1,0 +1,286 @@
+//! Sessions on a real PostgreSQL server, beyond the shared scenarios: what a keep-alive
+//! writes, the races between a keep-alive and a takeover of one of the session's roles,
+//! and lease tables made before sessions existed.
+
+mod common;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tenure::{LeaseResult, LeaseStore, SessionGrant};
+use tenure_postgres::{migrate, PgLeaseStore, Schema};
+use tenure_testkit::postgres::PgServer;
+use tokio::time::Instant;
+
+async fn setup(app: &str) -> (PgPool, Schema) {
+    common::init_tracing();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let pool = common::pool(server, 4, app).await;
+    let schema = common::fresh_schema();
+    migrate(&pool, &schema).await.expect("migrate");
+    (pool, schema)
+}
+
+fn table(schema: &Schema, name: &str) -> String {
+    format!("\"{}\".\"{name}\"", schema.name())
+}
+
+/// Every lease row's current version: a row rewritten in any way gets a new `xmin`
+/// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
+/// row version was written in between.
+async fn lease_versions(pool: &PgPool, schema: &Schema) -> Vec<(String, String, String)> {
+    let sql = format!(
+        "SELECT role, xmin::text, ctid::text FROM {} ORDER BY role",
+        table(schema, "tenure_leases")
+    );
+    sqlx::query_as(&sql).fetch_all(pool).await.unwrap()
+}
+
+async fn session_version(pool: &PgPool, schema: &Schema, id: u64) -> String {
+    let sql = format!(
+        "SELECT xmin::text || ctid::text FROM {} WHERE id = $1",
+        table(schema, "tenure_sessions")
+    );
+    sqlx::query_scalar(&sql)
+        .bind(i64::try_from(id).unwrap())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The TTL of the session the race tests let lapse, and the TTL of everything else.
+const SHORT: Duration = Duration::from_secs(1);
+const LONG: Duration = Duration::from_secs(30);
+
+/// A store, and a session of [`SHORT`] TTL for `node-a` holding `roles`: when it was
+/// opened (on this host), the session, and the terms of its roles.
+async fn short_session_holding(
+    app: &str,
+    roles: &[&str],
+) -> (
+    PgPool,
+    Schema,
+    PgLeaseStore,
+    Instant,
+    SessionGrant,
+    Vec<LeaseResult>,
+) {
+    let (pool, schema) = setup(app).await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let opened = Instant::now();
+    let session = store.open_session("node-a", SHORT).await.unwrap();
+    let mut held = Vec::new();
+    for role in roles {
+        let result = store.acquire_in_session(role, session.id).await.unwrap();
+        assert!(result.acquired, "{result:?}");
+        held.push(result);
+    }
+    (pool, schema, store, opened, session, held)
+}
+
+/// The point of sessions: keeping one alive that holds 1,000 roles writes the session
+/// row and not one lease row, and acquiring again a role the session holds writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_writes_one_row_whatever_the_roles() {
+    let (pool, schema) = setup("sessions-writes").await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let ttl = Duration::from_secs(60);
+    let session = store.open_session("node-a", ttl).await.unwrap();
+    let roles: Vec<String> = (0..1000).map(|i| format!("shard/{i:04}")).collect();
+    for role in &roles {
+        let held = store.acquire_in_session(role, session.id).await.unwrap();
+        assert!(held.acquired, "{held:?}");
+    }
+    let before = lease_versions(&pool, &schema).await;
+    assert_eq!(before.len(), roles.len());
+
+    let mut last_expiry = session.expires_at;
+    let mut session_row = session_version(&pool, &schema, session.id.get()).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let kept = store
+            .keep_alive_session(session.id, ttl)
+            .await
+            .unwrap()
+            .expect("live");
+        assert!(kept.expires_at > last_expiry);
+        last_expiry = kept.expires_at;
+        let now = session_version(&pool, &schema, session.id.get()).await;
+        assert_ne!(now, session_row, "the keep-alive writes the session row");
+        session_row = now;
+    }
+    for role in roles.iter().step_by(100) {
+        let again = store.acquire_in_session(role, session.id).await.unwrap();
+        assert!(again.acquired);
+        assert_eq!(again.expires_at, last_expiry, "roles follow their session");
+        let info = store.get(role).await.unwrap().expect("lease");
+        assert_eq!(info.expires_at, last_expiry);
+    }
+    assert_eq!(
+        lease_versions(&pool, &schema).await,
+        before,
+        "no lease row version was written by keep-alives or by acquiring held roles"
+    );
+}
+
+/// A keep-alive that arrived while the session lived but ran after it ended (its
+/// `statement_timestamp()` predates the expiry; here it waits behind a sleep in the
+/// same message, as behind a lock or a starved backend) must not revive the session
+/// once another owner took one of its roles: the owner would believe it still holds
+/// that role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_keep_alive_does_not_revive_an_ended_session() {
+    let (pool, schema, store, opened, session, _) =
+        short_session_holding("sessions-late", &["r"]).await;
+
+    let late_sql =
+        tenure_postgres::statements::keep_alive_statement(&table(&schema, "tenure_sessions"))
+            .replace("$1", &session.id.get().to_string())
+            .replace("$2", &LONG.as_micros().to_string());
+    let late = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            sqlx::raw_sql(&format!("SELECT pg_sleep(2); {late_sql}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        })
+    };
+    tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
+    let taken = store
+        .try_acquire_or_renew("r", "node-b", LONG)
+        .await
+        .unwrap();
+    assert!(taken.acquired, "the session ended: {taken:?}");
+    late.await.unwrap();
+
+    assert_eq!(
+        store.keep_alive_session(session.id, LONG).await.unwrap(),
+        None,
+        "the late keep-alive revived the session"
+    );
+    let info = store.get("r").await.unwrap().expect("lease");
+    assert_eq!(info.live_holder(), Some("node-b"));
+}
+
+/// A takeover of a session's role that runs while a keep-alive of that session is in
+/// flight (it updated the session row, not yet committed) waits for it and sees the
+/// extended session: it must not take the role on the expiry it read before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_a_keep_alive_in_flight() {
+    let (pool, schema, store, opened, session, held) =
+        short_session_holding("sessions-inflight", &["r", "q"]).await;
+    let rival = store.open_session("node-c", LONG).await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let keep_alive =
+        tenure_postgres::statements::keep_alive_statement(&table(&schema, "tenure_sessions"));
+    let kept = sqlx::query(&keep_alive)
+        .bind(i64::try_from(session.id.get()).unwrap())
+        .bind(i64::try_from(LONG.as_micros()).unwrap())
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+    assert!(kept.is_some(), "the session was live");
+    // Past the expiry the takeovers' snapshots show.
+    tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
+    let plain = {
+        let store = store.clone();
+        tokio::spawn(async move { store.try_acquire_or_renew("r", "node-b", LONG).await })
+    };
+    let other_session = {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire_in_session("q", rival.id).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+
+    let plain = plain.await.unwrap().unwrap();
+    assert!(
+        !plain.acquired,
+        "taken from a session kept alive: {plain:?}"
+    );
+    assert_eq!(plain.holder, "node-a");
+    assert_eq!(plain.fencing_token, held[0].fencing_token);
+    let other_session = other_session.await.unwrap().unwrap();
+    assert!(
+        !other_session.acquired,
+        "taken from a session kept alive: {other_session:?}"
+    );
+    assert_eq!(other_session.holder, "node-a");
+}
+
+/// A lease table made before sessions existed gains the session column on `migrate`,
+/// keeps its terms, and works with sessions; migrating again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_sessions_to_an_existing_lease_table() {
+    common::init_tracing();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let pool = common::pool(server, 4, "sessions-migrate").await;
+    let schema = common::fresh_schema();
+    let leases = table(&schema, "tenure_leases");
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{}\";
+         CREATE TABLE {leases} (
+             role text PRIMARY KEY,
+             holder text,
+             fencing_token bigint NOT NULL CHECK (fencing_token > 0),
+             expires_at timestamptz NOT NULL,
+             term_txid bigint NOT NULL
+         );
+         INSERT INTO {leases} VALUES ('old', 'node-a', 7, now() + interval '30 seconds', 1);",
+        schema.name()
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    migrate(&pool, &schema).await.unwrap();
+
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let info = store.get("old").await.unwrap().expect("kept");
+    assert_eq!(info.live_holder(), Some("node-a"));
+    assert_eq!(info.fencing_token.get(), 7);
+    let session = store
+        .open_session("node-b", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let refused = store.acquire_in_session("old", session.id).await.unwrap();
+    assert!(!refused.acquired && refused.fencing_token.get() == 7);
+    let fresh = store.acquire_in_session("new", session.id).await.unwrap();
+    assert!(fresh.acquired);
+    assert!(store.close_session(session.id).await.unwrap());
+    assert_eq!(store.get("new").await.unwrap().unwrap().live_holder(), None);
+}
+
+/// One session acquiring the same fresh roles from many tasks at once: every call
+/// acquires, and every role has one term, token 1. A call whose snapshot missed the term
+/// a sibling just started runs again (a few of the 800 calls do, as the debug log
+/// shows), and must then answer that term rather than fail or start another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_racing_itself_gets_one_term_per_role() {
+    let (pool, schema) = setup("sessions-self").await;
+    let store = PgLeaseStore::new(pool, schema);
+    let session = store.open_session("node-a", LONG).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut results = Vec::new();
+                for i in 0..100 {
+                    let role = format!("g/{i}");
+                    results.push(store.acquire_in_session(&role, session.id).await);
+                }
+                results
+            })
+        })
+        .collect();
+    for task in tasks {
+        for result in task.await.unwrap() {
+            let result = result.expect("no error");
+            assert!(result.acquired, "{result:?}");
+            assert_eq!(result.fencing_token.get(), 1, "{result:?}");
+        }
+    }
+}
