@@ -170,25 +170,28 @@ impl Conn {
         answer
     }
 
+    /// Revokes `lease`: `Ok(false)` when etcd no longer had it (expired or revoked).
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<bool> {
+        self.call("revoking an etcd lease", || {
+            let mut leases = self.client.lease_client();
+            async move {
+                match leases.revoke(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(error) if is_lease_not_found(&error) => Ok(false),
+                    Err(error) => Err(error),
+                }
+            }
+        })
+        .await
+    }
+
     /// Revokes `lease`, logging (not returning) failures: callers revoke only to clean
     /// up after the key that mattered is already gone or moved.
     pub(crate) async fn revoke_quietly(&self, lease: i64) {
         if lease == 0 {
             return;
         }
-        let revoked = self
-            .call("revoking an etcd lease", || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    match leases.revoke(lease).await {
-                        Ok(_) => Ok(()),
-                        Err(error) if is_lease_not_found(&error) => Ok(()),
-                        Err(error) => Err(error),
-                    }
-                }
-            })
-            .await;
-        if let Err(error) = revoked {
+        if let Err(error) = self.revoke(lease).await {
             tracing::debug!(lease, %error, "revoking an unused etcd lease failed; it expires by itself");
         }
     }
