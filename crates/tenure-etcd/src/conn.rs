@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, Txn, TxnResponse, WatchOptions,
-    WatchStream,
+    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn,
+    TxnResponse, WatchOptions, WatchStream,
 };
 use tenure::{Error, Result};
 
@@ -168,6 +168,19 @@ impl Conn {
             })
             .await;
         answer
+    }
+
+    /// The keys attached to `lease`; `None` when etcd no longer has it.
+    pub(crate) async fn attached_keys(&self, lease: i64) -> Result<Option<Vec<Vec<u8>>>> {
+        let answer = self
+            .call("listing an etcd lease's keys", || {
+                let mut leases = self.client.lease_client();
+                let options = LeaseTimeToLiveOptions::new().with_keys();
+                async move { leases.time_to_live(lease, Some(options)).await }
+            })
+            .await?;
+        // etcd answers a TTL of -1 for a lease it does not have.
+        Ok((answer.ttl() >= 0).then(|| answer.keys().to_vec()))
     }
 
     /// Revokes `lease`: `Ok(false)` when etcd no longer had it (expired or revoked).

@@ -73,6 +73,9 @@ const MAX_SPARE_LEASES: usize = 8;
 /// release is a transaction that compares the create revision, never an unconditional
 /// delete.
 ///
+/// Sessions cost one etcd keep-alive and one write per keep-alive however many roles
+/// they hold (see the module docs); acquiring under one is one transaction.
+///
 /// Tokens are the lease key's create revision: strictly increasing per role and durable
 /// across etcd restarts, but not consecutive. `get` and `list` also show terms that
 /// ended (released or expired), from the `terms/R` record.

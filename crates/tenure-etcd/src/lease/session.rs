@@ -10,7 +10,9 @@
 //!   the session key still being on `L`, which confirms the lease was not being revoked;
 //! - acquire under it: one transaction (role key absent and session key on `L` => put
 //!   the role key on `L` and its term record; either way read the session key);
-//! - close: revoke `L`; etcd deletes every attached key in the same step.
+//! - close: delete the session key (the session has ended from here on), release every
+//!   role still on `L` as `release` does (a few round trips, once per session), then
+//!   revoke `L` (etcd deletes whatever is still attached).
 
 use std::time::{Duration, SystemTime};
 
@@ -20,12 +22,17 @@ use tenure::session::validate_open;
 use tenure::{Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
 
 use super::{
-    acquire_txn_with, first_kvs, held_result, lease_duration, seen_in, EtcdLeaseStore, Holder, Seen,
+    acquire_txn_with, first_kvs, held_result, lease_duration, own_term_compares, seen_in,
+    EtcdLeaseStore, Holder, Seen,
 };
 use crate::schema::{
-    decode, encode, from_ns, round_trip, to_ns, ttl_secs, Keys, SessionRecord, SessionTermRecord,
-    TermRecord,
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionRecord,
+    SessionTermRecord, TermRecord,
 };
+
+/// Roles released per transaction when a session closes: etcd allows 128 operations per
+/// transaction by default.
+const ROLES_PER_TXN: usize = 64;
 
 /// Sessions remembered beyond this many are pruned of those past their expiry.
 const MAX_KNOWN_SESSIONS: usize = 1024;
@@ -337,14 +344,87 @@ impl EtcdLeaseStore {
         let Some(lease) = lease_of(id) else {
             return Ok(false);
         };
-        // Only a session's lease is revoked, never a plain term's under a wrong id.
-        if self.known(lease).await?.is_none() {
+        self.forget(lease);
+        // End the session first: from here on keep-alives and acquires under it fail, so
+        // no role joins it while its roles are released. The compare makes sure `lease`
+        // is a session's, never a plain term's under a wrong id.
+        let txn = Txn::new()
+            .when([session_compare(&self.keys, lease)])
+            .and_then([TxnOp::delete(self.keys.session(lease), None)]);
+        if !self.conn.txn("closing a session", txn).await?.succeeded() {
             return Ok(false);
         }
-        self.forget(lease);
-        // etcd deletes the session key and every role key on the lease in one step;
-        // waiters watching those keys see the deletes.
-        self.conn.revoke(lease).await
+        if let Err(error) = self.release_roles_of(lease).await {
+            // The revoke below still ends them; they then read as lapsed, not released.
+            tracing::debug!(lease, %error, "releasing a closed session's roles failed");
+        }
+        // etcd deletes whatever is still on the lease (a role this could not release).
+        self.conn.revoke(lease).await?;
+        Ok(true)
+    }
+
+    /// Releases every role still held under the (ended) session `lease`, as `release`
+    /// does (key deleted, record marked released, token kept), so readers see them
+    /// released; the deletes wake their waiters.
+    async fn release_roles_of(&self, lease: i64) -> Result<()> {
+        let Some(attached) = self.conn.attached_keys(lease).await? else {
+            return Ok(());
+        };
+        let leases_dir = self.keys.leases_dir();
+        let roles: Vec<&str> = attached
+            .iter()
+            .filter_map(|key| name_under(key, &leases_dir))
+            .collect();
+        for chunk in roles.chunks(ROLES_PER_TXN) {
+            let read = chunk
+                .iter()
+                .map(|role| TxnOp::get(self.keys.lease(role), None))
+                .collect::<Vec<_>>();
+            let response = self
+                .conn
+                .txn(
+                    "reading a closed session's roles",
+                    Txn::new().and_then(read),
+                )
+                .await?;
+            let now = round_trip(SystemTime::now());
+            let mut releases = Vec::new();
+            for (role, kv) in chunk.iter().zip(first_kvs(&response)) {
+                let Some(kv) = kv.filter(|kv| kv.lease() == lease) else {
+                    continue;
+                };
+                let owner = String::from_utf8_lossy(kv.value());
+                let record = TermRecord {
+                    owner: owner.clone().into_owned(),
+                    token: u64::try_from(kv.create_revision()).ok(),
+                    expires_at_ns: to_ns(now),
+                    ttl_secs: 0,
+                    lease_secs: 0,
+                    released: true,
+                };
+                let mut compares =
+                    own_term_compares(&self.keys, role, &owner, kv.create_revision());
+                // Still on the session's lease: not moved to a plain lease since the read.
+                compares.push(Compare::lease(
+                    self.keys.lease(role),
+                    CompareOp::Equal,
+                    lease,
+                ));
+                releases.push(TxnOp::txn(Txn::new().when(compares).and_then([
+                    TxnOp::delete(self.keys.lease(role), None),
+                    TxnOp::put(self.keys.term(role), encode(&record)?, None),
+                ])));
+            }
+            if !releases.is_empty() {
+                self.conn
+                    .txn(
+                        "releasing a closed session's roles",
+                        Txn::new().and_then(releases),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
     }
 }
 
