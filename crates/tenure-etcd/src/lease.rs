@@ -27,7 +27,9 @@
 //! ids are unique because etcd's are: etcd refuses to grant the id of a live lease, and
 //! builds new ids from the member id, the member's start time in milliseconds and a
 //! counter, so an id comes back only if a member restarts with its clock set back (or
-//! two members share the low 16 bits of their ids and one runs far ahead).
+//! two members share the low 16 bits of their ids and one runs far ahead). Even then a
+//! store that opened or used a session pins it by its key's create revision, so it never
+//! takes a later session under the same id for the one it knew.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
@@ -108,10 +110,10 @@ pub struct EtcdLeaseStore {
     /// Granted but unused etcd leases, so an acquire after a lost race (or a push) is
     /// one round trip.
     spare: Mutex<Vec<SpareLease>>,
-    /// Sessions this instance opened or looked up, by etcd lease id, so keeping one
-    /// alive or acquiring under it needs no read first. Only a hint: every write is
-    /// checked against the session's key.
-    sessions: Mutex<HashMap<i64, session::KnownSession>>,
+    /// Sessions this instance opened or looked up, by etcd lease id (`None` once it saw
+    /// one end), so keeping one alive or acquiring under it needs no read first. Every
+    /// write is still checked against the session's key.
+    sessions: Mutex<HashMap<i64, Option<session::KnownSession>>>,
     /// Send a renewal's transaction only after its keep-alive answered: needed against
     /// servers whose keep-alive may report a lease alive while it is being revoked
     /// (see [`crate::version`]).

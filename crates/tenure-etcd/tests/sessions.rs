@@ -32,12 +32,28 @@ async fn revision(client: &Client) -> i64 {
     response.header().expect("header").revision()
 }
 
+/// How many keys under `prefix` were written after revision `since` (other tests write
+/// to the shared etcd too, so the global revision alone does not tell).
+async fn written_since(client: &Client, prefix: &str, since: i64) -> usize {
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let response = client
+        .kv_client()
+        .get(format!("{prefix}/"), Some(options))
+        .await
+        .unwrap();
+    response
+        .kvs()
+        .iter()
+        .filter(|kv| kv.mod_revision() > since)
+        .count()
+}
+
 fn lease_of(id: SessionId) -> i64 {
     i64::try_from(id.get()).unwrap()
 }
 
-/// Setup: one session holding 40 roles, in both renewal modes. Each keep-alive is one
-/// write to etcd (the revision moves by exactly one), and afterwards every role still
+/// Setup: one session holding 40 roles, in both renewal modes. Each keep-alive writes
+/// one key (the session's), and afterwards every role still
 /// reads as held, with the session's new expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_writes_once_however_many_roles() {
@@ -62,10 +78,10 @@ async fn a_keep_alive_writes_once_however_many_roles() {
                 .await
                 .unwrap()
                 .expect("live");
-            let writes = revision(&client).await - before;
+            let writes = written_since(&client, store.prefix(), before).await;
             assert_eq!(
                 writes, 1,
-                "one keep-alive of 40 roles wrote {writes} revisions (safe server: {safe_server})"
+                "one keep-alive of 40 roles wrote {writes} keys (safe server: {safe_server})"
             );
             assert!(kept.expires_at >= last);
             last = kept.expires_at;
@@ -185,5 +201,44 @@ async fn session_ttls_follow_etcd_leases() {
             Err(Error::SessionEnded(_))
         ));
         assert!(!store.close_session(never).await.unwrap());
+    }
+}
+
+/// Setup: a session's etcd lease revoked, then granted again under the same id (etcd
+/// accepts a client-chosen id once the old lease is gone) with another owner's session
+/// key on it: what etcd would produce if it ever handed out the id again. The store that
+/// knew the first session never takes the new one for it: keep-alive answers `None` and
+/// acquiring under it is `SessionEnded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_lease_id_is_not_the_old_session() {
+    for safe_server in [false, true] {
+        let (store, client) = store("session-reused", safe_server).await;
+        let session = store.open_session("node-a", TTL).await.unwrap();
+        let lease = lease_of(session.id);
+        let mut leases = client.lease_client();
+        leases.revoke(lease).await.unwrap();
+        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        leases.grant(4, Some(options)).await.unwrap();
+        let key = format!("{}/sessions/{lease:x}", store.prefix());
+        let record = format!(
+            r#"{{"owner":"intruder","expires_at_ns":{},"ttl_secs":4,"lease_secs":4}}"#,
+            tenure_etcd::requests::to_ns(session.expires_at)
+        );
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        client
+            .kv_client()
+            .put(key, record, Some(put))
+            .await
+            .unwrap();
+
+        assert_eq!(
+            store.keep_alive_session(session.id, TTL).await.unwrap(),
+            None
+        );
+        assert!(matches!(
+            store.acquire_in_session("g/0", session.id).await,
+            Err(Error::SessionEnded(id)) if id == session.id
+        ));
+        leases.revoke(lease).await.unwrap();
     }
 }

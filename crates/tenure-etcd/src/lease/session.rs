@@ -34,7 +34,7 @@ use crate::schema::{
 /// transaction by default.
 const ROLES_PER_TXN: usize = 64;
 
-/// Sessions remembered beyond this many are pruned of those past their expiry.
+/// Sessions remembered beyond this many are pruned of those ended or past their expiry.
 const MAX_KNOWN_SESSIONS: usize = 1024;
 
 /// What this instance knows of a session (from opening it or reading its key).
@@ -45,11 +45,15 @@ pub(super) struct KnownSession {
     lease_secs: i64,
     /// The expiry last reported for it; a lower bound of its real end.
     expires_at: SystemTime,
+    /// The create revision of its key: pins this very session, so should etcd ever hand
+    /// out its lease id again, the new session is not taken for this one.
+    created: i64,
 }
 
 impl KnownSession {
-    fn from_record(record: SessionRecord) -> Self {
+    fn from_record(record: SessionRecord, created: i64) -> Self {
         KnownSession {
+            created,
             owner: record.owner,
             ttl_secs: record.ttl_secs,
             lease_secs: record.lease_secs,
@@ -91,9 +95,10 @@ pub(super) fn expiry_of(kv: &KeyValue) -> Option<(i64, SystemTime)> {
     decode::<SessionRecord>(kv.value()).map(|r| (kv.lease(), from_ns(r.expires_at_ns)))
 }
 
-/// Holds exactly while session `lease` lives: its key exists and is on its lease.
-fn session_compare(keys: &Keys, lease: i64) -> Compare {
-    Compare::lease(keys.session(lease), CompareOp::Equal, lease)
+/// Holds exactly while the session lives: its key (always written on its own lease) is
+/// the one created at revision `session.created`.
+fn session_compare(keys: &Keys, lease: i64, session: &KnownSession) -> Compare {
+    Compare::create_revision(keys.session(lease), CompareOp::Equal, session.created)
 }
 
 /// The put of a session's key on its own lease.
@@ -114,14 +119,15 @@ fn acquire_under_txn(
     role: &str,
     owner: &str,
     lease: i64,
+    session: &KnownSession,
     record: &TermRecord,
 ) -> Result<Txn> {
     let stored = SessionTermRecord {
         term: record,
         session: lease,
     };
-    let session = (
-        session_compare(keys, lease),
+    let guard = (
+        session_compare(keys, lease, session),
         TxnOp::get(keys.session(lease), None),
     );
     Ok(acquire_txn_with(
@@ -130,7 +136,7 @@ fn acquire_under_txn(
         owner,
         lease,
         encode(&stored)?,
-        Some(session),
+        Some(guard),
     ))
 }
 
@@ -139,20 +145,22 @@ impl EtcdLeaseStore {
         let mut sessions = self.sessions.lock();
         if sessions.len() >= MAX_KNOWN_SESSIONS {
             let now = SystemTime::now();
-            sessions.retain(|_, s| s.expires_at > now);
+            sessions.retain(|_, s| s.as_ref().is_some_and(|s| s.expires_at > now));
         }
-        sessions.insert(lease, session);
+        sessions.insert(lease, Some(session));
     }
 
+    /// Notes that session `lease` has ended: this instance answers so from here on
+    /// without asking etcd, and never takes a later session under the same id for it.
     fn forget(&self, lease: i64) {
-        self.sessions.lock().remove(&lease);
+        self.sessions.lock().insert(lease, None);
     }
 
     /// The session `lease` as this instance knows it, or as its key says; `None` when
     /// the key is gone (the session ended).
     async fn known(&self, lease: i64) -> Result<Option<KnownSession>> {
-        if let Some(session) = self.sessions.lock().get(&lease).cloned() {
-            return Ok(Some(session));
+        if let Some(known) = self.sessions.lock().get(&lease).cloned() {
+            return Ok(known);
         }
         let response = self
             .conn
@@ -167,7 +175,7 @@ impl EtcdLeaseStore {
                 format!("corrupt session record at {}", self.keys.session(lease)),
             ));
         };
-        let session = KnownSession::from_record(record);
+        let session = KnownSession::from_record(record, kv.create_revision());
         self.remember(lease, session.clone());
         Ok(Some(session))
     }
@@ -206,14 +214,18 @@ impl EtcdLeaseStore {
             lease_secs,
             // The lease's TTL counts from the grant, sent after `started`.
             expires_at: round_trip(started + lease_duration(ttl, secs, lease_secs)),
+            created: 0,
         };
         let key = self.keys.session(lease);
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([session_put(&self.keys, lease, &session.record())?]);
         let opened = self.conn.txn("opening a session", txn).await;
+        let mut session = session;
         match opened {
-            Ok(response) if response.succeeded() => {}
+            Ok(response) if response.succeeded() => {
+                session.created = response.header().map_or(0, |h| h.revision());
+            }
             Ok(_) => {
                 self.conn.revoke_quietly(lease).await;
                 return Err(Error::store_msg(
@@ -260,7 +272,7 @@ impl EtcdLeaseStore {
             round_trip(sent + lease_duration(own_ttl, session.ttl_secs, session.lease_secs))
                 .max(session.expires_at);
         let txn = Txn::new()
-            .when([session_compare(&self.keys, lease)])
+            .when([session_compare(&self.keys, lease, &session)])
             .and_then([session_put(&self.keys, lease, &session.record())?]);
         let (written, alive) = if self.keep_alive_first {
             // The guarded put then confirms the lease was not being revoked while the
@@ -304,19 +316,19 @@ impl EtcdLeaseStore {
             lease_secs: session.lease_secs,
             released: false,
         };
-        let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &record)?;
+        let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
         let response = self.conn.txn("acquiring a lease in a session", txn).await?;
         let mut kvs = first_kvs(&response).into_iter();
         let session_kv = kvs.next_back().flatten();
         let Some((_, expires_at)) = session_kv
             .as_ref()
+            .filter(|kv| kv.create_revision() == session.created)
             .and_then(expiry_of)
-            .filter(|&(on, _)| on == lease)
         else {
             self.forget(lease);
             return Err(ended());
         };
-        if let Some(known) = self.sessions.lock().get_mut(&lease) {
+        if let Some(Some(known)) = self.sessions.lock().get_mut(&lease) {
             known.expires_at = known.expires_at.max(expires_at);
         }
         let done = |token: i64| held_result(&session.owner, token, expires_at);
@@ -331,8 +343,8 @@ impl EtcdLeaseStore {
         match seen_in(lease_kv.as_ref(), term_kv.as_ref()).0 {
             Seen::Held(holder) if holder.lease == lease => Ok(done(holder.token)),
             Seen::Held(holder) => self.refusal(holder).await,
-            // The role was free, so the session compare failed: its key is not on its
-            // lease any more.
+            // The role was free, so the session compare failed: its key is gone or is
+            // another session's.
             Seen::Absent => {
                 self.forget(lease);
                 Err(ended())
@@ -344,12 +356,15 @@ impl EtcdLeaseStore {
         let Some(lease) = lease_of(id) else {
             return Ok(false);
         };
+        // Only a session's lease is closed, never a plain term's under a wrong id.
+        let Some(session) = self.known(lease).await? else {
+            return Ok(false);
+        };
         self.forget(lease);
         // End the session first: from here on keep-alives and acquires under it fail, so
-        // no role joins it while its roles are released. The compare makes sure `lease`
-        // is a session's, never a plain term's under a wrong id.
+        // no role joins it while its roles are released.
         let txn = Txn::new()
-            .when([session_compare(&self.keys, lease)])
+            .when([session_compare(&self.keys, lease, &session)])
             .and_then([TxnOp::delete(self.keys.session(lease), None)]);
         if !self.conn.txn("closing a session", txn).await?.succeeded() {
             return Ok(false);
