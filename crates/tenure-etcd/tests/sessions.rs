@@ -48,6 +48,16 @@ async fn written_since(client: &Client, prefix: &str, since: i64) -> usize {
         .count()
 }
 
+/// The session has ended for `store`: keep-alive answers `None`, acquiring under it is
+/// `SessionEnded`.
+async fn assert_ended(store: &EtcdLeaseStore, id: SessionId) {
+    assert_eq!(store.keep_alive_session(id, TTL).await.unwrap(), None);
+    assert!(matches!(
+        store.acquire_in_session("g/1", id).await,
+        Err(Error::SessionEnded(ended)) if ended == id
+    ));
+}
+
 fn lease_of(id: SessionId) -> i64 {
     i64::try_from(id.get()).unwrap()
 }
@@ -143,14 +153,7 @@ async fn a_session_revoked_behind_the_store_has_ended() {
             .revoke(lease_of(session.id))
             .await
             .unwrap();
-        assert_eq!(
-            store.keep_alive_session(session.id, TTL).await.unwrap(),
-            None
-        );
-        assert!(matches!(
-            store.acquire_in_session("g/1", session.id).await,
-            Err(Error::SessionEnded(id)) if id == session.id
-        ));
+        assert_ended(&store, session.id).await;
         assert!(!store.close_session(session.id).await.unwrap());
         let taken = store
             .try_acquire_or_renew("g/0", "node-b", TTL)
@@ -231,14 +234,7 @@ async fn a_reused_lease_id_is_not_the_old_session() {
             .await
             .unwrap();
 
-        assert_eq!(
-            store.keep_alive_session(session.id, TTL).await.unwrap(),
-            None
-        );
-        assert!(matches!(
-            store.acquire_in_session("g/0", session.id).await,
-            Err(Error::SessionEnded(id)) if id == session.id
-        ));
+        assert_ended(&store, session.id).await;
         leases.revoke(lease).await.unwrap();
     }
 }
