@@ -49,9 +49,9 @@ use crate::conn::{next_response, Conn, BACKEND};
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionMark, TermRecord,
 };
+use crate::version::EtcdVersion;
 
 mod session;
-use crate::version::EtcdVersion;
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's
 /// expiry check period.
@@ -896,8 +896,9 @@ pub fn acquire_txn(
     ))
 }
 
-/// [`acquire_txn`] with the encoded term record; with `session`, the transaction also
-/// requires that session's key to be on its lease (`lease`) and reads it either way.
+/// [`acquire_txn`] with the encoded term record; with `session` (a compare that holds
+/// while the session lives, and a read of its key), the transaction also requires the
+/// session to live and reads its key in either branch.
 fn acquire_txn_with(
     keys: &Keys,
     role: &str,
@@ -952,7 +953,8 @@ pub fn renew_txn(
 }
 
 /// The release transaction of the live term `(owner, token)`: delete the lease key
-/// (returning it, for its etcd lease to revoke next) and put the released `record`.
+/// (returning it, for its etcd lease to revoke next) and put the released `record`
+/// (returning the previous one, which says whether that lease is a session's).
 #[doc(hidden)]
 pub fn release_txn(
     keys: &Keys,

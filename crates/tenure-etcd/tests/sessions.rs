@@ -118,25 +118,29 @@ async fn a_keep_alive_writes_once_however_many_roles() {
     }
 }
 
-/// Setup: a session with two roles, closed. Its roles read as released (no holder,
-/// tokens kept) in `get` and `list`, like a release, not like a lapse.
+/// Setup: a session holding 150 roles (more than one closing transaction's worth),
+/// closed. Its roles read as released (no holder, tokens kept) in `get` and `list`, like
+/// a release, not like a lapse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_session_clears_its_roles_holders() {
     let (store, _client) = store("session-close", false).await;
     let session = store.open_session("node-a", TTL).await.unwrap();
-    let one = store.acquire_in_session("g/0", session.id).await.unwrap();
-    let two = store.acquire_in_session("g/1", session.id).await.unwrap();
+    let mut tokens = std::collections::BTreeMap::new();
+    for i in 0..150 {
+        let role = format!("g/{i:03}");
+        let held = store.acquire_in_session(&role, session.id).await.unwrap();
+        tokens.insert(role, held.fencing_token);
+    }
     assert!(store.close_session(session.id).await.unwrap());
-    let info = store.get("g/0").await.unwrap().expect("lease");
+    let info = store.get("g/000").await.unwrap().expect("lease");
     assert_eq!(info.holder, None, "released by the close: {info:?}");
-    assert_eq!(info.fencing_token, one.fencing_token);
+    assert_eq!(info.fencing_token, tokens["g/000"]);
     let listed = store.list().await.unwrap();
-    assert_eq!(listed.len(), 2);
-    assert!(
-        listed.iter().all(|info| info.holder.is_none()),
-        "{listed:?}"
-    );
-    assert_eq!(listed[1].fencing_token, two.fencing_token);
+    assert_eq!(listed.len(), tokens.len());
+    for info in listed {
+        assert_eq!(info.holder, None, "{info:?}");
+        assert_eq!(info.fencing_token, tokens[&info.role], "{info:?}");
+    }
 }
 
 /// Setup: a session whose etcd lease an operator revokes directly. The store that opened

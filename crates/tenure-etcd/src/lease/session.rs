@@ -7,9 +7,11 @@
 //! - keep-alive: one etcd keep-alive of `L` plus one put of the session key, O(1)
 //!   however many roles; against a server whose keep-alive answers are unsafe (see
 //!   [`crate::version`]) the put is sent after the keep-alive answered and is guarded by
-//!   the session key still being on `L`, which confirms the lease was not being revoked;
-//! - acquire under it: one transaction (role key absent and session key on `L` => put
-//!   the role key on `L` and its term record; either way read the session key);
+//!   the session key still existing (the one created at open: same create revision),
+//!   which confirms the lease was not being revoked as the keep-alive was answered;
+//! - acquire under it: one transaction (role key absent and session key still the one
+//!   created at open => put the role key on `L` and its term record; either way read
+//!   the session key);
 //! - close: delete the session key (the session has ended from here on), release every
 //!   role still on `L` as `release` does (a few round trips, once per session), then
 //!   revoke `L` (etcd deletes whatever is still attached).
