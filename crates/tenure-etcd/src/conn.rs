@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, Txn, TxnResponse, WatchOptions,
-    WatchStream,
+    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn,
+    TxnResponse, WatchOptions, WatchStream,
 };
 use tenure::{Error, Result};
 
@@ -170,25 +170,41 @@ impl Conn {
         answer
     }
 
+    /// The keys attached to `lease`; `None` when etcd no longer has it.
+    pub(crate) async fn attached_keys(&self, lease: i64) -> Result<Option<Vec<Vec<u8>>>> {
+        let answer = self
+            .call("listing an etcd lease's keys", || {
+                let mut leases = self.client.lease_client();
+                let options = LeaseTimeToLiveOptions::new().with_keys();
+                async move { leases.time_to_live(lease, Some(options)).await }
+            })
+            .await?;
+        // etcd answers a TTL of -1 for a lease it does not have.
+        Ok((answer.ttl() >= 0).then(|| answer.keys().to_vec()))
+    }
+
+    /// Revokes `lease`: `Ok(false)` when etcd no longer had it (expired or revoked).
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<bool> {
+        self.call("revoking an etcd lease", || {
+            let mut leases = self.client.lease_client();
+            async move {
+                match leases.revoke(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(error) if is_lease_not_found(&error) => Ok(false),
+                    Err(error) => Err(error),
+                }
+            }
+        })
+        .await
+    }
+
     /// Revokes `lease`, logging (not returning) failures: callers revoke only to clean
     /// up after the key that mattered is already gone or moved.
     pub(crate) async fn revoke_quietly(&self, lease: i64) {
         if lease == 0 {
             return;
         }
-        let revoked = self
-            .call("revoking an etcd lease", || {
-                let mut leases = self.client.lease_client();
-                async move {
-                    match leases.revoke(lease).await {
-                        Ok(_) => Ok(()),
-                        Err(error) if is_lease_not_found(&error) => Ok(()),
-                        Err(error) => Err(error),
-                    }
-                }
-            })
-            .await;
-        if let Err(error) = revoked {
+        if let Err(error) = self.revoke(lease).await {
             tracing::debug!(lease, %error, "revoking an unused etcd lease failed; it expires by itself");
         }
     }

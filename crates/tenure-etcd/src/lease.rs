@@ -17,6 +17,19 @@
 //! so a key can outlive its reported `expires_at` by about that much: such a term is
 //! still held (nobody else can acquire it) and is reported live with `expires_at` =
 //! `now` + 500 ms. A holder renewing in that window keeps its token.
+//!
+//! # Sessions
+//!
+//! A session is an etcd lease, its id the etcd lease id: roles acquired under it have
+//! their lease keys attached to that one etcd lease, so one keep-alive (and one write of
+//! the session's own `sessions/L` record) keeps them all however many there are, and
+//! revoking it ends them all at once (the deletes wake every waiter's watch). Session
+//! ids are unique because etcd's are: etcd refuses to grant the id of a live lease, and
+//! builds new ids from the member id, the member's start time in milliseconds and a
+//! counter, so an id comes back only if a member restarts with its clock set back (or
+//! two members share the low 16 bits of their ids and one runs far ahead). Even then a
+//! store that opened or used a session pins it by its key's create revision, so it never
+//! takes a later session under the same id for the one it knew.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
@@ -28,13 +41,17 @@ use etcd_client::{
 };
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release};
-use tenure::{Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result};
+use tenure::{
+    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+};
 
 use crate::conn::{next_response, Conn, BACKEND};
 use crate::schema::{
-    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, TermRecord,
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionMark, TermRecord,
 };
 use crate::version::EtcdVersion;
+
+mod session;
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's
 /// expiry check period.
@@ -57,6 +74,9 @@ const MAX_SPARE_LEASES: usize = 8;
 /// costs one round trip, and before it otherwise; see [`for_server`](Self::for_server));
 /// release is a transaction that compares the create revision, never an unconditional
 /// delete.
+///
+/// Sessions cost one etcd keep-alive and one write per keep-alive however many roles
+/// they hold (see the module docs); acquiring under one is one transaction.
 ///
 /// Tokens are the lease key's create revision: strictly increasing per role and durable
 /// across etcd restarts, but not consecutive. `get` and `list` also show terms that
@@ -90,6 +110,10 @@ pub struct EtcdLeaseStore {
     /// Granted but unused etcd leases, so an acquire after a lost race (or a push) is
     /// one round trip.
     spare: Mutex<Vec<SpareLease>>,
+    /// Sessions this instance opened or looked up, by etcd lease id (`None` once it saw
+    /// one end), so keeping one alive or acquiring under it needs no read first. Every
+    /// write is still checked against the session's key.
+    sessions: Mutex<HashMap<i64, Option<session::KnownSession>>>,
     /// Send a renewal's transaction only after its keep-alive answered: needed against
     /// servers whose keep-alive may report a lease alive while it is being revoked
     /// (see [`crate::version`]).
@@ -114,6 +138,8 @@ struct OwnTerm {
     ttl_secs: i64,
     /// The TTL etcd granted (etcd raises TTLs below its minimum).
     lease_secs: i64,
+    /// Whether `lease` is a session's (then it is never renewed or revoked for this term).
+    in_session: bool,
 }
 
 impl OwnTerm {
@@ -148,8 +174,11 @@ struct Holder {
     lease: i64,
     /// The requested and granted TTLs, when the term record says them.
     ttl_secs: Option<(i64, i64)>,
-    /// The expiry the holder was last told, when the term record is this term's.
+    /// The expiry the holder was last told, when the term record is this term's (for
+    /// a term held under a session: the session's, once looked up).
     expires_at: Option<SystemTime>,
+    /// The etcd lease of the session the term is held under, if it is.
+    session: Option<i64>,
 }
 
 impl Holder {
@@ -204,6 +233,7 @@ impl EtcdLeaseStore {
             keys: Keys::new(prefix)?,
             terms: Mutex::new(HashMap::new()),
             spare: Mutex::new(Vec::new()),
+            sessions: Mutex::new(HashMap::new()),
             keep_alive_first: true,
         })
     }
@@ -264,12 +294,8 @@ impl EtcdLeaseStore {
         let response = self.conn.txn("reading a lease", txn).await?;
         let revision = response.header().map_or(0, |h| h.revision());
         let (lease_kv, term_kv) = two_gets(&response);
-        let record = term_kv.as_ref().and_then(parse_term);
-        Ok((
-            seen_from(lease_kv.as_ref(), record.as_ref()),
-            record,
-            revision,
-        ))
+        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+        Ok((seen, record, revision))
     }
 
     /// A spare or freshly granted etcd lease for `ttl_secs`: its id, the TTL etcd
@@ -348,8 +374,7 @@ impl EtcdLeaseStore {
                 self.conn.revoke_quietly(lease).await;
             }
             let (lease_kv, term_kv) = two_gets(&response);
-            let record = term_kv.as_ref().and_then(parse_term);
-            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
         }
         let revision = response.header().map_or(0, |h| h.revision());
         if !matches!(alive, Ok(true)) {
@@ -368,6 +393,7 @@ impl EtcdLeaseStore {
                 lease,
                 ttl_secs: secs,
                 lease_secs,
+                in_session: false,
             },
         );
         let expires_at = if matches!(alive, Ok(true)) {
@@ -419,8 +445,7 @@ impl EtcdLeaseStore {
         if !response.succeeded() {
             self.terms.lock().remove(role);
             let (lease_kv, term_kv) = two_gets(&response);
-            let record = term_kv.as_ref().and_then(parse_term);
-            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
         }
         match alive {
             Ok(true) => {}
@@ -440,7 +465,8 @@ impl EtcdLeaseStore {
     }
 
     /// Moves our live term onto a new etcd lease with another TTL, keeping the key (and
-    /// so its create revision, the token).
+    /// so its create revision, the token). A term held under a session leaves it this
+    /// way (the session's lease stays: it holds other roles).
     async fn change_ttl(
         &self,
         role: &str,
@@ -484,16 +510,18 @@ impl EtcdLeaseStore {
             self.conn.revoke_quietly(lease).await;
             self.terms.lock().remove(role);
             let (lease_kv, term_kv) = two_gets(&response);
-            let record = term_kv.as_ref().and_then(parse_term);
-            return Ok(Step::Saw(seen_from(lease_kv.as_ref(), record.as_ref())));
+            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
         }
-        self.conn.revoke_quietly(old.lease).await;
+        if !old.in_session {
+            self.conn.revoke_quietly(old.lease).await;
+        }
         let term = OwnTerm {
             owner: owner.to_owned(),
             token: old.token,
             lease,
             ttl_secs: secs,
             lease_secs,
+            in_session: false,
         };
         self.terms.lock().insert(role.to_owned(), term);
         Ok(held(owner, old.token, expires_at))
@@ -613,14 +641,17 @@ impl LeaseStore for EtcdLeaseStore {
                         lease: holder.lease,
                         ttl_secs,
                         lease_secs,
+                        in_session: holder.session.is_some(),
                     };
-                    if term.ttl_secs == secs {
+                    // A session's term becomes a plain lease of its own: renewing the
+                    // session's etcd lease would renew the whole session instead.
+                    if term.ttl_secs == secs && !term.in_session {
                         self.renew(role, owner, ttl, &term).await?
                     } else {
                         self.change_ttl(role, owner, ttl, secs, &term).await?
                     }
                 }
-                Seen::Held(holder) => return Ok(holder.refusal()),
+                Seen::Held(holder) => return self.refusal(holder).await,
             };
         }
         Err(Error::store_msg(
@@ -660,22 +691,37 @@ impl LeaseStore for EtcdLeaseStore {
         if !response.succeeded() {
             return Ok(false);
         }
-        let lease = response
-            .op_responses()
-            .into_iter()
-            .find_map(|op| match op {
-                TxnOpResponse::Delete(delete) => delete.prev_kvs().first().map(KeyValue::lease),
-                _ => None,
-            })
-            .unwrap_or(0);
+        let mut lease = 0;
+        let mut session = None;
+        for op in response.op_responses() {
+            match op {
+                TxnOpResponse::Delete(delete) => {
+                    lease = delete.prev_kvs().first().map_or(0, KeyValue::lease);
+                }
+                TxnOpResponse::Put(put) => {
+                    session = put
+                        .prev_key()
+                        .and_then(|kv| decode::<SessionMark>(kv.value()))
+                        .and_then(|mark| mark.session);
+                }
+                _ => {}
+            }
+        }
         // The term already ended with the delete; revoking only frees etcd's lease early.
-        self.conn.revoke_quietly(lease).await;
+        // A session's lease holds its other roles: it stays.
+        if session != Some(lease) {
+            self.conn.revoke_quietly(lease).await;
+        }
         Ok(true)
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
         validate_name("role", role)?;
         let (seen, record, _) = self.read_role(role).await?;
+        let seen = match seen {
+            Seen::Held(holder) => Seen::Held(self.with_session_expiry(holder).await?),
+            absent => absent,
+        };
         Ok(lease_info(role, &seen, record.as_ref(), SystemTime::now()))
     }
 
@@ -686,6 +732,10 @@ impl LeaseStore for EtcdLeaseStore {
                 Some(GetOptions::new().with_prefix()),
             ),
             TxnOp::get(self.keys.terms_dir(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(
+                self.keys.sessions_dir(),
+                Some(GetOptions::new().with_prefix()),
+            ),
         ]);
         let response = self.conn.txn("listing leases", txn).await?;
         let mut ranges = response
@@ -697,6 +747,10 @@ impl LeaseStore for EtcdLeaseStore {
             });
         let leases = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
         let terms = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
+        let sessions: HashMap<i64, SystemTime> = ranges
+            .next()
+            .map(|g| g.kvs().iter().filter_map(session::expiry_of).collect())
+            .unwrap_or_default();
         let mut roles: BTreeMap<String, (Option<KeyValue>, Option<KeyValue>)> = BTreeMap::new();
         for kv in leases {
             if let Some(role) = name_under(kv.key(), &self.keys.leases_dir()) {
@@ -712,8 +766,16 @@ impl LeaseStore for EtcdLeaseStore {
         Ok(roles
             .into_iter()
             .filter_map(|(role, (lease_kv, term_kv))| {
-                let record = term_kv.as_ref().and_then(parse_term);
-                let seen = seen_from(lease_kv.as_ref(), record.as_ref());
+                let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+                let seen = match seen {
+                    Seen::Held(mut holder) => {
+                        if let Some(lease) = holder.session {
+                            holder.expires_at = sessions.get(&lease).copied();
+                        }
+                        Seen::Held(holder)
+                    }
+                    absent => absent,
+                };
                 lease_info(&role, &seen, record.as_ref(), now)
             })
             .collect())
@@ -744,6 +806,26 @@ impl LeaseStore for EtcdLeaseStore {
 
     fn min_ttl(&self) -> Duration {
         Duration::from_secs(1)
+    }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        self.open(owner, ttl).await
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        self.keep_alive(session, ttl).await
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        self.acquire_under(role, session).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        self.close(session).await
     }
 }
 
@@ -804,23 +886,49 @@ pub fn acquire_txn(
     lease: i64,
     record: &TermRecord,
 ) -> Result<Txn> {
+    Ok(acquire_txn_with(
+        keys,
+        role,
+        owner,
+        lease,
+        encode(record)?,
+        None,
+    ))
+}
+
+/// [`acquire_txn`] with the encoded term record; with `session` (a compare that holds
+/// while the session lives, and a read of its key), the transaction also requires the
+/// session to live and reads its key in either branch.
+fn acquire_txn_with(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    lease: i64,
+    record: Vec<u8>,
+    session: Option<(Compare, TxnOp)>,
+) -> Txn {
     let lease_key = keys.lease(role);
     let term_key = keys.term(role);
-    Ok(Txn::new()
-        .when([Compare::create_revision(
+    let mut compares = vec![Compare::create_revision(
+        lease_key.clone(),
+        CompareOp::Equal,
+        0,
+    )];
+    let mut then = vec![
+        TxnOp::put(
             lease_key.clone(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                lease_key.clone(),
-                owner,
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::put(term_key.clone(), encode(record)?, None),
-        ])
-        .or_else([TxnOp::get(lease_key, None), TxnOp::get(term_key, None)]))
+            owner,
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+        TxnOp::put(term_key.clone(), record, None),
+    ];
+    let mut otherwise = vec![TxnOp::get(lease_key, None), TxnOp::get(term_key, None)];
+    if let Some((compare, read)) = session {
+        compares.push(compare);
+        then.push(read.clone());
+        otherwise.push(read);
+    }
+    Txn::new().when(compares).and_then(then).or_else(otherwise)
 }
 
 /// The renewal transaction of the live term `(owner, token)`: put `record`; otherwise
@@ -845,7 +953,8 @@ pub fn renew_txn(
 }
 
 /// The release transaction of the live term `(owner, token)`: delete the lease key
-/// (returning it, for its etcd lease to revoke next) and put the released `record`.
+/// (returning it, for its etcd lease to revoke next) and put the released `record`
+/// (returning the previous one, which says whether that lease is a session's).
 #[doc(hidden)]
 pub fn release_txn(
     keys: &Keys,
@@ -858,33 +967,46 @@ pub fn release_txn(
         .when(own_term_compares(keys, role, owner, token))
         .and_then([
             TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
-            TxnOp::put(keys.term(role), encode(record)?, None),
+            // The previous record says whether the term was held under a session.
+            TxnOp::put(
+                keys.term(role),
+                encode(record)?,
+                Some(PutOptions::new().with_prev_key()),
+            ),
         ]))
 }
 
 /// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
 fn held(owner: &str, token: i64, expires_at: SystemTime) -> Step {
-    Step::Done(LeaseResult {
+    Step::Done(held_result(owner, token, expires_at))
+}
+
+fn held_result(owner: &str, token: i64, expires_at: SystemTime) -> LeaseResult {
+    LeaseResult {
         acquired: true,
         // Create revisions are positive; 0 is never a live term's token.
         fencing_token: FencingToken::from(u64::try_from(token).unwrap_or(0)),
         expires_at,
         holder: owner.to_owned(),
         now: SystemTime::now(),
-    })
+    }
 }
 
-fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
-    let mut gets = response
+/// The first key of each range read in a transaction's answer, in order.
+fn first_kvs(response: &TxnResponse) -> Vec<Option<KeyValue>> {
+    response
         .op_responses()
         .into_iter()
         .filter_map(|op| match op {
             TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
             _ => None,
-        });
-    let first = gets.next().flatten();
-    let second = gets.next().flatten();
-    (first, second)
+        })
+        .collect()
+}
+
+fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
+    let mut gets = first_kvs(response).into_iter();
+    (gets.next().flatten(), gets.next().flatten())
 }
 
 fn parse_term(kv: &KeyValue) -> Option<(TermRecord, i64)> {
@@ -899,7 +1021,23 @@ fn lease_missing(error: &Error) -> bool {
         .is_some_and(crate::conn::is_lease_not_found)
 }
 
-fn seen_from(lease_kv: Option<&KeyValue>, record: Option<&(TermRecord, i64)>) -> Seen {
+/// The role as a read of its lease key and term record saw it, and the parsed record.
+fn seen_in(
+    lease_kv: Option<&KeyValue>,
+    term_kv: Option<&KeyValue>,
+) -> (Seen, Option<(TermRecord, i64)>) {
+    let record = term_kv.and_then(parse_term);
+    let session = term_kv
+        .and_then(|kv| decode::<SessionMark>(kv.value()))
+        .and_then(|mark| mark.session);
+    (seen_from(lease_kv, record.as_ref(), session), record)
+}
+
+fn seen_from(
+    lease_kv: Option<&KeyValue>,
+    record: Option<&(TermRecord, i64)>,
+    session: Option<i64>,
+) -> Seen {
     let Some(kv) = lease_kv else {
         return Seen::Absent;
     };
@@ -914,6 +1052,8 @@ fn seen_from(lease_kv: Option<&KeyValue>, record: Option<&(TermRecord, i64)>) ->
         lease: kv.lease(),
         ttl_secs: this_term.map(|(r, _)| (r.ttl_secs, r.lease_secs.max(r.ttl_secs))),
         expires_at: this_term.map(|(r, _)| from_ns(r.expires_at_ns)),
+        // Held under the session only while the key is still on the session's lease.
+        session: this_term.and(session).filter(|&s| s == kv.lease()),
     })
 }
 

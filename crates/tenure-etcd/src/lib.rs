@@ -9,6 +9,10 @@
 //!   owner) attached to an etcd lease of the term's TTL; the fencing token is the key's
 //!   create revision (strictly increasing per role, durable, not consecutive). TTLs are
 //!   whole seconds, at least one.
+//! - sessions ([`open_session`](tenure::LeaseStore::open_session) and the calls after
+//!   it): a session is an etcd lease and its id the etcd lease id; roles acquired under it
+//!   have their keys attached to it, so one keep-alive (one etcd keep-alive plus one key
+//!   written) renews them all however many there are, and closing it releases them all;
 //! - push takeover: [`wait_for_change`](tenure::LeaseStore::wait_for_change) watches the
 //!   role's key, so a released lease is taken over in one notification round trip;
 //! - fenced etcd writes: [`EtcdLeaseStore::fenced_txn`] and

@@ -6,7 +6,8 @@
 //! | key | value | etcd lease | purpose |
 //! | --- | --- | --- | --- |
 //! | `leases/R` | owner | the term's lease | the live term of role R; token = create revision |
-//! | `terms/R` | [`TermRecord`] (JSON) | none | latest term's token, expiry, release; survives expiry |
+//! | `terms/R` | [`TermRecord`] (JSON), plus `session` for a term held under one | none | latest term's token, expiry, release; survives expiry |
+//! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
 //! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -110,6 +111,15 @@ impl Keys {
         format!("{}/nodes/{node_id}", self.prefix)
     }
 
+    /// `<prefix>/sessions/<lease id, hex>`: a live session, on its own etcd lease.
+    pub(crate) fn session(&self, lease: i64) -> String {
+        format!("{}/sessions/{lease:x}", self.prefix)
+    }
+
+    pub(crate) fn sessions_dir(&self) -> String {
+        format!("{}/sessions/", self.prefix)
+    }
+
     pub(crate) fn leases_dir(&self) -> String {
         format!("{}/leases/", self.prefix)
     }
@@ -160,6 +170,38 @@ impl TermRecord {
         self.token
             .unwrap_or_else(|| u64::try_from(mod_revision).unwrap_or(0))
     }
+}
+
+/// A term record that names the session the term is held under: [`TermRecord`] plus
+/// the session's etcd lease id. A separate type so the plain record (and everything
+/// that builds one) stays as it was; readers see both through [`SessionMark`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct SessionTermRecord<'a> {
+    #[serde(flatten)]
+    pub(crate) term: &'a TermRecord,
+    /// The session's etcd lease id.
+    pub(crate) session: i64,
+}
+
+/// The `session` field of a stored term record, absent for plain terms.
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+pub(crate) struct SessionMark {
+    #[serde(default)]
+    pub(crate) session: Option<i64>,
+}
+
+/// A live session's record, at `sessions/L` on the session's own etcd lease `L`: written
+/// when it opens and on each keep-alive (one key however many roles it holds).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SessionRecord {
+    /// The owner the session was opened for; its roles' holder.
+    pub(crate) owner: String,
+    /// Expiry as last reported to the session's owner, nanoseconds since the Unix epoch.
+    pub(crate) expires_at_ns: u64,
+    /// The TTL the session was opened with, in seconds.
+    pub(crate) ttl_secs: i64,
+    /// The TTL etcd granted its lease (higher when etcd raised it to its minimum).
+    pub(crate) lease_secs: i64,
 }
 
 /// A node's membership record.

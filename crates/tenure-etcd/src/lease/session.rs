@@ -1,0 +1,459 @@
+//! Sessions on etcd: a session is one etcd lease `L` with the key `<prefix>/sessions/L`
+//! attached (its [`SessionRecord`]: owner, TTL, the expiry last reported). A role taken
+//! under the session has its lease key attached to `L` too, and its term record names
+//! `L`, so readers take the role's expiry from the session record.
+//!
+//! - open: grant `L`, put the session key on it (two round trips, once per session);
+//! - keep-alive: one etcd keep-alive of `L` plus one put of the session key, O(1)
+//!   however many roles; against a server whose keep-alive answers are unsafe (see
+//!   [`crate::version`]) the put is sent after the keep-alive answered and is guarded by
+//!   the session key still existing (the one created at open: same create revision),
+//!   which confirms the lease was not being revoked as the keep-alive was answered;
+//! - acquire under it: one transaction (role key absent and session key still the one
+//!   created at open => put the role key on `L` and its term record; either way read
+//!   the session key);
+//! - close: delete the session key (the session has ended from here on), release every
+//!   role still on `L` as `release` does (a few round trips, once per session), then
+//!   revoke `L` (etcd deletes whatever is still attached).
+
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use tenure::lease::{validate_name, validate_ttl};
+use tenure::session::validate_open;
+use tenure::{Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
+
+use super::{
+    acquire_txn_with, first_kvs, held_result, lease_duration, own_term_compares, seen_in,
+    EtcdLeaseStore, Holder, Seen,
+};
+use crate::schema::{
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionRecord,
+    SessionTermRecord, TermRecord,
+};
+
+/// Roles released per transaction when a session closes: etcd allows 128 operations per
+/// transaction by default.
+const ROLES_PER_TXN: usize = 64;
+
+/// Sessions remembered beyond this many are pruned of those ended or past their expiry.
+const MAX_KNOWN_SESSIONS: usize = 1024;
+
+/// What this instance knows of a session (from opening it or reading its key).
+#[derive(Clone, Debug)]
+pub(super) struct KnownSession {
+    owner: String,
+    ttl_secs: i64,
+    lease_secs: i64,
+    /// The expiry last reported for it; a lower bound of its real end.
+    expires_at: SystemTime,
+    /// The create revision of its key: pins this very session, so should etcd ever hand
+    /// out its lease id again, the new session is not taken for this one.
+    created: i64,
+}
+
+impl KnownSession {
+    fn from_record(record: SessionRecord, created: i64) -> Self {
+        KnownSession {
+            created,
+            owner: record.owner,
+            ttl_secs: record.ttl_secs,
+            lease_secs: record.lease_secs,
+            expires_at: from_ns(record.expires_at_ns),
+        }
+    }
+
+    fn record(&self) -> SessionRecord {
+        SessionRecord {
+            owner: self.owner.clone(),
+            expires_at_ns: to_ns(self.expires_at),
+            ttl_secs: self.ttl_secs,
+            lease_secs: self.lease_secs,
+        }
+    }
+
+    fn grant(&self, lease: i64) -> SessionGrant {
+        SessionGrant {
+            id: session_id(lease),
+            owner: self.owner.clone(),
+            expires_at: self.expires_at,
+            now: SystemTime::now(),
+        }
+    }
+}
+
+/// The etcd lease of a session id; `None` for ids etcd never hands out.
+fn lease_of(id: SessionId) -> Option<i64> {
+    i64::try_from(id.get()).ok().filter(|&lease| lease > 0)
+}
+
+fn session_id(lease: i64) -> SessionId {
+    // etcd lease ids are positive.
+    SessionId::from(u64::try_from(lease).unwrap_or(0))
+}
+
+/// The `(lease, expiry)` of a session key, for readers of many roles.
+pub(super) fn expiry_of(kv: &KeyValue) -> Option<(i64, SystemTime)> {
+    decode::<SessionRecord>(kv.value()).map(|r| (kv.lease(), from_ns(r.expires_at_ns)))
+}
+
+/// Holds exactly while the session lives: its key (always written on its own lease) is
+/// the one created at revision `session.created`.
+fn session_compare(keys: &Keys, lease: i64, session: &KnownSession) -> Compare {
+    Compare::create_revision(keys.session(lease), CompareOp::Equal, session.created)
+}
+
+/// The put of a session's key on its own lease.
+fn session_put(keys: &Keys, lease: i64, record: &SessionRecord) -> Result<TxnOp> {
+    Ok(TxnOp::put(
+        keys.session(lease),
+        encode(record)?,
+        Some(PutOptions::new().with_lease(lease)),
+    ))
+}
+
+/// The transaction acquiring `role` under session `lease` for `owner`: when the role's
+/// key is absent and the session lives, put the key on the session's lease and the term
+/// `record` (naming the session); otherwise read the role's key and record. Both read
+/// the session key.
+fn acquire_under_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    lease: i64,
+    session: &KnownSession,
+    record: &TermRecord,
+) -> Result<Txn> {
+    let stored = SessionTermRecord {
+        term: record,
+        session: lease,
+    };
+    let guard = (
+        session_compare(keys, lease, session),
+        TxnOp::get(keys.session(lease), None),
+    );
+    Ok(acquire_txn_with(
+        keys,
+        role,
+        owner,
+        lease,
+        encode(&stored)?,
+        Some(guard),
+    ))
+}
+
+impl EtcdLeaseStore {
+    fn remember(&self, lease: i64, session: KnownSession) {
+        let mut sessions = self.sessions.lock();
+        if sessions.len() >= MAX_KNOWN_SESSIONS {
+            let now = SystemTime::now();
+            sessions.retain(|_, s| s.as_ref().is_some_and(|s| s.expires_at > now));
+        }
+        sessions.insert(lease, Some(session));
+    }
+
+    /// Notes that session `lease` has ended: this instance answers so from here on
+    /// without asking etcd, and never takes a later session under the same id for it.
+    fn forget(&self, lease: i64) {
+        self.sessions.lock().insert(lease, None);
+    }
+
+    /// The session `lease` as this instance knows it, or as its key says; `None` when
+    /// the key is gone (the session ended).
+    async fn known(&self, lease: i64) -> Result<Option<KnownSession>> {
+        if let Some(known) = self.sessions.lock().get(&lease).cloned() {
+            return Ok(known);
+        }
+        let response = self
+            .conn
+            .get("reading a session", &self.keys.session(lease), None)
+            .await?;
+        let Some(kv) = response.kvs().first().filter(|kv| kv.lease() == lease) else {
+            return Ok(None);
+        };
+        let Some(record) = decode::<SessionRecord>(kv.value()) else {
+            return Err(Error::store_msg(
+                crate::conn::BACKEND,
+                format!("corrupt session record at {}", self.keys.session(lease)),
+            ));
+        };
+        let session = KnownSession::from_record(record, kv.create_revision());
+        self.remember(lease, session.clone());
+        Ok(Some(session))
+    }
+
+    /// `holder` with the expiry of the session it is held under, when it is: read from
+    /// the session key (unknown, so `now + EXPIRY_GRACE`, once the key is gone).
+    pub(super) async fn with_session_expiry(&self, mut holder: Holder) -> Result<Holder> {
+        let Some(lease) = holder.session else {
+            return Ok(holder);
+        };
+        let response = self
+            .conn
+            .get("reading a session", &self.keys.session(lease), None)
+            .await?;
+        holder.expires_at = response
+            .kvs()
+            .first()
+            .and_then(expiry_of)
+            .filter(|&(on, _)| on == lease)
+            .map(|(_, at)| at);
+        Ok(holder)
+    }
+
+    /// The answer refusing the caller because `holder` holds the role.
+    pub(super) async fn refusal(&self, holder: Holder) -> Result<LeaseResult> {
+        Ok(self.with_session_expiry(holder).await?.refusal())
+    }
+
+    pub(super) async fn open(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        validate_open(owner, ttl, self.min_ttl(), SystemTime::now())?;
+        let secs = ttl_secs(ttl)?;
+        let (lease, lease_secs, started) = self.conn.grant(secs).await?;
+        let session = KnownSession {
+            owner: owner.to_owned(),
+            ttl_secs: secs,
+            lease_secs,
+            // The lease's TTL counts from the grant, sent after `started`.
+            expires_at: round_trip(started + lease_duration(ttl, secs, lease_secs)),
+            created: 0,
+        };
+        let key = self.keys.session(lease);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([session_put(&self.keys, lease, &session.record())?]);
+        let opened = self.conn.txn("opening a session", txn).await;
+        let mut session = session;
+        match opened {
+            Ok(response) if response.succeeded() => {
+                session.created = response.header().map_or(0, |h| h.revision());
+            }
+            Ok(_) => {
+                self.conn.revoke_quietly(lease).await;
+                return Err(Error::store_msg(
+                    crate::conn::BACKEND,
+                    format!("etcd granted lease {lease:x}, which already names a session"),
+                ));
+            }
+            Err(error) => {
+                self.conn.revoke_quietly(lease).await;
+                return Err(error);
+            }
+        }
+        self.remember(lease, session.clone());
+        Ok(session.grant(lease))
+    }
+
+    pub(super) async fn keep_alive(
+        &self,
+        id: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        validate_ttl(ttl, self.min_ttl(), SystemTime::now())?;
+        let secs = ttl_secs(ttl)?;
+        let Some(lease) = lease_of(id) else {
+            return Ok(None);
+        };
+        let Some(mut session) = self.known(lease).await? else {
+            return Ok(None);
+        };
+        if secs > session.ttl_secs {
+            return Err(Error::invalid(
+                "ttl",
+                format!(
+                    "{ttl:?} is longer than session {id}'s {} s: an etcd lease keeps the TTL it was granted",
+                    session.ttl_secs
+                ),
+            ));
+        }
+        let own_ttl = Duration::from_secs(u64::try_from(session.ttl_secs).unwrap_or(0));
+        let sent = SystemTime::now();
+        // etcd restarts the lease's whole TTL, so it ends no earlier than this (which is
+        // at least `now + ttl`) and never earlier than before.
+        session.expires_at =
+            round_trip(sent + lease_duration(own_ttl, session.ttl_secs, session.lease_secs))
+                .max(session.expires_at);
+        let txn = Txn::new()
+            .when([session_compare(&self.keys, lease, &session)])
+            .and_then([session_put(&self.keys, lease, &session.record())?]);
+        let (written, alive) = if self.keep_alive_first {
+            // The guarded put then confirms the lease was not being revoked while the
+            // keep-alive was answered.
+            let alive = self.conn.keep_alive_once(lease).await;
+            if !matches!(alive, Ok(true)) {
+                self.forget(lease);
+                return alive.map(|_| None);
+            }
+            (self.conn.txn("keeping a session alive", txn).await, alive)
+        } else {
+            tokio::join!(
+                self.conn.txn("keeping a session alive", txn),
+                self.conn.keep_alive_once(lease),
+            )
+        };
+        let written = written.inspect_err(|_| self.forget(lease))?;
+        if !written.succeeded() || !alive.inspect_err(|_| self.forget(lease))? {
+            // Ended (expired or closed): never revived.
+            self.forget(lease);
+            return Ok(None);
+        }
+        self.remember(lease, session.clone());
+        Ok(Some(session.grant(lease)))
+    }
+
+    pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
+        validate_name("role", role)?;
+        let ended = || Error::SessionEnded(id);
+        let Some(lease) = lease_of(id) else {
+            return Err(ended());
+        };
+        let Some(session) = self.known(lease).await? else {
+            return Err(ended());
+        };
+        let record = TermRecord {
+            owner: session.owner.clone(),
+            token: None,
+            expires_at_ns: to_ns(session.expires_at),
+            ttl_secs: session.ttl_secs,
+            lease_secs: session.lease_secs,
+            released: false,
+        };
+        let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
+        let response = self.conn.txn("acquiring a lease in a session", txn).await?;
+        let mut kvs = first_kvs(&response).into_iter();
+        let session_kv = kvs.next_back().flatten();
+        let Some((_, expires_at)) = session_kv
+            .as_ref()
+            .filter(|kv| kv.create_revision() == session.created)
+            .and_then(expiry_of)
+        else {
+            self.forget(lease);
+            return Err(ended());
+        };
+        if let Some(Some(known)) = self.sessions.lock().get_mut(&lease) {
+            known.expires_at = known.expires_at.max(expires_at);
+        }
+        let done = |token: i64| held_result(&session.owner, token, expires_at);
+        if response.succeeded() {
+            // A plain term of ours this instance remembered is over.
+            self.terms.lock().remove(role);
+            let revision = response.header().map_or(0, |h| h.revision());
+            return Ok(done(revision));
+        }
+        let lease_kv = kvs.next().flatten();
+        let term_kv = kvs.next().flatten();
+        match seen_in(lease_kv.as_ref(), term_kv.as_ref()).0 {
+            Seen::Held(holder) if holder.lease == lease => Ok(done(holder.token)),
+            Seen::Held(holder) => self.refusal(holder).await,
+            // The role was free, so the session compare failed: its key is gone or is
+            // another session's.
+            Seen::Absent => {
+                self.forget(lease);
+                Err(ended())
+            }
+        }
+    }
+
+    pub(super) async fn close(&self, id: SessionId) -> Result<bool> {
+        let Some(lease) = lease_of(id) else {
+            return Ok(false);
+        };
+        // Only a session's lease is closed, never a plain term's under a wrong id.
+        let Some(session) = self.known(lease).await? else {
+            return Ok(false);
+        };
+        self.forget(lease);
+        // End the session first: from here on keep-alives and acquires under it fail, so
+        // no role joins it while its roles are released.
+        let txn = Txn::new()
+            .when([session_compare(&self.keys, lease, &session)])
+            .and_then([TxnOp::delete(self.keys.session(lease), None)]);
+        if !self.conn.txn("closing a session", txn).await?.succeeded() {
+            return Ok(false);
+        }
+        if let Err(error) = self.release_roles_of(lease).await {
+            // The revoke below still ends them; they then read as lapsed, not released.
+            tracing::debug!(lease, %error, "releasing a closed session's roles failed");
+        }
+        // etcd deletes whatever is still on the lease (a role this could not release).
+        self.conn.revoke(lease).await?;
+        Ok(true)
+    }
+
+    /// Releases every role still held under the (ended) session `lease`, as `release`
+    /// does (key deleted, record marked released, token kept), so readers see them
+    /// released; the deletes wake their waiters.
+    async fn release_roles_of(&self, lease: i64) -> Result<()> {
+        let Some(attached) = self.conn.attached_keys(lease).await? else {
+            return Ok(());
+        };
+        let leases_dir = self.keys.leases_dir();
+        let roles: Vec<&str> = attached
+            .iter()
+            .filter_map(|key| name_under(key, &leases_dir))
+            .collect();
+        for chunk in roles.chunks(ROLES_PER_TXN) {
+            let read = chunk
+                .iter()
+                .map(|role| TxnOp::get(self.keys.lease(role), None))
+                .collect::<Vec<_>>();
+            let response = self
+                .conn
+                .txn(
+                    "reading a closed session's roles",
+                    Txn::new().and_then(read),
+                )
+                .await?;
+            let now = round_trip(SystemTime::now());
+            let mut releases = Vec::new();
+            for (role, kv) in chunk.iter().zip(first_kvs(&response)) {
+                let Some(kv) = kv.filter(|kv| kv.lease() == lease) else {
+                    continue;
+                };
+                let owner = String::from_utf8_lossy(kv.value());
+                let record = TermRecord {
+                    owner: owner.clone().into_owned(),
+                    token: u64::try_from(kv.create_revision()).ok(),
+                    expires_at_ns: to_ns(now),
+                    ttl_secs: 0,
+                    lease_secs: 0,
+                    released: true,
+                };
+                let mut compares =
+                    own_term_compares(&self.keys, role, &owner, kv.create_revision());
+                // Still on the session's lease: not moved to a plain lease since the read.
+                compares.push(Compare::lease(
+                    self.keys.lease(role),
+                    CompareOp::Equal,
+                    lease,
+                ));
+                releases.push(TxnOp::txn(Txn::new().when(compares).and_then([
+                    TxnOp::delete(self.keys.lease(role), None),
+                    TxnOp::put(self.keys.term(role), encode(&record)?, None),
+                ])));
+            }
+            if !releases.is_empty() {
+                self.conn
+                    .txn(
+                        "releasing a closed session's roles",
+                        Txn::new().and_then(releases),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_are_positive_lease_ids() {
+        assert_eq!(lease_of(SessionId::from(0x1234)), Some(0x1234));
+        assert_eq!(lease_of(SessionId::from(0)), None);
+        assert_eq!(lease_of(SessionId::from(u64::MAX)), None);
+        assert_eq!(session_id(0x1234), SessionId::from(0x1234));
+    }
+}

@@ -1,0 +1,244 @@
+//! etcd-specific session behaviour on the shared single member: what a keep-alive costs
+//! in writes, what readers see of a session's roles, a session's lease revoked behind
+//! the store's back, and the TTL rules of etcd leases.
+
+mod common;
+
+use std::time::Duration;
+
+use etcd_client::Client;
+use tenure::{Error, LeaseStore, SessionId};
+use tenure_etcd::EtcdLeaseStore;
+use tenure_testkit::etcd::EtcdServer;
+
+const TTL: Duration = Duration::from_secs(4);
+
+/// A store on the shared etcd under a fresh prefix, tuned as for a server whose
+/// keep-alive answers are safe (`safe_server`) or not.
+async fn store(tag: &str, safe_server: bool) -> (EtcdLeaseStore, Client) {
+    let client =
+        common::client(&[EtcdServer::shared().expect("shared etcd server").endpoint()]).await;
+    let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
+    let store = EtcdLeaseStore::new(client.clone(), &common::unique_prefix(tag))
+        .unwrap()
+        .for_server(fixed);
+    (store, client)
+}
+
+/// The store's current revision: it grows by one per transaction that writes.
+async fn revision(client: &Client) -> i64 {
+    let mut kv = client.kv_client();
+    let response = kv.get("/no-such-key", None).await.unwrap();
+    response.header().expect("header").revision()
+}
+
+/// How many keys under `prefix` were written after revision `since` (other tests write
+/// to the shared etcd too, so the global revision alone does not tell).
+async fn written_since(client: &Client, prefix: &str, since: i64) -> usize {
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let response = client
+        .kv_client()
+        .get(format!("{prefix}/"), Some(options))
+        .await
+        .unwrap();
+    response
+        .kvs()
+        .iter()
+        .filter(|kv| kv.mod_revision() > since)
+        .count()
+}
+
+/// The session has ended for `store`: keep-alive answers `None`, acquiring under it is
+/// `SessionEnded`.
+async fn assert_ended(store: &EtcdLeaseStore, id: SessionId) {
+    assert_eq!(store.keep_alive_session(id, TTL).await.unwrap(), None);
+    assert!(matches!(
+        store.acquire_in_session("g/1", id).await,
+        Err(Error::SessionEnded(ended)) if ended == id
+    ));
+}
+
+fn lease_of(id: SessionId) -> i64 {
+    i64::try_from(id.get()).unwrap()
+}
+
+/// Setup: one session holding 40 roles, in both renewal modes. Each keep-alive writes
+/// one key (the session's), and afterwards every role still
+/// reads as held, with the session's new expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_writes_once_however_many_roles() {
+    for safe_server in [false, true] {
+        let (store, client) = store("session-cost", safe_server).await;
+        let session = store.open_session("node-a", TTL).await.unwrap();
+        let roles: Vec<String> = (0..40).map(|i| format!("g/{i}")).collect();
+        for role in &roles {
+            assert!(
+                store
+                    .acquire_in_session(role, session.id)
+                    .await
+                    .unwrap()
+                    .acquired
+            );
+        }
+        let mut last = session.expires_at;
+        for _ in 0..3 {
+            let before = revision(&client).await;
+            let kept = store
+                .keep_alive_session(session.id, TTL)
+                .await
+                .unwrap()
+                .expect("live");
+            let writes = written_since(&client, store.prefix(), before).await;
+            assert_eq!(
+                writes, 1,
+                "one keep-alive of 40 roles wrote {writes} keys (safe server: {safe_server})"
+            );
+            assert!(kept.expires_at >= last);
+            last = kept.expires_at;
+        }
+        let info = store.get("g/17").await.unwrap().expect("lease");
+        assert_eq!(info.live_holder(), Some("node-a"));
+        assert_eq!(info.expires_at, last, "get shows the session's expiry");
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed.len(), roles.len());
+        assert!(
+            listed.iter().all(|info| info.expires_at == last),
+            "list shows the session's expiry: {listed:?}"
+        );
+        let refused = store
+            .try_acquire_or_renew("g/3", "node-b", TTL)
+            .await
+            .unwrap();
+        assert!(!refused.acquired);
+        assert_eq!(
+            refused.expires_at, last,
+            "a refusal names the session's expiry"
+        );
+        assert!(store.close_session(session.id).await.unwrap());
+    }
+}
+
+/// Setup: a session holding 150 roles (more than one closing transaction's worth),
+/// closed. Its roles read as released (no holder, tokens kept) in `get` and `list`, like
+/// a release, not like a lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_clears_its_roles_holders() {
+    let (store, _client) = store("session-close", false).await;
+    let session = store.open_session("node-a", TTL).await.unwrap();
+    let mut tokens = std::collections::BTreeMap::new();
+    for i in 0..150 {
+        let role = format!("g/{i:03}");
+        let held = store.acquire_in_session(&role, session.id).await.unwrap();
+        tokens.insert(role, held.fencing_token);
+    }
+    assert!(store.close_session(session.id).await.unwrap());
+    let info = store.get("g/000").await.unwrap().expect("lease");
+    assert_eq!(info.holder, None, "released by the close: {info:?}");
+    assert_eq!(info.fencing_token, tokens["g/000"]);
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed.len(), tokens.len());
+    for info in listed {
+        assert_eq!(info.holder, None, "{info:?}");
+        assert_eq!(info.fencing_token, tokens[&info.role], "{info:?}");
+    }
+}
+
+/// Setup: a session whose etcd lease an operator revokes directly. The store that opened
+/// it (and remembers it) finds it ended: keep-alive answers `None`, acquiring under it
+/// is `SessionEnded`, closing it answers `false`, and its role is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_revoked_behind_the_store_has_ended() {
+    for safe_server in [false, true] {
+        let (store, client) = store("session-revoked", safe_server).await;
+        let session = store.open_session("node-a", TTL).await.unwrap();
+        let held = store.acquire_in_session("g/0", session.id).await.unwrap();
+        client
+            .lease_client()
+            .revoke(lease_of(session.id))
+            .await
+            .unwrap();
+        assert_ended(&store, session.id).await;
+        assert!(!store.close_session(session.id).await.unwrap());
+        let taken = store
+            .try_acquire_or_renew("g/0", "node-b", TTL)
+            .await
+            .unwrap();
+        assert!(taken.acquired && taken.fencing_token > held.fencing_token);
+    }
+}
+
+/// Setup: the shared etcd. An etcd lease keeps the TTL it was granted, so a session's TTL
+/// is whole seconds, and a keep-alive may ask for a shorter TTL (the session keeps its
+/// own) but not a longer one. Ids etcd never hands out are simply ended sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_ttls_follow_etcd_leases() {
+    let (store, _client) = store("session-ttl", false).await;
+    let invalid = |result: tenure::Result<_>| {
+        matches!(result, Err(Error::InvalidArgument { field: "ttl", .. }))
+    };
+    assert!(invalid(
+        store
+            .open_session("node-a", Duration::from_millis(1500))
+            .await
+            .map(|_| ())
+    ));
+    assert!(invalid(
+        store
+            .open_session("node-a", Duration::from_millis(500))
+            .await
+            .map(|_| ())
+    ));
+    let session = store.open_session("node-a", TTL).await.unwrap();
+    assert!(invalid(
+        store
+            .keep_alive_session(session.id, TTL * 2)
+            .await
+            .map(|_| ())
+    ));
+    let kept = store
+        .keep_alive_session(session.id, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("live");
+    assert!(kept.remaining() > Duration::from_secs(3), "{kept:?}");
+    for never in [SessionId::from(0), SessionId::from(u64::MAX)] {
+        assert_eq!(store.keep_alive_session(never, TTL).await.unwrap(), None);
+        assert!(matches!(
+            store.acquire_in_session("g/0", never).await,
+            Err(Error::SessionEnded(_))
+        ));
+        assert!(!store.close_session(never).await.unwrap());
+    }
+}
+
+/// Setup: a session's etcd lease revoked, then granted again under the same id (etcd
+/// accepts a client-chosen id once the old lease is gone) with another owner's session
+/// key on it: what etcd would produce if it ever handed out the id again. The store that
+/// knew the first session never takes the new one for it: keep-alive answers `None` and
+/// acquiring under it is `SessionEnded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_lease_id_is_not_the_old_session() {
+    for safe_server in [false, true] {
+        let (store, client) = store("session-reused", safe_server).await;
+        let session = store.open_session("node-a", TTL).await.unwrap();
+        let lease = lease_of(session.id);
+        let mut leases = client.lease_client();
+        leases.revoke(lease).await.unwrap();
+        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        leases.grant(4, Some(options)).await.unwrap();
+        let key = format!("{}/sessions/{lease:x}", store.prefix());
+        let record = format!(
+            r#"{{"owner":"intruder","expires_at_ns":{},"ttl_secs":4,"lease_secs":4}}"#,
+            tenure_etcd::requests::to_ns(session.expires_at)
+        );
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        client
+            .kv_client()
+            .put(key, record, Some(put))
+            .await
+            .unwrap();
+
+        assert_ended(&store, session.id).await;
+        leases.revoke(lease).await.unwrap();
+    }
+}
