@@ -137,10 +137,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Opens a session for `owner`, live until `now + ttl` on store time (see
     /// [`crate::session`]). Ids are never handed out twice. Bad `owner` or `ttl` is
     /// [`Error::InvalidArgument`], with the rules of [`try_acquire_or_renew`](Self::try_acquire_or_renew).
-    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
-        let _ = (owner, ttl);
-        Err(crate::session::unsupported())
-    }
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant>;
 
     /// Keeps a live session alive: its expiry becomes `now + ttl` (never earlier than it
     /// was), and so does every role held under it, in one write however many roles
@@ -150,10 +147,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         session: SessionId,
         ttl: Duration,
-    ) -> Result<Option<SessionGrant>> {
-        let _ = (session, ttl);
-        Err(crate::session::unsupported())
-    }
+    ) -> Result<Option<SessionGrant>>;
 
     /// Acquires `role` under a live `session`, in one atomic step on store time:
     ///
@@ -170,18 +164,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// goes on), and [`try_acquire_or_renew`](Self::try_acquire_or_renew) by the holder
     /// turns it into a plain lease of its own TTL. A session that has ended is
     /// [`Error::SessionEnded`].
-    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
-        let _ = (role, session);
-        Err(crate::session::unsupported())
-    }
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult>;
 
     /// Ends a session at once and releases every role held under it (tokens are kept;
     /// waiters on those roles are woken as for a release). Returns whether the session
     /// was live.
-    async fn close_session(&self, session: SessionId) -> Result<bool> {
-        let _ = session;
-        Err(crate::session::unsupported())
-    }
+    async fn close_session(&self, session: SessionId) -> Result<bool>;
 }
 
 /// A token as the signed 64-bit integer SQL stores keep it in: above `i64::MAX` is

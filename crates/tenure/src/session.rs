@@ -79,11 +79,3 @@ pub fn validate_open(
     validate_name("owner", owner)?;
     validate_ttl(ttl, min_ttl, now)
 }
-
-/// What a store answers when it does not implement sessions.
-pub(crate) fn unsupported() -> crate::Error {
-    crate::Error::store_msg(
-        "store",
-        "this store does not support sessions (needed by shard groups)",
-    )
-}

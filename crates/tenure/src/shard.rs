@@ -166,25 +166,123 @@ struct Term {
     task: JoinHandle<Result<()>>,
     /// Being handed over (its work was cancelled; it is released when the work ends).
     handing_over: bool,
-    /// Taken while targeted at another member (an orphan): handed to that member only
-    /// once it owns some shard, so a member that heartbeats but never works cannot
-    /// strand shards by having them handed to it.
+    /// Taken while targeted at another member (an orphan): handed to that member once it
+    /// owns some shard, or after [`RESCUE_HOLD`] TTLs, so a member that heartbeats but
+    /// never works cannot strand shards by having them handed to it, and a healthy one
+    /// that owns nothing yet still gets its targets.
     rescued: bool,
+    /// When the term began here.
+    started: Instant,
 }
 
-/// The member's session and the local deadline its last renewal allows.
+/// How many TTLs a rescued shard stays with its rescuer when its target owns nothing.
+const RESCUE_HOLD: u32 = 4;
+
+/// The member's session, kept alive by a task of its own so that renewals never wait
+/// for the member's loop (contending for many shards, a shard's work winding down).
 struct Session {
     id: SessionId,
-    deadline: Instant,
-    next_renew: Instant,
+    /// The local deadline of the last successful renewal (or the opening).
+    deadline: watch::Receiver<Instant>,
+    /// Cancelled when the session is over locally: at the deadline without a renewal,
+    /// when the store says it ended, or when the member drops it. Every shard's
+    /// `leadership` is a child of it.
+    alive: CancellationToken,
+}
+
+impl Session {
+    /// Starts keeping session `grant` (opened by a request sent at `sent`) alive.
+    fn start(
+        store: Arc<dyn LeaseStore>,
+        timing: LeaseLeaderOptions,
+        sent: Instant,
+        grant: &SessionGrant,
+    ) -> Session {
+        let alive = CancellationToken::new();
+        let (mut deadline, mut next_renew) = lifetime(&timing, sent, grant);
+        let (deadline_tx, deadline_rx) = watch::channel(deadline);
+        let (id, watched) = (grant.id, alive.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = watched.cancelled() => return,
+                    _ = tokio::time::sleep_until(deadline) => {
+                        warn!(session = %id, "local deadline passed without a session renewal: every shard is lost");
+                        break;
+                    }
+                    _ = tokio::time::sleep_until(next_renew) => {}
+                }
+                let sent = Instant::now();
+                let answer = tokio::time::timeout_at(
+                    deadline,
+                    store.keep_alive_session(id, timing.lease_ttl),
+                )
+                .await;
+                match answer {
+                    Ok(Ok(Some(grant))) => {
+                        (deadline, next_renew) = lifetime(&timing, sent, &grant);
+                        deadline_tx.send_replace(deadline);
+                        debug!(session = %id, "session renewed");
+                    }
+                    Ok(Ok(None)) => {
+                        warn!(session = %id, "the session ended on the store: every shard is lost");
+                        break;
+                    }
+                    Ok(Err(error)) => {
+                        let retry = timing.retry_interval.min(timing.renew_interval);
+                        warn!(session = %id, %error, retry_in = ?retry, "session renewal failed; retrying");
+                        next_renew = Instant::now() + retry;
+                    }
+                    // The deadline passed during the call: the select above says so.
+                    Err(_) => {}
+                }
+            }
+            watched.cancel();
+        });
+        Session {
+            id,
+            deadline: deadline_rx,
+            alive,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        *self.deadline.borrow()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.alive.cancel();
+    }
+}
+
+/// The local deadline and next renewal a grant answered to a request sent at `sent`
+/// allows: `sent + granted * (1 - max_clock_drift) - work_grace`, renewing at the same
+/// fraction of what was granted as of the full TTL.
+fn lifetime(
+    timing: &LeaseLeaderOptions,
+    sent: Instant,
+    grant: &SessionGrant,
+) -> (Instant, Instant) {
+    let granted = timing.lease_ttl.min(grant.remaining());
+    let window = granted
+        .mul_f64(1.0 - timing.max_clock_drift)
+        .saturating_sub(timing.work_grace);
+    let renew_after = timing
+        .renew_interval
+        .mul_f64(granted.as_secs_f64() / timing.lease_ttl.as_secs_f64());
+    (sent + window, sent + renew_after)
 }
 
 /// What woke the member's loop.
 enum Wake {
-    /// A shard's work ended (returned, or wound down after a cancel).
-    WorkEnded(u32),
-    /// Something may have changed: a push, a handover done, a timer.
-    Look,
+    /// The work of a shard's term ended (returned, or wound down after a cancel); the
+    /// token tells a late wake of an earlier term from one of the current term.
+    WorkEnded(u32, FencingToken),
+    /// The store pushed a change of a shard held elsewhere that this member waits for.
+    ShardChanged(u32),
 }
 
 impl ShardElector {
@@ -290,7 +388,8 @@ struct Member<'a> {
     orphaned_since: HashMap<u32, Instant>,
     /// When each member was last seen live (for `rebalance_delay`).
     last_seen: HashMap<String, Instant>,
-    /// Shards whose store push is being waited on.
+    /// Shards held elsewhere whose store push one waiter task is waiting for (one per
+    /// shard: a waiter per reconcile would multiply with every wake).
     waiting: BTreeSet<u32>,
 }
 
@@ -337,9 +436,8 @@ impl Member<'_> {
                     observed
                 }
             };
-            let (deadline, next_renew) = match &self.session {
-                Some(s) => (s.deadline, s.next_renew),
-                None => continue,
+            let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
+                continue;
             };
             let look_again = Instant::now() + self.options().retry_interval;
             let registry = self.elector.registry.clone();
@@ -347,12 +445,7 @@ impl Member<'_> {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep_until(deadline) => {
-                    warn!(group = %self.options().group, node = %self.options().node_id,
-                        "local deadline passed without a session renewal: every shard is lost");
-                    self.lose_everything().await;
-                }
-                _ = tokio::time::sleep_until(next_renew) => self.renew().await,
+                _ = alive.cancelled() => self.lose_everything().await,
                 Some(wake) = wake_rx.recv() => self.woken(wake).await,
                 _ = members_changed => {}
             }
@@ -374,7 +467,8 @@ impl Member<'_> {
                 Ok(grant) => {
                     info!(group = %options.group, node = %options.node_id, session = %grant.id,
                         "session opened");
-                    self.session = Some(self.session_from(sent, &grant));
+                    let (store, timing) = (self.elector.store.clone(), options.timing());
+                    self.session = Some(Session::start(store, timing, sent, &grant));
                     return;
                 }
                 Err(error) if !error.is_transient() => {
@@ -386,59 +480,6 @@ impl Member<'_> {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(options.retry_interval) => {}
             }
-        }
-    }
-
-    /// The local deadline and next renewal a grant answered to a request sent at `sent`
-    /// allows.
-    fn session_from(&self, sent: Instant, grant: &SessionGrant) -> Session {
-        let timing = self.options().timing();
-        let granted = timing.lease_ttl.min(grant.remaining());
-        let window = granted
-            .mul_f64(1.0 - timing.max_clock_drift)
-            .saturating_sub(timing.work_grace);
-        // Renew at the same fraction of what was granted as of the full TTL.
-        let renew_after = timing
-            .renew_interval
-            .mul_f64(granted.as_secs_f64() / timing.lease_ttl.as_secs_f64());
-        Session {
-            id: grant.id,
-            deadline: sent + window,
-            next_renew: sent + renew_after,
-        }
-    }
-
-    /// One session renewal, bounded by the local deadline.
-    async fn renew(&mut self) {
-        let Some(session) = &self.session else { return };
-        let (id, deadline) = (session.id, session.deadline);
-        let sent = Instant::now();
-        let ttl = self.options().lease_ttl;
-        let answer =
-            tokio::time::timeout_at(deadline, self.elector.store.keep_alive_session(id, ttl)).await;
-        match answer {
-            Ok(Ok(Some(grant))) => {
-                let renewed = self.session_from(sent, &grant);
-                debug!(session = %id, "session renewed");
-                self.session = Some(renewed);
-            }
-            Ok(Ok(None)) => {
-                warn!(group = %self.options().group, session = %id,
-                    "the session ended on the store: every shard is lost");
-                self.lose_everything().await;
-            }
-            Ok(Err(error)) => {
-                let retry = self
-                    .options()
-                    .retry_interval
-                    .min(self.options().renew_interval);
-                warn!(%error, retry_in = ?retry, "session renewal failed; retrying");
-                if let Some(session) = &mut self.session {
-                    session.next_renew = Instant::now() + retry;
-                }
-            }
-            // The deadline arm of the loop ends the session.
-            Err(_) => {}
         }
     }
 
@@ -458,7 +499,20 @@ impl Member<'_> {
     }
 
     async fn woken(&mut self, wake: Wake) {
-        let Wake::WorkEnded(shard) = wake else { return };
+        let (shard, token) = match wake {
+            Wake::WorkEnded(shard, token) => (shard, token),
+            Wake::ShardChanged(shard) => {
+                self.waiting.remove(&shard);
+                return;
+            }
+        };
+        if self
+            .terms
+            .get(&shard)
+            .is_none_or(|term| term.token != token)
+        {
+            return;
+        }
         let Some(term) = self.terms.remove(&shard) else {
             return;
         };
@@ -481,7 +535,7 @@ impl Member<'_> {
         let deadline = self
             .session
             .as_ref()
-            .map_or_else(Instant::now, |s| s.deadline);
+            .map_or_else(Instant::now, Session::deadline);
         match tokio::time::timeout_at(deadline, self.elector.store.release(&role, node, token))
             .await
         {
@@ -535,7 +589,8 @@ impl Member<'_> {
                 continue;
             };
             let to_is_working = owners.values().any(|owner| owner == to);
-            if !term.handing_over && (!term.rescued || to_is_working) {
+            let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
+            if !term.handing_over && (!term.rescued || to_is_working || held_long) {
                 info!(shard, to = %to, "handing the shard over");
                 term.handing_over = true;
                 term.leadership.cancel();
@@ -579,22 +634,24 @@ impl Member<'_> {
         Fut::Output: WorkOutcome,
     {
         let Some(session) = &self.session else { return };
-        let (id, deadline) = (session.id, session.deadline);
+        let (id, deadline, alive) = (session.id, session.deadline(), session.alive.clone());
         let role = role(&self.options().group, shard);
         let answer =
             tokio::time::timeout_at(deadline, self.elector.store.acquire_in_session(&role, id))
                 .await;
         match answer {
             Ok(Ok(result)) if result.acquired => {
-                if Instant::now() >= deadline {
+                // Never start work for a term whose deadline has passed.
+                if alive.is_cancelled() || Instant::now() >= deadline {
                     return;
                 }
-                let leadership = CancellationToken::new();
-                let future = work(shard, result.fencing_token, leadership.clone());
+                let leadership = alive.child_token();
+                let token = result.fencing_token;
+                let future = work(shard, token, leadership.clone());
                 let wake = wake_tx.clone();
                 let task = tokio::spawn(async move {
                     let outcome = work_outcome(tokio::spawn(future).await);
-                    let _ = wake.send(Wake::WorkEnded(shard));
+                    let _ = wake.send(Wake::WorkEnded(shard, token));
                     outcome
                 });
                 info!(shard, token = %result.fencing_token, "shard term started");
@@ -607,6 +664,7 @@ impl Member<'_> {
                         task,
                         handing_over: false,
                         rescued,
+                        started: Instant::now(),
                     },
                 );
                 self.publish_owned();
@@ -620,7 +678,7 @@ impl Member<'_> {
                     let observed = result.fencing_token;
                     tokio::spawn(async move {
                         store.wait_for_change(&role, observed, until).await;
-                        let _ = wake.send(Wake::Look);
+                        let _ = wake.send(Wake::ShardChanged(shard));
                     });
                 }
             }
@@ -634,7 +692,6 @@ impl Member<'_> {
                 "contending for the shard got no answer before the deadline"
             ),
         }
-        self.waiting.remove(&shard);
     }
 
     /// The live members of this group, sorted.
@@ -708,7 +765,7 @@ impl Member<'_> {
         self.publish_owned();
         if let Some(session) = self.session.take() {
             let close = self.elector.store.close_session(session.id);
-            match tokio::time::timeout_at(session.deadline, close).await {
+            match tokio::time::timeout_at(session.deadline(), close).await {
                 Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),
                 Ok(Err(error)) => {
                     warn!(%error, "closing the session failed; it expires on its own")
