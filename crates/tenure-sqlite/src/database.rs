@@ -370,6 +370,44 @@ impl SqliteDatabase {
         }
     }
 
+    /// Waits until `unchanged` says something changed (`Ok(false)`) or `deadline`:
+    /// woken at once by the in-process signal `key`, and reading again every `poll` for
+    /// changes other processes wrote. A failing read is not a change: it polls on rather
+    /// than return early in a loop.
+    pub(crate) async fn wait_polling<F, Fut>(
+        &self,
+        key: &str,
+        poll: Duration,
+        deadline: tokio::time::Instant,
+        mut unchanged: F,
+    ) where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let signal = self.change_signal(key);
+        loop {
+            let notified = signal.notified();
+            tokio::pin!(notified);
+            // Subscribe before reading, so a change between the read and the wait wakes us.
+            notified.as_mut().enable();
+            match tokio::time::timeout_at(deadline, unchanged()).await {
+                Ok(Ok(false)) | Err(_) => return,
+                Ok(Ok(true)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(key, %error, "cannot poll for a change; retrying")
+                }
+            }
+            let next = (tokio::time::Instant::now() + poll).min(deadline);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+        }
+    }
+
     pub(crate) fn signal_change(&self, role: &str) {
         if let Some(signal) = self.inner.changes.lock().get(role) {
             signal.notify_waiters();

@@ -530,32 +530,10 @@ impl LeaseStore for SqliteLeaseStore {
         let Ok(observed) = token_to_db(observed) else {
             return;
         };
-        let signal = self.db.change_signal(role);
         let poll = self.db.poll_interval();
-        loop {
-            let notified = signal.notified();
-            tokio::pin!(notified);
-            // Subscribe before reading, so a change between the read and the wait wakes us.
-            notified.as_mut().enable();
-            match tokio::time::timeout_at(deadline, self.is_live_term(role, observed)).await {
-                Ok(Ok(false)) => return,
-                Ok(Ok(true)) => {}
-                // A failing store is not a change: keep polling until the deadline
-                // rather than returning early in a loop.
-                Ok(Err(error)) => {
-                    tracing::debug!(role, %error, "cannot poll the lease; retrying");
-                }
-                Err(_) => return,
-            }
-            let next = (Instant::now() + poll).min(deadline);
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(next) => {}
-            }
-            if Instant::now() >= deadline {
-                return;
-            }
-        }
+        self.db
+            .wait_polling(role, poll, deadline, || self.is_live_term(role, observed))
+            .await;
     }
 
     async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {

@@ -276,31 +276,11 @@ impl NodeRegistry for SqliteNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
-        let signal = self.db.change_signal(MEMBERSHIP);
         let poll = self.db.poll_interval() * MEMBERSHIP_POLLS;
-        loop {
-            let notified = signal.notified();
-            tokio::pin!(notified);
-            // Subscribe before reading, so a change between the read and the wait wakes us.
-            notified.as_mut().enable();
-            match tokio::time::timeout_at(deadline, self.live_nodes()).await {
-                Ok(Ok(live)) if live != observed => return,
-                Ok(Ok(_)) => {}
-                // A failing store is not a change: keep polling until the deadline.
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "cannot poll the membership; retrying");
-                }
-                Err(_) => return,
-            }
-            let next = (Instant::now() + poll).min(deadline);
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(next) => {}
-            }
-            if Instant::now() >= deadline {
-                return;
-            }
-        }
+        let unchanged = || async { Ok(self.live_nodes().await? == observed) };
+        self.db
+            .wait_polling(MEMBERSHIP, poll, deadline, unchanged)
+            .await;
     }
 }
 

@@ -345,16 +345,7 @@ impl LeaseLeaderElector {
     /// An elector over `store`; fails with [`Error::InvalidArgument`] on bad options.
     pub fn new(store: Arc<dyn LeaseStore>, options: LeaseLeaderOptions) -> Result<Self> {
         options.validate()?;
-        if options.lease_ttl < store.min_ttl() {
-            return Err(Error::invalid(
-                "lease_ttl",
-                format!(
-                    "{:?} is below the store's minimum of {:?}",
-                    options.lease_ttl,
-                    store.min_ttl()
-                ),
-            ));
-        }
+        check_min_ttl(options.lease_ttl, store.as_ref())?;
         // Seeded from the owner id: distinct owners get distinct jitter, and a test
         // with fixed owner ids is reproducible.
         let seed = rustc_hash::FxBuildHasher.hash_one(&options.owner_id);
@@ -811,6 +802,20 @@ async fn in_flight(renewal: &mut Option<AttemptFuture<'_>>) -> Attempt {
         Some(attempt) => attempt.await,
         None => std::future::pending().await,
     }
+}
+
+/// `lease_ttl` must be one the store can honour (etcd: whole seconds, at least one).
+pub(crate) fn check_min_ttl(lease_ttl: Duration, store: &dyn LeaseStore) -> Result<()> {
+    if lease_ttl < store.min_ttl() {
+        return Err(Error::invalid(
+            "lease_ttl",
+            format!(
+                "{lease_ttl:?} is below the store's minimum of {:?}",
+                store.min_ttl()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The outcome of a work task: its own result, [`Error::Work`] for its error, and

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::elector::{work_outcome, WorkOutcome};
+use crate::elector::{check_min_ttl, work_outcome, WorkOutcome};
 use crate::lease::validate_name;
 use crate::{
     place, spawn_heartbeat, Error, FencingToken, LeaseLeaderOptions, LeaseStore, Metadata,
@@ -294,16 +294,7 @@ impl ShardElector {
         options: ShardOptions,
     ) -> Result<Self> {
         options.validate()?;
-        if options.lease_ttl < store.min_ttl() {
-            return Err(Error::invalid(
-                "lease_ttl",
-                format!(
-                    "{:?} is below the store's minimum of {:?}",
-                    options.lease_ttl,
-                    store.min_ttl()
-                ),
-            ));
-        }
+        check_min_ttl(options.lease_ttl, store.as_ref())?;
         Ok(ShardElector {
             store,
             registry,
