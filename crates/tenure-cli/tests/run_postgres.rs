@@ -29,6 +29,7 @@ macro_rules! postgres_scenarios {
 }
 
 postgres_scenarios!(
+    shard_group_shares_and_hands_over,
     executions_never_overlap,
     stopped_tenure_loses_leadership_and_kills_its_command,
     paused_group_is_fenced_out,
