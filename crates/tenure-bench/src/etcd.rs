@@ -520,7 +520,7 @@ impl Backend for Etcd {
                     keys: Arc::clone(&self.keys),
                     terms: HashMap::new(),
                     nodes: HashMap::new(),
-                    keep_alive_first: !self.server_version.is_some_and(|v| v.keep_alive_is_safe()),
+                    keep_alive_first: tenure_etcd::version::keep_alive_first(self.server_version),
                 }) as Box<dyn BenchClient>
             })
             .collect())

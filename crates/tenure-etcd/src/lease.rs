@@ -244,7 +244,7 @@ impl EtcdLeaseStore {
     /// default, the transaction follows the keep-alive's answer (two round trips). Use
     /// the version [`connect_client`](crate::connect_client) reports.
     pub fn for_server(mut self, version: Option<EtcdVersion>) -> Self {
-        self.keep_alive_first = !version.is_some_and(|v| v.keep_alive_is_safe());
+        self.keep_alive_first = crate::version::keep_alive_first(version);
         self
     }
 

@@ -168,11 +168,11 @@ pub async fn connect_client(url: &EtcdUrl) -> Result<(Client, Option<EtcdVersion
         match probe(endpoint).await {
             Ok(reported) => {
                 let version = EtcdVersion::parse(&reported);
-                if !version.is_some_and(|v| v.keep_alive_is_safe()) {
+                if crate::version::keep_alive_first(version) {
                     tracing::warn!(
                         endpoint = host,
                         version = %reported,
-                        safe_since = "3.4.38, 3.5.23, 3.6.5",
+                        safe_since = %crate::version::safe_releases(),
                         "this etcd release may answer a keep-alive for a lease it is revoking; \
                          renewals wait for the keep-alive before their transaction (one more \
                          round trip); upgrade etcd to avoid it"

@@ -69,6 +69,21 @@ impl EtcdVersion {
     }
 }
 
+/// Whether a store must send a keep-alive before the transaction that depends on it,
+/// against a server that reported `version` (`None`: unknown, so yes).
+pub fn keep_alive_first(version: Option<EtcdVersion>) -> bool {
+    !version.is_some_and(|v| v.keep_alive_is_safe())
+}
+
+/// The releases of [`SAFE_KEEP_ALIVE_SINCE`], as text for messages: `3.4.38, 3.5.23, 3.6.5`.
+pub fn safe_releases() -> String {
+    SAFE_KEEP_ALIVE_SINCE
+        .iter()
+        .map(EtcdVersion::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl fmt::Display for EtcdVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
@@ -108,6 +123,11 @@ mod tests {
 
     #[test]
     fn knows_which_releases_answer_keep_alives_safely() {
+        assert_eq!(safe_releases(), "3.4.38, 3.5.23, 3.6.5");
+        assert!(
+            keep_alive_first(None),
+            "an unknown server is treated as unsafe"
+        );
         let safe = |v: &str| EtcdVersion::parse(v).unwrap().keep_alive_is_safe();
         for unsafe_version in ["3.3.27", "3.4.23", "3.4.37", "3.5.0", "3.5.22", "3.6.4"] {
             assert!(!safe(unsafe_version), "{unsafe_version}");

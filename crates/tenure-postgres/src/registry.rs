@@ -59,10 +59,11 @@ impl PgNodeRegistry {
             .map_err(|_| Error::invalid("ttl", "is too large"))?;
         let t = schema.table("tenure_nodes");
         let live = LIVE;
+        let channel = schema.members_channel();
         Ok(PgNodeRegistry {
             direct: Arc::new(DirectConnections::for_pool(&pool)),
-            notifier: Arc::new(Notifier::new(pool.clone(), schema.members_channel())),
-            channel: schema.members_channel(),
+            notifier: Arc::new(Notifier::new(pool.clone(), channel.clone())),
+            channel,
             pool,
             ttl,
             ttl_micros,

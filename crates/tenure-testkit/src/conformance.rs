@@ -498,7 +498,8 @@ pub async fn scenario_wait_wakes_on_release(backend: &dyn LeaseBackend) {
     );
 }
 
-fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
+/// Panics unless `result` is `InvalidArgument` naming `field`.
+pub(crate) fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
     match result {
         Err(Error::InvalidArgument { field: f, .. }) if f == field => {}
         other => panic!("expected InvalidArgument for {field}, got {other:?}"),

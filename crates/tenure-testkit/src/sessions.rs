@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tenure::{Error, LeaseStore, SessionGrant};
 
+use crate::conformance::assert_invalid;
 use crate::LeaseBackend;
 
 async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
@@ -281,13 +282,6 @@ pub async fn scenario_session_contention(backend: &dyn LeaseBackend) {
         per_role.values().all(|&n| n == 1),
         "one winner each: {per_role:?}"
     );
-}
-
-fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, field: &str) {
-    match result {
-        Err(Error::InvalidArgument { field: f, .. }) if f == field => {}
-        other => panic!("expected InvalidArgument for {field}, got {other:?}"),
-    }
 }
 
 /// Bad input to the session calls is `InvalidArgument` naming the field.

@@ -164,7 +164,7 @@ impl LeaseLeaderOptions {
 
     /// The leadership window of an answer that left `granted` on store time: a store may
     /// grant less than asked (etcd reusing a spare lease), and never more counts.
-    fn leadership_window_for(&self, granted: Duration) -> Duration {
+    pub(crate) fn leadership_window_for(&self, granted: Duration) -> Duration {
         granted
             .min(self.lease_ttl)
             .mul_f64(1.0 - self.max_clock_drift)
@@ -174,7 +174,7 @@ impl LeaseLeaderOptions {
     /// How long after sending a successful request the next renewal is due: the renew
     /// interval, shortened in proportion when the store granted less than `lease_ttl`,
     /// so a short grant is renewed in time too.
-    fn renew_after(&self, granted: Duration) -> Duration {
+    pub(crate) fn renew_after(&self, granted: Duration) -> Duration {
         if granted >= self.lease_ttl {
             self.renew_interval
         } else {

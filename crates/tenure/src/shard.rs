@@ -266,14 +266,11 @@ fn lifetime(
     sent: Instant,
     grant: &SessionGrant,
 ) -> (Instant, Instant) {
-    let granted = timing.lease_ttl.min(grant.remaining());
-    let window = granted
-        .mul_f64(1.0 - timing.max_clock_drift)
-        .saturating_sub(timing.work_grace);
-    let renew_after = timing
-        .renew_interval
-        .mul_f64(granted.as_secs_f64() / timing.lease_ttl.as_secs_f64());
-    (sent + window, sent + renew_after)
+    let granted = grant.remaining();
+    (
+        sent + timing.leadership_window_for(granted),
+        sent + timing.renew_after(granted),
+    )
 }
 
 /// What woke the member's loop.
