@@ -175,6 +175,9 @@ struct Term {
     started: Instant,
 }
 
+/// At most this many shards held elsewhere are waited on at once (see `contend`).
+const MAX_WAITERS: usize = 32;
+
 /// How many TTLs a rescued shard stays with its rescuer when its target owns nothing.
 const RESCUE_HOLD: u32 = 4;
 
@@ -315,8 +318,7 @@ impl ShardElector {
     /// shard moves, the session is lost, shutdown) and the work is awaited before the
     /// shard is released, so work must return promptly once it is cancelled. Work that
     /// returns on its own ends its term (the shard is released and taken again after
-    /// `retry_interval`). A member joins the registry only once its session is open and
-    /// it has read the group. On shutdown every shard's work is cancelled and awaited,
+    /// `retry_interval`). A member joins the registry only once its session is open. On shutdown every shard's work is cancelled and awaited,
     /// the member leaves the registry, and then its session is closed (releasing every
     /// shard at once). Store errors are logged and retried, never returned.
     pub async fn run<W, Fut>(&self, mut work: W, shutdown: CancellationToken) -> Result<()>
@@ -335,15 +337,11 @@ impl ShardElector {
             waiting: BTreeSet::new(),
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
-        // Ready before joining: the session open, the group read once and a waiter on
-        // every shard targeted here. Others hand shards over as soon as they see the
-        // join; a newcomer still connecting would leave them unowned meanwhile.
+        // The session is open before the member joins: others hand shards over as soon as
+        // they see the join, and a newcomer still opening its session would leave them
+        // unowned meanwhile. (It reads the group only after joining: members starting
+        // together then see each other instead of each contending for every shard.)
         member.open_session(&shutdown).await;
-        if member.session.is_some() {
-            if let Err(error) = member.reconcile(&mut work, &wake_tx).await {
-                warn!(group = %self.options.group, %error, "could not read the group before joining");
-            }
-        }
         let mut metadata = Metadata::new();
         metadata.insert(GROUP_KEY.to_owned(), self.options.group.clone());
         let heartbeat_stop = CancellationToken::new();
@@ -705,8 +703,11 @@ impl Member<'_> {
                 self.publish_owned();
             }
             Ok(Ok(result)) => {
-                // Held elsewhere (a handover in progress): wake on the store's push.
-                if self.waiting.insert(shard) {
+                // Held elsewhere (a handover in progress): wake on the store's push. A
+                // bounded number of waiters: each costs the store a read before it
+                // waits, and thousands at once (a member joining a large group) would
+                // starve the session's own renewals; the rest wait for the next look.
+                if self.waiting.len() < MAX_WAITERS && self.waiting.insert(shard) {
                     let store = self.elector.store.clone();
                     let wake = wake_tx.clone();
                     let until = Instant::now() + self.options().lease_ttl;
