@@ -86,6 +86,7 @@ pub mod proxy;
 pub mod report;
 mod runner;
 pub mod schedule;
+pub mod timeline;
 pub mod worker;
 
 pub use config::{parse_faults, ChaosConfig, CutFlavour, FaultKind, StoreSpec};

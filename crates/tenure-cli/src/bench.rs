@@ -3,6 +3,7 @@
 //! The store must be named with `--store` (never taken from `TENURE_STORE`), so a
 //! bench cannot land on a production store by accident.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -36,6 +37,10 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also write into this directory (created if missing) latency-OP.svg per operation
+    /// (store against raw latency percentiles at each client count) and report.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
 }
 
 fn usage(error: BenchError) -> anyhow::Error {
@@ -57,6 +62,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         ..BenchConfig::new(store)
     };
     config.validate().map_err(usage)?;
+    let report_dir = args
+        .report
+        .as_deref()
+        .map(crate::report_dir::prepare)
+        .transpose()?;
     eprintln!(
         "tenure bench: measuring {} at {:?} clients, {} per operation, {} failover trials",
         config.store.describe(),
@@ -75,6 +85,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
+    }
+    if let Some(dir) = report_dir {
+        let files = report.write_dir(&dir)?;
+        crate::report_dir::announce(&dir, &files);
     }
     Ok(exit::OK)
 }
