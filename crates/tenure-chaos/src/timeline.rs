@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use tenure_bench::plot::{Axis, Chart, Series, Style};
 
-use crate::checker::FaultRecord;
+use crate::checker::{recovery_ns, FaultRecord};
 use crate::config::FaultKind;
 use crate::history::{Event, EventKind};
 use crate::report::Report;
@@ -302,17 +302,6 @@ fn faults_end(faults: &[Fault], origin: u64) -> Option<u64> {
         .map(|f| f.healed_ms.unwrap_or(f.at_ms))
         .map(|ms| origin + (ms * 1e6) as u64)
         .max()
-}
-
-/// From `from` to the acknowledgement of the first write invoked after it (the earliest
-/// such acknowledgement), with `acks` as sorted `(invoked, acknowledged)` pairs.
-fn recovery_ns(acks: &[(u64, u64)], from: u64) -> Option<u64> {
-    let first = acks.partition_point(|&(invoked, _)| invoked <= from);
-    acks[first..]
-        .iter()
-        .map(|&(_, done)| done)
-        .min()
-        .map(|done| done.saturating_sub(from))
 }
 
 /// JSON that can sit inside a `<script>` element: `<`, `>` and `&` are written as
