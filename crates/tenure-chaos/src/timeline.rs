@@ -40,7 +40,8 @@ pub struct Term {
 pub struct Lane {
     /// The incarnation, e.g. `w3.2` (slot 3, third incarnation).
     pub worker: String,
-    /// Its first recorded event, ms from the run's start.
+    /// Its first recorded event (if it recorded none: the first fault that hit it), ms
+    /// from the run's start.
     pub start_ms: f64,
     /// Its last recorded event, ms from the run's start.
     pub last_event_ms: f64,
@@ -180,6 +181,19 @@ impl Timeline {
             .chain(faults_end(&faults, origin))
             .max();
         let span_ms = last.map_or(0.0, ms);
+        // An incarnation killed before it recorded anything still gets its lane.
+        for f in &faults {
+            let Some(target) = &f.target else { continue };
+            lanes.entry(lane_order(target)).or_insert_with(|| Lane {
+                worker: target.clone(),
+                start_ms: f.at_ms,
+                last_event_ms: f.at_ms,
+                end_ms: f.at_ms,
+                killed: false,
+                terms: Vec::new(),
+                refused_ms: Vec::new(),
+            });
+        }
         let mut lanes: Vec<Lane> = lanes.into_values().collect();
         for lane in &mut lanes {
             // A kill (and a restart on SQLite, which kills the leader) names its target.
@@ -394,6 +408,14 @@ mod tests {
                 at: 1_000_000_000 + 790_000_000,
                 healed: 1_000_000_000 + 800_000_000,
             },
+            // Killed before its first history line.
+            FaultRecord {
+                kind: FaultKind::Kill,
+                flavour: None,
+                target: Some("w2.0".to_owned()),
+                at: 1_000_000_000 + 950_000_000,
+                healed: 1_000_000_000 + 960_000_000,
+            },
         ];
         (events, faults)
     }
@@ -403,7 +425,9 @@ mod tests {
         let (events, faults) = run();
         let t = Timeline::build(&events, &faults, 1_000_000_000);
         let names: Vec<&str> = t.lanes.iter().map(|l| l.worker.as_str()).collect();
-        assert_eq!(names, ["w0.0", "w0.1", "w1.0"]);
+        assert_eq!(names, ["w0.0", "w0.1", "w1.0", "w2.0"]);
+        assert_eq!((t.lanes[3].start_ms, t.lanes[3].killed), (950.0, true));
+        assert!(t.lanes[3].terms.is_empty());
         assert_eq!(t.lanes[0].start_ms, 0.0);
         assert_eq!(t.lanes[0].last_event_ms, 705.0);
         // Killed at 790 ms; the others live to the end of the run.
@@ -442,7 +466,7 @@ mod tests {
     fn faults_carry_their_recovery_as_the_checker_measures_it() {
         let (events, faults) = run();
         let t = Timeline::build(&events, &faults, 1_000_000_000);
-        assert_eq!(t.faults.len(), 2);
+        assert_eq!(t.faults.len(), 3);
         let pause = &t.faults[0];
         assert_eq!((pause.kind, pause.at_ms), (FaultKind::Pause, 30.0));
         assert_eq!(pause.healed_ms, Some(690.0));
