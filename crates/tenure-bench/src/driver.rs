@@ -83,6 +83,8 @@ impl Cell {
             ratio: median(&self.ratios).unwrap_or(0.0),
             store: store.latency.summary(),
             raw: raw.latency.summary(),
+            store_histogram: store.latency.clone(),
+            raw_histogram: raw.latency.clone(),
         }
     }
 }

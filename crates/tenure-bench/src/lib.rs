@@ -44,6 +44,7 @@ mod etcd;
 mod failover;
 mod machine;
 mod memory;
+pub mod plot;
 mod postgres;
 pub mod report;
 pub mod shards;

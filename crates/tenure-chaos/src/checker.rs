@@ -428,6 +428,17 @@ fn overlap_ns(events: &[Event]) -> u64 {
     total
 }
 
+/// From `from` to the earliest acknowledgement of a write invoked after it, with
+/// `acks` as `(invoked, acknowledged)` pairs sorted by invocation; `None` if there is none.
+pub fn recovery_ns(acks: &[(u64, u64)], from: u64) -> Option<u64> {
+    let first = acks.partition_point(|&(invoked, _)| invoked <= from);
+    acks[first..]
+        .iter()
+        .map(|&(_, done)| done)
+        .min()
+        .map(|done| done.saturating_sub(from))
+}
+
 fn recovery(
     ops: &HashMap<(String, u64), Op>,
     faults: &[FaultRecord],
@@ -450,15 +461,13 @@ fn recovery(
     }
     let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
     for fault in faults {
-        let from = fault.recovery_from();
-        let first = acks.partition_point(|&(invoked, _)| invoked <= from);
-        let next = acks[first..].iter().map(|&(_, done)| done).min();
         let entry = samples.entry(fault.label()).or_default();
-        let Some(done) = next else {
+        let Some(took) = recovery_ns(&acks, fault.recovery_from()) else {
             entry.unrecovered += 1;
             continue;
         };
-        let ms = done.saturating_sub(from) as f64 / 1e6;
+        let done = fault.recovery_from() + took;
+        let ms = took as f64 / 1e6;
         entry.all.push(ms);
         // Another fault struck in (at, done]: this sample is not this fault's alone.
         let others =

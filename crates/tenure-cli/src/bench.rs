@@ -3,6 +3,7 @@
 //! The store must be named with `--store` (never taken from `TENURE_STORE`), so a
 //! bench cannot land on a production store by accident.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -56,6 +57,10 @@ pub struct BenchArgs {
     /// Skip the churn and leave scenarios.
     #[arg(long, requires = "shards")]
     no_churn: bool,
+    /// Also write into this directory (created if missing) latency-OP.svg per operation
+    /// (store against raw latency percentiles at each client count) and report.json.
+    #[arg(long, value_name = "DIR", conflicts_with = "shards")]
+    report: Option<PathBuf>,
 }
 
 fn usage(error: BenchError) -> anyhow::Error {
@@ -80,6 +85,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if let Some(shards) = args.shards {
         return run_shards(&args, config, shards);
     }
+    let report_dir = args
+        .report
+        .as_deref()
+        .map(crate::report_dir::prepare)
+        .transpose()?;
     eprintln!(
         "tenure bench: measuring {} at {:?} clients, {} per operation, {} failover trials",
         config.store.describe(),
@@ -96,6 +106,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
+    }
+    if let Some(dir) = report_dir {
+        let files = report.write_dir(&dir)?;
+        crate::report_dir::announce(&dir, &files);
     }
     Ok(exit::OK)
 }
