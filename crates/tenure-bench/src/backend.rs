@@ -72,6 +72,12 @@ pub(crate) trait Backend: Send + Sync {
     /// What the counter counts (`statements (pg_stat_statements)`).
     fn requests_label(&self) -> &'static str;
 
+    /// How long the server's counters may lag behind what was done (a measuring window
+    /// starts that long after a burst, so the burst is not counted in it).
+    fn counter_lag(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// Rows the store's tables have had written (inserted, updated, deleted), cumulative.
     async fn rows_written(&self) -> Result<Counter> {
         Ok(Counter::NotMeasured(

@@ -321,10 +321,15 @@ impl Backend for Postgres {
         "statements counted by pg_stat_statements (this user and database)"
     }
 
+    fn counter_lag(&self) -> Duration {
+        // A backend flushes its table counters after a transaction at most once a
+        // second, and an idle one only after 10 s (PGSTAT_IDLE_INTERVAL).
+        Duration::from_secs(11)
+    }
+
     async fn rows_written(&self) -> Result<Counter> {
-        // The server's counters lag by up to a second or so (backends flush them after
-        // a transaction, at most once a second): over a window of many renew intervals
-        // the lag is the same at both ends.
+        // In a steady state the counters' lag (see `counter_lag`) is the same at both
+        // ends of a window.
         let mut conn = self.conn().await?;
         let rows: i64 = sqlx::query_scalar(ROWS_WRITTEN_SQL)
             .bind(SCHEMA)

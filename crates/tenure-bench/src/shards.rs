@@ -688,8 +688,8 @@ async fn hold_group(
     );
     let limit = settle_limit(bench.shards / bench.members as u32, bench.hold_ttl);
     let settle = scenario.settle(&members, start, limit).await?;
-    // One interval to let the last contending calls and their notifications pass.
-    tokio::time::sleep(bench.renew_every).await;
+    // Let the last contending calls pass, and the server's counters catch up with them.
+    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
     tracing::info!(window = ?bench.window, "measuring the shard group's hold");
     let before = snapshot(backend, &scenario.counts, &scenario.log).await?;
     tokio::time::sleep(bench.window).await;
@@ -751,7 +751,7 @@ async fn hold_electors(
         tokio::time::sleep(LOOK_EVERY).await;
     }
     let settle = start.elapsed();
-    tokio::time::sleep(bench.renew_every).await;
+    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
     tracing::info!(window = ?bench.window, "measuring the per-role electors' hold");
     let before = snapshot(backend, &counts, &log).await?;
     tokio::time::sleep(bench.window).await;
