@@ -400,6 +400,8 @@ impl LeaseLeaderElector {
         Fut::Output: WorkOutcome,
     {
         validate_name("role", role)?;
+        // A contender that never leads still reports that it does not.
+        metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(0.0);
         let outcome = self.run_terms(role, &mut work, &shutdown).await;
         self.state.send_replace(ElectionState::Idle);
         outcome
@@ -581,6 +583,8 @@ impl LeaseLeaderElector {
         info!(role, owner, token = %term.token, window = ?term.window, "elected");
         metrics::counter!("tenure_terms_started_total", "role" => role.to_owned()).increment(1);
         metrics::gauge!("tenure_is_leader", "role" => role.to_owned()).set(1.0);
+        metrics::gauge!("tenure_fencing_token", "role" => role.to_owned())
+            .set(term.token.get() as f64);
         self.state.send_replace(ElectionState::Leader {
             fencing_token: term.token,
         });

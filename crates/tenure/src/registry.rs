@@ -147,6 +147,7 @@ pub async fn run_heartbeat(
                 if let Err(error) = registry.heartbeat_with(&node_id, &metadata).await {
                     tracing::warn!(node_id = %node_id, %error, "heartbeat failed; retrying next tick");
                     metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
+                    metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
                 } else {
                     metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
                 }

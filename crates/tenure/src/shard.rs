@@ -771,8 +771,21 @@ impl Member<'_> {
 
     fn publish_owned(&self) {
         let owned = self.owned();
+        let group = &self.elector.options.group;
+        metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned.len() as f64);
         self.elector.state.send_if_modified(|state| {
             let changed = state.owned != owned;
+            if changed {
+                // Per shard only on a change, so a large group costs nothing per pass.
+                for shard in state.owned.keys().filter(|k| !owned.contains_key(k)) {
+                    metrics::gauge!("tenure_is_leader", "role" => role(group, *shard)).set(0.0);
+                }
+                for (shard, token) in owned.iter().filter(|(k, t)| state.owned.get(k) != Some(t)) {
+                    let role = role(group, *shard);
+                    metrics::gauge!("tenure_is_leader", "role" => role.clone()).set(1.0);
+                    metrics::gauge!("tenure_fencing_token", "role" => role).set(token.get() as f64);
+                }
+            }
             state.owned = owned;
             changed
         });
