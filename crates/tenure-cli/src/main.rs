@@ -6,6 +6,7 @@
 mod bench;
 mod chaos;
 mod demo;
+mod exporter;
 mod inspect;
 mod output;
 mod parse;
@@ -155,6 +156,11 @@ enum Command {
         /// Also heartbeat membership as this node while running.
         #[arg(long)]
         node_id: Option<String>,
+        /// Serve Prometheus /metrics, /healthz and /leader on this address: IP:PORT,
+        /// [IPV6]:PORT, localhost:PORT, or :PORT / PORT for 127.0.0.1:PORT. Port 0 picks
+        /// a free port; the address is printed on stderr ("tenure: metrics on http://...").
+        #[arg(long, value_name = "ADDR", value_parser = exporter::parse_addr)]
+        metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
         store: StoreArg,
         /// The command to run, after `--`.
@@ -290,6 +296,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             wait_timeout,
             kill_after,
             node_id,
+            metrics_addr,
             store,
             command,
         } => {
@@ -313,15 +320,18 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 check_group_flags(&args, group, shards)?;
             }
             check_run_flags(&args)?;
+            // Bound before the store is opened: an address that cannot be used stops
+            // tenure before it contends.
+            let exporter = metrics_addr.map(exporter::Exporter::bind).transpose()?;
             if let (Some(group), Some(shards)) = (group, shards) {
                 return runtime()?.block_on(async {
                     let stores = store::open(&url, store.member_ttl).await?;
-                    run_shards::run(stores, args, group, shards).await
+                    run_shards::run(stores, args, group, shards, exporter).await
                 });
             }
             runtime()?.block_on(async {
                 let stores = store::open(&url, store.member_ttl).await?;
-                run::run(stores, args).await
+                run::run(stores, args, exporter).await
             })
         }
         Command::Status {

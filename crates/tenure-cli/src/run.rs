@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::exit;
+use crate::exporter::{Exporter, Subject};
 use crate::output::human;
 use crate::store::Stores;
 
@@ -136,6 +137,13 @@ impl RunArgs {
         }
     }
 
+    /// How recently a store call must have succeeded for `/healthz` to say healthy: the
+    /// TTL, or two retry intervals if longer (a waiting instance calls the store about
+    /// once per retry interval).
+    pub fn health_window(&self) -> Duration {
+        self.ttl.max(self.retry_every * 2)
+    }
+
     /// A fresh owner id for this process: the `--owner` label (or the host name) with a
     /// per-process suffix.
     pub fn owner_id(&self) -> tenure::Result<String> {
@@ -160,8 +168,14 @@ pub(crate) enum Outcome {
     NotStarted,
 }
 
-/// Runs the command under the role's lease; returns tenure's exit code.
-pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
+/// Runs the command under the role's lease, serving `exporter` if given; returns
+/// tenure's exit code.
+pub async fn run(
+    mut stores: Stores,
+    args: RunArgs,
+    exporter: Option<Exporter>,
+) -> anyhow::Result<u8> {
+    let exporter = exporter.map(|e| e.watch_store(&mut stores, args.health_window()));
     let mut options = args.options();
     options.owner_id = args.owner_id()?;
     let owner = options.owner_id.clone();
@@ -178,6 +192,12 @@ pub async fn run(stores: Stores, args: RunArgs) -> anyhow::Result<u8> {
     nix::sys::prctl::set_child_subreaper(true)
         .context("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER)")?;
     let elector = Arc::new(LeaseLeaderElector::new(stores.leases.clone(), options)?);
+    if let Some(exporter) = exporter {
+        exporter.serve(Subject::Role {
+            role: args.role.clone(),
+            state: elector.watch(),
+        })?;
+    }
     let shutdown = CancellationToken::new();
     let outcome: Arc<Mutex<Option<Outcome>>> = Arc::default();
     let (forward_tx, forward_rx) = mpsc::unbounded_channel::<Signal>();

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::exit;
+use crate::exporter::{Exporter, Subject};
 use crate::run::{ChildSpec, Outcome, RunArgs, ScopeKind};
 use crate::store::Stores;
 
@@ -37,8 +38,16 @@ pub fn options(args: &RunArgs, group: &str, shards: u32, node_id: String) -> Sha
     }
 }
 
-/// Runs the member until SIGINT, SIGTERM or SIGHUP; returns tenure's exit code.
-pub async fn run(stores: Stores, args: RunArgs, group: String, shards: u32) -> anyhow::Result<u8> {
+/// Runs the member until SIGINT, SIGTERM or SIGHUP, serving `exporter` if given;
+/// returns tenure's exit code.
+pub async fn run(
+    mut stores: Stores,
+    args: RunArgs,
+    group: String,
+    shards: u32,
+    exporter: Option<Exporter>,
+) -> anyhow::Result<u8> {
+    let exporter = exporter.map(|e| e.watch_store(&mut stores, args.health_window()));
     let node_id = match &args.node_id {
         Some(node_id) => node_id.clone(),
         None => args.owner_id()?,
@@ -48,6 +57,12 @@ pub async fn run(stores: Stores, args: RunArgs, group: String, shards: u32) -> a
         stores.registry.clone(),
         options(&args, &group, shards, node_id.clone()),
     )?;
+    if let Some(exporter) = exporter {
+        exporter.serve(Subject::Group {
+            group: group.clone(),
+            state: elector.watch(),
+        })?;
+    }
     info!(group, shards, node = %node_id, ttl = ?args.ttl, renew_every = ?args.renew_every(),
         kill_after = ?args.kill_after(), "member of the shard group");
     let shutdown = CancellationToken::new();
