@@ -79,7 +79,10 @@ pub async fn group_status(
     watch: bool,
 ) -> anyhow::Result<u8> {
     loop {
-        let shards = shard_leases(group, stores.leases.list().await?);
+        let shards = shard_leases(
+            group,
+            stores.leases.list_prefix(&format!("{group}/")).await?,
+        );
         let mut per_member = std::collections::BTreeMap::new();
         for (_, lease) in &shards {
             if let Some(owner) = lease.live_holder() {

@@ -725,13 +725,17 @@ impl LeaseStore for EtcdLeaseStore {
         Ok(lease_info(role, &seen, record.as_ref(), SystemTime::now()))
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
+        // A key prefix: the roles' own keys only, and every session (one per member).
         let txn = Txn::new().and_then([
             TxnOp::get(
-                self.keys.leases_dir(),
+                format!("{}{prefix}", self.keys.leases_dir()),
                 Some(GetOptions::new().with_prefix()),
             ),
-            TxnOp::get(self.keys.terms_dir(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(
+                format!("{}{prefix}", self.keys.terms_dir()),
+                Some(GetOptions::new().with_prefix()),
+            ),
             TxnOp::get(
                 self.keys.sessions_dir(),
                 Some(GetOptions::new().with_prefix()),

@@ -109,7 +109,9 @@ impl PgLeaseStore {
              FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id"
         );
         let get_sql = format!("{read} WHERE l.role = $1");
-        let list_sql = format!("{read} ORDER BY l.role COLLATE \"C\"");
+        // starts_with, not LIKE: a prefix needs no escaping.
+        let list_sql =
+            format!("{read} WHERE starts_with(l.role, $1) ORDER BY l.role COLLATE \"C\"");
         let notifier = Notifier::new(pool.clone(), schema.channel());
         PgLeaseStore {
             inner: Arc::new(Inner {
@@ -270,8 +272,9 @@ impl LeaseStore for PgLeaseStore {
         self.fetch_info(role).await
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
         let rows = sqlx::query(&self.inner.list_sql)
+            .bind(prefix)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| pg_error("could not list leases", e))?;

@@ -459,16 +459,19 @@ impl SqliteLeaseStore {
         })
     }
 
-    async fn read_leases(&self, role: Option<&str>) -> Result<Vec<LeaseInfo>> {
+    /// The leases of `role` (every role for `None`) that start with `prefix`.
+    async fn read_leases(&self, role: Option<&str>, prefix: &str) -> Result<Vec<LeaseInfo>> {
         let now = self.db.now()?;
         // One statement, so the leases and the boot they belong to come from one snapshot.
         let rows = sqlx::query(
             "SELECT role, holder, token, expires_at, \
              coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
-             FROM tenure_terms WHERE ?1 IS NULL OR role = ?1 ORDER BY role",
+             FROM tenure_terms WHERE (?1 IS NULL OR role = ?1) \
+             AND substr(role, 1, length(?3)) = ?3 ORDER BY role",
         )
         .bind(role)
         .bind(&now.boot_id)
+        .bind(prefix)
         .fetch_all(self.db.pool())
         .await
         .map_err(store_error("cannot read leases"))?;
@@ -515,11 +518,11 @@ impl LeaseStore for SqliteLeaseStore {
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
         validate_name("role", role)?;
-        Ok(self.read_leases(Some(role)).await?.pop())
+        Ok(self.read_leases(Some(role), "").await?.pop())
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.read_leases(None).await
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
+        self.read_leases(None, prefix).await
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Error, FencingToken, Metadata};
+use tenure::{Error, FencingToken, LeaseStore, Metadata};
 
 use crate::{LeaseBackend, RegistryBackend};
 
@@ -413,6 +413,53 @@ pub async fn scenario_get_and_list(backend: &dyn LeaseBackend) {
     assert_eq!(list[0].live_holder(), None);
 }
 
+async fn roles_with(store: &dyn LeaseStore, prefix: &str) -> Vec<String> {
+    let listed = store.list_prefix(prefix).await.unwrap();
+    listed.into_iter().map(|l| l.role).collect()
+}
+
+/// `list_prefix` shows the roles that start with the prefix, sorted, and nothing else:
+/// characters that are wildcards in SQL or regular expressions are plain characters.
+pub async fn scenario_list_prefix(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    for role in ["g/1", "g/10", "g/2", "g2/1", "h", "g%/1", "g_x"] {
+        let lease = store
+            .try_acquire_or_renew(role, "node-a", ttl)
+            .await
+            .unwrap();
+        assert!(lease.acquired, "{role}");
+    }
+    assert_eq!(roles_with(&*store, "g/").await, ["g/1", "g/10", "g/2"]);
+    assert_eq!(roles_with(&*store, "g/1").await, ["g/1", "g/10"]);
+    assert_eq!(
+        roles_with(&*store, "g").await,
+        ["g%/1", "g/1", "g/10", "g/2", "g2/1", "g_x"]
+    );
+    assert_eq!(
+        roles_with(&*store, "g%").await,
+        ["g%/1"],
+        "% is a plain character"
+    );
+    assert_eq!(
+        roles_with(&*store, "g_").await,
+        ["g_x"],
+        "_ is a plain character"
+    );
+    assert!(roles_with(&*store, "zz").await.is_empty());
+    assert!(roles_with(&*store, ".*").await.is_empty());
+    let all: Vec<String> = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.role)
+        .collect();
+    assert_eq!(all.len(), 7);
+    assert_eq!(roles_with(&*store, "").await, all);
+}
+
 /// Tokens survive release and a reopened store: never handed out twice.
 pub async fn scenario_token_survives_reopen(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
@@ -788,6 +835,7 @@ macro_rules! lease_scenarios {
             scenario_stale_release_is_noop,
             scenario_concurrent_contenders,
             scenario_get_and_list,
+            scenario_list_prefix,
             scenario_token_survives_reopen,
             scenario_wait_wakes_on_release,
             scenario_bad_input);

@@ -99,8 +99,11 @@ pub enum Call {
         /// The role.
         role: String,
     },
-    /// [`LeaseStore::list`].
-    List,
+    /// [`LeaseStore::list_prefix`] (and so [`LeaseStore::list`], with an empty prefix).
+    List {
+        /// The roles' prefix; empty for every role.
+        prefix: String,
+    },
     /// [`LeaseStore::wait_for_change`].
     WaitForChange {
         /// The role.
@@ -145,7 +148,7 @@ impl Call {
             Call::TryAcquireOrRenew { .. } => "try_acquire_or_renew",
             Call::Release { .. } => "release",
             Call::Get { .. } => "get",
-            Call::List => "list",
+            Call::List { .. } => "list",
             Call::WaitForChange { .. } => "wait_for_change",
             Call::OpenSession { .. } => "open_session",
             Call::KeepAliveSession { .. } => "keep_alive_session",
@@ -186,7 +189,7 @@ impl Reply {
             Call::TryAcquireOrRenew { .. } => Reply::Lease(Err(error)),
             Call::Release { .. } => Reply::Released(Err(error)),
             Call::Get { .. } => Reply::Info(Err(error)),
-            Call::List => Reply::List(Err(error)),
+            Call::List { .. } => Reply::List(Err(error)),
             Call::WaitForChange { .. } => Reply::Changed,
             Call::OpenSession { .. } => Reply::Session(Err(error)),
             Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
@@ -297,7 +300,7 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             Reply::Released(store.release(&role, &owner, token).await)
         }
         Call::Get { role } => Reply::Info(store.get(&role).await),
-        Call::List => Reply::List(store.list().await),
+        Call::List { prefix } => Reply::List(store.list_prefix(&prefix).await),
         Call::WaitForChange {
             role,
             observed,
@@ -384,8 +387,12 @@ impl LeaseStore for InterceptStore {
         self.call(call).await.into_info()
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
-        self.call(Call::List).await.into_list()
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
+        self.call(Call::List {
+            prefix: prefix.to_owned(),
+        })
+        .await
+        .into_list()
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {

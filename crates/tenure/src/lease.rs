@@ -109,7 +109,14 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>>;
 
     /// Every role's lease, sorted by role.
-    async fn list(&self) -> Result<Vec<LeaseInfo>>;
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        self.list_prefix("").await
+    }
+
+    /// The leases of the roles that start with `prefix` (a shard group's `G/`), sorted
+    /// by role; every role's for `""`. Reads only those roles where the backend can, so
+    /// a group's members need not read every role of the store.
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>>;
 
     /// Waits until the term `observed` of `role` has ended (released, or replaced by a
     /// term with another token) or until `deadline`, whichever comes first.

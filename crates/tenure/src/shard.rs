@@ -744,7 +744,7 @@ impl Member<'_> {
     /// The live owner of each shard, from the store.
     async fn live_owners(&self) -> Result<BTreeMap<u32, String>> {
         let prefix = format!("{}/", self.options().group);
-        let leases = self.elector.store.list().await?;
+        let leases = self.elector.store.list_prefix(&prefix).await?;
         Ok(leases
             .into_iter()
             .filter_map(|lease| {

@@ -273,7 +273,7 @@ impl LeaseStore for InMemoryLeaseStore {
         Ok(shard.get(role).map(|slot| sessions.info(slot, role, now)))
     }
 
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
         let now = self.clock.now();
         let mut leases: Vec<LeaseInfo> = self
             .shards
@@ -283,6 +283,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 let sessions = self.sessions.lock();
                 shard
                     .iter()
+                    .filter(|(role, _)| role.starts_with(prefix))
                     .map(|(role, slot)| sessions.info(slot, role, now))
                     .collect::<Vec<_>>()
             })
