@@ -239,7 +239,7 @@ fn main() -> ExitCode {
     };
     // The demo narrates on stdout; its logs would only repeat the story.
     let quiet = matches!(cli.command, Command::Demo { .. });
-    init_logging(cli.log_format, cli.verbose, quiet);
+    let _flush_logs_on_exit = init_logging(cli.log_format, cli.verbose, quiet);
     match dispatch(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
@@ -483,8 +483,20 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
     Ok(())
 }
 
-fn init_logging(format: LogFormat, verbose: u8, quiet: bool) {
+/// Logs to stderr through a buffer that a thread of its own drains, dropping lines when
+/// it is full: a stderr nobody reads (a wedged log shipper, a stopped terminal) must
+/// never block the runtime thread that renews the lease and stops the command in time.
+/// The guard flushes what is buffered when `main` returns.
+fn init_logging(
+    format: LogFormat,
+    verbose: u8,
+    quiet: bool,
+) -> tracing_appender::non_blocking::WorkerGuard {
     use tracing_subscriber::EnvFilter;
+    let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("tenure-logs")
+        .finish(std::io::stderr());
     let default = match verbose {
         0 if quiet => "error",
         0 => "warn",
@@ -495,11 +507,12 @@ fn init_logging(format: LogFormat, verbose: u8, quiet: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour_on_stderr())
-        .with_writer(std::io::stderr);
+        .with_writer(stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+    guard
 }
 
 /// Colour only for a person at a terminal: not into a file or pipe, and not when
