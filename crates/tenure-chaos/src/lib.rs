@@ -24,6 +24,7 @@
 //! let report = tenure_chaos::run(ChaosConfig {
 //!     store: StoreSpec::parse("sqlite:throwaway")?,
 //!     workers: 5,
+//!     shards: None,
 //!     duration: Duration::from_secs(20),
 //!     ttl: Duration::from_secs(1),
 //!     fault_every: Duration::from_millis(250),
