@@ -167,12 +167,13 @@ pub struct ShardAnalysis {
     /// Per fault label, for every fault that struck a worker (kill, pause, and on SQLite
     /// the restart that kills one): the time from the fault until every shard the
     /// victim held then had a new term started (by another member, or by a paused
-    /// victim that won it back after waking, with a new token). Faults that struck a
-    /// worker holding no shard are not samples; `unrecovered` counts faults after which
-    /// some shard never got a new term before the run ended.
+    /// victim that won it back after waking, with a new token). `unrecovered` counts
+    /// faults after which some shard never got a new term before the run ended.
     pub reown: BTreeMap<String, Recovery>,
-    /// Faults that struck a worker holding no shard at that moment.
-    pub victims_without_shards: u64,
+    /// Faults that struck a worker but are no samples: it held no shard at that moment,
+    /// or it was paused then (a kill of a paused member; its shards were lost at the
+    /// pause, which is that sample).
+    pub not_sampled: u64,
     /// Terms that began on another worker than the shard's previous term: every move,
     /// handover or takeover, of every shard.
     pub moved: u64,
@@ -680,6 +681,12 @@ fn shard_analysis(events: &[Event], faults: &[FaultRecord]) -> ShardAnalysis {
         let Some(victim) = fault.target.as_deref() else {
             continue;
         };
+        let paused = faults.iter().any(|earlier| {
+            earlier.kind == FaultKind::Pause
+                && earlier.target.as_deref() == Some(victim)
+                && earlier.at < fault.at
+                && (earlier.healed == 0 || earlier.healed >= fault.at)
+        });
         // The victim's terms still open then, and still its shard's latest: a paused
         // member's shards may have been taken before it is killed.
         let held: Vec<&ShardTerm<'_>> = terms
@@ -692,8 +699,8 @@ fn shard_analysis(events: &[Event], faults: &[FaultRecord]) -> ShardAnalysis {
                     .any(|later| later.token > t.token && later.began <= fault.at)
             })
             .collect();
-        if held.is_empty() {
-            analysis.victims_without_shards += 1;
+        if held.is_empty() || paused {
+            analysis.not_sampled += 1;
             continue;
         }
         // The last of the victim's shards to get a new term; `None` if one never did.
@@ -996,14 +1003,27 @@ mod tests {
             kill(1300 * ms, "b"),
             kill(3000 * ms, "c"),
             kill(4000 * ms, "d"),
+            // e, holding shard 0, is paused at 3600 ms and killed while paused: the
+            // pause is the sample (shard 0 never moves again: unrecovered), not the
+            // kill.
+            FaultRecord {
+                kind: FaultKind::Pause,
+                flavour: None,
+                target: Some("e".to_owned()),
+                at: 3600 * ms,
+                healed: 4500 * ms,
+            },
+            kill(4500 * ms, "e"),
         ];
         let a = check_shards(&events, &records, &faults);
         let shards = a.shard_moves.expect("a shard analysis");
         let reown = &shards.reown["kill"];
         assert_eq!((reown.recovered, reown.unrecovered), (1, 1));
         assert_eq!(reown.max_ms, Some(1090.0));
-        // The kills of b and d (holding nothing then) are no samples.
-        assert_eq!(shards.victims_without_shards, 2);
+        assert_eq!(shards.reown["pause"].unrecovered, 1);
+        // The kills of b and d (holding nothing then) and of e (paused) are no
+        // samples.
+        assert_eq!(shards.not_sampled, 3);
         // 0: a -> b -> d -> e, 1: a -> c, 2: b -> c.
         assert_eq!(shards.moved, 5);
     }

@@ -92,8 +92,9 @@ impl Report {
             let _ = writeln!(
                 out,
                 "re-own = fault -> every shard the victim held has a new term, expected \
-                 within ttl = {}ms plus a takeover; {} faults struck a worker holding no shard",
-                self.ttl_ms, moves.victims_without_shards
+                 within ttl = {}ms plus a takeover; not sampled: {} faults that struck a worker \
+                 holding no shard or already paused",
+                self.ttl_ms, moves.not_sampled
             );
         }
         for note in &self.unavailable {
