@@ -416,6 +416,37 @@ fn postgres_shard_round_passes() {
     shard_round_checks(&report, 16, &["pause", "kill"]);
 }
 
+/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
+/// hold their shards under one etcd lease each; pauses, kills, restarts and cuts.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_shard_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "etcd:throwaway",
+            "--shards",
+            "8",
+            "--fault-every",
+            "400ms",
+            "--faults",
+            "pause,kill,restart,cut",
+            "--write-every",
+            "50ms",
+            "--seed",
+            "31",
+        ],
+        Expect {
+            workers: "4",
+            kinds: &["pause", "kill", "restart", "cut"],
+            duration: "20s",
+            faults: 30,
+            admitted: 500,
+        },
+    );
+    shard_round_checks(&report, 8, &["pause", "kill"]);
+}
+
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
 #[test]
 fn bad_chaos_flags_are_usage_errors() {
