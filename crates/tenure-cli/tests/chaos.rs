@@ -326,22 +326,29 @@ fn etcd_without_the_fence_is_caught() {
 
 /// Checks a passing shard-mode round's own figures: the group is reported, shards
 /// moved, and every kill and pause that struck a member holding shards was followed by
-/// all of them being owned again, within a few TTLs at the median.
-fn shard_round_checks(report: &Value, shards: u64, kinds: &[&str]) {
+/// all of them being owned again: within 3 TTLs when no other fault struck meanwhile
+/// and, when the store itself is not faulted (`quiet_store`), at the median too.
+fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool) {
     assert_eq!(report["shards"].as_u64(), Some(shards));
     let moves = &report["shard_moves"];
     assert!(moves["moved"].as_u64().unwrap() > 0, "no shard ever moved");
-    for kind in kinds {
+    for kind in ["pause", "kill"] {
         let reown = &moves["reown"][kind];
         assert!(
             reown["recovered"].as_u64().unwrap_or(0) > 0,
             "no {kind} re-own sample: {moves}"
         );
         assert_eq!(reown["unrecovered"].as_u64(), Some(0), "{kind}: {reown}");
-        assert!(
-            reown["p50_ms"].as_f64().unwrap() < 3_000.0,
-            "{kind}: a median re-own of more than 3 TTLs: {reown}"
-        );
+        let mut bounded = vec!["isolated_p99_ms"];
+        if quiet_store {
+            bounded.push("p50_ms");
+        }
+        for figure in bounded {
+            assert!(
+                reown[figure].as_f64().unwrap_or(0.0) < 3_000.0,
+                "{kind}: {figure} of a re-own is more than 3 TTLs: {reown}"
+            );
+        }
     }
 }
 
@@ -374,7 +381,7 @@ fn sqlite_shard_round_passes() {
             admitted: 500,
         },
     );
-    shard_round_checks(&report, 8, &["pause", "kill"]);
+    shard_round_checks(&report, 8, true);
 }
 
 /// The negative control in shard mode: paused members wake and write to their old
@@ -413,7 +420,7 @@ fn postgres_shard_round_passes() {
             admitted: 500,
         },
     );
-    shard_round_checks(&report, 16, &["pause", "kill"]);
+    shard_round_checks(&report, 16, false);
 }
 
 /// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
@@ -444,7 +451,7 @@ fn etcd_shard_round_passes() {
             admitted: 500,
         },
     );
-    shard_round_checks(&report, 8, &["pause", "kill"]);
+    shard_round_checks(&report, 8, false);
 }
 
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
