@@ -53,8 +53,9 @@ pub(crate) enum Counter {
 
 #[async_trait]
 pub(crate) trait Backend: Send + Sync {
-    /// Store handles for `clients` concurrent clients (a pool of that many connections).
-    async fn stores(&self, clients: usize) -> Result<Handles>;
+    /// Store handles for `clients` concurrent clients (a pool of that many connections),
+    /// with a registry whose members are live `registry_ttl` after a heartbeat.
+    async fn stores(&self, clients: usize, registry_ttl: Duration) -> Result<Handles>;
 
     /// `clients` raw clients, each on its own connection.
     async fn raw(&self, clients: usize) -> Result<Vec<Box<dyn Client>>>;
@@ -70,6 +71,19 @@ pub(crate) trait Backend: Send + Sync {
 
     /// What the counter counts (`statements (pg_stat_statements)`).
     fn requests_label(&self) -> &'static str;
+
+    /// How long the server's counters may lag behind what was done (a measuring window
+    /// starts that long after a burst, so the burst is not counted in it).
+    fn counter_lag(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// Rows the store's tables have had written (inserted, updated, deleted), cumulative.
+    async fn rows_written(&self) -> Result<Counter> {
+        Ok(Counter::NotMeasured(
+            "this store has no count of rows written".to_owned(),
+        ))
+    }
 
     /// The floor or bound of release -> successor running, measured in this run.
     async fn release_floor(&self, trials: usize, run_id: &str) -> Result<Floor>;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Client, Counter, StoreClient};
+use crate::backend::{Backend, Client, Counter, StoreClient, REGISTRY_TTL};
 use crate::config::BenchConfig;
 use crate::report::{RoundTripRow, RoundTrips, ThroughputRow};
 use crate::stats::{median, Histogram};
@@ -83,6 +83,8 @@ impl Cell {
             ratio: median(&self.ratios).unwrap_or(0.0),
             store: store.latency.summary(),
             raw: raw.latency.summary(),
+            store_histogram: store.latency.clone(),
+            raw_histogram: raw.latency.clone(),
         }
     }
 }
@@ -189,7 +191,7 @@ pub(crate) async fn throughput(
     let mut rows = Vec::new();
     let slice = config.slice();
     for &n in &config.clients {
-        let handles = backend.stores(n).await?;
+        let handles = backend.stores(n, REGISTRY_TTL).await?;
         let store: Clients = (0..n)
             .map(|_| Box::new(StoreClient(handles.clone())) as Box<dyn Client>)
             .collect();
@@ -326,7 +328,7 @@ pub(crate) async fn round_trips(
             ops: Vec::new(),
         });
     }
-    let mut client = StoreClient(backend.stores(1).await?);
+    let mut client = StoreClient(backend.stores(1, REGISTRY_TTL).await?);
     let roles: Vec<String> = (0..COUNTED_OPS)
         .map(|i| format!("{run_id}-count-{i}"))
         .collect();

@@ -503,11 +503,11 @@ impl BenchClient for RawClient {
 
 #[async_trait]
 impl Backend for Etcd {
-    async fn stores(&self, _clients: usize) -> Result<Handles> {
+    async fn stores(&self, _clients: usize, registry_ttl: Duration) -> Result<Handles> {
         let client = self.client().await?;
         Ok(Handles {
             leases: Arc::new(self.store(client.clone())?),
-            registry: Arc::new(EtcdNodeRegistry::new(client, &self.prefix, REGISTRY_TTL)?),
+            registry: Arc::new(EtcdNodeRegistry::new(client, &self.prefix, registry_ttl)?),
         })
     }
 

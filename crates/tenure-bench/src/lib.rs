@@ -44,15 +44,19 @@ mod etcd;
 mod failover;
 mod machine;
 mod memory;
+pub mod plot;
 mod postgres;
 pub mod report;
+pub mod shards;
 mod sqlite;
 pub mod stats;
 
 use std::time::{Duration, SystemTime};
 
 pub use config::{parse_clients, BenchConfig, StoreSpec};
+pub use machine::Machine;
 pub use report::Report;
+pub use shards::{ShardBench, ShardReport};
 
 use crate::backend::Backend;
 
@@ -80,21 +84,7 @@ pub async fn run(config: BenchConfig) -> Result<Report, BenchError> {
     config.validate()?;
     let load_before = machine::load_average();
     let run_id = run_id();
-    let backend: Box<dyn Backend> = match &config.store {
-        StoreSpec::Memory => Box::new(memory::Memory::new()?),
-        StoreSpec::Sqlite(url) => Box::new(sqlite::Sqlite::open(url, None).await?),
-        StoreSpec::SqliteThrowaway => Box::new(sqlite::Sqlite::throwaway(&run_id).await?),
-        StoreSpec::Postgres(url) => Box::new(postgres::Postgres::open(url, None).await?),
-        StoreSpec::PostgresThrowaway => Box::new(postgres::Postgres::throwaway().await?),
-        #[cfg(feature = "etcd")]
-        StoreSpec::Etcd(url) => Box::new(etcd::Etcd::open(url, &run_id, None).await?),
-        #[cfg(feature = "etcd")]
-        StoreSpec::EtcdThrowaway => Box::new(etcd::Etcd::throwaway(&run_id).await?),
-        #[cfg(not(feature = "etcd"))]
-        StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => {
-            return Err(BenchError::Usage(ETCD_NOT_BUILT.to_owned()))
-        }
-    };
+    let backend = open(&config, &run_id).await?;
     let version = backend.version().await;
     tracing::info!(store = config.store.describe(), "measuring throughput");
     let throughput = driver::throughput(&*backend, &config, &run_id).await?;
@@ -121,6 +111,40 @@ pub async fn run(config: BenchConfig) -> Result<Report, BenchError> {
     };
     backend.close().await;
     Ok(report)
+}
+
+/// Runs the shard-group scenarios of [`shards`] against the configured store.
+pub async fn run_shards(
+    config: BenchConfig,
+    bench: ShardBench,
+) -> Result<(Machine, ShardReport), BenchError> {
+    config.validate()?;
+    bench.validate(&config.store)?;
+    let load_before = machine::load_average();
+    let run_id = run_id();
+    let backend = open(&config, &run_id).await?;
+    let version = backend.version().await;
+    let report = shards::measure(&*backend, &bench, &run_id).await;
+    backend.close().await;
+    Ok((machine::Machine::describe(load_before, version), report?))
+}
+
+async fn open(config: &BenchConfig, run_id: &str) -> Result<Box<dyn Backend>, BenchError> {
+    Ok(match &config.store {
+        StoreSpec::Memory => Box::new(memory::Memory::new()?),
+        StoreSpec::Sqlite(url) => Box::new(sqlite::Sqlite::open(url, None).await?),
+        StoreSpec::SqliteThrowaway => Box::new(sqlite::Sqlite::throwaway(run_id).await?),
+        StoreSpec::Postgres(url) => Box::new(postgres::Postgres::open(url, None).await?),
+        StoreSpec::PostgresThrowaway => Box::new(postgres::Postgres::throwaway().await?),
+        #[cfg(feature = "etcd")]
+        StoreSpec::Etcd(url) => Box::new(etcd::Etcd::open(url, run_id, None).await?),
+        #[cfg(feature = "etcd")]
+        StoreSpec::EtcdThrowaway => Box::new(etcd::Etcd::throwaway(run_id).await?),
+        #[cfg(not(feature = "etcd"))]
+        StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => {
+            return Err(BenchError::Usage(ETCD_NOT_BUILT.to_owned()))
+        }
+    })
 }
 
 fn millis(d: Duration) -> f64 {

@@ -4,9 +4,9 @@
 //! update one map entry. The store adds its own decision, validation and the
 //! `dyn LeaseStore` call; the ratio says what those cost.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -29,6 +29,8 @@ struct RawMaps {
 
 pub(crate) struct Memory {
     handles: Handles,
+    /// One shared registry per liveness TTL asked for, so members of one run see each other.
+    registries: Mutex<BTreeMap<Duration, Arc<InMemoryNodeRegistry>>>,
     leases: Arc<InMemoryLeaseStore>,
     raw: Arc<RawMaps>,
 }
@@ -42,6 +44,7 @@ impl Memory {
                 leases: leases.clone(),
                 registry,
             },
+            registries: Default::default(),
             leases,
             raw: Arc::default(),
         })
@@ -117,8 +120,23 @@ impl Client for RawClient {
 
 #[async_trait]
 impl Backend for Memory {
-    async fn stores(&self, _clients: usize) -> Result<Handles> {
-        Ok(self.handles.clone())
+    async fn stores(&self, _clients: usize, registry_ttl: Duration) -> Result<Handles> {
+        if registry_ttl == REGISTRY_TTL {
+            return Ok(self.handles.clone());
+        }
+        let mut registries = self.registries.lock();
+        let registry = match registries.get(&registry_ttl) {
+            Some(registry) => registry.clone(),
+            None => {
+                let registry = Arc::new(InMemoryNodeRegistry::new(registry_ttl)?);
+                registries.insert(registry_ttl, registry.clone());
+                registry
+            }
+        };
+        Ok(Handles {
+            leases: self.handles.leases.clone(),
+            registry,
+        })
     }
 
     async fn raw(&self, clients: usize) -> Result<Vec<Box<dyn Client>>> {

@@ -142,9 +142,16 @@ async fn next_note(listener: &mut PgListener, role: &str) -> Result<()> {
 }
 
 fn connect_options(connections: usize) -> tenure_postgres::ConnectOptions {
+    connect_options_with(connections, REGISTRY_TTL)
+}
+
+fn connect_options_with(
+    connections: usize,
+    registry_ttl: Duration,
+) -> tenure_postgres::ConnectOptions {
     tenure_postgres::ConnectOptions {
         schema: SCHEMA.to_owned(),
-        registry_ttl: REGISTRY_TTL,
+        registry_ttl,
         max_connections: u32::try_from(connections).unwrap_or(u32::MAX),
         ..Default::default()
     }
@@ -156,6 +163,11 @@ const COUNT_SQL: &str = "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_sta
      WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND userid = (SELECT oid FROM pg_roles WHERE rolname = current_user) \
      AND query NOT ILIKE '%pg_stat_statements%'";
+
+/// Row versions written (inserted, updated, deleted) in the bench's tables.
+const ROWS_WRITTEN_SQL: &str =
+    "SELECT COALESCE(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint \
+     FROM pg_stat_user_tables WHERE schemaname = $1";
 
 /// One plain connection issuing the store's statements.
 struct RawClient {
@@ -260,8 +272,9 @@ impl Client for RawClient {
 
 #[async_trait]
 impl Backend for Postgres {
-    async fn stores(&self, clients: usize) -> Result<Handles> {
-        let backend = tenure_postgres::connect(&self.url, connect_options(clients)).await?;
+    async fn stores(&self, clients: usize, registry_ttl: Duration) -> Result<Handles> {
+        let options = connect_options_with(clients, registry_ttl);
+        let backend = tenure_postgres::connect(&self.url, options).await?;
         Ok(Handles {
             leases: Arc::new(backend.leases),
             registry: Arc::new(backend.registry),
@@ -306,6 +319,25 @@ impl Backend for Postgres {
 
     fn requests_label(&self) -> &'static str {
         "statements counted by pg_stat_statements (this user and database)"
+    }
+
+    fn counter_lag(&self) -> Duration {
+        // A backend flushes its table counters after a transaction at most once a
+        // second, and an idle one only after 10 s (PGSTAT_IDLE_INTERVAL).
+        Duration::from_secs(11)
+    }
+
+    async fn rows_written(&self) -> Result<Counter> {
+        // In a steady state the counters' lag (see `counter_lag`) is the same at both
+        // ends of a window.
+        let mut conn = self.conn().await?;
+        let rows: i64 = sqlx::query_scalar(ROWS_WRITTEN_SQL)
+            .bind(SCHEMA)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(err("cannot read pg_stat_user_tables"))?;
+        let _ = conn.close().await;
+        Ok(Counter::Count(u64::try_from(rows).unwrap_or(0)))
     }
 
     async fn release_floor(&self, trials: usize, run_id: &str) -> Result<Floor> {

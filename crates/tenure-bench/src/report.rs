@@ -1,11 +1,13 @@
 //! The report of one run: plain serde data (`--json`) and a table per section.
 
 use std::fmt::Write;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::machine::Machine;
-use crate::stats::Latency;
+use crate::plot::{number, Axis, Chart, Series, Style};
+use crate::stats::{Histogram, Latency};
 
 /// Everything one run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -62,6 +64,12 @@ pub struct ThroughputRow {
     pub store: Latency,
     /// Raw latency per operation.
     pub raw: Latency,
+    /// Every store latency sample, for the `--report` plot (not in the JSON).
+    #[serde(skip)]
+    pub store_histogram: Histogram,
+    /// Every raw latency sample, for the `--report` plot (not in the JSON).
+    #[serde(skip)]
+    pub raw_histogram: Histogram,
 }
 
 /// Server requests per operation.
@@ -321,5 +329,136 @@ impl Report {
             let _ = writeln!(out, "  failed trial: {failure}");
         }
         out
+    }
+}
+
+/// Colours for client counts, in the order the counts were measured.
+const PALETTE: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
+];
+
+/// A microsecond tick as `200µs`, `5ms` or `1s`.
+fn duration_label(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{}s", number(us / 1e6))
+    } else if us >= 1e3 {
+        format!("{}ms", number(us / 1e3))
+    } else {
+        format!("{}µs", number(us))
+    }
+}
+
+/// Percentile as "nines": `p = 1 - 10^-x`, so p90, p99 and p99.9 are evenly spaced.
+fn nines(x: f64) -> f64 {
+    1.0 - 10f64.powf(-x)
+}
+
+/// The percentile curve of one histogram: `(nines, microseconds)`, as far into the tail
+/// as its sample count reaches, then its maximum.
+fn curve(histogram: &Histogram, max_nines: f64) -> Vec<(f64, f64)> {
+    let reach = (histogram.count() as f64).log10().min(max_nines);
+    let mut points = Vec::new();
+    let mut x = 0.0;
+    while x < reach {
+        if let Some(d) = histogram.percentile(nines(x)) {
+            points.push((x, d.as_secs_f64() * 1e6));
+        }
+        x += 0.05;
+    }
+    if let Some(d) = histogram.percentile(1.0) {
+        points.push((reach.max(0.0), d.as_secs_f64() * 1e6));
+    }
+    points
+}
+
+impl Report {
+    /// One latency percentile chart per operation: store (solid) and raw (dashed) at each
+    /// client count on the same axes.
+    pub fn latency_charts(&self) -> Vec<(String, Chart)> {
+        let mut ops: Vec<&str> = Vec::new();
+        for row in &self.throughput {
+            if !ops.contains(&row.op.as_str()) {
+                ops.push(&row.op);
+            }
+        }
+        // As far into the tail as the largest sample count reaches (p99.99 at most).
+        let most = self
+            .throughput
+            .iter()
+            .flat_map(|r| [r.store_histogram.count(), r.raw_histogram.count()])
+            .max()
+            .unwrap_or(0);
+        let max_nines = (most.max(10) as f64).log10().ceil().min(4.0);
+        ops.into_iter()
+            .map(|op| {
+                let mut series = Vec::new();
+                let (mut lo, mut hi) = (f64::MAX, f64::MIN_POSITIVE);
+                for (i, row) in self.throughput.iter().filter(|r| r.op == op).enumerate() {
+                    let colour = PALETTE[i % PALETTE.len()].to_owned();
+                    for (side, histogram, style) in [
+                        ("store", &row.store_histogram, Style::Line),
+                        ("raw", &row.raw_histogram, Style::Dashed),
+                    ] {
+                        let points = curve(histogram, max_nines);
+                        for &(_, us) in &points {
+                            lo = lo.min(us);
+                            hi = hi.max(us);
+                        }
+                        series.push(Series {
+                            name: format!("{side}, {} clients", row.clients),
+                            colour: colour.clone(),
+                            style,
+                            points,
+                            titles: Vec::new(),
+                        });
+                    }
+                }
+                let ticks = [(0.0, "p0"), (1.0, "p90"), (2.0, "p99"), (3.0, "p99.9")]
+                    .into_iter()
+                    .chain([(4.0, "p99.99")])
+                    .filter(|&(x, _)| x <= max_nines)
+                    .map(|(x, l)| (x, l.to_owned()))
+                    .collect();
+                let mut y = Axis::log10("latency (log scale)", lo.min(hi), hi);
+                y.ticks = Some(
+                    y.tick_marks()
+                        .into_iter()
+                        .map(|(v, _)| (v, duration_label(v)))
+                        .collect(),
+                );
+                let chart = Chart {
+                    title: format!("tenure bench: {op} latency, {}", self.store),
+                    subtitle: format!(
+                        "solid: the store, dashed: raw; every sample of {} rounds of {:.0} ms\n\
+                         raw: {}",
+                        self.settings.rounds, self.settings.duration_ms, self.raw_baseline
+                    ),
+                    x: Axis {
+                        ticks: Some(ticks),
+                        ..Axis::linear("percentile (each step ten times rarer)", 0.0, max_nines)
+                    },
+                    y,
+                    series,
+                    rules: Vec::new(),
+                };
+                (format!("latency-{op}.svg"), chart)
+            })
+            .collect()
+    }
+
+    /// Writes `report.json` (what `--json` prints) and `latency-OP.svg` per operation into
+    /// `dir`, which must exist; returns the files written.
+    pub fn write_dir(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let mut written = Vec::new();
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        let path = dir.join("report.json");
+        std::fs::write(&path, json + "\n")?;
+        written.push(path);
+        for (name, chart) in self.latency_charts() {
+            let path = dir.join(name);
+            std::fs::write(&path, chart.to_svg())?;
+            written.push(path);
+        }
+        Ok(written)
     }
 }

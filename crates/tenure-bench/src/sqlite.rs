@@ -171,11 +171,11 @@ impl Client for RawClient {
 
 #[async_trait]
 impl Backend for Sqlite {
-    async fn stores(&self, clients: usize) -> Result<Handles> {
+    async fn stores(&self, clients: usize, registry_ttl: Duration) -> Result<Handles> {
         let db = self.database(clients).await?;
         Ok(Handles {
             leases: Arc::new(db.lease_store()),
-            registry: Arc::new(db.node_registry(REGISTRY_TTL)?),
+            registry: Arc::new(db.node_registry(registry_ttl)?),
         })
     }
 

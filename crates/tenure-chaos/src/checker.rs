@@ -543,6 +543,17 @@ fn overlap_ns(events: &[Event]) -> u64 {
     total
 }
 
+/// From `from` to the earliest acknowledgement of a write invoked after it, with
+/// `acks` as `(invoked, acknowledged)` pairs sorted by invocation; `None` if there is none.
+pub fn recovery_ns(acks: &[(u64, u64)], from: u64) -> Option<u64> {
+    let first = acks.partition_point(|&(invoked, _)| invoked <= from);
+    acks[first..]
+        .iter()
+        .map(|&(_, done)| done)
+        .min()
+        .map(|done| done.saturating_sub(from))
+}
+
 fn recovery(
     ops: &HashMap<(String, u64), Op>,
     faults: &[FaultRecord],
@@ -558,9 +569,11 @@ fn recovery(
     let mut samples = Samples::new(faults);
     for fault in faults {
         let from = fault.recovery_from();
-        let first = acks.partition_point(|&(invoked, _)| invoked <= from);
-        let next = acks[first..].iter().map(|&(_, done)| done).min();
-        samples.add(fault, from, next);
+        samples.add(
+            fault,
+            from,
+            recovery_ns(&acks, from).map(|took| from + took),
+        );
     }
     samples.summarize()
 }

@@ -14,6 +14,8 @@
 //! `pg_terminate_backend`) and, on SQLite, steps the workers' wall clock (through
 //! [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
+//! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
+//! incarnation, and a recovery chart per fault kind) for `tenure chaos --report DIR`.
 //!
 //! Stores: `sqlite:throwaway` (a fresh file), `sqlite:PATH`, `postgres:throwaway` and
 //! `etcd:throwaway` (throwaway servers the run owns, so `restart` can stop or kill and
@@ -104,6 +106,7 @@ pub mod proxy;
 pub mod report;
 mod runner;
 pub mod schedule;
+pub mod timeline;
 pub mod worker;
 
 pub use config::{parse_faults, ChaosConfig, CutFlavour, FaultKind, StoreSpec};

@@ -2,10 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::checker::{Analysis, Recovery};
+use crate::timeline::{self, Timeline};
+use crate::ChaosError;
 
 /// What a chaos run did and found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -45,12 +48,46 @@ pub struct Report {
     pub run_dir: Option<String>,
     /// Wall time of the whole run, ms.
     pub elapsed_ms: u64,
+    /// The run as lanes, terms and faults, for `--report` (not in the JSON).
+    #[serde(skip)]
+    pub timeline: Timeline,
 }
 
 impl Report {
     /// True when the checker found no violation.
     pub fn passed(&self) -> bool {
         self.analysis.violation_count() == 0
+    }
+
+    /// Writes the run's pictures into `dir` (which must exist): `timeline.html`,
+    /// `recovery-KIND.svg` per fault kind injected, and `report.json` (what `--json`
+    /// prints). Returns the files written.
+    pub fn write_dir(&self, dir: &Path) -> Result<Vec<PathBuf>, ChaosError> {
+        let io = |source| ChaosError::Io {
+            what: "cannot write the report",
+            source,
+        };
+        let json = |error: serde_json::Error| io(std::io::Error::other(error));
+        let mut files = vec![
+            (
+                "report.json".to_owned(),
+                serde_json::to_string_pretty(self).map_err(json)? + "\n",
+            ),
+            (
+                "timeline.html".to_owned(),
+                timeline::html(self).map_err(json)?,
+            ),
+        ];
+        for (name, chart) in self.timeline.recovery_charts(self) {
+            files.push((name, chart.to_svg()));
+        }
+        let mut written = Vec::new();
+        for (name, text) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(io)?;
+            written.push(path);
+        }
+        Ok(written)
     }
 
     /// The human report.

@@ -27,6 +27,7 @@ use crate::history::{mono_ns, read_histories};
 use crate::proxy::Proxy;
 use crate::report::Report;
 use crate::schedule::{plan, PlannedFault};
+use crate::timeline::Timeline;
 use crate::worker::WorkerArgs;
 use crate::ChaosError;
 
@@ -326,6 +327,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         via: proxies.iter().map(Proxy::local_addr).collect(),
         fake_time,
     };
+    let origin = mono_ns();
     let mut slots = Vec::with_capacity(config.workers);
     for index in 0..config.workers {
         slots.push(spawner.spawn(index, 0)?);
@@ -396,6 +398,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             check_shards(&events, &records, &nemesis.faults)
         }
     };
+    let timeline = Timeline::build(&events, &nemesis.faults, origin);
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for fault in &nemesis.faults {
         *by_kind.entry(fault.kind.name().to_owned()).or_default() += 1;
@@ -420,6 +423,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         analysis,
         run_dir: keep.then(|| dir.display().to_string()),
         elapsed_ms: started.elapsed().as_millis() as u64,
+        timeline,
     };
     drop(backend);
     drop(proxies);

@@ -3,10 +3,11 @@
 //! The store must be named with `--store` (never taken from `TENURE_STORE`), so a
 //! bench cannot land on a production store by accident.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tenure_bench::{BenchConfig, BenchError, StoreSpec};
+use tenure_bench::{BenchConfig, BenchError, ShardBench, StoreSpec};
 
 use crate::{exit, parse_duration, UsageError};
 
@@ -36,6 +37,30 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Measure shard groups instead: N shards held by --members members beside N
+    /// per-role electors over --window, then (64 shards) a cold start of 4 members, a
+    /// 5th joining, a member killed, and one of 30 leaving. Goals: BENCHMARKS.md.
+    #[arg(long)]
+    shards: Option<u32>,
+    /// Members holding the --shards shards.
+    #[arg(long, requires = "shards", default_value_t = 1)]
+    members: usize,
+    /// How long to measure the settled hold.
+    #[arg(long, requires = "shards", default_value = "60s", value_parser = parse_duration)]
+    window: Duration,
+    /// Renew interval of the hold (its TTL is three times this).
+    #[arg(long, requires = "shards", default_value = "2s", value_parser = parse_duration)]
+    renew_every: Duration,
+    /// Skip the per-role electors beside the shard group.
+    #[arg(long, requires = "shards")]
+    no_baseline: bool,
+    /// Skip the churn and leave scenarios.
+    #[arg(long, requires = "shards")]
+    no_churn: bool,
+    /// Also write into this directory (created if missing) latency-OP.svg per operation
+    /// (store against raw latency percentiles at each client count) and report.json.
+    #[arg(long, value_name = "DIR", conflicts_with = "shards")]
+    report: Option<PathBuf>,
 }
 
 fn usage(error: BenchError) -> anyhow::Error {
@@ -57,6 +82,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
         ..BenchConfig::new(store)
     };
     config.validate().map_err(usage)?;
+    if let Some(shards) = args.shards {
+        return run_shards(&args, config, shards);
+    }
+    let report_dir = args
+        .report
+        .as_deref()
+        .map(crate::report_dir::prepare)
+        .transpose()?;
     eprintln!(
         "tenure bench: measuring {} at {:?} clients, {} per operation, {} failover trials",
         config.store.describe(),
@@ -66,13 +99,64 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     );
     // Two workers, as the machines this is meant for have: the clients and the
     // store's own tasks share them, as they would in a service.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let report = runtime.block_on(tenure_bench::run(config)).map_err(usage)?;
+    let report = runtime()?
+        .block_on(tenure_bench::run(config))
+        .map_err(usage)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    if let Some(dir) = report_dir {
+        let files = report.write_dir(&dir)?;
+        crate::report_dir::announce(&dir, &files);
+    }
+    Ok(exit::OK)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// `tenure bench --shards N`: the shard scenarios only.
+fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Result<u8> {
+    let bench = ShardBench {
+        members: args.members,
+        window: args.window,
+        hold_ttl: args.renew_every * 3,
+        renew_every: args.renew_every,
+        churn_ttl: args.ttl.unwrap_or(ShardBench::new(shards).churn_ttl),
+        baseline: !args.no_baseline,
+        churn: !args.no_churn,
+        ..ShardBench::new(shards)
+    };
+    bench.validate(&config.store).map_err(usage)?;
+    eprintln!(
+        "tenure bench: {} shards over {} member(s) on {}, {} window{}{}",
+        shards,
+        bench.members,
+        config.store.describe(),
+        crate::output::human(bench.window),
+        if bench.baseline {
+            ", beside per-role electors"
+        } else {
+            ""
+        },
+        if bench.churn {
+            ", then churn and leave"
+        } else {
+            ""
+        },
+    );
+    let (machine, report) = runtime()?
+        .block_on(tenure_bench::run_shards(config, bench))
+        .map_err(usage)?;
+    if args.json {
+        let value = serde_json::json!({ "machine": machine, "shards": report });
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.render());
     }

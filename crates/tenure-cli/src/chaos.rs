@@ -63,6 +63,11 @@ pub struct ChaosArgs {
     /// removed when the run passes).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Write the run as pictures into this directory (created if missing): timeline.html
+    /// (a lane per worker incarnation with its terms, the faults and the fence's
+    /// refusals), recovery-KIND.svg per fault kind, and report.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
 }
 
 /// `tenure chaos-worker` flags (set by `tenure chaos`; see `tenure_chaos::worker`).
@@ -119,6 +124,11 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
         run_dir: args.dir,
     };
     config.validate().map_err(usage)?;
+    let report_dir = args
+        .report
+        .as_deref()
+        .map(crate::report_dir::prepare)
+        .transpose()?;
     if !args.json {
         eprintln!("tenure chaos: seed {seed}");
     }
@@ -129,6 +139,10 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
+    }
+    if let Some(dir) = report_dir {
+        let files = report.write_dir(&dir)?;
+        crate::report_dir::announce(&dir, &files);
     }
     Ok(if report.passed() {
         exit::OK

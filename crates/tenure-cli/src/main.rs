@@ -9,6 +9,7 @@ mod demo;
 mod inspect;
 mod output;
 mod parse;
+mod report_dir;
 mod run;
 mod run_shards;
 mod store;

@@ -237,6 +237,17 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
     assert_usage(d, &with(&["--roles", "0"]), "--roles");
     assert_usage(d, &with(&["--ttl", "100us"]), "--ttl");
     assert_usage(d, &["--clients", "1"], "--store");
+    assert_usage(d, &with(&["--shards", "0"]), "--shards");
+    assert_usage(d, &with(&["--shards", "100001"]), "--shards");
+    assert_usage(d, &with(&["--shards", "4", "--members", "5"]), "--members");
+    assert_usage(d, &with(&["--shards", "4", "--members", "0"]), "--members");
+    assert_usage(
+        d,
+        &with(&["--shards", "4", "--window", "1s", "--renew-every", "2s"]),
+        "--window",
+    );
+    assert_usage(d, &with(&["--members", "2"]), "--shards");
+    assert_usage(d, &with(&["--shards", "4", "--report", "out"]), "--report");
     #[cfg(not(feature = "etcd"))]
     assert_usage(d, &["--store", "etcd:throwaway"], "--features etcd");
     #[cfg(feature = "etcd")]
@@ -254,4 +265,123 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
     command.args(["bench", "--store", "redis://u:hunter2@h"]);
     let output = output_within(&mut command, Duration::from_secs(60));
     assert!(!String::from_utf8_lossy(&output.stderr).contains("hunter2"));
+}
+
+/// `tenure bench --shards 200` briefly: 3 s windows, renew every 500 ms unless `extra`
+/// says otherwise.
+fn shard_bench(dir: &Path, store: &str, extra: &[&str]) -> Value {
+    let mut command = tenure();
+    command
+        .args(["bench", "--store", store, "--json", "--shards", "200"])
+        .args(["--window", "3s"]);
+    if !extra.contains(&"--renew-every") {
+        command.args(["--renew-every", "500ms"]);
+    }
+    command.args(extra).current_dir(dir).env("TMPDIR", dir);
+    report(&output_within(&mut command, Duration::from_secs(300)))
+}
+
+fn hold_row<'a>(r: &'a Value, holder: &str) -> &'a Value {
+    r["shards"]["hold"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["holder"] == holder))
+        .unwrap_or_else(|| panic!("no {holder} row in {r}"))
+}
+
+/// Store calls of `method` per renew interval (0 when none were made).
+fn calls(row: &Value, method: &str) -> f64 {
+    row["calls_per_interval"][method].as_f64().unwrap_or(0.0)
+}
+
+/// The shard group renews once per interval however many shards it holds, starts no
+/// term while settled, and makes no per-shard call; the per-role electors renew each
+/// role.
+fn check_hold(r: &Value, baseline: bool) {
+    let group = hold_row(r, "shard group");
+    assert_eq!(group["terms_restarted"], 0, "{group}");
+    let keep_alive = calls(group, "keep_alive_session");
+    assert!((0.6..=1.4).contains(&keep_alive), "{group}");
+    for per_shard in ["acquire_in_session", "try_acquire_or_renew", "release"] {
+        assert_eq!(calls(group, per_shard), 0.0, "{per_shard}: {group}");
+    }
+    if baseline {
+        let electors = hold_row(r, "per-role electors");
+        assert!(
+            calls(electors, "try_acquire_or_renew") >= 150.0,
+            "{electors}"
+        );
+    }
+}
+
+/// 64 shards: 16 each from a cold start, a join moves only the newcomer's 12 or 13, a
+/// killed member's shards are owned again, and a graceful leave moves only the leaver's
+/// shards with at most two acquires each.
+fn check_churn(r: &Value) {
+    let churn = &r["shards"]["churn"];
+    assert_eq!(
+        churn["cold_shares"],
+        serde_json::json!([16, 16, 16, 16]),
+        "{churn}"
+    );
+    let moved = num(churn, "/join_moved");
+    assert!((12.0..=13.0).contains(&moved), "{churn}");
+    assert_eq!(
+        churn["join_moved_to_newcomer"], churn["join_moved"],
+        "{churn}"
+    );
+    check_latency(&churn["handover"], "join handover");
+    assert!(num(churn, "/killed_shards") >= 12.0, "{churn}");
+    // A loaded machine may add to the TTL; the figure itself is in BENCHMARKS.md.
+    assert!(
+        num(churn, "/kill_reowned_ms") < num(churn, "/ttl_ms") + 2000.0,
+        "{churn}"
+    );
+    let leave = &r["shards"]["leave"];
+    assert_eq!(leave["moved"], leave["leaver_shards"], "{leave}");
+    assert!(num(leave, "/acquires_per_moved") <= 2.0, "{leave}");
+    check_latency(&leave["handover"], "leave handover");
+}
+
+#[test]
+fn shard_bench_on_memory_renews_once_per_interval_and_moves_little() {
+    let dir = tempdir();
+    let r = shard_bench(dir.path(), "memory:", &[]);
+    check_hold(&r, true);
+    check_churn(&r);
+}
+
+/// PostgreSQL: one session renewal a statement, so the group's statements and rows per
+/// interval are a small constant while the electors' grow with the roles.
+#[test]
+fn shard_bench_on_postgres_counts_statements_and_rows() {
+    let dir = tempdir();
+    let r = shard_bench(dir.path(), "postgres:throwaway", &[]);
+    check_hold(&r, true);
+    check_churn(&r);
+    let group = hold_row(&r, "shard group");
+    let electors = hold_row(&r, "per-role electors");
+    let statements = |row: &Value| num(row, "/statements_per_interval");
+    let rows = |row: &Value| num(row, "/rows_written_per_interval");
+    assert!(statements(group) < 10.0, "{group}");
+    assert!(statements(electors) >= 150.0, "{electors}");
+    assert!(rows(group) < 10.0, "{group}");
+    assert!(rows(electors) >= 150.0, "{electors}");
+}
+
+#[test]
+fn shard_bench_on_sqlite_renews_once_per_interval() {
+    let dir = tempdir();
+    let r = shard_bench(dir.path(), "sqlite:throwaway", &["--no-churn"]);
+    check_hold(&r, true);
+    assert!(r["shards"]["churn"].is_null());
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn shard_bench_on_etcd_keeps_every_shard_alive_with_one_keep_alive() {
+    let dir = tempdir();
+    // etcd grants whole seconds: the shortest TTL three renew intervals make is 3 s.
+    let extra = ["--no-churn", "--no-baseline", "--renew-every", "1s"];
+    let r = shard_bench(dir.path(), "etcd:throwaway", &extra);
+    check_hold(&r, false);
 }

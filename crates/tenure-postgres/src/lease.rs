@@ -100,7 +100,7 @@ impl PgLeaseStore {
         let acquire_sql = acquire_statement(&t, &sessions);
         let release_sql = release_statement(&t, &sessions);
         // A session-held row shows its session's expiry; one whose session row is
-        // missing (never the case: sessions are not deleted) reads as expired.
+        // missing (forgotten once it ended, see `session.rs`) reads as expired.
         let read = format!(
             "SELECT l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
                 THEN l.expires_at

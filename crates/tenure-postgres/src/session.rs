@@ -48,7 +48,7 @@ impl SessionStatements {
     /// qualified names).
     pub(crate) fn new(t: &str, sessions: &str) -> SessionStatements {
         SessionStatements {
-            open: open_statement(sessions),
+            open: open_statement(t, sessions),
             keep_alive: keep_alive_statement(sessions),
             acquire: acquire_statement(t, sessions),
             close: close_statement(t, sessions),
@@ -191,9 +191,20 @@ pub(crate) fn term_end(sessions: &str, lock: bool) -> String {
 }
 
 /// Opens a session: `(owner, ttl in microseconds)`, one row.
-fn open_statement(sessions: &str) -> String {
+/// Opens a session: `(owner, ttl in microseconds)`. It also forgets up to 100 ended
+/// sessions that no lease row names: every statement reads a missing session as ended,
+/// so forgetting one changes no answer, and the table stays as small as the sessions
+/// alive. (Sessions are only ever named by a lease row while alive, by their owner, so
+/// one unnamed once it ended stays unnamed.)
+fn open_statement(t: &str, sessions: &str) -> String {
     format!(
-        "INSERT INTO {sessions} (owner, expires_at)
+        "WITH forgotten AS (
+            DELETE FROM {sessions} s
+            WHERE s.id IN (SELECT id FROM {sessions}
+                           WHERE expires_at <= statement_timestamp() ORDER BY id LIMIT 100)
+              AND s.id NOT IN (SELECT session_id FROM {t} WHERE session_id IS NOT NULL)
+        )
+        INSERT INTO {sessions} (owner, expires_at)
          VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond')
          RETURNING id, owner, expires_at, statement_timestamp() AS now"
     )

@@ -284,3 +284,61 @@ async fn one_session_racing_itself_gets_one_term_per_role() {
         }
     }
 }
+
+async fn session_ids(pool: &PgPool, schema: &Schema) -> Vec<i64> {
+    let sql = format!(
+        "SELECT id FROM {} ORDER BY id",
+        table(schema, "tenure_sessions")
+    );
+    sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+}
+
+/// Ended sessions are forgotten when a session opens, so members that come and go do
+/// not grow the table for ever; one a lease row still names is kept (the row's term is
+/// judged by it), and forgetting never changes an answer.
+#[tokio::test]
+async fn opening_a_session_forgets_ended_ones_no_lease_names() {
+    let (pool, schema) = setup("sessions-forget").await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    // Ended without a close, still named by the role it held.
+    let lapsed = store.open_session("node-b", LONG).await.unwrap();
+    let held = store.acquire_in_session("jobs/1", lapsed.id).await.unwrap();
+    assert!(held.acquired);
+    let closed = store.open_session("node-a", LONG).await.unwrap();
+    store.close_session(closed.id).await.unwrap();
+    let end_now = format!(
+        "UPDATE {} SET expires_at = statement_timestamp() - interval '1 second' WHERE id = $1",
+        table(&schema, "tenure_sessions")
+    );
+    sqlx::query(&end_now)
+        .bind(i64::try_from(lapsed.id.get()).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let before = session_ids(&pool, &schema).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    let fresh = store.open_session("node-c", LONG).await.unwrap();
+
+    let after = session_ids(&pool, &schema).await;
+    let id = |grant: &SessionGrant| i64::try_from(grant.id.get()).unwrap();
+    assert_eq!(
+        after,
+        vec![id(&lapsed), id(&fresh)],
+        "the closed session is forgotten, the one a lease names is kept"
+    );
+    // Answers are unchanged: the closed session is still ended, the lapsed one's role
+    // is free to another session and keeps its token history.
+    assert!(store
+        .keep_alive_session(closed.id, LONG)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        store.acquire_in_session("jobs/2", closed.id).await,
+        Err(tenure::Error::SessionEnded(_))
+    ));
+    let taken = store.acquire_in_session("jobs/1", fresh.id).await.unwrap();
+    assert!(taken.acquired);
+    assert!(taken.fencing_token > held.fencing_token);
+}

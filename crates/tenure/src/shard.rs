@@ -175,6 +175,9 @@ struct Term {
     started: Instant,
 }
 
+/// At most this many shards held elsewhere are waited on at once (see `contend`).
+const MAX_WAITERS: usize = 32;
+
 /// How many TTLs a rescued shard stays with its rescuer when its target owns nothing.
 const RESCUE_HOLD: u32 = 4;
 
@@ -315,15 +318,30 @@ impl ShardElector {
     /// shard moves, the session is lost, shutdown) and the work is awaited before the
     /// shard is released, so work must return promptly once it is cancelled. Work that
     /// returns on its own ends its term (the shard is released and taken again after
-    /// `retry_interval`). On shutdown every shard's work is cancelled and awaited, the
-    /// session is closed (releasing every shard at once) and the member leaves the
-    /// registry. Store errors are logged and retried, never returned.
+    /// `retry_interval`). A member joins the registry only once its session is open. On shutdown every shard's work is cancelled and awaited,
+    /// the member leaves the registry, and then its session is closed (releasing every
+    /// shard at once). Store errors are logged and retried, never returned.
     pub async fn run<W, Fut>(&self, mut work: W, shutdown: CancellationToken) -> Result<()>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
+        let mut member = Member {
+            elector: self,
+            session: None,
+            terms: BTreeMap::new(),
+            cooling: HashMap::new(),
+            orphaned_since: HashMap::new(),
+            last_seen: HashMap::new(),
+            waiting: BTreeSet::new(),
+        };
+        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
+        // The session is open before the member joins: others hand shards over as soon as
+        // they see the join, and a newcomer still opening its session would leave them
+        // unowned meanwhile. (It reads the group only after joining: members starting
+        // together then see each other instead of each contending for every shard.)
+        member.open_session(&shutdown).await;
         let mut metadata = Metadata::new();
         metadata.insert(GROUP_KEY.to_owned(), self.options.group.clone());
         let heartbeat_stop = CancellationToken::new();
@@ -342,24 +360,17 @@ impl ShardElector {
             beat_every,
             heartbeat_stop.clone(),
         );
-        let mut member = Member {
-            elector: self,
-            session: None,
-            terms: BTreeMap::new(),
-            cooling: HashMap::new(),
-            orphaned_since: HashMap::new(),
-            last_seen: HashMap::new(),
-            waiting: BTreeSet::new(),
-        };
-        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         let outcome = member
             .run(&mut work, &shutdown, &wake_tx, &mut wake_rx)
             .await;
+        // Leave first, then release: the others retarget on the leave and are waiting
+        // on these shards when the session closes, so each moves in one push.
         heartbeat_stop.cancel();
         let _ = heartbeat.await;
         if let Err(error) = self.registry.leave(&self.options.node_id).await {
             warn!(%error, "could not leave the registry; membership lapses on its own");
         }
+        member.close_session().await;
         self.state.send_replace(ShardState::default());
         outcome
     }
@@ -410,20 +421,25 @@ impl Member<'_> {
         Fut::Output: WorkOutcome,
     {
         let mut observed: Vec<String> = Vec::new();
+        let mut look = true;
         loop {
             if self.session.is_none() {
                 self.open_session(shutdown).await;
                 if shutdown.is_cancelled() {
                     break;
                 }
+                look = true;
             }
-            observed = match self.reconcile(work, wake_tx).await {
-                Ok(members) => members,
-                Err(error) => {
-                    warn!(group = %self.options().group, %error, "could not read the group; retrying");
-                    observed
-                }
-            };
+            if look {
+                observed = match self.reconcile(work, wake_tx).await {
+                    Ok(members) => members,
+                    Err(error) => {
+                        warn!(group = %self.options().group, %error, "could not read the group; retrying");
+                        observed
+                    }
+                };
+            }
+            look = true;
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
@@ -434,11 +450,11 @@ impl Member<'_> {
                 biased;
                 _ = shutdown.cancelled() => break,
                 _ = alive.cancelled() => self.lose_everything().await,
-                Some(wake) = wake_rx.recv() => self.woken(wake).await,
+                Some(wake) = wake_rx.recv() => look = self.woken(wake, work, wake_tx).await,
                 _ = members_changed => {}
             }
         }
-        self.drain().await;
+        self.stop_work().await;
         Ok(())
     }
 
@@ -471,8 +487,14 @@ impl Member<'_> {
         }
     }
 
-    /// The session is gone: cancel and await every shard's work, forget the session.
+    /// The session is gone: stop every shard's work, forget the session.
     async fn lose_everything(&mut self) {
+        self.stop_work().await;
+        self.session = None;
+    }
+
+    /// Cancels and awaits every shard's work (the session, if any, still holds them).
+    async fn stop_work(&mut self) {
         let terms = std::mem::take(&mut self.terms);
         for term in terms.values() {
             term.leadership.cancel();
@@ -482,16 +504,38 @@ impl Member<'_> {
                 warn!(shard, %error, "shard work failed after its term ended");
             }
         }
-        self.session = None;
         self.publish_owned();
     }
 
-    async fn woken(&mut self, wake: Wake) {
+    /// Acts on a wake; returns whether the group must be read again (a shard changed
+    /// that this member took at once needs no second look).
+    async fn woken<W, Fut>(
+        &mut self,
+        wake: Wake,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> bool
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
         let (shard, token) = match wake {
             Wake::WorkEnded(shard, token) => (shard, token),
             Wake::ShardChanged(shard) => {
+                debug!(shard, "the store pushed a change of a shard held elsewhere");
                 self.waiting.remove(&shard);
-                return;
+                // A handover to this member: contend at once, without reading the whole
+                // group again first (that read grows with the group; this is one call).
+                let node = &self.options().node_id;
+                let mine = self.elector.state.borrow().target.get(&shard) == Some(node);
+                let now = Instant::now();
+                let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+                if mine && cooled && !self.terms.contains_key(&shard) {
+                    self.contend(shard, false, work, wake_tx).await;
+                    return false;
+                }
+                return true;
             }
         };
         if self
@@ -499,10 +543,10 @@ impl Member<'_> {
             .get(&shard)
             .is_none_or(|term| term.token != token)
         {
-            return;
+            return true;
         }
         let Some(term) = self.terms.remove(&shard) else {
-            return;
+            return true;
         };
         let returned_on_its_own = !term.leadership.is_cancelled();
         term.leadership.cancel();
@@ -515,6 +559,7 @@ impl Member<'_> {
         }
         self.release(shard, term.token).await;
         self.publish_owned();
+        true
     }
 
     async fn release(&self, shard: u32, token: FencingToken) {
@@ -658,8 +703,11 @@ impl Member<'_> {
                 self.publish_owned();
             }
             Ok(Ok(result)) => {
-                // Held elsewhere (a handover in progress): wake on the store's push.
-                if self.waiting.insert(shard) {
+                // Held elsewhere (a handover in progress): wake on the store's push. A
+                // bounded number of waiters: each costs the store a read before it
+                // waits, and thousands at once (a member joining a large group) would
+                // starve the session's own renewals; the rest wait for the next look.
+                if self.waiting.len() < MAX_WAITERS && self.waiting.insert(shard) {
                     let store = self.elector.store.clone();
                     let wake = wake_tx.clone();
                     let until = Instant::now() + self.options().lease_ttl;
@@ -738,19 +786,9 @@ impl Member<'_> {
             .collect()
     }
 
-    /// Shutdown: cancel and await every shard's work, then close the session (releasing
-    /// every shard at once).
-    async fn drain(&mut self) {
-        let terms = std::mem::take(&mut self.terms);
-        for term in terms.values() {
-            term.leadership.cancel();
-        }
-        for (shard, term) in terms {
-            if let Err(error) = work_outcome_of(term.task).await {
-                warn!(shard, %error, "shard work failed while draining");
-            }
-        }
-        self.publish_owned();
+    /// Shutdown, after the member left the group: close the session, releasing every
+    /// shard at once (the others, having seen the leave, wait on them by now).
+    async fn close_session(&mut self) {
         if let Some(session) = self.session.take() {
             let close = self.elector.store.close_session(session.id);
             match tokio::time::timeout_at(session.deadline(), close).await {
