@@ -22,8 +22,8 @@ use sqlx::{
     ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, PgPool, Postgres, Row, Sqlite,
     Transaction, Type,
 };
-use tenure::{Error, FencingToken, LeaseStore};
-use tenure_postgres::{PgFence, PgLeaseStore, Schema};
+use tenure::{Error, FencingToken, LeaseStore, NodeRegistry};
+use tenure_postgres::{PgFence, PgLeaseStore, PgNodeRegistry, Schema};
 use tenure_sqlite::{SqliteDatabase, SqliteOptions};
 
 use crate::ChaosError;
@@ -147,6 +147,21 @@ impl Backend {
         }
     }
 
+    /// The membership registry shard members heartbeat into, judging a member live for
+    /// `ttl` after its last heartbeat.
+    pub fn registry(&self, ttl: Duration) -> Result<Arc<dyn NodeRegistry>, ChaosError> {
+        Ok(match self {
+            Backend::Sqlite(sql) => Arc::new(sql.0.db.node_registry(ttl)?),
+            Backend::Postgres(sql) => Arc::new(PgNodeRegistry::new(
+                sql.0.pool.clone(),
+                Schema::default(),
+                ttl,
+            )?),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.registry(ttl)?,
+        })
+    }
+
     /// Creates tenure's schema and the log table (done once, by the orchestrator).
     pub async fn prepare(&self) -> Result<(), ChaosError> {
         match self {
@@ -160,7 +175,8 @@ impl Backend {
         }
     }
 
-    /// Appends `entry` to the log, fenced on the role's log unless `unfenced` (the
+    /// Appends `entry` to the log, fenced on the role's log (each shard's role has its
+    /// own fence) unless `unfenced` (the
     /// negative control).
     pub async fn write(&self, entry: Entry<'_>, unfenced: bool) -> WriteOutcome {
         match self {

@@ -15,10 +15,17 @@
 //!   token);
 //! - `refused_committed`: a write its worker saw refused or failed before commit, present
 //!   in the log;
-//! - `phantom_write`: a log row no worker ever invoked.
+//! - `phantom_write`: a log row no worker ever invoked;
+//! - `token_shared`: log rows of one token written by two worker incarnations (two
+//!   leaders' accepted entries within one term);
+//! - `unknown_shard` (shard mode): events about a shard the group does not have.
+//!
+//! In shard mode ([`check_shards`]) every shard is checked on its own as one role is:
+//! tokens, terms, fence and log are per shard (shard `k` is the role `G/k`).
 //!
 //! Reported, not violations: writes refused by the fence, unknown outcomes, wall-clock
-//! overlap of workers that believed they led, and recovery time after each fault.
+//! overlap of workers that believed they led, recovery time after each fault and, in
+//! shard mode, the time to re-own a struck member's shards.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -149,6 +156,27 @@ pub struct Analysis {
     pub recovery: BTreeMap<String, Recovery>,
     /// Violations by kind (empty when the run passed).
     pub violations: Vec<ViolationSummary>,
+    /// Shard mode only: how the shards moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_moves: Option<ShardAnalysis>,
+}
+
+/// How the shards of a shard-mode run moved.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShardAnalysis {
+    /// Per fault label, for every fault that struck a worker (kill, pause, and on SQLite
+    /// the restart that kills one): the time from the fault until every shard the
+    /// victim held then had a new term started (by another member, or by a paused
+    /// victim that won it back after waking, with a new token). `unrecovered` counts
+    /// faults after which some shard never got a new term before the run ended.
+    pub reown: BTreeMap<String, Recovery>,
+    /// Faults that struck a worker but are no samples: it held no shard at that moment,
+    /// or it was paused then (a kill of a paused member; its shards were lost at the
+    /// pause, which is that sample).
+    pub not_sampled: u64,
+    /// Terms that began on another worker than the shard's previous term: every move,
+    /// handover or takeover, of every shard.
+    pub moved: u64,
 }
 
 impl Analysis {
@@ -159,17 +187,24 @@ impl Analysis {
 }
 
 #[derive(Default)]
-struct Violations(BTreeMap<&'static str, ViolationSummary>);
+struct Violations {
+    by_kind: BTreeMap<&'static str, ViolationSummary>,
+    /// Put in front of every example (shard mode: which shard).
+    prefix: String,
+}
 
 impl Violations {
     fn add(&mut self, kind: &'static str, detail: impl FnOnce() -> String) {
-        let entry = self.0.entry(kind).or_insert_with(|| ViolationSummary {
-            kind: kind.to_owned(),
-            ..Default::default()
-        });
+        let entry = self
+            .by_kind
+            .entry(kind)
+            .or_insert_with(|| ViolationSummary {
+                kind: kind.to_owned(),
+                ..Default::default()
+            });
         entry.count += 1;
         if entry.examples.len() < EXAMPLES {
-            entry.examples.push(detail());
+            entry.examples.push(format!("{}{}", self.prefix, detail()));
         }
     }
 }
@@ -183,7 +218,7 @@ struct Op {
     outcome: Option<(EventKind, u64)>,
 }
 
-/// Checks a run.
+/// Checks a run on one role.
 pub fn check(
     events: &[Event],
     log: &[LogRow],
@@ -192,7 +227,79 @@ pub fn check(
 ) -> Analysis {
     let mut violations = Violations::default();
     let mut analysis = Analysis::default();
+    let ops = check_role(events, log, observations, &mut violations, &mut analysis);
+    analysis.overlap_ms = overlap_ns(events) as f64 / 1e6;
+    analysis.recovery = recovery(&ops, faults);
+    analysis.violations = violations.by_kind.into_values().collect();
+    analysis
+}
 
+/// What the store holds about one shard: its log and the orchestrator's readings of
+/// its lease.
+#[derive(Clone, Debug, Default)]
+pub struct ShardRecord {
+    /// The shard's log, in commit order.
+    pub log: Vec<LogRow>,
+    /// The shard's lease as observed.
+    pub observations: Vec<Observation>,
+}
+
+/// Checks a shard-mode run: every shard is checked as one role is by [`check`] (its
+/// own log, fence, tokens and terms; examples name the shard), recovery runs to the
+/// next admitted write on any shard, and [`ShardAnalysis`] says how fast the shards of
+/// a killed or paused member were owned again.
+pub fn check_shards(
+    events: &[Event],
+    shards: &BTreeMap<u32, ShardRecord>,
+    faults: &[FaultRecord],
+) -> Analysis {
+    let mut violations = Violations::default();
+    let mut analysis = Analysis::default();
+    let mut by_shard: BTreeMap<u32, Vec<Event>> = BTreeMap::new();
+    for e in events {
+        if let Some(shard) = e.shard {
+            by_shard.entry(shard).or_default().push(e.clone());
+        }
+    }
+    let mut ops = HashMap::new();
+    let mut overlap = 0;
+    for (&shard, record) in shards {
+        let events = by_shard.remove(&shard).unwrap_or_default();
+        violations.prefix = format!("shard {shard}: ");
+        ops.extend(check_role(
+            &events,
+            &record.log,
+            &record.observations,
+            &mut violations,
+            &mut analysis,
+        ));
+        overlap += overlap_ns(&events);
+    }
+    violations.prefix.clear();
+    for (shard, events) in &by_shard {
+        violations.add("unknown_shard", || {
+            format!(
+                "{} events about shard {shard}, which the group does not have",
+                events.len()
+            )
+        });
+    }
+    analysis.overlap_ms = overlap as f64 / 1e6;
+    analysis.recovery = recovery(&ops, faults);
+    analysis.shard_moves = Some(shard_analysis(events, faults));
+    analysis.violations = violations.by_kind.into_values().collect();
+    analysis
+}
+
+/// Checks one role's (or one shard's) histories, log and observations, adding to
+/// `analysis`'s counts; returns its writes.
+fn check_role(
+    events: &[Event],
+    log: &[LogRow],
+    observations: &[Observation],
+    violations: &mut Violations,
+    analysis: &mut Analysis,
+) -> HashMap<(String, u64), Op> {
     // Writes, keyed by (worker, seq).
     let mut ops: HashMap<(String, u64), Op> = HashMap::new();
     for e in events {
@@ -224,8 +331,8 @@ pub fn check(
         .collect();
 
     let w = &mut analysis.writes;
-    w.invoked = ops.len() as u64;
-    w.log_rows = log.len() as u64;
+    w.invoked += ops.len() as u64;
+    w.log_rows += log.len() as u64;
     for op in ops.values() {
         let row = logged.get(&(op.worker.as_str(), op.seq));
         match op.outcome.map(|(kind, _)| kind) {
@@ -281,9 +388,20 @@ pub fn check(
         }
     }
 
-    // The fence's order: commit order never goes down in token.
+    // The fence's order: commit order never goes down in token, and one token's rows
+    // are one incarnation's.
     let mut highest: Option<&LogRow> = None;
+    let mut writer: HashMap<u64, &LogRow> = HashMap::new();
     for row in log {
+        let first = *writer.entry(row.token).or_insert(row);
+        if first.worker != row.worker {
+            violations.add("token_shared", || {
+                format!(
+                    "row {} by {} has token {}, as row {} by {}",
+                    row.id, row.worker, row.token, first.id, first.worker
+                )
+            });
+        }
         match highest {
             Some(top) if row.token < top.token => violations.add("log_order", || {
                 format!(
@@ -344,7 +462,7 @@ pub fn check(
         }
         last_led.insert(e.worker.as_str(), e.token);
     }
-    analysis.terms = leaders.len() as u64;
+    analysis.terms += leaders.len() as u64;
     for (token, workers) in &leaders {
         if workers.len() > 1 {
             violations.add("token_reused", || {
@@ -378,10 +496,7 @@ pub fn check(
         }
     }
 
-    analysis.overlap_ms = overlap_ns(events) as f64 / 1e6;
-    analysis.recovery = recovery(&ops, faults);
-    analysis.violations = violations.0.into_values().collect();
-    analysis
+    ops
 }
 
 /// Total time during which two or more incarnations believed they led. A term with no
@@ -451,48 +566,171 @@ fn recovery(
         })
         .collect();
     acks.sort_unstable();
-    let mut struck: Vec<u64> = faults.iter().map(|f| f.at).collect();
-    struck.sort_unstable();
-    #[derive(Default)]
-    struct Samples {
-        all: Vec<f64>,
-        isolated: Vec<f64>,
-        unrecovered: u64,
-    }
-    let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
+    let mut samples = Samples::new(faults);
     for fault in faults {
-        let entry = samples.entry(fault.label()).or_default();
-        let Some(took) = recovery_ns(&acks, fault.recovery_from()) else {
+        let from = fault.recovery_from();
+        samples.add(
+            fault,
+            from,
+            recovery_ns(&acks, from).map(|took| from + took),
+        );
+    }
+    samples.summarize()
+}
+
+/// Recovery samples per fault label, and when every fault struck (to tell isolated
+/// samples).
+struct Samples {
+    by_label: BTreeMap<String, LabelSamples>,
+    struck: Vec<u64>,
+}
+
+#[derive(Default)]
+struct LabelSamples {
+    all: Vec<f64>,
+    isolated: Vec<f64>,
+    unrecovered: u64,
+}
+
+impl Samples {
+    fn new(faults: &[FaultRecord]) -> Self {
+        let mut struck: Vec<u64> = faults.iter().map(|f| f.at).collect();
+        struck.sort_unstable();
+        Samples {
+            by_label: BTreeMap::new(),
+            struck,
+        }
+    }
+
+    /// `fault`, measured from `from`, recovered at `done` (`None`: never).
+    fn add(&mut self, fault: &FaultRecord, from: u64, done: Option<u64>) {
+        let entry = self.by_label.entry(fault.label()).or_default();
+        let Some(done) = done else {
             entry.unrecovered += 1;
-            continue;
+            return;
         };
-        let done = fault.recovery_from() + took;
-        let ms = took as f64 / 1e6;
+        let ms = done.saturating_sub(from) as f64 / 1e6;
         entry.all.push(ms);
         // Another fault struck in (at, done]: this sample is not this fault's alone.
+        let struck = &self.struck;
         let others =
             struck.partition_point(|&t| t <= done) - struck.partition_point(|&t| t <= fault.at);
         if others == 0 {
             entry.isolated.push(ms);
         }
     }
-    samples
-        .into_iter()
-        .map(|(kind, mut s)| {
-            s.all.sort_by(f64::total_cmp);
-            s.isolated.sort_by(f64::total_cmp);
-            let recovery = Recovery {
-                recovered: s.all.len() as u64,
-                unrecovered: s.unrecovered,
-                p50_ms: nearest_rank(&s.all, 0.5),
-                p99_ms: nearest_rank(&s.all, 0.99),
-                max_ms: s.all.last().copied(),
-                isolated: s.isolated.len() as u64,
-                isolated_p99_ms: nearest_rank(&s.isolated, 0.99),
-            };
-            (kind, recovery)
-        })
-        .collect()
+
+    fn summarize(self) -> BTreeMap<String, Recovery> {
+        self.by_label
+            .into_iter()
+            .map(|(label, mut s)| {
+                s.all.sort_by(f64::total_cmp);
+                s.isolated.sort_by(f64::total_cmp);
+                let recovery = Recovery {
+                    recovered: s.all.len() as u64,
+                    unrecovered: s.unrecovered,
+                    p50_ms: nearest_rank(&s.all, 0.5),
+                    p99_ms: nearest_rank(&s.all, 0.99),
+                    max_ms: s.all.last().copied(),
+                    isolated: s.isolated.len() as u64,
+                    isolated_p99_ms: nearest_rank(&s.isolated, 0.99),
+                };
+                (label, recovery)
+            })
+            .collect()
+    }
+}
+
+/// One shard term as the histories tell it.
+struct ShardTerm<'a> {
+    shard: u32,
+    token: u64,
+    worker: &'a str,
+    /// `Lead` at.
+    began: u64,
+    /// `Unlead` at; `None` when the worker died holding it.
+    ended: Option<u64>,
+}
+
+/// Re-own times of the shards of every struck worker, and how many times shards moved.
+fn shard_analysis(events: &[Event], faults: &[FaultRecord]) -> ShardAnalysis {
+    let mut terms: Vec<ShardTerm<'_>> = Vec::new();
+    let mut open: HashMap<(&str, u32, u64), usize> = HashMap::new();
+    for e in events {
+        let Some(shard) = e.shard else { continue };
+        match e.ev {
+            EventKind::Lead => {
+                open.insert((e.worker.as_str(), shard, e.token), terms.len());
+                terms.push(ShardTerm {
+                    shard,
+                    token: e.token,
+                    worker: &e.worker,
+                    began: e.t,
+                    ended: None,
+                });
+            }
+            EventKind::Unlead => {
+                if let Some(i) = open.remove(&(e.worker.as_str(), shard, e.token)) {
+                    terms[i].ended = Some(e.t);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut by_shard: BTreeMap<u32, Vec<&ShardTerm<'_>>> = BTreeMap::new();
+    for term in &terms {
+        by_shard.entry(term.shard).or_default().push(term);
+    }
+    let mut analysis = ShardAnalysis::default();
+    for shard_terms in by_shard.values_mut() {
+        shard_terms.sort_by_key(|t| t.token);
+        analysis.moved += shard_terms
+            .windows(2)
+            .filter(|pair| pair[0].worker != pair[1].worker)
+            .count() as u64;
+    }
+    let mut samples = Samples::new(faults);
+    for fault in faults {
+        let Some(victim) = fault.target.as_deref() else {
+            continue;
+        };
+        let paused = faults.iter().any(|earlier| {
+            earlier.kind == FaultKind::Pause
+                && earlier.target.as_deref() == Some(victim)
+                && earlier.at < fault.at
+                && (earlier.healed == 0 || earlier.healed >= fault.at)
+        });
+        // The victim's terms still open then, and still its shard's latest: a paused
+        // member's shards may have been taken before it is killed.
+        let held: Vec<&ShardTerm<'_>> = terms
+            .iter()
+            .filter(|t| t.worker == victim && t.began <= fault.at)
+            .filter(|t| t.ended.is_none_or(|ended| ended > fault.at))
+            .filter(|t| {
+                !by_shard[&t.shard]
+                    .iter()
+                    .any(|later| later.token > t.token && later.began <= fault.at)
+            })
+            .collect();
+        if held.is_empty() || paused {
+            analysis.not_sampled += 1;
+            continue;
+        }
+        // The last of the victim's shards to get a new term; `None` if one never did.
+        let reowned = held
+            .iter()
+            .map(|old| {
+                by_shard[&old.shard]
+                    .iter()
+                    .filter(|t| t.token > old.token && t.began > fault.at)
+                    .map(|t| t.began)
+                    .min()
+            })
+            .try_fold(fault.at, |latest, at| at.map(|at| latest.max(at)));
+        samples.add(fault, fault.at, reowned);
+    }
+    analysis.reown = samples.summarize();
+    analysis
 }
 
 #[cfg(test)]
@@ -506,6 +744,7 @@ mod tests {
             ev,
             token,
             seq,
+            shard: None,
             note: None,
         }
     }
@@ -646,5 +885,159 @@ mod tests {
         assert_eq!(a.recovery["kill"].unrecovered, 1);
         let cut = &a.recovery["cut/blackhole"];
         assert_eq!((cut.recovered, cut.p50_ms), (1, Some(7.0)));
+    }
+
+    fn on(shard: u32, mut e: Event) -> Event {
+        e.shard = Some(shard);
+        e
+    }
+
+    fn kill(at: u64, target: &str) -> FaultRecord {
+        FaultRecord {
+            kind: FaultKind::Kill,
+            flavour: None,
+            target: Some(target.to_owned()),
+            at,
+            healed: at,
+        }
+    }
+
+    /// Two shards, each with the clean handover of [`clean`] (the same tokens on both:
+    /// tokens are per shard), and what the store holds.
+    fn two_shards() -> (Vec<Event>, BTreeMap<u32, ShardRecord>) {
+        let (events, log) = clean();
+        let mut all: Vec<Event> = events.iter().cloned().map(|e| on(0, e)).collect();
+        // Shard 1: the same story with workers swapped and later seqs (seq is per
+        // incarnation, shared by its shards).
+        for e in &events {
+            let mut e = on(1, e.clone());
+            e.worker = if e.worker == "a" { "b" } else { "a" }.to_owned();
+            if e.seq != 0 {
+                e.seq += 10;
+            }
+            all.push(e);
+        }
+        all.sort_by_key(|e| e.t);
+        let log1 = log
+            .iter()
+            .map(|r| {
+                row(
+                    r.id + 10,
+                    if r.worker == "a" { "b" } else { "a" },
+                    r.token,
+                    r.seq + 10,
+                )
+            })
+            .collect();
+        let records = BTreeMap::from([
+            (
+                0,
+                ShardRecord {
+                    log,
+                    observations: vec![],
+                },
+            ),
+            (
+                1,
+                ShardRecord {
+                    log: log1,
+                    observations: vec![],
+                },
+            ),
+        ]);
+        (all, records)
+    }
+
+    #[test]
+    fn shards_are_checked_each_on_its_own() {
+        let (events, records) = two_shards();
+        let a = check_shards(&events, &records, &[]);
+        // Token 1 led by a on shard 0 and by b on shard 1 is no reuse.
+        assert_eq!(a.violations, vec![]);
+        assert_eq!((a.writes.admitted, a.writes.refused, a.terms), (4, 2, 4));
+        let shards = a.shard_moves.expect("a shard analysis");
+        // Each shard moved once (a -> b, b -> a).
+        assert_eq!(shards.moved, 2);
+    }
+
+    #[test]
+    fn a_stale_write_on_one_shard_is_caught_and_named() {
+        use EventKind::*;
+        let (mut events, mut records) = two_shards();
+        // On shard 1, b's late write went through unfenced after a's, and a third
+        // worker's row carries a's token.
+        events.retain(|e| !(e.shard == Some(1) && e.ev == Fenced));
+        events.push(on(1, ev(40, "b", Ok, 1, 12)));
+        events.push(on(1, ev(42, "c", Invoke, 2, 1)));
+        events.push(on(1, ev(43, "c", Ok, 2, 1)));
+        let log = &mut records.get_mut(&1).expect("shard 1").log;
+        log.push(row(13, "b", 1, 12));
+        log.push(row(14, "c", 2, 1));
+        let a = check_shards(&events, &records, &[]);
+        let kinds: Vec<_> = a.violations.iter().map(|v| v.kind.as_str()).collect();
+        assert_eq!(kinds, ["log_order", "token_shared"]);
+        assert!(
+            a.violations[0].examples[0].starts_with("shard 1: "),
+            "{a:?}"
+        );
+        // Events about a shard the group does not have are a violation too.
+        events.push(on(7, ev(50, "a", Lead, 1, 0)));
+        let a = check_shards(&events, &records, &[]);
+        assert!(a.violations.iter().any(|v| v.kind == "unknown_shard"));
+    }
+
+    #[test]
+    fn reown_runs_from_a_kill_to_the_last_of_the_victims_shards_taken() {
+        use EventKind::*;
+        let ms = 1_000_000;
+        let events = vec![
+            on(0, ev(ms, "a", Lead, 1, 0)),
+            on(1, ev(2 * ms, "a", Lead, 1, 0)),
+            on(2, ev(3 * ms, "b", Lead, 1, 0)),
+            // a is killed at 10 ms holding shards 0 and 1; b takes 0 at 900 ms, c
+            // takes 1 at 1100 ms.
+            on(0, ev(900 * ms, "b", Lead, 2, 0)),
+            on(1, ev(1100 * ms, "c", Lead, 2, 0)),
+            // b hands both its shards over (2 to c, 0 to d) and holds nothing when it
+            // is killed at 1300 ms; c, killed at 3000 ms holding 1 and 2, never sees
+            // them taken.
+            on(2, ev(1200 * ms, "b", Unlead, 1, 0)),
+            on(2, ev(1210 * ms, "c", Lead, 2, 0)),
+            on(0, ev(1240 * ms, "b", Unlead, 2, 0)),
+            on(0, ev(1250 * ms, "d", Lead, 3, 0)),
+        ];
+        let records = (0..3).map(|k| (k, ShardRecord::default())).collect();
+        // d, paused, its shard 0 taken by e at 3500 ms, is killed at 4000 ms: it held
+        // nothing any more.
+        let mut events = events;
+        events.push(on(0, ev(3500 * ms, "e", Lead, 4, 0)));
+        let faults = [
+            kill(10 * ms, "a"),
+            kill(1300 * ms, "b"),
+            kill(3000 * ms, "c"),
+            kill(4000 * ms, "d"),
+            // e, holding shard 0, is paused at 3600 ms and killed while paused: the
+            // pause is the sample (shard 0 never moves again: unrecovered), not the
+            // kill.
+            FaultRecord {
+                kind: FaultKind::Pause,
+                flavour: None,
+                target: Some("e".to_owned()),
+                at: 3600 * ms,
+                healed: 4500 * ms,
+            },
+            kill(4500 * ms, "e"),
+        ];
+        let a = check_shards(&events, &records, &faults);
+        let shards = a.shard_moves.expect("a shard analysis");
+        let reown = &shards.reown["kill"];
+        assert_eq!((reown.recovered, reown.unrecovered), (1, 1));
+        assert_eq!(reown.max_ms, Some(1090.0));
+        assert_eq!(shards.reown["pause"].unrecovered, 1);
+        // The kills of b and d (holding nothing then) and of e (paused) are no
+        // samples.
+        assert_eq!(shards.not_sampled, 3);
+        // 0: a -> b -> d -> e, 1: a -> c, 2: b -> c.
+        assert_eq!(shards.moved, 5);
     }
 }

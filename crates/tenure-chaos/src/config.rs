@@ -228,6 +228,10 @@ pub struct ChaosConfig {
     pub store: StoreSpec,
     /// Worker processes contending at once (one per slot).
     pub workers: usize,
+    /// Shard mode: every worker is a member of one shard group of this many shards
+    /// ([`tenure::ShardElector`]) and writes to each owned shard's fenced log; `None`:
+    /// the workers contend for one role.
+    pub shards: Option<u32>,
     /// How long faults are injected.
     pub duration: Duration,
     /// Lease TTL; renewals every TTL/4, retries every TTL/2.
@@ -238,7 +242,7 @@ pub struct ChaosConfig {
     pub faults: Vec<FaultKind>,
     /// The schedule's seed.
     pub seed: u64,
-    /// How long a leader waits between writes.
+    /// How long a leader waits between writes (shard mode: per owned shard).
     pub write_every: Duration,
     /// Negative control: workers write without the fence.
     pub unsafe_skip_fence: bool,
@@ -273,6 +277,14 @@ impl ChaosConfig {
         let usage = |m: &str| Err(ChaosError::Usage(m.to_owned()));
         if !(2..=64).contains(&self.workers) {
             return usage("--workers must be between 2 and 64");
+        }
+        if let Some(shards) = self.shards {
+            if !(1..=tenure::shard::MAX_SHARDS).contains(&shards) {
+                return Err(ChaosError::Usage(format!(
+                    "--shards must be between 1 and {} (got {shards})",
+                    tenure::shard::MAX_SHARDS
+                )));
+            }
         }
         if self.ttl < Duration::from_millis(200) {
             return usage("--ttl must be at least 200ms");

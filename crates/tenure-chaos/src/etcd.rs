@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use tenure::{Error, LeaseStore};
+use tenure::{Error, LeaseStore, NodeRegistry};
 use tenure_etcd::etcd_client::{Client, GetOptions, KeyValue, TxnOp};
-use tenure_etcd::{connect_options, EtcdLeaseStore, EtcdUrl};
+use tenure_etcd::{connect_options, EtcdLeaseStore, EtcdNodeRegistry, EtcdUrl};
 
 use crate::backend::{short, Connect, Entry, LogRow, WriteOutcome};
 use crate::ChaosError;
@@ -49,6 +49,16 @@ impl EtcdLog {
     /// The lease store.
     pub fn leases(&self) -> Arc<dyn LeaseStore> {
         self.store.clone()
+    }
+
+    /// The membership registry on the same client (a member is live for `ttl` after its
+    /// last heartbeat).
+    pub fn registry(&self, ttl: std::time::Duration) -> Result<Arc<dyn NodeRegistry>, ChaosError> {
+        // Requests time out as the lease store's do (see [`EtcdLog::open`]).
+        let registry =
+            EtcdNodeRegistry::new(self.store.client().clone(), self.store.prefix(), ttl)?
+                .with_request_timeout(ttl.max(std::time::Duration::from_secs(1)))?;
+        Ok(Arc::new(registry))
     }
 
     fn log_prefix(&self, role: &str) -> String {

@@ -61,6 +61,9 @@ pub struct Event {
     /// The write's sequence number within this incarnation (0 when not a write).
     #[serde(default)]
     pub seq: u64,
+    /// The shard the event is about (shard mode; `None` for one role and for `Start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
     /// Owner id (on `Start`) or a short error message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -70,6 +73,7 @@ pub struct Event {
 #[derive(Clone, Debug)]
 pub struct HistoryWriter {
     worker: String,
+    shard: Option<u32>,
     file: Arc<Mutex<File>>,
 }
 
@@ -79,8 +83,17 @@ impl HistoryWriter {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(HistoryWriter {
             worker: worker.to_owned(),
+            shard: None,
             file: Arc::new(Mutex::new(file)),
         })
+    }
+
+    /// The same file, with every event marked as about `shard`.
+    pub fn for_shard(&self, shard: u32) -> Self {
+        HistoryWriter {
+            shard: Some(shard),
+            ..self.clone()
+        }
     }
 
     /// Records an event now. A failed write is logged, not fatal: the checker treats a
@@ -92,6 +105,7 @@ impl HistoryWriter {
             ev,
             token,
             seq,
+            shard: self.shard,
             note,
         };
         let Ok(mut line) = serde_json::to_vec(&event) else {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::checker::Analysis;
+use crate::checker::{Analysis, Recovery};
 use crate::timeline::{self, Timeline};
 use crate::ChaosError;
 
@@ -19,6 +19,9 @@ pub struct Report {
     pub store: String,
     /// Worker slots.
     pub workers: usize,
+    /// Shard mode: the shards of the group the workers are members of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
     /// Fault injection time, ms.
     pub duration_ms: u64,
     /// Lease TTL, ms.
@@ -107,25 +110,7 @@ impl Report {
             }
         );
         let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "{:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
-            "FAULT", "COUNT", "P50", "P99", "MAX", "ISOLATED", "ISO P99", "UNRECOVERED"
-        );
-        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
-        for (label, r) in &a.recovery {
-            let _ = writeln!(
-                out,
-                "{label:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
-                r.recovered + r.unrecovered,
-                ms(r.p50_ms),
-                ms(r.p99_ms),
-                ms(r.max_ms),
-                r.isolated,
-                ms(r.isolated_p99_ms),
-                r.unrecovered
-            );
-        }
+        recovery_table(&mut out, "FAULT", &a.recovery);
         let _ = writeln!(out, "{:<16} {:>6}", "total", self.faults_total);
         let _ = writeln!(
             out,
@@ -133,6 +118,22 @@ impl Report {
              around ttl + retry = {}ms; isolated = no other fault struck before that write",
             self.ttl_ms + self.retry_ms
         );
+        if let (Some(shards), Some(moves)) = (self.shards, &a.shard_moves) {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "shards: {shards} over {} members; {} shard moves in total",
+                self.workers, moves.moved
+            );
+            recovery_table(&mut out, "RE-OWN", &moves.reown);
+            let _ = writeln!(
+                out,
+                "re-own = fault -> every shard the victim held has a new term, expected \
+                 within ttl = {}ms plus a takeover; not sampled: {} faults that struck a worker \
+                 holding no shard or already paused",
+                self.ttl_ms, moves.not_sampled
+            );
+        }
         for note in &self.unavailable {
             let _ = writeln!(out, "not injected: {note}");
         }
@@ -179,5 +180,29 @@ impl Report {
             let _ = writeln!(out, "histories and worker logs: {dir}");
         }
         out
+    }
+}
+
+/// One row per fault label: count, p50, p99, max, isolated samples, their p99, and
+/// unrecovered faults.
+fn recovery_table(out: &mut String, title: &str, rows: &BTreeMap<String, Recovery>) {
+    let _ = writeln!(
+        out,
+        "{title:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
+        "COUNT", "P50", "P99", "MAX", "ISOLATED", "ISO P99", "UNRECOVERED"
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
+    for (label, r) in rows {
+        let _ = writeln!(
+            out,
+            "{label:<16} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>11}",
+            r.recovered + r.unrecovered,
+            ms(r.p50_ms),
+            ms(r.p99_ms),
+            ms(r.max_ms),
+            r.isolated,
+            ms(r.isolated_p99_ms),
+            r.unrecovered
+        );
     }
 }

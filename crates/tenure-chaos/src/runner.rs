@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, Connect};
-use crate::checker::{check, FaultRecord, Observation};
+use crate::checker::{check, check_shards, FaultRecord, Observation, ShardRecord};
 use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD};
 use crate::faketime::FakeTime;
 use crate::history::{mono_ns, read_histories};
@@ -49,6 +49,7 @@ struct Slot {
 struct Spawner {
     config: ChaosConfig,
     url: String,
+    /// The role, or in shard mode the group.
     role: String,
     app_name: String,
     dir: PathBuf,
@@ -64,6 +65,7 @@ impl Spawner {
         let args = WorkerArgs {
             store_url: self.url.clone(),
             role: self.role.clone(),
+            shards: self.config.shards,
             name: name.clone(),
             history: self.dir.join(format!("{name}.jsonl")),
             ttl: self.config.ttl,
@@ -290,6 +292,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             )));
         }
     }
+    // The role, or in shard mode the group (shard `k` is `chaos-<run>/k`).
     let role = format!("chaos-{run_id}");
     let app_name = format!("tenure-chaos-{run_id}");
     let nemesis_name = format!("{app_name}-nemesis");
@@ -330,12 +333,16 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         slots.push(spawner.spawn(index, 0)?);
     }
 
-    let holder: Arc<Mutex<Option<String>>> = Arc::default();
+    let holders: Arc<Mutex<Vec<String>>> = Arc::default();
     let stop_observer = CancellationToken::new();
+    let watched = match config.shards {
+        Some(_) => Watched::Group(role.clone()),
+        None => Watched::Role(role.clone()),
+    };
     let observer = tokio::spawn(observe(
         backend.leases(),
-        role.clone(),
-        holder.clone(),
+        watched,
+        holders.clone(),
         stop_observer.clone(),
         config.ttl,
     ));
@@ -350,7 +357,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         blackhole: None,
         restarted: None,
         clock_offset_ms: 0,
-        holder,
+        holders,
         slots,
         faults: Vec::new(),
         skipped: 0,
@@ -359,11 +366,10 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     let outcome = nemesis.run(&schedule).await;
     let stopped = nemesis.stop_all().await;
     stop_observer.cancel();
-    let observations = observer.await.unwrap_or_default();
+    let mut observations = observer.await.unwrap_or_default();
     outcome?;
     stopped?;
 
-    let log = backend.read_log(&role).await?;
     let events = read_histories(&dir).map_err(|source| ChaosError::Io {
         what: "cannot read the histories",
         source,
@@ -373,7 +379,25 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     if let Ok(faults) = serde_json::to_vec_pretty(&nemesis.faults) {
         let _ = std::fs::write(dir.join("faults.json"), faults);
     }
-    let analysis = check(&events, &log, &observations, &nemesis.faults);
+    let analysis = match config.shards {
+        None => {
+            let log = backend.read_log(&role).await?;
+            let observations = observations.remove(&role).unwrap_or_default();
+            check(&events, &log, &observations, &nemesis.faults)
+        }
+        Some(shards) => {
+            let mut records = BTreeMap::new();
+            for shard in 0..shards {
+                let role = tenure::shard::role(&role, shard);
+                let record = ShardRecord {
+                    log: backend.read_log(&role).await?,
+                    observations: observations.remove(&role).unwrap_or_default(),
+                };
+                records.insert(shard, record);
+            }
+            check_shards(&events, &records, &nemesis.faults)
+        }
+    };
     let timeline = Timeline::build(&events, &nemesis.faults, origin);
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for fault in &nemesis.faults {
@@ -386,6 +410,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         seed: config.seed,
         store: config.store.describe().to_owned(),
         workers: config.workers,
+        shards: config.shards,
         duration_ms: config.duration.as_millis() as u64,
         ttl_ms: config.ttl.as_millis() as u64,
         retry_ms: config.retry_every().as_millis() as u64,
@@ -427,16 +452,25 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ChaosError::Setup(format!("cannot {what}: {e}")))
 }
 
-/// Reads the role's lease every [`OBSERVE_EVERY`]; publishes the live holder for the
-/// nemesis and returns every change seen.
+/// What the orchestrator watches on the store.
+#[derive(Clone, Debug)]
+enum Watched {
+    /// One role, read with `get`.
+    Role(String),
+    /// Every shard of a group, read with one `list`.
+    Group(String),
+}
+
+/// Reads the watched leases every [`OBSERVE_EVERY`]; publishes the worker names of
+/// their live holders for the nemesis and returns every change seen, per role.
 async fn observe(
     leases: Arc<dyn LeaseStore>,
-    role: String,
-    holder: Arc<Mutex<Option<String>>>,
+    watched: Watched,
+    holders: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
     ttl: Duration,
-) -> Vec<Observation> {
-    let mut seen: Vec<Observation> = Vec::new();
+) -> BTreeMap<String, Vec<Observation>> {
+    let mut seen: BTreeMap<String, Vec<Observation>> = BTreeMap::new();
     let mut tick = tokio::time::interval(OBSERVE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -444,23 +478,51 @@ async fn observe(
             _ = stop.cancelled() => return seen,
             _ = tick.tick() => {}
         }
-        let read = tokio::time::timeout(ttl, leases.get(&role)).await;
-        let Ok(Ok(Some(lease))) = read else {
-            // Errors while the server restarts are expected; the next tick retries.
-            continue;
+        let read = match &watched {
+            Watched::Role(role) => tokio::time::timeout(ttl, leases.get(role))
+                .await
+                .map(|read| read.map(|lease| lease.into_iter().collect::<Vec<_>>())),
+            Watched::Group(group) => {
+                let prefix = format!("{group}/");
+                tokio::time::timeout(ttl, leases.list()).await.map(|read| {
+                    read.map(|all| {
+                        all.into_iter()
+                            .filter(|lease| lease.role.starts_with(&prefix))
+                            .collect()
+                    })
+                })
+            }
         };
-        let live = lease.live_holder().map(str::to_owned);
-        *holder.lock().unwrap_or_else(|e| e.into_inner()) = live;
-        let observation = Observation {
-            t: mono_ns(),
-            token: lease.fencing_token.get(),
-            holder: lease.holder.clone(),
-        };
-        let changed = seen.last().is_none_or(|last| {
-            (last.token, &last.holder) != (observation.token, &observation.holder)
-        });
-        if changed {
-            seen.push(observation);
+        // Errors while the server restarts are expected; the next tick retries.
+        let Ok(Ok(read)) = read else { continue };
+        let t = mono_ns();
+        // A role's owner is `<worker>-<pid>`; a shard member's, the worker's name.
+        let mut live: Vec<String> = read
+            .iter()
+            .filter_map(|lease| lease.live_holder())
+            .map(|owner| {
+                owner
+                    .rsplit_once('-')
+                    .map_or(owner, |(name, _)| name)
+                    .to_owned()
+            })
+            .collect();
+        live.sort_unstable();
+        live.dedup();
+        *holders.lock().unwrap_or_else(|e| e.into_inner()) = live;
+        for lease in read {
+            let observation = Observation {
+                t,
+                token: lease.fencing_token.get(),
+                holder: lease.holder.clone(),
+            };
+            let history = seen.entry(lease.role).or_default();
+            let changed = history.last().is_none_or(|last| {
+                (last.token, &last.holder) != (observation.token, &observation.holder)
+            });
+            if changed {
+                history.push(observation);
+            }
         }
     }
 }
@@ -479,7 +541,8 @@ struct Nemesis<'a> {
     restarted: Option<Instant>,
     /// The workers' wall clock offset from the real one, ms.
     clock_offset_ms: i64,
-    holder: Arc<Mutex<Option<String>>>,
+    /// The worker names holding a live lease, as last observed.
+    holders: Arc<Mutex<Vec<String>>>,
     slots: Vec<Slot>,
     faults: Vec<FaultRecord>,
     skipped: u64,
@@ -560,29 +623,30 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    /// The slot of the live holder, if it is a current incarnation.
-    fn leader(&self) -> Option<usize> {
-        let holder = self
-            .holder
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
-        let name = holder.rsplit_once('-').map(|(name, _)| name.to_owned())?;
-        self.slots.iter().position(|s| s.name == name)
+    /// The slots of current incarnations holding a live lease (the role's, or any
+    /// shard's), paused ones only when `paused_too`.
+    fn leaders(&self, paused_too: bool) -> Vec<usize> {
+        let holders = self.holders.lock().unwrap_or_else(|e| e.into_inner());
+        (0..self.slots.len())
+            .filter(|&i| paused_too || self.slots[i].paused.is_none())
+            .filter(|&i| holders.contains(&self.slots[i].name))
+            .collect()
     }
 
     fn pick(&self, pick: u64, prefer_leader: bool, unpaused_only: bool) -> Option<usize> {
+        let pick_of = |candidates: Vec<usize>| {
+            (!candidates.is_empty()).then(|| candidates[(pick % candidates.len() as u64) as usize])
+        };
         if prefer_leader {
-            if let Some(i) = self.leader() {
-                if !unpaused_only || self.slots[i].paused.is_none() {
-                    return Some(i);
-                }
+            if let Some(i) = pick_of(self.leaders(!unpaused_only)) {
+                return Some(i);
             }
         }
-        let candidates: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| !unpaused_only || self.slots[i].paused.is_none())
-            .collect();
-        (!candidates.is_empty()).then(|| candidates[(pick % candidates.len() as u64) as usize])
+        pick_of(
+            (0..self.slots.len())
+                .filter(|&i| !unpaused_only || self.slots[i].paused.is_none())
+                .collect(),
+        )
     }
 
     async fn inject(&mut self, fault: &PlannedFault) -> Result<(), ChaosError> {

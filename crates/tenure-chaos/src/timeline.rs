@@ -20,11 +20,17 @@ use crate::report::Report;
 /// The page template; `{{TITLE}}` and `{{DATA}}` are filled in by [`html`].
 const TEMPLATE: &str = include_str!("timeline.html");
 
+/// A term within one lane: (shard, token); tokens are per shard in shard mode.
+type TermKey = (Option<u32>, u64);
+
 /// One term as one incarnation held it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Term {
     /// The fencing token.
     pub token: u64,
+    /// The shard (`tenure chaos --shards`); tokens are per shard.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
     /// When the elector called work, ms from the run's start.
     pub start_ms: f64,
     /// When the work ended, or the incarnation's last event when it died leading, ms.
@@ -106,8 +112,8 @@ impl Timeline {
             .min(origin_ns);
         let ms = |t: u64| t.saturating_sub(origin) as f64 / 1e6;
         let mut lanes: BTreeMap<(u64, u64, String), Lane> = BTreeMap::new();
-        // Terms still open, per lane: (token, index in that lane's terms).
-        let mut open: HashMap<String, Vec<(u64, usize)>> = HashMap::new();
+        // Terms still open, per lane: (term, index in that lane's terms).
+        let mut open: HashMap<String, Vec<(TermKey, usize)>> = HashMap::new();
         let mut invoked: HashMap<(&str, u64), u64> = HashMap::new();
         let mut acks: Vec<(u64, u64)> = Vec::new();
         for e in events {
@@ -122,11 +128,13 @@ impl Timeline {
             });
             lane.last_event_ms = ms(e.t);
             let open = open.entry(e.worker.clone()).or_default();
+            let term = (e.shard, e.token);
             match e.ev {
-                EventKind::Lead if !open.iter().any(|&(token, _)| token == e.token) => {
-                    open.push((e.token, lane.terms.len()));
+                EventKind::Lead if !open.iter().any(|&(t, _)| t == term) => {
+                    open.push((term, lane.terms.len()));
                     lane.terms.push(Term {
                         token: e.token,
+                        shard: e.shard,
                         start_ms: ms(e.t),
                         end_ms: ms(e.t),
                         ended: false,
@@ -134,7 +142,7 @@ impl Timeline {
                     });
                 }
                 EventKind::Unlead => {
-                    if let Some(pos) = open.iter().position(|&(token, _)| token == e.token) {
+                    if let Some(pos) = open.iter().position(|&(t, _)| t == term) {
                         let (_, i) = open.remove(pos);
                         lane.terms[i].end_ms = ms(e.t);
                         lane.terms[i].ended = true;
@@ -144,7 +152,7 @@ impl Timeline {
                     invoked.insert((e.worker.as_str(), e.seq), e.t);
                 }
                 EventKind::Ok => {
-                    if let Some(&(_, i)) = open.iter().find(|&&(token, _)| token == e.token) {
+                    if let Some(&(_, i)) = open.iter().find(|&&(t, _)| t == term) {
                         lane.terms[i].admitted += 1;
                     }
                     if let Some(&at) = invoked.get(&(e.worker.as_str(), e.seq)) {
@@ -366,6 +374,7 @@ mod tests {
             ev,
             token,
             seq,
+            shard: None,
             note: None,
         }
     }

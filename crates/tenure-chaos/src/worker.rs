@@ -1,8 +1,9 @@
 //! A worker: one OS process contending for the role and, while it leads, writing.
 //!
-//! `tenure chaos-worker` runs this. It contends through [`LeaseLeaderElector`]; each
-//! term appends `(worker, token, seq)` rows to the log, one every `write_every` (the time
-//! it takes to "prepare" a write after checking leadership),
+//! `tenure chaos-worker` runs this. It contends through [`LeaseLeaderElector`] or, in
+//! shard mode, is a member of a shard group through [`ShardElector`]; each term (of the
+//! role, or of one shard) appends `(worker, token, seq)` rows to that role's log, one
+//! every `write_every` (the time it takes to "prepare" a write after checking leadership),
 //! recording every write's invocation and outcome in its history file. SIGTERM ends it
 //! cleanly (the elector releases the lease).
 
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
+use tenure::{FencingToken, LeaseLeaderElector, LeaseLeaderOptions, ShardElector, ShardOptions};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -26,8 +27,10 @@ use crate::ChaosError;
 pub struct WorkerArgs {
     /// The store URL (passed in `TENURE_STORE`, never on the command line).
     pub store_url: String,
-    /// The role to contend for.
+    /// The role to contend for; in shard mode, the group (shard `k` is `role/k`).
     pub role: String,
+    /// Shard mode: be a member of the group `role` of this many shards.
+    pub shards: Option<u32>,
     /// This incarnation's name, `w<slot>.<incarnation>`.
     pub name: String,
     /// The history file to append to.
@@ -66,6 +69,10 @@ impl WorkerArgs {
             "--sqlite-busy-ms".to_owned(),
             self.sqlite_busy.as_millis().to_string(),
         ];
+        if let Some(shards) = self.shards {
+            flags.push("--shards".to_owned());
+            flags.push(shards.to_string());
+        }
         if self.unsafe_skip_fence {
             flags.push("--unsafe-skip-fence".to_owned());
         }
@@ -85,7 +92,11 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             what: "cannot open the history file",
             source,
         })?;
-    let owner = format!("{}-{}", args.name, std::process::id());
+    // A shard member's owner is its node id, the incarnation's name.
+    let owner = match args.shards {
+        Some(_) => args.name.clone(),
+        None => format!("{}-{}", args.name, std::process::id()),
+    };
     history.record(EventKind::Start, 0, 0, Some(owner.clone()));
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).map_err(|source| ChaosError::Io {
@@ -119,73 +130,122 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             }
         }
     };
-    let options = LeaseLeaderOptions {
-        owner_id: owner,
-        lease_ttl: args.ttl,
-        renew_interval: args.ttl / 4,
-        retry_interval: args.ttl / 2,
+    let leases = backend.leases();
+    let (ttl, shards, name) = (args.ttl, args.shards, args.name.clone());
+    let term = Term {
+        history,
+        backend,
+        seq: Arc::new(AtomicU64::new(0)),
+        args: Arc::new(args),
+    };
+    let Some(shards) = shards else {
+        let options = LeaseLeaderOptions {
+            owner_id: owner,
+            lease_ttl: ttl,
+            renew_interval: ttl / 4,
+            retry_interval: ttl / 2,
+            ..Default::default()
+        };
+        let elector = LeaseLeaderElector::new(leases, options)?;
+        let role = term.args.role.clone();
+        let work = {
+            let role = role.clone();
+            move |token, leadership| term.clone().lead(role.clone(), token, leadership)
+        };
+        elector.run(&role, work, shutdown).await?;
+        return Ok(());
+    };
+    // The member's id is the incarnation's name: a restarted slot is a new member, as a
+    // restarted process is a new owner. Membership lapses after one TTL, as the session.
+    let options = ShardOptions {
+        group: term.args.role.clone(),
+        shards,
+        node_id: name,
+        lease_ttl: ttl,
+        renew_interval: ttl / 4,
+        retry_interval: ttl / 2,
         ..Default::default()
     };
-    let elector = LeaseLeaderElector::new(backend.leases(), options)?;
-    let seq = Arc::new(AtomicU64::new(0));
-    let role = args.role.clone();
+    let elector = ShardElector::new(leases, term.backend.registry(ttl)?, options)?;
     elector
         .run(
-            &role,
-            move |token, leadership: CancellationToken| {
-                let history = history.clone();
-                let backend = backend.clone();
-                let seq = seq.clone();
-                let args = args.clone();
-                async move {
-                    history.record(EventKind::Lead, token.get(), 0, None);
-                    // A write that hangs past two terms is abandoned as unknown; the
-                    // server may still commit it.
-                    let limit = args.ttl * 2;
-                    // Check, prepare, write: leadership is checked before each write
-                    // is prepared, as a real leader checks "am I still leader?" before
-                    // acting, and not again before the write is sent. A pause while
-                    // preparing is the stalled leader: it wakes and writes with an old
-                    // token, and only the fence stops it.
-                    while !leadership.is_cancelled() {
-                        tokio::time::sleep(args.write_every).await;
-                        let n = seq.fetch_add(1, Ordering::Relaxed) + 1;
-                        history.record(EventKind::Invoke, token.get(), n, None);
-                        // The write runs as its own task: a timeout abandons the wait,
-                        // never the transaction half-way (sqlx cannot roll back a
-                        // `BEGIN` whose future was dropped; the connection would go
-                        // back to the pool holding the SQLite write lock).
-                        let write = {
-                            let (backend, args) = (backend.clone(), args.clone());
-                            tokio::spawn(async move {
-                                let entry = Entry {
-                                    role: &args.role,
-                                    worker: &args.name,
-                                    token,
-                                    seq: n,
-                                };
-                                backend.write(entry, args.unsafe_skip_fence).await
-                            })
-                        };
-                        let (kind, note) = match tokio::time::timeout(limit, write).await {
-                            Ok(Ok(WriteOutcome::Ok)) => (EventKind::Ok, None),
-                            Ok(Ok(WriteOutcome::Fenced)) => (EventKind::Fenced, None),
-                            Ok(Ok(WriteOutcome::Error(m))) => (EventKind::Error, Some(m)),
-                            Ok(Ok(WriteOutcome::Unknown(m))) => (EventKind::Unknown, Some(m)),
-                            Ok(Err(join)) => (EventKind::Unknown, Some(join.to_string())),
-                            Err(_) => (EventKind::Unknown, Some("timed out".to_owned())),
-                        };
-                        history.record(kind, token.get(), n, note);
-                        if kind == EventKind::Fenced {
-                            // A fenced term is over; wait for the elector to see it too.
-                            leadership.cancelled().await;
-                        }
-                    }
-                    history.record(EventKind::Unlead, token.get(), 0, None);
+            move |shard, token, leadership| {
+                let role = tenure::shard::role(&term.args.role, shard);
+                Term {
+                    history: term.history.for_shard(shard),
+                    ..term.clone()
                 }
+                .lead(role, token, leadership)
             },
             shutdown,
         )
         .await?;
     Ok(())
+}
+
+/// What one term's writes need: the same for a role's term and a shard's.
+#[derive(Clone)]
+struct Term {
+    history: HistoryWriter,
+    backend: Backend,
+    /// The incarnation's write counter, shared by all its shards so `(worker, seq)`
+    /// names one write.
+    seq: Arc<AtomicU64>,
+    args: Arc<WorkerArgs>,
+}
+
+impl Term {
+    /// Writes to `role`'s log under `token` until `leadership` is cancelled.
+    async fn lead(self, role: String, token: FencingToken, leadership: CancellationToken) {
+        let Term {
+            history,
+            backend,
+            seq,
+            args,
+        } = self;
+        let role = Arc::new(role);
+        history.record(EventKind::Lead, token.get(), 0, None);
+        // A write that hangs past two terms is abandoned as unknown; the server may
+        // still commit it.
+        let limit = args.ttl * 2;
+        // Check, prepare, write: leadership is checked before each write is prepared,
+        // as a real leader checks "am I still leader?" before acting, and not again
+        // before the write is sent. A pause while preparing is the stalled leader: it
+        // wakes and writes with an old token, and only the fence stops it.
+        while !leadership.is_cancelled() {
+            tokio::time::sleep(args.write_every).await;
+            let n = seq.fetch_add(1, Ordering::Relaxed) + 1;
+            history.record(EventKind::Invoke, token.get(), n, None);
+            // The write runs as its own task: a timeout abandons the wait, never the
+            // transaction half-way (sqlx cannot roll back a `BEGIN` whose future was
+            // dropped; the connection would go back to the pool holding the SQLite
+            // write lock).
+            let write = {
+                let (backend, args, role) = (backend.clone(), args.clone(), role.clone());
+                tokio::spawn(async move {
+                    let entry = Entry {
+                        role: &role,
+                        worker: &args.name,
+                        token,
+                        seq: n,
+                    };
+                    backend.write(entry, args.unsafe_skip_fence).await
+                })
+            };
+            let (kind, note) = match tokio::time::timeout(limit, write).await {
+                Ok(Ok(WriteOutcome::Ok)) => (EventKind::Ok, None),
+                Ok(Ok(WriteOutcome::Fenced)) => (EventKind::Fenced, None),
+                Ok(Ok(WriteOutcome::Error(m))) => (EventKind::Error, Some(m)),
+                Ok(Ok(WriteOutcome::Unknown(m))) => (EventKind::Unknown, Some(m)),
+                Ok(Err(join)) => (EventKind::Unknown, Some(join.to_string())),
+                Err(_) => (EventKind::Unknown, Some("timed out".to_owned())),
+            };
+            history.record(kind, token.get(), n, note);
+            if kind == EventKind::Fenced {
+                // A fenced term is over; wait for the elector to see it too.
+                leadership.cancelled().await;
+            }
+        }
+        history.record(EventKind::Unlead, token.get(), 0, None);
+    }
 }

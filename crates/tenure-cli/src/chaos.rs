@@ -19,9 +19,14 @@ pub struct ChaosArgs {
     /// etcd://HOST:PORT[/PREFIX] (etcd needs a build with `--features etcd`).
     #[arg(long, env = "TENURE_STORE", hide_env_values = true)]
     store: String,
-    /// Worker processes contending for the role.
+    /// Worker processes contending for the role (with --shards: members of the group).
     #[arg(long, default_value_t = 5)]
     workers: usize,
+    /// Shard mode: the workers are members of one shard group of N shards
+    /// (1..=100000), each writing to the fenced log of every shard it owns; the report
+    /// adds the time to re-own a killed or paused member's shards.
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
     /// How long to inject faults.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     duration: Duration,
@@ -37,7 +42,7 @@ pub struct ChaosArgs {
     /// Mean time between faults (default: TTL/4).
     #[arg(long, value_parser = parse_duration)]
     fault_every: Option<Duration>,
-    /// Pause between a leader's writes.
+    /// Pause between a leader's writes (with --shards: per owned shard).
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     write_every: Duration,
     /// Seed of the fault plan (default: random, printed).
@@ -70,6 +75,8 @@ pub struct ChaosArgs {
 pub struct WorkerFlags {
     #[arg(long)]
     role: String,
+    #[arg(long)]
+    shards: Option<u32>,
     #[arg(long)]
     name: String,
     #[arg(long)]
@@ -104,6 +111,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
     let config = ChaosConfig {
         store,
         workers: args.workers,
+        shards: args.shards,
         duration: args.duration,
         ttl: args.ttl,
         fault_every: args.fault_every.unwrap_or(args.ttl / 4),
@@ -150,6 +158,7 @@ pub fn worker(flags: WorkerFlags) -> anyhow::Result<u8> {
     let args = tenure_chaos::worker::WorkerArgs {
         store_url,
         role: flags.role,
+        shards: flags.shards,
         name: flags.name,
         history: flags.history,
         ttl: Duration::from_millis(flags.ttl_ms),

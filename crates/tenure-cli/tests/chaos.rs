@@ -73,6 +73,8 @@ fn violation_kinds(report: &Value) -> Vec<String> {
 
 /// What a passing round must show beyond "no violation".
 struct Expect<'a> {
+    /// Worker processes.
+    workers: &'a str,
     /// Fault kinds that must each have been injected.
     kinds: &'a [&'a str],
     /// How long the round runs.
@@ -83,7 +85,7 @@ struct Expect<'a> {
     admitted: u64,
 }
 
-/// Runs a round that must pass: 5 workers, TTL 1 s, plus `args`. No
+/// Runs a round that must pass: TTL 1 s, plus `args`. No
 /// violation (exit 0); enough faults of every expected kind; fenced writes flow and
 /// leadership moves; every acknowledged write is in the log, which holds nothing else
 /// but writes whose outcome their worker never learnt; and a write is admitted after
@@ -91,7 +93,7 @@ struct Expect<'a> {
 fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
     let mut all = vec![
         "--workers",
-        "5",
+        expect.workers,
         "--duration",
         expect.duration,
         "--ttl",
@@ -186,6 +188,7 @@ fn sqlite_round_passes() {
             "11",
         ],
         Expect {
+            workers: "5",
             kinds: &["pause", "kill", "restart", "clock"],
             duration: "36s",
             faults: 200,
@@ -251,6 +254,7 @@ fn postgres_round_passes() {
             "13",
         ],
         Expect {
+            workers: "5",
             kinds: &["pause", "kill", "restart", "cut"],
             duration: "50s",
             faults: 200,
@@ -303,6 +307,7 @@ fn etcd_round_passes() {
             "17",
         ],
         Expect {
+            workers: "5",
             kinds: &["pause", "kill", "restart", "cut"],
             duration: "55s",
             faults: 200,
@@ -317,6 +322,136 @@ fn etcd_round_passes() {
 #[test]
 fn etcd_without_the_fence_is_caught() {
     unfenced_is_caught(pauses("etcd:throwaway", "12s", "5"));
+}
+
+/// Checks a passing shard-mode round's own figures: the group is reported, shards
+/// moved, and every kill and pause that struck a member holding shards was followed by
+/// all of them being owned again: within 3 TTLs when no other fault struck meanwhile
+/// and, when the store itself is not faulted (`quiet_store`), at the median too.
+fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool) {
+    assert_eq!(report["shards"].as_u64(), Some(shards));
+    let moves = &report["shard_moves"];
+    assert!(moves["moved"].as_u64().unwrap() > 0, "no shard ever moved");
+    for kind in ["pause", "kill"] {
+        let reown = &moves["reown"][kind];
+        assert!(
+            reown["recovered"].as_u64().unwrap_or(0) > 0,
+            "no {kind} re-own sample: {moves}"
+        );
+        assert_eq!(reown["unrecovered"].as_u64(), Some(0), "{kind}: {reown}");
+        let mut bounded = vec!["isolated_p99_ms"];
+        if quiet_store {
+            bounded.push("p50_ms");
+        }
+        for figure in bounded {
+            assert!(
+                reown[figure].as_f64().unwrap_or(0.0) < 3_000.0,
+                "{kind}: {figure} of a re-own is more than 3 TTLs: {reown}"
+            );
+        }
+    }
+}
+
+/// Shard mode on SQLite: 4 members of a group of 8 shards under pauses (past the TTL)
+/// and kills, each shard's owner writing to that shard's fenced log: every shard's log
+/// and terms check out, and the report gives the time to re-own a struck member's
+/// shards.
+#[test]
+fn sqlite_shard_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "sqlite:throwaway",
+            "--shards",
+            "8",
+            "--fault-every",
+            "400ms",
+            "--faults",
+            "pause,kill",
+            "--write-every",
+            "40ms",
+            "--seed",
+            "23",
+        ],
+        Expect {
+            workers: "4",
+            kinds: &["pause", "kill"],
+            duration: "20s",
+            faults: 30,
+            admitted: 500,
+        },
+    );
+    shard_round_checks(&report, 8, true);
+}
+
+/// The negative control in shard mode: paused members wake and write to their old
+/// shards without the fence, after the shards' new owners, and the run must fail.
+#[test]
+fn sqlite_shards_without_the_fence_are_caught() {
+    let mut args = pauses("sqlite:throwaway", "12s", "9");
+    args.extend(["--shards", "8", "--write-every", "40ms"]);
+    unfenced_is_caught(args);
+}
+
+/// Shard mode on a throwaway PostgreSQL server: 5 members, 16 shards, pauses, kills
+/// and server restarts.
+#[test]
+fn postgres_shard_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "postgres:throwaway",
+            "--shards",
+            "16",
+            "--fault-every",
+            "400ms",
+            "--faults",
+            "pause,kill,restart",
+            "--write-every",
+            "50ms",
+            "--seed",
+            "29",
+        ],
+        Expect {
+            workers: "5",
+            kinds: &["pause", "kill", "restart"],
+            duration: "20s",
+            faults: 30,
+            admitted: 500,
+        },
+    );
+    shard_round_checks(&report, 16, false);
+}
+
+/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
+/// hold their shards under one etcd lease each; pauses, kills, restarts and cuts.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_shard_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "etcd:throwaway",
+            "--shards",
+            "8",
+            "--fault-every",
+            "400ms",
+            "--faults",
+            "pause,kill,restart,cut",
+            "--write-every",
+            "50ms",
+            "--seed",
+            "31",
+        ],
+        Expect {
+            workers: "4",
+            kinds: &["pause", "kill", "restart", "cut"],
+            duration: "20s",
+            faults: 30,
+            admitted: 500,
+        },
+    );
+    shard_round_checks(&report, 8, false);
 }
 
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
@@ -339,6 +474,8 @@ fn bad_chaos_flags_are_usage_errors() {
             "clock",
         ],
         &["--store", "sqlite:throwaway", "--workers", "1"],
+        &["--store", "sqlite:throwaway", "--shards", "0"],
+        &["--store", "sqlite:throwaway", "--shards", "100001"],
         &["--store", "mysql://x"],
     ] {
         let output = Command::new(BIN)
@@ -354,6 +491,9 @@ fn bad_chaos_flags_are_usage_errors() {
         assert!(!stderr.contains("secret"), "{stderr}");
         if cfg!(not(feature = "etcd")) && args[1].starts_with("etcd") {
             assert!(stderr.contains("--features etcd"), "{stderr}");
+        }
+        if args.contains(&"--shards") {
+            assert!(stderr.contains("--shards"), "{stderr}");
         }
     }
 }
