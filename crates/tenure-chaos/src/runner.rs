@@ -484,13 +484,7 @@ async fn observe(
                 .map(|read| read.map(|lease| lease.into_iter().collect::<Vec<_>>())),
             Watched::Group(group) => {
                 let prefix = format!("{group}/");
-                tokio::time::timeout(ttl, leases.list()).await.map(|read| {
-                    read.map(|all| {
-                        all.into_iter()
-                            .filter(|lease| lease.role.starts_with(&prefix))
-                            .collect()
-                    })
-                })
+                tokio::time::timeout(ttl, leases.list_prefix(&prefix)).await
             }
         };
         // Errors while the server restarts are expected; the next tick retries.

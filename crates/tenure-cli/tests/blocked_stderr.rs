@@ -17,12 +17,14 @@ use nix::fcntl::{fcntl, FcntlArg};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{pipe, Pid};
 
-/// Kills a process group when dropped, so a wedged leader never outlives the test.
-struct Group(Pid);
+/// Kills a leader's process group when dropped and reaps it, so a wedged leader never
+/// outlives the test.
+struct Group(std::process::Child);
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let _ = killpg(self.0, Signal::SIGKILL);
+        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+        let _ = self.0.wait();
     }
 }
 
@@ -49,8 +51,7 @@ fn a_leader_whose_stderr_nobody_reads_never_overlaps_the_next() {
         .stdout(Stdio::null())
         .stderr(Stdio::from(stderr))
         .process_group(0);
-    let child = leader.spawn().expect("spawn the leader");
-    let _group = Group(Pid::from_raw(child.id() as i32));
+    let _leader = Group(leader.spawn().expect("spawn the leader"));
     assert!(
         wait_until(Duration::from_secs(20), || lines(&log).len() == 1),
         "the first leader never started its command"
