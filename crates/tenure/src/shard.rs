@@ -175,6 +175,14 @@ struct Term {
     started: Instant,
 }
 
+/// How long after a term or membership is due to lapse the member looks: store and
+/// local clocks tick at about the same rate, and a look a moment early finds nothing.
+const LAPSE_NUDGE: Duration = Duration::from_millis(5);
+
+/// The shortest wait between two looks at the group, so a lapse already due cannot
+/// make the member spin.
+const MIN_LOOK: Duration = Duration::from_millis(1);
+
 /// At most this many shards held elsewhere are waited on at once (see `contend`).
 const MAX_WAITERS: usize = 32;
 
@@ -335,6 +343,7 @@ impl ShardElector {
             orphaned_since: HashMap::new(),
             last_seen: HashMap::new(),
             waiting: BTreeSet::new(),
+            next_look: None,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as
@@ -390,6 +399,9 @@ struct Member<'a> {
     /// Shards held elsewhere whose store push one waiter task is waiting for (one per
     /// shard: a waiter per reconcile would multiply with every wake).
     waiting: BTreeSet<u32>,
+    /// When the last read of the group showed the first change due (a member's
+    /// membership or a term targeted here lapsing), if any.
+    next_look: Option<Instant>,
 }
 
 impl Drop for Member<'_> {
@@ -443,7 +455,15 @@ impl Member<'_> {
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
-            let look_again = Instant::now() + self.options().retry_interval;
+            // Look again after the retry interval, or sooner when the last read showed
+            // something about to lapse (see `reconcile`'s `next_look`).
+            let now = Instant::now();
+            let look_again = (now + self.options().retry_interval)
+                .min(
+                    self.next_look
+                        .unwrap_or(now + self.options().retry_interval),
+                )
+                .max(now + MIN_LOOK);
             let registry = self.elector.registry.clone();
             let members_changed = registry.wait_for_members_change(&observed, look_again);
             tokio::select! {
@@ -597,7 +617,7 @@ impl Member<'_> {
     {
         let options = self.options().clone();
         let now = Instant::now();
-        let live = self.group_members().await?;
+        let (live, lapse) = self.group_members().await?;
         for member in &live {
             self.last_seen.insert(member.clone(), now);
         }
@@ -608,8 +628,27 @@ impl Member<'_> {
         planned.insert(options.node_id.clone());
         let planned: Vec<String> = planned.into_iter().collect();
 
-        let owners = self.live_owners().await?;
+        let held = self.live_owners().await?;
+        let owners: BTreeMap<u32, String> = held
+            .iter()
+            .map(|(shard, (holder, _))| (*shard, holder.clone()))
+            .collect();
         let target = place(&options.group, options.shards, &planned, &owners);
+        // A crashed member's shards free when its session ends and its targets move when
+        // its membership lapses; neither is pushed, so look again right after the first
+        // of them rather than up to a retry interval later.
+        let expiry = held
+            .iter()
+            .filter(|(shard, (holder, _))| {
+                *holder != options.node_id && target.get(shard) == Some(&options.node_id)
+            })
+            .map(|(_, (_, left))| *left)
+            .min();
+        self.next_look = lapse
+            .into_iter()
+            .chain(expiry)
+            .min()
+            .map(|soonest| now + soonest + LAPSE_NUDGE);
 
         // Hand over what is targeted at another member, a few at a time.
         let moving = self.terms.values().filter(|t| t.handing_over).count();
@@ -731,18 +770,27 @@ impl Member<'_> {
     }
 
     /// The live members of this group, sorted.
-    async fn group_members(&self) -> Result<Vec<String>> {
-        let group = &self.options().group;
+    /// The live members of this group, sorted, and how soon the first other member's
+    /// membership lapses unless it heartbeats (on store time).
+    async fn group_members(&self) -> Result<(Vec<String>, Option<Duration>)> {
+        let options = self.options();
+        let ttl = self.elector.registry.ttl();
         let members = self.elector.registry.members().await?;
-        Ok(members
+        let mine: Vec<_> = members
             .into_iter()
-            .filter(|m| m.metadata.get(GROUP_KEY) == Some(group))
-            .map(|m| m.node_id)
-            .collect())
+            .filter(|m| m.metadata.get(GROUP_KEY) == Some(&options.group))
+            .collect();
+        let lapse = mine
+            .iter()
+            .filter(|m| m.node_id != options.node_id)
+            .map(|m| ttl.saturating_sub(m.heartbeat_age()))
+            .min();
+        Ok((mine.into_iter().map(|m| m.node_id).collect(), lapse))
     }
 
-    /// The live owner of each shard, from the store.
-    async fn live_owners(&self) -> Result<BTreeMap<u32, String>> {
+    /// The live owner of each shard, from the store, and how long its term has left
+    /// unless renewed (on store time).
+    async fn live_owners(&self) -> Result<BTreeMap<u32, (String, Duration)>> {
         let prefix = format!("{}/", self.options().group);
         let leases = self.elector.store.list_prefix(&prefix).await?;
         Ok(leases
@@ -750,7 +798,11 @@ impl Member<'_> {
             .filter_map(|lease| {
                 let shard: u32 = lease.role.strip_prefix(&prefix)?.parse().ok()?;
                 let holder = lease.live_holder()?.to_owned();
-                (shard < self.options().shards).then_some((shard, holder))
+                let left = lease
+                    .expires_at
+                    .duration_since(lease.now)
+                    .unwrap_or_default();
+                (shard < self.options().shards).then_some((shard, (holder, left)))
             })
             .collect())
     }

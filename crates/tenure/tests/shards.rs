@@ -262,6 +262,54 @@ async fn a_crashed_members_shards_are_taken_within_the_ttl() {
     group.assert_balanced(64);
 }
 
+/// The in-memory registry whose wait pushes nothing (the trait's default), as a
+/// backend that announces joins and leaves but never a lapse behaves for a crash.
+struct NoPush(Arc<dyn NodeRegistry>);
+
+#[async_trait::async_trait]
+impl NodeRegistry for NoPush {
+    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
+        self.0.heartbeat(node_id).await
+    }
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
+        self.0.heartbeat_with(node_id, metadata).await
+    }
+    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
+        self.0.live_nodes().await
+    }
+    async fn members(&self) -> tenure::Result<Vec<tenure::NodeInfo>> {
+        self.0.members().await
+    }
+    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
+        self.0.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.0.ttl()
+    }
+}
+
+/// A crash is not pushed (nobody announces it), yet the survivors look again when the
+/// crashed member's membership and session are due to lapse: every shard is worked on
+/// again within the TTL plus a moment, not up to a retry interval later.
+#[tokio::test(start_paused = true)]
+async fn a_crashed_members_shards_are_taken_as_its_session_lapses() {
+    let mut group = Group::in_memory();
+    group.registry = Arc::new(NoPush(group.registry.clone()));
+    for node in ["a", "b", "d"] {
+        group.start(node, 64);
+    }
+    // Off the others' retry ticks, so that none of their looks lands on c's lapse.
+    tokio::time::sleep(Duration::from_millis(230)).await;
+    group.start("c", 64);
+    // Just after c's heartbeat and renewal: its membership and session lapse a TTL on.
+    tokio::time::sleep(2 * RENEW + Duration::from_millis(10)).await;
+    let crashed = group.members.remove("c").unwrap();
+    crashed.task.abort();
+    let _ = crashed.task.await;
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+    group.assert_balanced(64);
+}
+
 /// Setup: 3 working members and one that heartbeats into the group but never works
 /// (a wedged elector). After the orphans' TTL every shard is worked on anyway.
 #[tokio::test(start_paused = true)]
