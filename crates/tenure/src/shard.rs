@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -183,6 +183,9 @@ const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 /// make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
 
+/// At most this many acquire calls of one member are in flight at once.
+const CONTEND_AT_ONCE: usize = 16;
+
 /// At most this many shards held elsewhere are waited on at once (see `contend`).
 const MAX_WAITERS: usize = 32;
 
@@ -284,6 +287,16 @@ fn lifetime(
     )
 }
 
+/// One acquire call's answer, with what it was for.
+struct Contended {
+    shard: u32,
+    /// Taken as a rescue (targeted at another member).
+    rescued: bool,
+    role: String,
+    /// The store's answer, or `None` when the session ended first.
+    answer: Option<Result<crate::LeaseResult>>,
+}
+
 /// What woke the member's loop.
 enum Wake {
     /// The work of a shard's term ended (returned, or wound down after a cancel); the
@@ -344,6 +357,7 @@ impl ShardElector {
             last_seen: HashMap::new(),
             waiting: BTreeSet::new(),
             next_look: None,
+            unsure: BTreeMap::new(),
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as
@@ -402,6 +416,10 @@ struct Member<'a> {
     /// When the last read of the group showed the first change due (a member's
     /// membership or a term targeted here lapsing), if any.
     next_look: Option<Instant>,
+    /// Shards the session may hold with no term here: a release that failed (its
+    /// token), an acquire whose answer was an error (token unknown). A live session
+    /// would keep them from their targets for good; each look releases them.
+    unsure: BTreeMap<u32, Option<FencingToken>>,
 }
 
 impl Drop for Member<'_> {
@@ -510,6 +528,8 @@ impl Member<'_> {
     /// The session is gone: stop every shard's work, forget the session.
     async fn lose_everything(&mut self) {
         self.stop_work().await;
+        // Whatever the session held frees as it ends.
+        self.unsure.clear();
         self.session = None;
     }
 
@@ -552,7 +572,7 @@ impl Member<'_> {
                 let now = Instant::now();
                 let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
                 if mine && cooled && !self.terms.contains_key(&shard) {
-                    self.contend(shard, false, work, wake_tx).await;
+                    self.contend(vec![(shard, false)], work, wake_tx).await;
                     return false;
                 }
                 return true;
@@ -582,7 +602,7 @@ impl Member<'_> {
         true
     }
 
-    async fn release(&self, shard: u32, token: FencingToken) {
+    async fn release(&mut self, shard: u32, token: FencingToken) {
         let role = role(&self.options().group, shard);
         let node = &self.options().node_id;
         let deadline = self
@@ -592,9 +612,13 @@ impl Member<'_> {
         match tokio::time::timeout_at(deadline, self.elector.store.release(&role, node, token))
             .await
         {
-            Ok(Ok(_)) => debug!(shard, token = %token, "shard released"),
+            Ok(Ok(_)) => {
+                debug!(shard, token = %token, "shard released");
+                self.unsure.remove(&shard);
+            }
             Ok(Err(error)) => {
-                warn!(shard, %error, "release failed; the shard frees when the session ends")
+                warn!(shard, %error, "release failed; trying again at the next look");
+                self.unsure.insert(shard, Some(token));
             }
             Err(_) => warn!(
                 shard,
@@ -631,7 +655,7 @@ impl Member<'_> {
         let held = self.live_owners().await?;
         let owners: BTreeMap<u32, String> = held
             .iter()
-            .map(|(shard, (holder, _))| (*shard, holder.clone()))
+            .map(|(shard, (holder, _, _))| (*shard, holder.clone()))
             .collect();
         let target = place(&options.group, options.shards, &planned, &owners);
         // A crashed member's shards free when its session ends and its targets move when
@@ -639,11 +663,28 @@ impl Member<'_> {
         // of them rather than up to a retry interval later.
         let expiry = held
             .iter()
-            .filter(|(shard, (holder, _))| {
+            .filter(|(shard, (holder, _, _))| {
                 *holder != options.node_id && target.get(shard) == Some(&options.node_id)
             })
-            .map(|(_, (_, left))| *left)
+            .map(|(_, (_, left, _))| *left)
             .min();
+        // Shards the session may hold with no work on them: release those targeted
+        // elsewhere; those targeted here are taken back below like any other.
+        for (shard, known) in std::mem::take(&mut self.unsure) {
+            let here = held.get(&shard).filter(|(holder, _, token)| {
+                *holder == options.node_id && known.is_none_or(|known| known == *token)
+            });
+            match here {
+                Some(_) if self.terms.contains_key(&shard) => {}
+                Some((_, _, token)) if target.get(&shard) != Some(&options.node_id) => {
+                    self.release(shard, *token).await;
+                }
+                Some(_) => {
+                    self.unsure.insert(shard, known);
+                }
+                None => {}
+            }
+        }
         self.next_look = lapse
             .into_iter()
             .chain(expiry)
@@ -671,6 +712,7 @@ impl Member<'_> {
         }
 
         // Contend for what is targeted here, and rescue long orphans.
+        let mut wanted = Vec::new();
         for shard in 0..options.shards {
             if self.terms.contains_key(&shard) {
                 continue;
@@ -687,17 +729,20 @@ impl Member<'_> {
             let rescue = owner.is_none() && orphan_for > options.lease_ttl;
             let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
             if (mine || rescue) && cooled {
-                self.contend(shard, !mine, work, wake_tx).await;
+                wanted.push((shard, !mine));
             }
         }
+        self.contend(wanted, work, wake_tx).await;
         self.publish(live.clone(), target);
         Ok(live)
     }
 
+    /// Contends for `wanted` (shard, taken as a rescue), up to [`CONTEND_AT_ONCE`] calls
+    /// in flight: a member winning many shards at once (a join, a cold start) waits one
+    /// round trip for them, not one per shard. Answers are acted on as they come.
     async fn contend<W, Fut>(
         &mut self,
-        shard: u32,
-        rescued: bool,
+        wanted: Vec<(u32, bool)>,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
     ) where
@@ -706,15 +751,67 @@ impl Member<'_> {
         Fut::Output: WorkOutcome,
     {
         let Some(session) = &self.session else { return };
-        let (id, deadline, alive) = (session.id, session.deadline(), session.alive.clone());
-        let role = role(&self.options().group, shard);
-        let answer =
-            tokio::time::timeout_at(deadline, self.elector.store.acquire_in_session(&role, id))
-                .await;
+        let (id, alive) = (session.id, session.alive.clone());
+        let (store, group) = (self.elector.store.clone(), self.options().group.clone());
+        let mut queue = wanted.into_iter();
+        let mut calls = JoinSet::new();
+        let send = |calls: &mut JoinSet<_>, (shard, rescued): (u32, bool)| {
+            let (store, role, alive) = (store.clone(), role(&group, shard), alive.clone());
+            calls.spawn(async move {
+                // Waits as long as the session lives, not to the deadline in force when
+                // the call was sent: a renewal may have moved it, and giving up on an
+                // answer that then grants the shard would leave it held by a live session
+                // with no work on it.
+                let answer = tokio::select! {
+                    answer = store.acquire_in_session(&role, id) => Some(answer),
+                    _ = alive.cancelled() => None,
+                };
+                Contended {
+                    shard,
+                    rescued,
+                    role,
+                    answer,
+                }
+            });
+        };
+        for next in queue.by_ref().take(CONTEND_AT_ONCE) {
+            send(&mut calls, next);
+        }
+        while let Some(joined) = calls.join_next().await {
+            if let Some(next) = queue.next() {
+                send(&mut calls, next);
+            }
+            if let Ok(contended) = joined {
+                self.answered(contended, &alive, work, wake_tx).await;
+            }
+        }
+    }
+
+    /// Acts on the answer to contending for a shard: start its term, wait for it, or
+    /// give up for now.
+    /// `alive` is the session's the call was sent under.
+    async fn answered<W, Fut>(
+        &mut self,
+        contended: Contended,
+        alive: &CancellationToken,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let Contended {
+            shard,
+            rescued,
+            role,
+            answer,
+        } = contended;
         match answer {
-            Ok(Ok(result)) if result.acquired => {
+            Some(Ok(result)) if result.acquired => {
                 // Never start work for a term whose deadline has passed.
-                if alive.is_cancelled() || Instant::now() >= deadline {
+                let deadline = self.session.as_ref().map(Session::deadline);
+                if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
                     return;
                 }
                 let leadership = alive.child_token();
@@ -741,7 +838,7 @@ impl Member<'_> {
                 );
                 self.publish_owned();
             }
-            Ok(Ok(result)) => {
+            Some(Ok(result)) => {
                 // Held elsewhere (a handover in progress): wake on the store's push. A
                 // bounded number of waiters: each costs the store a read before it
                 // waits, and thousands at once (a member joining a large group) would
@@ -757,19 +854,21 @@ impl Member<'_> {
                     });
                 }
             }
-            Ok(Err(Error::SessionEnded(_))) => {
-                warn!(shard, "the session ended while contending");
-                self.lose_everything().await;
+            Some(Err(Error::SessionEnded(_))) => {
+                if self.session.is_some() {
+                    warn!(shard, "the session ended while contending");
+                    self.lose_everything().await;
+                }
             }
-            Ok(Err(error)) => warn!(shard, %error, "could not contend for the shard; retrying"),
-            Err(_) => warn!(
-                shard,
-                "contending for the shard got no answer before the deadline"
-            ),
+            Some(Err(error)) => {
+                warn!(shard, %error, "could not contend for the shard; retrying");
+                // It may have been granted all the same (the answer lost on the way).
+                self.unsure.insert(shard, None);
+            }
+            None => debug!(shard, "the session ended while contending"),
         }
     }
 
-    /// The live members of this group, sorted.
     /// The live members of this group, sorted, and how soon the first other member's
     /// membership lapses unless it heartbeats (on store time).
     async fn group_members(&self) -> Result<(Vec<String>, Option<Duration>)> {
@@ -788,9 +887,9 @@ impl Member<'_> {
         Ok((mine.into_iter().map(|m| m.node_id).collect(), lapse))
     }
 
-    /// The live owner of each shard, from the store, and how long its term has left
-    /// unless renewed (on store time).
-    async fn live_owners(&self) -> Result<BTreeMap<u32, (String, Duration)>> {
+    /// The live owner of each shard, from the store, how long its term has left unless
+    /// renewed (on store time), and its token.
+    async fn live_owners(&self) -> Result<BTreeMap<u32, (String, Duration, FencingToken)>> {
         let prefix = format!("{}/", self.options().group);
         let leases = self.elector.store.list_prefix(&prefix).await?;
         Ok(leases
@@ -802,7 +901,8 @@ impl Member<'_> {
                     .expires_at
                     .duration_since(lease.now)
                     .unwrap_or_default();
-                (shard < self.options().shards).then_some((shard, (holder, left)))
+                let held = (holder, left, lease.fencing_token);
+                (shard < self.options().shards).then_some((shard, held))
             })
             .collect())
     }
