@@ -488,7 +488,15 @@ impl Member<'_> {
                 biased;
                 _ = shutdown.cancelled() => break,
                 _ = alive.cancelled() => self.lose_everything().await,
-                Some(wake) = wake_rx.recv() => look = self.woken(wake, work, wake_tx).await,
+                Some(wake) = wake_rx.recv() => {
+                    // Wakes come in bursts (a member handing several shards over): act
+                    // on all that are queued at once.
+                    let mut wakes = vec![wake];
+                    while let Ok(wake) = wake_rx.try_recv() {
+                        wakes.push(wake);
+                    }
+                    look = self.woken(wakes, work, wake_tx).await;
+                }
                 _ = members_changed => {}
             }
         }
@@ -547,11 +555,12 @@ impl Member<'_> {
         self.publish_owned();
     }
 
-    /// Acts on a wake; returns whether the group must be read again (a shard changed
-    /// that this member took at once needs no second look).
+    /// Acts on wakes; returns whether the group must be read again. Shards pushed free
+    /// while targeted here are contended for at once, without reading the whole group
+    /// first (that read grows with the group; this is one call per shard, all at once).
     async fn woken<W, Fut>(
         &mut self,
-        wake: Wake,
+        wakes: Vec<Wake>,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
     ) -> bool
@@ -560,33 +569,47 @@ impl Member<'_> {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        let (shard, token) = match wake {
-            Wake::WorkEnded(shard, token) => (shard, token),
-            Wake::ShardChanged(shard) => {
-                debug!(shard, "the store pushed a change of a shard held elsewhere");
-                self.waiting.remove(&shard);
-                // A handover to this member: contend at once, without reading the whole
-                // group again first (that read grows with the group; this is one call).
-                let node = &self.options().node_id;
-                let mine = self.elector.state.borrow().target.get(&shard) == Some(node);
-                let now = Instant::now();
-                let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
-                if mine && cooled && !self.terms.contains_key(&shard) {
-                    self.contend(vec![(shard, false)], work, wake_tx).await;
-                    return false;
+        let mut look = false;
+        let mut pushed = Vec::new();
+        for wake in wakes {
+            match wake {
+                Wake::ShardChanged(shard) => {
+                    debug!(shard, "the store pushed a change of a shard held elsewhere");
+                    self.waiting.remove(&shard);
+                    let now = Instant::now();
+                    let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+                    if self.targeted_here(shard) && cooled && !self.terms.contains_key(&shard) {
+                        pushed.push((shard, false));
+                    } else {
+                        look = true;
+                    }
                 }
-                return true;
+                Wake::WorkEnded(shard, token) => look |= self.work_ended(shard, token).await,
             }
-        };
+        }
+        if !pushed.is_empty() {
+            self.contend(pushed, work, wake_tx).await;
+        }
+        look
+    }
+
+    /// Whether the last look targeted `shard` at this member.
+    fn targeted_here(&self, shard: u32) -> bool {
+        self.elector.state.borrow().target.get(&shard) == Some(&self.options().node_id)
+    }
+
+    /// A term's work ended: release the shard. Returns whether the group must be read
+    /// again: not after a handover when no other shard waits to be handed over.
+    async fn work_ended(&mut self, shard: u32, token: FencingToken) -> bool {
         if self
             .terms
             .get(&shard)
             .is_none_or(|term| term.token != token)
         {
-            return true;
+            return false;
         }
         let Some(term) = self.terms.remove(&shard) else {
-            return true;
+            return false;
         };
         let returned_on_its_own = !term.leadership.is_cancelled();
         term.leadership.cancel();
@@ -598,8 +621,21 @@ impl Member<'_> {
                 .insert(shard, Instant::now() + self.options().retry_interval);
         }
         self.release(shard, term.token).await;
+        if term.handing_over {
+            // The next few, on the last look's targets: a look per wave would read the
+            // whole group once per `max_moves_in_flight` shards moved.
+            let state = self.elector.state.borrow();
+            let options = &self.elector.options;
+            start_handovers(
+                &mut self.terms,
+                options,
+                &state.target,
+                None,
+                Instant::now(),
+            );
+        }
         self.publish_owned();
-        true
+        !term.handing_over
     }
 
     async fn release(&mut self, shard: u32, token: FencingToken) {
@@ -692,24 +728,8 @@ impl Member<'_> {
             .map(|soonest| now + soonest + LAPSE_NUDGE);
 
         // Hand over what is targeted at another member, a few at a time.
-        let moving = self.terms.values().filter(|t| t.handing_over).count();
-        let mut room = options.max_moves_in_flight.saturating_sub(moving);
-        for (shard, term) in self.terms.iter_mut() {
-            if room == 0 {
-                break;
-            }
-            let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
-                continue;
-            };
-            let to_is_working = owners.values().any(|owner| owner == to);
-            let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
-            if !term.handing_over && (!term.rescued || to_is_working || held_long) {
-                info!(shard, to = %to, "handing the shard over");
-                term.handing_over = true;
-                term.leadership.cancel();
-                room -= 1;
-            }
-        }
+        let working: BTreeSet<&String> = owners.values().collect();
+        start_handovers(&mut self.terms, &options, &target, Some(&working), now);
 
         // Contend for what is targeted here, and rescue long orphans.
         let mut wanted = Vec::new();
@@ -963,6 +983,36 @@ impl Member<'_> {
                 }
                 Err(_) => warn!("closing the session timed out; it expires on its own"),
             }
+        }
+    }
+}
+
+/// Starts handing over shards targeted at other members, as many as
+/// `max_moves_in_flight` leaves room for. A rescued shard goes only once its target
+/// works on some shard (`working`, when known) or after [`RESCUE_HOLD`] TTLs.
+fn start_handovers(
+    terms: &mut BTreeMap<u32, Term>,
+    options: &ShardOptions,
+    target: &BTreeMap<u32, String>,
+    working: Option<&BTreeSet<&String>>,
+    now: Instant,
+) {
+    let moving = terms.values().filter(|t| t.handing_over).count();
+    let mut room = options.max_moves_in_flight.saturating_sub(moving);
+    for (shard, term) in terms.iter_mut() {
+        if room == 0 {
+            break;
+        }
+        let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+            continue;
+        };
+        let to_is_working = working.is_some_and(|working| working.contains(to));
+        let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
+        if !term.handing_over && (!term.rescued || to_is_working || held_long) {
+            info!(shard, to = %to, "handing the shard over");
+            term.handing_over = true;
+            term.leadership.cancel();
+            room -= 1;
         }
     }
 }
