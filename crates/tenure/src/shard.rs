@@ -62,7 +62,7 @@ pub struct ShardOptions {
     /// How often the session is renewed. Default 10 s.
     pub renew_interval: Duration,
     /// How often the member looks again without a push (orphans, expired leases,
-    /// errors). Default 2 s.
+    /// errors); once a look found nothing to do, every `lease_ttl`. Default 2 s.
     pub retry_interval: Duration,
     /// At most this many of the member's shards hand over at once. Default 4.
     pub max_moves_in_flight: usize,
@@ -358,6 +358,7 @@ impl ShardElector {
             waiting: BTreeSet::new(),
             next_look: None,
             unsure: BTreeMap::new(),
+            settled: false,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as
@@ -420,6 +421,10 @@ struct Member<'a> {
     /// token), an acquire whose answer was an error (token unknown). A live session
     /// would keep them from their targets for good; each look releases them.
     unsure: BTreeMap<u32, Option<FencingToken>>,
+    /// The last look found nothing to do: every shard owned, none to take, hand over,
+    /// wait for or release here. Looks are then a TTL apart (each reads every shard of
+    /// the group); joins and leaves are pushed, and a lapse has its own look.
+    settled: bool,
 }
 
 impl Drop for Member<'_> {
@@ -473,14 +478,16 @@ impl Member<'_> {
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
-            // Look again after the retry interval, or sooner when the last read showed
-            // something about to lapse (see `reconcile`'s `next_look`).
+            // Look again after the retry interval (a TTL once settled), or sooner when
+            // the last read showed something about to lapse (see `reconcile`).
             let now = Instant::now();
-            let look_again = (now + self.options().retry_interval)
-                .min(
-                    self.next_look
-                        .unwrap_or(now + self.options().retry_interval),
-                )
+            let every = if self.settled {
+                self.options().retry_interval.max(self.options().lease_ttl)
+            } else {
+                self.options().retry_interval
+            };
+            let look_again = (now + every)
+                .min(self.next_look.unwrap_or(now + every))
                 .max(now + MIN_LOOK);
             let registry = self.elector.registry.clone();
             let members_changed = registry.wait_for_members_change(&observed, look_again);
@@ -752,6 +759,14 @@ impl Member<'_> {
                 wanted.push((shard, !mine));
             }
         }
+        self.settled = wanted.is_empty()
+            && owners.len() == options.shards as usize
+            && self.waiting.is_empty()
+            && self.unsure.is_empty()
+            && self
+                .terms
+                .keys()
+                .all(|k| target.get(k) == Some(&options.node_id));
         self.contend(wanted, work, wake_tx).await;
         self.publish(live.clone(), target);
         Ok(live)
