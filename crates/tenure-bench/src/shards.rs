@@ -484,8 +484,6 @@ struct Scenario<'a> {
     ttl: Duration,
     renew: Duration,
     retry: Duration,
-    /// Connections per member.
-    pool: usize,
 }
 
 impl Scenario<'_> {
@@ -510,7 +508,7 @@ impl Scenario<'_> {
     async fn start(&self, nodes: &[String]) -> Result<Vec<RunningMember>, BenchError> {
         let mut electors = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let handles = self.backend.stores(self.pool, self.ttl).await?;
+            let handles = self.backend.stores(MEMBER_POOL, self.ttl).await?;
             let leases = self.counted(handles.leases);
             let elector = ShardElector::new(leases, handles.registry, self.options(node))?;
             electors.push((node.clone(), Arc::new(elector)));
@@ -536,6 +534,25 @@ impl Scenario<'_> {
             .collect())
     }
 
+    /// Member `i`'s node id: `<group>-m<i>`.
+    fn node(&self, i: usize) -> String {
+        format!("{}-m{i}", self.group)
+    }
+
+    /// Starts `count` members at once and waits until they settle; returns how long
+    /// that took.
+    async fn start_settled(
+        &self,
+        count: usize,
+        limit: Duration,
+    ) -> Result<(Vec<RunningMember>, Duration), BenchError> {
+        let nodes: Vec<String> = (0..count).map(|i| self.node(i)).collect();
+        let start = Instant::now();
+        let members = self.start(&nodes).await?;
+        let settle = self.settle(&members, start, limit).await?;
+        Ok((members, settle))
+    }
+
     /// Waits until every shard runs on exactly one of `members` and each owns
     /// `floor(N/M)` or `ceil(N/M)`; returns how long it took from `since`.
     async fn settle(
@@ -546,44 +563,93 @@ impl Scenario<'_> {
     ) -> Result<Duration, BenchError> {
         let m = members.len() as u32;
         let (floor, ceil) = (self.shards / m, self.shards.div_ceil(m));
-        loop {
+        let settled = || {
             let shares: Vec<usize> = members
                 .iter()
                 .map(|mm| mm.state.borrow().owned.len())
                 .collect();
             let even = shares.iter().all(|&n| (floor..=ceil).contains(&(n as u32)));
-            if even && shares.iter().sum::<usize>() == self.shards as usize {
-                let mut all = BTreeSet::new();
-                if members
+            let mut all = BTreeSet::new();
+            (even
+                && shares.iter().sum::<usize>() == self.shards as usize
+                && members
                     .iter()
-                    .all(|mm| mm.owned().into_iter().all(|s| all.insert(s)))
-                {
-                    return Ok(since.elapsed());
-                }
-            }
-            if since.elapsed() > limit {
-                // Each member's own view: what it owns, what it targets at itself, and
-                // how many members it sees.
-                let views: Vec<String> = members
-                    .iter()
-                    .map(|mm| {
-                        let state = mm.state.borrow();
-                        let mine = state.target.values().filter(|t| **t == mm.node).count();
-                        format!("{}/{}/{}", state.owned.len(), mine, state.members.len())
-                    })
-                    .collect();
-                let owned: BTreeSet<u32> = members.iter().flat_map(|mm| mm.owned()).collect();
-                let unowned: Vec<u32> = (0..self.shards).filter(|k| !owned.contains(k)).collect();
-                return Err(BenchError::Setup(format!(
-                    "{} shards over {m} members did not settle within {limit:?}: per member \
-                     owned/targeted here/members seen: {}; unowned shards: {unowned:?}",
-                    self.shards,
-                    views.join(" ")
-                )));
-            }
-            tokio::time::sleep(LOOK_EVERY).await;
-        }
+                    .all(|mm| mm.owned().into_iter().all(|s| all.insert(s))))
+            .then(|| since.elapsed())
+        };
+        let unsettled = || {
+            // Each member's own view: what it owns, what it targets at itself, and how
+            // many members it sees.
+            let views: Vec<String> = members
+                .iter()
+                .map(|mm| {
+                    let state = mm.state.borrow();
+                    let mine = state.target.values().filter(|t| **t == mm.node).count();
+                    format!("{}/{}/{}", state.owned.len(), mine, state.members.len())
+                })
+                .collect();
+            let owned: BTreeSet<u32> = members.iter().flat_map(|mm| mm.owned()).collect();
+            let unowned: Vec<u32> = (0..self.shards).filter(|k| !owned.contains(k)).collect();
+            format!(
+                "{} shards over {m} members did not settle within {limit:?}: per member \
+                 owned/targeted here/members seen: {}; unowned shards: {unowned:?}",
+                self.shards,
+                views.join(" ")
+            )
+        };
+        wait_for(since, limit, settled, unsettled).await
     }
+}
+
+/// Polls `done` every [`LOOK_EVERY`] until it answers, or fails with `failure()` once
+/// `limit` has passed since `since`.
+async fn wait_for<T>(
+    since: Instant,
+    limit: Duration,
+    mut done: impl FnMut() -> Option<T>,
+    failure: impl FnOnce() -> String,
+) -> Result<T, BenchError> {
+    loop {
+        if let Some(answer) = done() {
+            return Ok(answer);
+        }
+        if since.elapsed() > limit {
+            return Err(BenchError::Setup(failure()));
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+}
+
+/// Removes and returns the member owning the most shards.
+fn take_busiest(members: &mut Vec<RunningMember>) -> RunningMember {
+    let busiest = (0..members.len())
+        .max_by_key(|&i| members[i].owned().len())
+        .unwrap_or(0);
+    members.remove(busiest)
+}
+
+/// The shards whose owner differs between two views (`owners` of the members).
+fn moved(before: &BTreeMap<u32, String>, after: &BTreeMap<u32, String>) -> Vec<u32> {
+    after
+        .iter()
+        .filter(|(shard, owner)| before.get(shard) != Some(owner))
+        .map(|(shard, _)| *shard)
+        .collect()
+}
+
+/// Lets the last contending calls pass and the server's counters catch up, then reads
+/// the counters around a window of `bench.window`.
+async fn hold_window(
+    backend: &dyn Backend,
+    counts: &CallCounts,
+    log: &TermLog,
+    bench: &ShardBench,
+) -> Result<(Snapshot, Snapshot), BenchError> {
+    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
+    let before = snapshot(backend, counts, log).await?;
+    tokio::time::sleep(bench.window).await;
+    let after = snapshot(backend, counts, log).await?;
+    Ok((before, after))
 }
 
 /// How long a group of `shards` may take to settle: generous, as every member contends
@@ -674,26 +740,16 @@ async fn hold_group(
         ttl: bench.hold_ttl,
         renew: bench.renew_every,
         retry: bench.renew_every,
-        pool: MEMBER_POOL,
     };
-    let nodes: Vec<String> = (0..bench.members)
-        .map(|i| format!("{run_id}-hold-m{i}"))
-        .collect();
-    let start = Instant::now();
-    let members = scenario.start(&nodes).await?;
     tracing::info!(
         shards = bench.shards,
         members = bench.members,
         "settling the shard group"
     );
     let limit = settle_limit(bench.shards / bench.members as u32, bench.hold_ttl);
-    let settle = scenario.settle(&members, start, limit).await?;
-    // Let the last contending calls pass, and the server's counters catch up with them.
-    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
+    let (members, settle) = scenario.start_settled(bench.members, limit).await?;
     tracing::info!(window = ?bench.window, "measuring the shard group's hold");
-    let before = snapshot(backend, &scenario.counts, &scenario.log).await?;
-    tokio::time::sleep(bench.window).await;
-    let after = snapshot(backend, &scenario.counts, &scenario.log).await?;
+    let (before, after) = hold_window(backend, &scenario.counts, &scenario.log, bench).await?;
     for member in members {
         member.stop().await;
     }
@@ -739,23 +795,19 @@ async fn hold_electors(
         }));
     }
     let limit = settle_limit(bench.shards, bench.hold_ttl);
-    while log.started() < u64::from(bench.shards) {
-        if start.elapsed() > limit {
-            shutdown.cancel();
-            return Err(BenchError::Setup(format!(
-                "{} per-role electors did not all lead within {limit:?} ({} did)",
-                bench.shards,
-                log.started()
-            )));
-        }
-        tokio::time::sleep(LOOK_EVERY).await;
-    }
-    let settle = start.elapsed();
-    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
+    let all_lead = || (log.started() >= u64::from(bench.shards)).then(|| start.elapsed());
+    let some_wait = || {
+        format!(
+            "{} per-role electors did not all lead within {limit:?} ({} did)",
+            bench.shards,
+            log.started()
+        )
+    };
+    let settle = wait_for(start, limit, all_lead, some_wait)
+        .await
+        .inspect_err(|_| shutdown.cancel())?;
     tracing::info!(window = ?bench.window, "measuring the per-role electors' hold");
-    let before = snapshot(backend, &counts, &log).await?;
-    tokio::time::sleep(bench.window).await;
-    let after = snapshot(backend, &counts, &log).await?;
+    let (before, after) = hold_window(backend, &counts, &log, bench).await?;
     shutdown.cancel();
     for task in tasks {
         let _ = task.await;
@@ -772,12 +824,7 @@ async fn hold_electors(
 }
 
 /// The churn and leave timings: renew at a quarter of the TTL, look again at a tenth.
-fn churn_scenario<'a>(
-    backend: &'a dyn Backend,
-    bench: &ShardBench,
-    group: String,
-    pool: usize,
-) -> Scenario<'a> {
+fn churn_scenario<'a>(backend: &'a dyn Backend, bench: &ShardBench, group: String) -> Scenario<'a> {
     Scenario {
         backend,
         counts: Arc::default(),
@@ -787,7 +834,6 @@ fn churn_scenario<'a>(
         ttl: bench.churn_ttl,
         renew: bench.churn_ttl / 4,
         retry: bench.churn_ttl / 10,
-        pool,
     }
 }
 
@@ -796,29 +842,20 @@ async fn churn(
     bench: &ShardBench,
     run_id: &str,
 ) -> Result<Churn, BenchError> {
-    let scenario = churn_scenario(backend, bench, format!("{run_id}-churn"), MEMBER_POOL);
+    let scenario = churn_scenario(backend, bench, format!("{run_id}-churn"));
     let limit = settle_limit(CHURN_SHARDS, scenario.ttl);
     tracing::info!("churn: a cold start of {CHURN_MEMBERS} members");
-    let nodes: Vec<String> = (0..CHURN_MEMBERS)
-        .map(|i| format!("{run_id}-churn-m{i}"))
-        .collect();
-    let start = Instant::now();
-    let mut members = scenario.start(&nodes).await?;
-    let cold = scenario.settle(&members, start, limit).await?;
+    let (mut members, cold) = scenario.start_settled(CHURN_MEMBERS, limit).await?;
     let cold_shares = members.iter().map(|m| m.owned().len()).collect();
 
     tracing::info!("churn: a member joins");
     let owners_before = owners(&members);
     let joined = Instant::now();
-    let newcomer = format!("{run_id}-churn-m{CHURN_MEMBERS}");
+    let newcomer = scenario.node(CHURN_MEMBERS);
     members.extend(scenario.start(std::slice::from_ref(&newcomer)).await?);
     let join_settle = scenario.settle(&members, joined, limit).await?;
     let owners_after = owners(&members);
-    let moved: Vec<u32> = owners_after
-        .iter()
-        .filter(|(shard, owner)| owners_before.get(shard) != Some(owner))
-        .map(|(shard, _)| *shard)
-        .collect();
+    let moved = moved(&owners_before, &owners_after);
     let to_newcomer = moved
         .iter()
         .filter(|s| owners_after.get(s) == Some(&newcomer))
@@ -836,30 +873,30 @@ async fn churn(
     }
 
     tracing::info!("churn: the member with the most shards is killed");
-    let victim_at = (0..members.len())
-        .max_by_key(|&i| members[i].owned().len())
-        .unwrap_or(0);
-    let victim = members.remove(victim_at);
+    let victim = take_busiest(&mut members);
     let victim_shards = victim.owned();
     let killed = Instant::now();
     victim.task.abort();
-    let reowned = loop {
-        let starts: Vec<Option<Instant>> = victim_shards
+    let all_owned_again = || {
+        let starts: Option<Vec<Instant>> = victim_shards
             .iter()
             .map(|s| scenario.log.first_start(*s, killed, Some(&victim.node)))
             .collect();
-        if starts.iter().all(Option::is_some) {
-            let last = starts.into_iter().flatten().max().unwrap_or(killed);
-            break last.duration_since(killed);
-        }
-        if killed.elapsed() > limit {
-            return Err(BenchError::Setup(format!(
-                "the killed member's {} shards were not all owned again within {limit:?}",
-                victim_shards.len()
-            )));
-        }
-        tokio::time::sleep(LOOK_EVERY).await;
+        Some(
+            starts?
+                .into_iter()
+                .max()
+                .unwrap_or(killed)
+                .duration_since(killed),
+        )
     };
+    let some_not = || {
+        format!(
+            "the killed member's {} shards were not all owned again within {limit:?}",
+            victim_shards.len()
+        )
+    };
+    let reowned = wait_for(killed, limit, all_owned_again, some_not).await?;
     for member in members {
         member.stop().await;
     }
@@ -891,23 +928,15 @@ async fn leave(
     bench: &ShardBench,
     run_id: &str,
 ) -> Result<Leave, BenchError> {
-    let scenario = churn_scenario(backend, bench, format!("{run_id}-leave"), MEMBER_POOL);
+    let scenario = churn_scenario(backend, bench, format!("{run_id}-leave"));
     let limit = settle_limit(CHURN_SHARDS, scenario.ttl);
     tracing::info!("leave: {LEAVE_MEMBERS} members settle {CHURN_SHARDS} shards");
-    let nodes: Vec<String> = (0..LEAVE_MEMBERS)
-        .map(|i| format!("{run_id}-leave-m{i}"))
-        .collect();
-    let start = Instant::now();
-    let mut members = scenario.start(&nodes).await?;
-    scenario.settle(&members, start, limit).await?;
+    let (mut members, _) = scenario.start_settled(LEAVE_MEMBERS, limit).await?;
     tokio::time::sleep(scenario.renew).await;
 
     tracing::info!("leave: one member shuts down");
     let owners_before = owners(&members);
-    let leaver_at = (0..members.len())
-        .max_by_key(|&i| members[i].owned().len())
-        .unwrap_or(0);
-    let leaver = members.remove(leaver_at);
+    let leaver = take_busiest(&mut members);
     let leaver_node = leaver.node.clone();
     let leaver_shards = leaver.owned();
     let watched: Vec<String> = leaver_shards
@@ -926,12 +955,7 @@ async fn leave(
     tokio::time::sleep(after.at.duration_since(before.at)).await;
     let quiet = look("quiet").await?;
 
-    let owners_after = owners(&members);
-    let moved: Vec<u32> = owners_after
-        .iter()
-        .filter(|(shard, owner)| owners_before.get(shard) != Some(owner))
-        .map(|(shard, _)| *shard)
-        .collect();
+    let moved = moved(&owners_before, &owners(&members));
     let handovers: Vec<Duration> = leaver_shards
         .iter()
         .filter_map(|shard| {
@@ -1003,23 +1027,15 @@ async fn elector_leave(
     }
     let limit = settle_limit(1, ttl);
     let start = Instant::now();
-    let leader = loop {
-        let running = log
-            .terms
-            .lock()
+    let running = || {
+        let terms = log.terms.lock();
+        terms
             .iter()
             .find(|t| t.end.is_none())
-            .map(|t| t.member.clone());
-        if let Some(leader) = running {
-            break leader;
-        }
-        if start.elapsed() > limit {
-            return Err(BenchError::Setup(format!(
-                "no elector led the role within {limit:?}"
-            )));
-        }
-        tokio::time::sleep(LOOK_EVERY).await;
+            .map(|t| t.member.clone())
     };
+    let none = || format!("no elector led the role within {limit:?}");
+    let leader = wait_for(start, limit, running, none).await?;
     tokio::time::sleep(ttl / 4).await;
     let watched = [role.clone()];
     let before = snapshot_watching(backend, &counts, &log, &watched).await?;
@@ -1030,17 +1046,9 @@ async fn elector_leave(
         shutdown.cancel();
         let _ = task.await;
     }
-    let started = loop {
-        if let Some(started) = log.first_start(0, left, Some(&leader)) {
-            break started;
-        }
-        if left.elapsed() > limit {
-            return Err(BenchError::Setup(format!(
-                "no elector took the role over within {limit:?}"
-            )));
-        }
-        tokio::time::sleep(LOOK_EVERY).await;
-    };
+    let taken_over = || log.first_start(0, left, Some(&leader));
+    let none = || format!("no elector took the role over within {limit:?}");
+    let started = wait_for(left, limit, taken_over, none).await?;
     let after = snapshot_watching(backend, &counts, &log, &watched).await?;
     tokio::time::sleep(after.at.duration_since(before.at)).await;
     let quiet = snapshot_watching(backend, &counts, &log, &watched).await?;
