@@ -102,11 +102,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let report = runtime()?
         .block_on(tenure_bench::run(config))
         .map_err(usage)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.render());
-    }
+    crate::output::print_report(&report, args.json, || report.render())?;
     if let Some(dir) = report_dir {
         let files = report.write_dir(&dir)?;
         crate::report_dir::announce(&dir, &files);
@@ -154,11 +150,7 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
     let (machine, report) = runtime()?
         .block_on(tenure_bench::run_shards(config, bench))
         .map_err(usage)?;
-    if args.json {
-        let value = serde_json::json!({ "machine": machine, "shards": report });
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", report.render());
-    }
+    let value = serde_json::json!({ "machine": machine, "shards": report });
+    crate::output::print_report(&value, args.json, || report.render())?;
     Ok(exit::OK)
 }

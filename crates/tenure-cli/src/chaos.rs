@@ -135,11 +135,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<u8> {
     let report = crate::runtime()?
         .block_on(tenure_chaos::run(config))
         .map_err(usage)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.render());
-    }
+    crate::output::print_report(&report, args.json, || report.render())?;
     if let Some(dir) = report_dir {
         let files = report.write_dir(&dir)?;
         crate::report_dir::announce(&dir, &files);

@@ -1,6 +1,21 @@
-//! Human output: aligned tables and durations in human units.
+//! Human output: aligned tables and durations in human units, and a report printed as
+//! a table or (`--json`) as JSON.
 
 use std::time::Duration;
+
+/// Prints a report on stdout: pretty JSON with `--json`, otherwise `render()`'s table.
+pub fn print_report(
+    report: &impl serde::Serialize,
+    json: bool,
+    render: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", render());
+    }
+    Ok(())
+}
 
 /// `850ms`, `12.3s`, `4m05s`, `2h01m`, `3d04h`.
 pub fn human(duration: Duration) -> String {
