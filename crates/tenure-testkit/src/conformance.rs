@@ -413,6 +413,12 @@ pub async fn scenario_get_and_list(backend: &dyn LeaseBackend) {
     assert_eq!(list[0].live_holder(), None);
 }
 
+/// Every role `list` shows, in its order.
+async fn all_roles(store: &dyn LeaseStore) -> Vec<String> {
+    let listed = store.list().await.unwrap();
+    listed.into_iter().map(|l| l.role).collect()
+}
+
 async fn roles_with(store: &dyn LeaseStore, prefix: &str) -> Vec<String> {
     let listed = store.list_prefix(prefix).await.unwrap();
     listed.into_iter().map(|l| l.role).collect()
@@ -449,13 +455,7 @@ pub async fn scenario_list_prefix(backend: &dyn LeaseBackend) {
     );
     assert!(roles_with(&*store, "zz").await.is_empty());
     assert!(roles_with(&*store, ".*").await.is_empty());
-    let all: Vec<String> = store
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|l| l.role)
-        .collect();
+    let all = all_roles(&*store).await;
     assert_eq!(all.len(), 7);
     assert_eq!(roles_with(&*store, "").await, all);
 }
@@ -645,13 +645,7 @@ pub async fn scenario_bad_input(backend: &dyn LeaseBackend) {
     let ok = store.try_acquire_or_renew(&max, &max, ttl).await.unwrap();
     assert!(ok.acquired);
     // Nothing was created by the rejected calls.
-    let roles: Vec<_> = store
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|l| l.role)
-        .collect();
+    let roles = all_roles(&*store).await;
     assert_eq!(roles, [max]);
 }
 

@@ -823,8 +823,7 @@ impl Member<'_> {
     }
 
     /// Acts on the answer to contending for a shard: start its term, wait for it, or
-    /// give up for now.
-    /// `alive` is the session's the call was sent under.
+    /// give up for now. `alive` is that of the session the call was sent under.
     async fn answered<W, Fut>(
         &mut self,
         contended: Contended,
