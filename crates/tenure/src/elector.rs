@@ -172,15 +172,18 @@ impl LeaseLeaderOptions {
     }
 
     /// How long after sending a successful request the next renewal is due: the renew
-    /// interval, shortened in proportion when the store granted less than `lease_ttl`,
-    /// so a short grant is renewed in time too.
+    /// interval, or for a grant shorter than `lease_ttl` the same fraction of that
+    /// grant's leadership window as the renew interval is of the full one. (Scaling by
+    /// the grant alone is not enough: `work_grace` shortens a short window by as much
+    /// as a full one, and the renewal would fall after the deadline.)
     pub(crate) fn renew_after(&self, granted: Duration) -> Duration {
         if granted >= self.lease_ttl {
-            self.renew_interval
-        } else {
-            self.renew_interval
-                .mul_f64(granted.as_secs_f64() / self.lease_ttl.as_secs_f64())
+            return self.renew_interval;
         }
+        // `validate` keeps the renew interval inside the full window, so the ratio is
+        // below one and the renewal falls inside the short window too.
+        let fraction = self.renew_interval.as_secs_f64() / self.leadership_window().as_secs_f64();
+        self.leadership_window_for(granted).mul_f64(fraction)
     }
 }
 

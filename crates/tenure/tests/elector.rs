@@ -1288,3 +1288,48 @@ async fn dropping_run_cancels_leadership() {
         .expect("leadership must be cancelled when run is dropped")
         .unwrap();
 }
+
+/// Setup: ttl 10 s, renew 10/3 s, `work_grace` 3 s, drift 1 %; node-a's store grants
+/// 40 % of the TTL asked (4 s). The leadership window of such a grant is
+/// 4 s * 0.99 - 3 s = 0.96 s, shorter than the renew interval scaled to the grant
+/// (1.33 s): the renewal must still fall inside the window, so node-a leads one
+/// unbroken term for a minute and its work is called once.
+#[tokio::test(start_paused = true)]
+async fn a_short_grant_with_work_grace_is_renewed_inside_its_window() {
+    let clock = clock();
+    let store = memory(&clock);
+    let short = Switches::new(store.clone(), &clock);
+    *short.grant.lock() = 0.4;
+    let fence = Arc::new(Fence::new());
+    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let options = LeaseLeaderOptions {
+        work_grace: secs(3),
+        ..options("node-a", secs(10), Duration::from_millis(3_333), secs(1))
+    };
+    let a = elector(short.store(), options);
+    let mut a_state = a.watch();
+    let shutdown = CancellationToken::new();
+    let mut inner = fenced_work(clock.clone(), fence.clone(), cancelled_at.clone());
+    let counted = calls.clone();
+    let run_a = spawn_run(
+        &a,
+        move |token, leadership| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            inner(token, leadership)
+        },
+        &shutdown,
+    );
+    wait_leader(&mut a_state, "node-a leads").await;
+    tokio::time::sleep(secs(60)).await;
+    assert_eq!(short.last_granted().remaining(), secs(4), "a 40 % grant");
+    assert!(
+        cancelled_at.lock().is_empty(),
+        "leadership was cancelled while the store kept granting: {:?}",
+        cancelled_at.lock()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "work called once");
+    assert!(short.granted.lock().len() > 40, "renewed all along");
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+}
