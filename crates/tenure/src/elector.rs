@@ -16,6 +16,7 @@
 //! does not matter (all expiry is judged on store time); clock *rate* beyond the drift
 //! bound does.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::time::Duration;
@@ -252,6 +253,9 @@ pub struct LeaseLeaderElector {
     options: LeaseLeaderOptions,
     state: watch::Sender<ElectionState>,
     rng: Mutex<SmallRng>,
+    /// Per role, the token of a term whose release failed or timed out: the store may
+    /// still apply it, so no work runs under that token again (see `contend`).
+    pending_releases: Mutex<HashMap<String, FencingToken>>,
 }
 
 impl std::fmt::Debug for LeaseLeaderElector {
@@ -357,6 +361,7 @@ impl LeaseLeaderElector {
             options,
             state: watch::Sender::new(ElectionState::Idle),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            pending_releases: Mutex::new(HashMap::new()),
         })
     }
 
@@ -380,7 +385,10 @@ impl LeaseLeaderElector {
     /// After a term ends locally (the local deadline passed while the store was slow),
     /// the store may still hold this owner's lease; contending then renews it, and
     /// `work` is called again with the same token. The two calls never overlap, and
-    /// fences treat them as one term.
+    /// fences treat them as one term. The exception is a term whose release failed or
+    /// timed out (here or in an earlier `run` of this elector): that release may still
+    /// reach the store and end the term under the new work, so the elector releases it
+    /// again and contends for a new term, with a new token, instead.
     ///
     /// Each term calls `work(token, leadership)` once; `leadership` is cancelled when the
     /// term ends (lost, local deadline, shutdown) and the elector awaits the work before
@@ -510,16 +518,28 @@ impl LeaseLeaderElector {
             };
             match result {
                 Ok(result) if result.acquired => {
+                    let release_may_land = self.release_may_land(role, result.fencing_token);
                     let answer = Answer {
                         result,
                         sent,
                         received,
                     };
-                    if let Some(term) = self.begin(role, &answer) {
+                    if release_may_land {
+                        // The store still holds the term whose release is on its way:
+                        // end it here, then contend for a new term (a new token).
+                        warn!(role, owner = %self.options.owner_id, token = %answer.result.fencing_token,
+                            "renewed a term whose release may still land; releasing it again first");
+                        if let Some(term) = Term::begin(&self.options, &answer) {
+                            if self.release(role, &term).await {
+                                continue;
+                            }
+                        }
+                    } else if let Some(term) = self.begin(role, &answer) {
                         return Ok(Some(term));
                     }
                 }
                 Ok(result) => {
+                    self.release_may_land(role, result.fencing_token);
                     debug!(role, owner = %self.options.owner_id, holder = %result.holder,
                         token = %result.fencing_token, "lease held by another owner; waiting");
                     observed = Some(Answer {
@@ -775,21 +795,48 @@ impl LeaseLeaderElector {
     }
 
     /// Releases the term, giving up at its local deadline (the lease is gone by then).
-    async fn release(&self, role: &str, term: &Term) {
+    /// Returns whether the store answered; a release that failed or timed out may still
+    /// land, so its token is remembered as pending until the store shows another.
+    async fn release(&self, role: &str, term: &Term) -> bool {
         let owner = self.options.owner_id.as_str();
         let token = term.token;
-        match tokio::time::timeout_at(term.deadline(), self.store.release(role, owner, token)).await
-        {
-            Ok(Ok(true)) => info!(role, owner, token = %token, "released"),
-            Ok(Ok(false)) => {
-                debug!(role, owner, token = %token, "release found the term already over")
+        let answered =
+            tokio::time::timeout_at(term.deadline(), self.store.release(role, owner, token)).await;
+        match answered {
+            Ok(Ok(released)) => {
+                if released {
+                    info!(role, owner, token = %token, "released");
+                } else {
+                    debug!(role, owner, token = %token, "release found the term already over");
+                }
+                self.pending_releases.lock().remove(role);
+                return true;
             }
             Ok(Err(error)) => {
-                warn!(role, owner, token = %token, %error, "release failed; the lease expires on its own")
+                warn!(role, owner, token = %token, %error,
+                    "release failed and may still land; the lease expires on its own")
             }
             Err(_) => {
-                warn!(role, owner, token = %token, "release timed out; the lease expires on its own")
+                warn!(role, owner, token = %token,
+                    "release timed out and may still land; the lease expires on its own")
             }
+        }
+        self.pending_releases.lock().insert(role.to_owned(), token);
+        false
+    }
+
+    /// Whether a release of `role`'s term `token` may still land. A pending release of
+    /// another term is forgotten: the store has moved past it (tokens only grow), so it
+    /// can no longer end anything.
+    fn release_may_land(&self, role: &str, token: FencingToken) -> bool {
+        let mut pending = self.pending_releases.lock();
+        match pending.get(role) {
+            Some(pending_token) if *pending_token == token => true,
+            Some(_) => {
+                pending.remove(role);
+                false
+            }
+            None => false,
         }
     }
 

@@ -357,7 +357,8 @@ impl ShardElector {
             last_seen: HashMap::new(),
             waiting: BTreeSet::new(),
             next_look: None,
-            unsure: BTreeMap::new(),
+            pending_releases: BTreeMap::new(),
+            lost_acquires: BTreeSet::new(),
             settled: false,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
@@ -417,10 +418,16 @@ struct Member<'a> {
     /// When the last read of the group showed the first change due (a member's
     /// membership or a term targeted here lapsing), if any.
     next_look: Option<Instant>,
-    /// Shards the session may hold with no term here: a release that failed (its
-    /// token), an acquire whose answer was an error (token unknown). A live session
-    /// would keep them from their targets for good; each look releases them.
-    unsure: BTreeMap<u32, Option<FencingToken>>,
+    /// Releases that failed or timed out, by shard: the store may still apply each
+    /// one, so no work starts under its token (a late release would end that term under
+    /// it); each look releases the shard again until one answers.
+    pending_releases: BTreeMap<u32, FencingToken>,
+    /// Shards whose acquire under the current session got an error: the store may have
+    /// granted it, then or later, with no term here. A live session would keep such a
+    /// shard from its target for good, so each look takes it (targeted here) or releases
+    /// it (targeted elsewhere) whenever the store shows it held by this member with no
+    /// term here. Kept for the session's life: the request may still be on its way.
+    lost_acquires: BTreeSet<u32>,
     /// The last look found nothing to do: every shard owned, none to take, hand over,
     /// wait for or release here. Looks are then a TTL apart (each reads every shard of
     /// the group); joins and leaves are pushed, and a lapse has its own look.
@@ -543,8 +550,10 @@ impl Member<'_> {
     /// The session is gone: stop every shard's work, forget the session.
     async fn lose_everything(&mut self) {
         self.stop_work().await;
-        // Whatever the session held frees as it ends.
-        self.unsure.clear();
+        // Whatever the session held frees as it ends, and a release still on its way
+        // cannot end a later term: those take new tokens.
+        self.pending_releases.clear();
+        self.lost_acquires.clear();
         self.session = None;
     }
 
@@ -657,16 +666,18 @@ impl Member<'_> {
         {
             Ok(Ok(_)) => {
                 debug!(shard, token = %token, "shard released");
-                self.unsure.remove(&shard);
+                self.pending_releases.remove(&shard);
             }
             Ok(Err(error)) => {
-                warn!(shard, %error, "release failed; trying again at the next look");
-                self.unsure.insert(shard, Some(token));
+                warn!(shard, token = %token, %error,
+                    "release failed and may still land; no work under this token, releasing again at the next look");
+                self.pending_releases.insert(shard, token);
             }
-            Err(_) => warn!(
-                shard,
-                "release timed out; the shard frees when the session ends"
-            ),
+            Err(_) => {
+                warn!(shard, token = %token,
+                    "release timed out and may still land; no work under this token, releasing again at the next look");
+                self.pending_releases.insert(shard, token);
+            }
         }
     }
 
@@ -711,23 +722,8 @@ impl Member<'_> {
             })
             .map(|(_, (_, left, _))| *left)
             .min();
-        // Shards the session may hold with no work on them: release those targeted
-        // elsewhere; those targeted here are taken back below like any other.
-        for (shard, known) in std::mem::take(&mut self.unsure) {
-            let here = held.get(&shard).filter(|(holder, _, token)| {
-                *holder == options.node_id && known.is_none_or(|known| known == *token)
-            });
-            match here {
-                Some(_) if self.terms.contains_key(&shard) => {}
-                Some((_, _, token)) if target.get(&shard) != Some(&options.node_id) => {
-                    self.release(shard, *token).await;
-                }
-                Some(_) => {
-                    self.unsure.insert(shard, known);
-                }
-                None => {}
-            }
-        }
+        self.check_terms(&held);
+        self.release_strays(&held, &target).await;
         self.next_look = lapse
             .into_iter()
             .chain(expiry)
@@ -762,7 +758,7 @@ impl Member<'_> {
         self.settled = wanted.is_empty()
             && owners.len() == options.shards as usize
             && self.waiting.is_empty()
-            && self.unsure.is_empty()
+            && self.pending_releases.is_empty()
             && self
                 .terms
                 .keys()
@@ -770,6 +766,59 @@ impl Member<'_> {
         self.contend(wanted, work, wake_tx).await;
         self.publish(live.clone(), target);
         Ok(live)
+    }
+
+    /// Cancels every term the store no longer shows as this member's under its token
+    /// (`held`, read after each of them began): a release or takeover this member did not
+    /// see (applied late, or answered with an error) ended it, and its work must not go on
+    /// while another member may take the shard.
+    fn check_terms(&mut self, held: &BTreeMap<u32, (String, Duration, FencingToken)>) {
+        let node = &self.elector.options.node_id;
+        for (shard, term) in &self.terms {
+            let shown = held
+                .get(shard)
+                .is_some_and(|(holder, _, token)| holder == node && *token == term.token);
+            if !shown && !term.leadership.is_cancelled() {
+                warn!(shard, token = %term.token, store = ?held.get(shard),
+                    "the store no longer shows this term: cancelling its work");
+                term.leadership.cancel();
+            }
+        }
+    }
+
+    /// Acts on the shards the store may hold for this member with no work on them
+    /// (`held` and `target` from this look): a pending release is sent again, whatever
+    /// the target, so the next term takes a new token; a lost acquire that the store
+    /// granted is released when the shard is targeted elsewhere (targeted here, it is
+    /// taken like any other shard).
+    async fn release_strays(
+        &mut self,
+        held: &BTreeMap<u32, (String, Duration, FencingToken)>,
+        target: &BTreeMap<u32, String>,
+    ) {
+        let node = self.elector.options.node_id.clone();
+        let held_here = |shard: &u32| {
+            held.get(shard)
+                .filter(|(holder, _, _)| *holder == node)
+                .map(|(_, _, token)| *token)
+        };
+        for (shard, token) in std::mem::take(&mut self.pending_releases) {
+            // Shown under another token (or not at all), that term is over: a late
+            // release of it is a no-op.
+            if held_here(&shard) == Some(token) && !self.terms.contains_key(&shard) {
+                self.release(shard, token).await;
+            }
+        }
+        let stranded: Vec<(u32, FencingToken)> = self
+            .lost_acquires
+            .iter()
+            .filter(|shard| !self.terms.contains_key(shard) && target.get(shard) != Some(&node))
+            .filter_map(|shard| Some((*shard, held_here(shard)?)))
+            .collect();
+        for (shard, token) in stranded {
+            info!(shard, token = %token, "releasing a shard an acquire took with no term here");
+            self.release(shard, token).await;
+        }
     }
 
     /// Contends for `wanted` (shard, taken as a rescue), up to [`CONTEND_AT_ONCE`] calls
@@ -848,8 +897,22 @@ impl Member<'_> {
                 if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
                     return;
                 }
-                let leadership = alive.child_token();
                 let token = result.fencing_token;
+                match self.pending_releases.get(&shard) {
+                    // The session still holds the term whose release may yet land and end
+                    // it: released again at the next look, then taken under a new token.
+                    Some(pending) if *pending == token => {
+                        debug!(shard, token = %token,
+                            "not working under a token whose release may still land");
+                        return;
+                    }
+                    // A newer term: the late release of an older one cannot end it.
+                    Some(_) => {
+                        self.pending_releases.remove(&shard);
+                    }
+                    None => {}
+                }
+                let leadership = alive.child_token();
                 let future = work(shard, token, leadership.clone());
                 let wake = wake_tx.clone();
                 let task = tokio::spawn(async move {
@@ -896,8 +959,9 @@ impl Member<'_> {
             }
             Some(Err(error)) => {
                 warn!(shard, %error, "could not contend for the shard; retrying");
-                // It may have been granted all the same (the answer lost on the way).
-                self.unsure.insert(shard, None);
+                // It may have been granted all the same, now or later (the request may
+                // still be on its way).
+                self.lost_acquires.insert(shard);
             }
             None => debug!(shard, "the session ended while contending"),
         }

@@ -147,7 +147,8 @@ enum Twist {
 /// this order: `hang` (never answer: a wedged connection), `stalled_until` (wait: a
 /// wedged connection that recovers), `fail_next` (fail with [`Error::Store`]),
 /// `on_the_wire` (the call reaches the store only when the gate opens, whether or not
-/// the caller still waits: a request already sent), `next` (a one-shot [`Twist`]) and
+/// the caller still waits: a request already sent; `releases_on_the_wire` does the same
+/// to releases), `next` (a one-shot [`Twist`]) and
 /// `grant` (the store grants, and really keeps, only this fraction of the asked TTL).
 /// Every granted answer is recorded with the instant it was decided.
 struct Switches {
@@ -158,6 +159,8 @@ struct Switches {
     fail_next: AtomicUsize,
     failed: AtomicUsize,
     on_the_wire: Mutex<Option<watch::Receiver<bool>>>,
+    /// Like `on_the_wire`, for releases.
+    releases_on_the_wire: Mutex<Option<watch::Receiver<bool>>>,
     next: Mutex<Twist>,
     grant: Mutex<f64>,
     /// Store time and answer of the twisted call.
@@ -178,6 +181,7 @@ impl Switches {
             fail_next: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             on_the_wire: Mutex::new(None),
+            releases_on_the_wire: Mutex::new(None),
             next: Mutex::new(Twist::None),
             grant: Mutex::new(1.0),
             twisted: Mutex::new(None),
@@ -200,6 +204,13 @@ impl Switches {
     fn hold_on_the_wire(&self) -> watch::Sender<bool> {
         let (open, gate) = watch::channel(false);
         *self.on_the_wire.lock() = Some(gate);
+        open
+    }
+
+    /// Holds the releases made from now on until the returned sender sends `true`.
+    fn hold_releases_on_the_wire(&self) -> watch::Sender<bool> {
+        let (open, gate) = watch::channel(false);
+        *self.releases_on_the_wire.lock() = Some(gate);
         open
     }
 
@@ -287,7 +298,17 @@ impl Interceptor for Switches {
                 Reply::Lease(self.acquire(role, owner, ttl, next).await)
             }
             Call::Release { token, .. } => {
-                let reply = next.run(call).await;
+                let gate = self.releases_on_the_wire.lock().clone();
+                let reply = match gate {
+                    Some(mut gate) => {
+                        let on_the_wire = tokio::spawn(async move {
+                            let _ = gate.wait_for(|open| *open).await;
+                            next.run(call).await
+                        });
+                        on_the_wire.await.expect("the release on the wire")
+                    }
+                    None => next.run(call).await,
+                };
                 if let Reply::Released(Ok(released)) = reply {
                     self.released.lock().push((token, released));
                 }
@@ -1330,6 +1351,59 @@ async fn a_short_grant_with_work_grace_is_renewed_inside_its_window() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "work called once");
     assert!(short.granted.lock().len() > 40, "renewed all along");
+    shutdown.cancel();
+    join(run_a, "node-a run").await.unwrap();
+}
+
+/// Setup: node-a leads with token 1 (ttl 10 s) and its work returns after 1 s; its
+/// release is held on the wire past the term's deadline (node-a gives up waiting), and
+/// reaches the store only later. `run` is called again on the same elector meanwhile:
+/// it must not work under token 1, whose release may still land, but release it again
+/// and lead with token 2; the late release then ends nothing and node-a stays the live
+/// holder under its running work.
+#[tokio::test(start_paused = true)]
+async fn run_again_never_works_under_a_token_whose_release_may_still_land() {
+    let clock = clock();
+    let store = memory(&clock);
+    let wire = Switches::new(store.clone(), &clock);
+    let a = elector(wire.store(), standard("node-a"));
+    let shutdown = CancellationToken::new();
+    let gate = wire.hold_releases_on_the_wire();
+    let first = a.run(
+        ROLE,
+        |_token, _leadership| tokio::time::sleep(secs(1)),
+        shutdown.clone(),
+    );
+    tokio::time::timeout(secs(60), first)
+        .await
+        .expect("the first run returns once its release timed out")
+        .unwrap();
+    assert!(
+        wire.released.lock().is_empty(),
+        "the release is still on the wire"
+    );
+    *wire.releases_on_the_wire.lock() = None;
+
+    let mut a_state = a.watch();
+    let run_a = spawn_run(
+        &a,
+        |_token, leadership: CancellationToken| async move { leadership.cancelled().await },
+        &shutdown,
+    );
+    let token = wait_leader(&mut a_state, "node-a leads again").await;
+    assert_eq!(
+        token,
+        FencingToken::from(2),
+        "a new term, not the one whose release is on the wire"
+    );
+    gate.send_replace(true);
+    tokio::time::sleep(secs(1)).await;
+    assert!(a_state.borrow().is_leader());
+    assert_eq!(
+        live_holder(&store).await,
+        Some(("node-a".to_owned(), FencingToken::from(2))),
+        "the late release ended nothing"
+    );
     shutdown.cancel();
     join(run_a, "node-a run").await.unwrap();
 }

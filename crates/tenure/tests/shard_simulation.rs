@@ -1,14 +1,19 @@
 //! A seeded simulation of shard groups under faults, checking invariant 7 of
 //! `docs/semantics.md` throughout: 3-8 members of one group over the in-memory store and
 //! registry (paused tokio time), with store latency, graceful leaves, crashes, restarts
-//! with the same node id and members whose store calls stall for up to two TTLs. No shard
-//! may ever have two members working on it at once; after a quiet phase every shard is
-//! worked on by exactly one live member and each owns `floor(N/M)` or `ceil(N/M)`.
+//! with the same node id, members whose store calls stall for up to two TTLs, work that
+//! returns on its own, and calls that reach the store after their caller gave up
+//! (releases, acquires and keep-alives sent, then answered with an error or never, and
+//! applied up to two TTLs later, as a request already on the wire is). No shard may ever
+//! have two members working on it at once; after a quiet phase every shard is worked on
+//! by exactly one live member and each owns `floor(N/M)` or `ceil(N/M)`.
 //!
-//! The negative control makes every member's store lie about its sessions: it keeps each
-//! one for half the TTL asked and answers that it kept it for all of it, which is what a
-//! member computing its deadline from the TTL it asked for (not the one it got) would
-//! act on: the checker must catch the overlap.
+//! The negative controls must be caught working on one shard at once: every member's
+//! store lying about its sessions (keeping each for half the TTL asked and answering
+//! that it kept it for all of it, which is what a member computing its deadline from the
+//! TTL it asked for would act on), and a store that acknowledges a release before
+//! applying it (what a member that starts work under a token whose release may still
+//! land would act on).
 //!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40);
 //! `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
@@ -34,12 +39,34 @@ const RENEW: Duration = Duration::from_millis(600);
 const RETRY: Duration = Duration::from_millis(300);
 const GROUP: &str = "sim";
 
-/// One member's view of the store: latency, stalls, and (negative control) lies.
+/// What a schedule's stores do wrong on purpose.
+#[derive(Clone, Copy, Debug, Default)]
+struct Broken {
+    /// Sessions kept for half the TTL asked, answered as kept for all of it.
+    lying_sessions: bool,
+    /// A release that reaches the store late is acknowledged at once.
+    early_release_acks: bool,
+}
+
+/// One member's view of the store: latency, stalls, calls applied after their caller
+/// gave up, and (negative controls) lies.
 struct MemberFaults {
     rng: Mutex<SmallRng>,
     latency: Duration,
     stalled_until: Mutex<Instant>,
-    lie: bool,
+    /// Calls are applied late only until then (the quiet phase has none).
+    late_until: Instant,
+    broken: Broken,
+}
+
+/// A call the store applies after its caller stopped waiting, and what the caller got.
+enum Late {
+    /// The caller got an error (a connection reset after the request was sent).
+    Failed,
+    /// The caller never got an answer and gave up at its own deadline.
+    Unanswered,
+    /// Broken store: the caller was told it was done.
+    Acknowledged,
 }
 
 impl MemberFaults {
@@ -56,6 +83,30 @@ impl MemberFaults {
     fn delay(&self) -> Duration {
         self.latency.mul_f64(self.rng.lock().random_range(0.0..1.0))
     }
+
+    /// Whether `call` reaches the store late this time, and how its caller is answered.
+    fn late(&self, call: &Call) -> Option<Late> {
+        if Instant::now() >= self.late_until {
+            return None;
+        }
+        let odds = match call {
+            Call::Release { .. } => 0.25,
+            Call::AcquireInSession { .. } => 0.05,
+            Call::KeepAliveSession { .. } => 0.02,
+            _ => return None,
+        };
+        let mut rng = self.rng.lock();
+        if !rng.random_bool(odds) {
+            return None;
+        }
+        let release = matches!(call, Call::Release { .. });
+        Some(match rng.random_bool(0.5) {
+            _ if release && self.broken.early_release_acks => Late::Acknowledged,
+            // An acquire waits for its answer as long as its session lives.
+            true if !matches!(call, Call::AcquireInSession { .. }) => Late::Unanswered,
+            _ => Late::Failed,
+        })
+    }
 }
 
 #[async_trait::async_trait]
@@ -68,26 +119,50 @@ impl Interceptor for MemberFaults {
         tokio::time::sleep(self.delay()).await;
         // The lie: the store keeps the session for half the TTL asked, and says it kept
         // it for all of it.
+        let lie = self.broken.lying_sessions;
         let call = match call {
-            Call::KeepAliveSession { session, ttl } if self.lie => Call::KeepAliveSession {
+            Call::KeepAliveSession { session, ttl } if lie => Call::KeepAliveSession {
                 session,
                 ttl: ttl / 2,
             },
-            Call::OpenSession { owner, ttl } if self.lie => Call::OpenSession {
+            Call::OpenSession { owner, ttl } if lie => Call::OpenSession {
                 owner,
                 ttl: ttl / 2,
             },
             other => other,
         };
+        if let Some(late) = self.late(&call) {
+            // The request is on the wire: it reaches the store whatever its caller does.
+            let after = TTL.mul_f64(self.rng.lock().random_range(0.0..2.0));
+            let answer = match late {
+                Late::Failed => Some(Reply::error(
+                    &call,
+                    tenure::Error::store_msg(
+                        "memory",
+                        "connection reset after the request was sent",
+                    ),
+                )),
+                Late::Acknowledged => Some(Reply::Released(Ok(true))),
+                Late::Unanswered => None,
+            };
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = next.run(call).await;
+            });
+            return match answer {
+                Some(answer) => answer,
+                None => std::future::pending().await,
+            };
+        }
         let reply = next.run(call).await;
         tokio::time::sleep(self.delay()).await;
         self.wait_out_stall().await;
         match reply {
-            Reply::KeptAlive(Ok(Some(mut grant))) if self.lie => {
+            Reply::KeptAlive(Ok(Some(mut grant))) if lie => {
                 grant.expires_at = grant.now + TTL;
                 Reply::KeptAlive(Ok(Some(grant)))
             }
-            Reply::Session(Ok(mut grant)) if self.lie => {
+            Reply::Session(Ok(mut grant)) if lie => {
                 grant.expires_at = grant.now + TTL;
                 Reply::Session(Ok(grant))
             }
@@ -115,7 +190,11 @@ struct Sim {
     registry: Arc<dyn NodeRegistry>,
     checker: Arc<Mutex<Checker>>,
     shards: u32,
-    lie: bool,
+    broken: Broken,
+    /// Faults (and work returning on its own) stop then; the quiet phase follows.
+    faults_until: Instant,
+    /// Decides how long each term's work runs, in the order terms start.
+    work_rng: Arc<Mutex<SmallRng>>,
     running: BTreeMap<String, Running>,
     stopped: Vec<String>,
 }
@@ -126,7 +205,8 @@ impl Sim {
             rng: Mutex::new(SmallRng::seed_from_u64(rng.random())),
             latency: Duration::from_millis(rng.random_range(0..60)),
             stalled_until: Mutex::new(Instant::now()),
-            lie: self.lie,
+            late_until: self.faults_until,
+            broken: self.broken,
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
         let elector = ShardElector::new(
@@ -148,12 +228,22 @@ impl Sim {
         let checker = self.checker.clone();
         let name = node.to_owned();
         let stop = shutdown.clone();
+        let (work_rng, faults_until) = (self.work_rng.clone(), self.faults_until);
         let task = tokio::spawn(async move {
             elector
                 .run(
                     move |shard, token, leadership: CancellationToken| {
                         let checker = checker.clone();
                         let name = name.clone();
+                        // While faults last, some work returns on its own (its shard is
+                        // released, and taken again a retry interval later).
+                        let returns_after = (Instant::now() < faults_until)
+                            .then(|| {
+                                let mut rng = work_rng.lock();
+                                rng.random_bool(0.3)
+                                    .then(|| TTL.mul_f64(rng.random_range(0.0..1.5)))
+                            })
+                            .flatten();
                         async move {
                             {
                                 let mut c = checker.lock();
@@ -166,7 +256,15 @@ impl Sim {
                                 }
                                 c.now.insert(shard, (name.clone(), token));
                             }
-                            leadership.cancelled().await;
+                            match returns_after {
+                                Some(after) => {
+                                    tokio::select! {
+                                        _ = leadership.cancelled() => {}
+                                        _ = tokio::time::sleep(after) => {}
+                                    }
+                                }
+                                None => leadership.cancelled().await,
+                            }
                             let mut c = checker.lock();
                             if c.now
                                 .get(&shard)
@@ -248,29 +346,33 @@ impl Sim {
 
 /// Runs one schedule; returns the overlaps seen and, after the quiet phase, what is
 /// wrong with the placement (if anything).
-async fn schedule(seed: u64, lie: bool) -> (Vec<String>, Option<String>) {
+async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let clock = TokioClock::new();
+    let members = rng.random_range(3..=8);
     let mut sim = Sim {
         store: Arc::new(InMemoryLeaseStore::with_clock(clock.clone())),
         registry: Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock).unwrap()),
         checker: Arc::default(),
         shards: rng.random_range(4..=40),
-        lie,
+        broken,
+        // Members start over up to 3.2 s, then 20 s of faults.
+        faults_until: Instant::now() + Duration::from_millis(23_200),
+        work_rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(rng.random()))),
         running: BTreeMap::new(),
         stopped: Vec::new(),
     };
-    for i in 0..rng.random_range(3..=8) {
+    for i in 0..members {
         sim.start(&format!("m{i}"), &mut rng);
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
     }
-    let faults_until = Instant::now() + Duration::from_secs(20);
+    let faults_until = sim.faults_until;
     while Instant::now() < faults_until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
         sim.step(&mut rng).await;
     }
-    // Quiet: no new faults; stalls (up to 2 TTLs) run out, expired sessions lapse, a
-    // rescued shard waits out its hold (4 TTLs), members settle.
+    // Quiet: no new faults; stalls (up to 2 TTLs) and late calls run out, expired
+    // sessions lapse, a rescued shard waits out its hold (4 TTLs), members settle.
     tokio::time::sleep(8 * TTL).await;
     let verdict = sim.verdict();
     for (_, member) in std::mem::take(&mut sim.running) {
@@ -302,10 +404,23 @@ fn seeded_shard_schedules_keep_invariant_7() {
             .start_paused(true)
             .build()
             .unwrap();
-        let (overlaps, problem) = runtime.block_on(schedule(seed, false));
+        let (overlaps, problem) = runtime.block_on(schedule(seed, Broken::default()));
         assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
         assert_eq!(problem, None, "seed {seed}: after the quiet phase");
     }
+}
+
+/// The first of 40 schedules under `broken` that has two members working on one shard.
+fn first_overlap(broken: Broken) -> Option<(u64, Vec<String>)> {
+    (0..40).find_map(|seed| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let (overlaps, _) = runtime.block_on(schedule(seed, broken));
+        (!overlaps.is_empty()).then_some((seed, overlaps))
+    })
 }
 
 /// The negative control: members that believe their session lasts a TTL longer than the
@@ -313,13 +428,28 @@ fn seeded_shard_schedules_keep_invariant_7() {
 /// one shard at once.
 #[test]
 fn negative_control_lying_renewals_overlap() {
-    let caught = (0..40).find(|&seed| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        !runtime.block_on(schedule(seed, true)).0.is_empty()
-    });
+    let broken = Broken {
+        lying_sessions: true,
+        ..Broken::default()
+    };
+    let caught = first_overlap(broken);
     assert!(caught.is_some(), "no schedule caught the lying renewals");
+}
+
+/// The negative control of late releases: a store that says a release is done while it
+/// is still on its way (as a member that takes a shard back under the token of a
+/// release that may still land would believe) must be caught: the late release frees
+/// the shard under the work started again, and another member takes it.
+#[test]
+fn negative_control_releases_acknowledged_before_they_land_overlap() {
+    let broken = Broken {
+        early_release_acks: true,
+        ..Broken::default()
+    };
+    let caught = first_overlap(broken);
+    println!("caught: {caught:?}");
+    assert!(
+        caught.is_some(),
+        "no schedule caught the early acknowledgements"
+    );
 }

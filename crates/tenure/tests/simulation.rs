@@ -9,15 +9,21 @@
 //! frozen for 1-3 TTLs; on waking the work performs its pending write with its old token).
 //! The wall clock the store shows in its answers steps forward now and then, while expiry
 //! stays on the store's steady clock (what SQLite does on the host's monotonic clock).
-//! Electors are also shut down and restarted as new owners, and their work sometimes
-//! returns. Every leader writes every few milliseconds through one shared [`Fence`].
+//! Some releases and acquires reach the store after their caller gave up: the request
+//! is on the wire, the caller gets an error or no answer at all, and the store applies
+//! it up to two TTLs later. Electors are also shut down and restarted as new owners,
+//! their work sometimes returns, and then `run` is sometimes called again on the same
+//! elector (same owner). Every leader writes every few milliseconds through one shared
+//! [`Fence`].
 //!
 //! The checker keeps its own model of the lease from the store's answers and returns a
 //! list of [`Violation`]s instead of panicking, so the negative controls can assert that
 //! it does find invariant-4 violations: a store clock running 1.5x fast (far beyond the
 //! elector's drift bound), a store clock that steps forward (store time running ahead of
-//! the holders' monotonic clocks), and short grants reported as the TTL asked for (what
-//! an elector that trusts the TTL it asked for, not the one it got, would see).
+//! the holders' monotonic clocks), short grants reported as the TTL asked for (what
+//! an elector that trusts the TTL it asked for, not the one it got, would see), and
+//! releases acknowledged before they land (what an elector that leads again under the
+//! token of a release that may still land would see).
 //!
 //! The normal test runs 300 schedules; `TENURE_SIM_SCHEDULES=10000` runs that many;
 //! `TENURE_SIM_SEED=<seed>` runs one schedule and prints its report.
@@ -64,6 +70,9 @@ struct SimConfig {
     /// Broken elector, seen from outside: a short grant is reported to the elector as
     /// the TTL it asked for, so it computes its deadline from the asked TTL.
     report_asked_ttl: bool,
+    /// Broken store: a release that reaches the store late is acknowledged at once, so
+    /// the elector believes its term ended while its release is still on the way.
+    early_release_acks: bool,
     /// Virtual time the electors run before shutdown.
     run_for: Duration,
 }
@@ -74,6 +83,7 @@ impl SimConfig {
             store_clock_rate: 1.0,
             store_clock_steps: false,
             report_asked_ttl: false,
+            early_release_acks: false,
             run_for: TTL * 12,
         }
     }
@@ -203,6 +213,10 @@ struct Stats {
     releases: u64,
     short_grants: u64,
     clock_steps: u64,
+    /// Calls the store applied after their caller gave up.
+    late_calls: u64,
+    /// `run` called again on an elector whose work returned.
+    reruns: u64,
 }
 
 /// The outcome of one schedule.
@@ -547,6 +561,16 @@ struct Faults {
     index: usize,
 }
 
+/// A call the store applies after its caller stopped waiting, and what the caller got.
+enum Late {
+    /// The caller got an error (a connection reset after the request was sent).
+    Failed,
+    /// The caller never got an answer and gave up at its own deadline.
+    Unanswered,
+    /// Broken store: the caller was told it was done.
+    Acknowledged,
+}
+
 impl Faults {
     fn plan(&self) -> CallPlan {
         self.sim.random(|rng| {
@@ -570,6 +594,83 @@ impl Faults {
                 grant,
             }
         })
+    }
+
+    /// Whether `call` reaches the store late this time, and how its caller is answered.
+    fn late(&self, call: &Call) -> Option<Late> {
+        let odds = match call {
+            Call::Release { .. } => 0.3,
+            Call::TryAcquireOrRenew { .. } => 0.02,
+            _ => return None,
+        };
+        let release = matches!(call, Call::Release { .. });
+        let early = self.sim.config.early_release_acks;
+        self.sim.random(|rng| {
+            rng.random_bool(odds).then(|| match rng.random_bool(0.5) {
+                _ if release && early => Late::Acknowledged,
+                true => Late::Unanswered,
+                false => Late::Failed,
+            })
+        })
+    }
+
+    /// Applies `call` after a while in a task of its own, and answers the caller as
+    /// `late` says.
+    async fn apply_late(&self, call: Call, next: Next, late: Late) -> Reply {
+        let after = self
+            .sim
+            .random(|rng| TTL.mul_f64(rng.random_range(0.0..2.0)));
+        self.sim.checker.lock().stats.late_calls += 1;
+        let answer = match late {
+            Late::Failed => Some(Reply::error(
+                &call,
+                Error::store_msg("memory", "connection reset after the request was sent"),
+            )),
+            Late::Acknowledged => Some(Reply::Released(Ok(true))),
+            Late::Unanswered => None,
+        };
+        let faults = Faults {
+            sim: self.sim.clone(),
+            index: self.index,
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            faults.apply(call, next).await
+        });
+        match answer {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Passes `call` on with its latency, hangs and pauses, and checks the answer.
+    async fn apply(&self, call: Call, next: Next) -> Reply {
+        match call {
+            Call::TryAcquireOrRenew { role, owner, ttl } => {
+                Reply::Lease(self.acquire(role, owner, ttl, next).await)
+            }
+            Call::Release {
+                ref owner, token, ..
+            } => {
+                let owner = owner.clone();
+                let latency = self
+                    .sim
+                    .random(|rng| TTL.mul_f64(rng.random_range(0.0..0.1)));
+                self.wait_out_pause().await;
+                tokio::time::sleep(latency).await;
+                let reply = next.run(call).await;
+                if let Reply::Released(Ok(released)) = reply {
+                    self.sim.on_release(&owner, token, released).await;
+                }
+                reply
+            }
+            Call::WaitForChange { .. } => {
+                let reply = next.run(call).await;
+                self.wait_out_pause().await;
+                reply
+            }
+            call => next.run(call).await,
+        }
     }
 
     async fn hang(&self, length: Option<Duration>) {
@@ -637,31 +738,9 @@ impl Faults {
 #[async_trait]
 impl Interceptor for Faults {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
-        match call {
-            Call::TryAcquireOrRenew { role, owner, ttl } => {
-                Reply::Lease(self.acquire(role, owner, ttl, next).await)
-            }
-            Call::Release {
-                ref owner, token, ..
-            } => {
-                let owner = owner.clone();
-                let latency = self
-                    .sim
-                    .random(|rng| TTL.mul_f64(rng.random_range(0.0..0.1)));
-                self.wait_out_pause().await;
-                tokio::time::sleep(latency).await;
-                let reply = next.run(call).await;
-                if let Reply::Released(Ok(released)) = reply {
-                    self.sim.on_release(&owner, token, released).await;
-                }
-                reply
-            }
-            Call::WaitForChange { .. } => {
-                let reply = next.run(call).await;
-                self.wait_out_pause().await;
-                reply
-            }
-            call => next.run(call).await,
+        match self.late(&call) {
+            Some(late) => self.apply_late(call, next, late).await,
+            None => self.apply(call, next).await,
         }
     }
 }
@@ -744,26 +823,34 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
             electors[index].owner = owner.clone();
             electors[index].shutdown = Some(shutdown.clone());
         }
-        let work_sim = sim.clone();
-        let outcome = elector
-            .run(
-                ROLE,
-                move |token, leadership: CancellationToken| {
-                    let owner = {
-                        let mut electors = work_sim.electors.lock();
-                        let view = &mut electors[index];
-                        view.term = Some((view.owner.clone(), token, leadership.clone()));
-                        view.owner.clone()
-                    };
-                    work(work_sim.clone(), index, owner, token, leadership)
-                },
-                shutdown,
-            )
-            .await;
-        if let Err(error) = outcome {
-            sim.checker.lock().violate(Violation::Unexpected(format!(
-                "{owner}: run failed: {error}"
-            )));
+        loop {
+            let work_sim = sim.clone();
+            let outcome = elector
+                .run(
+                    ROLE,
+                    move |token, leadership: CancellationToken| {
+                        let owner = {
+                            let mut electors = work_sim.electors.lock();
+                            let view = &mut electors[index];
+                            view.term = Some((view.owner.clone(), token, leadership.clone()));
+                            view.owner.clone()
+                        };
+                        work(work_sim.clone(), index, owner, token, leadership)
+                    },
+                    shutdown.clone(),
+                )
+                .await;
+            if let Err(error) = outcome {
+                sim.checker.lock().violate(Violation::Unexpected(format!(
+                    "{owner}: run failed: {error}"
+                )));
+            }
+            // Work returned: the same elector (same owner) sometimes runs again at once,
+            // while its release may still be on the way.
+            if shutdown.is_cancelled() || !sim.random(|rng| rng.random_bool(0.5)) {
+                break;
+            }
+            sim.checker.lock().stats.reruns += 1;
         }
         let pause = sim.random(|rng| TTL.mul_f64(rng.random_range(0.0..1.0)));
         tokio::time::sleep(pause).await;
@@ -961,6 +1048,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
         total.releases += s.releases;
         total.short_grants += s.short_grants;
         total.clock_steps += s.clock_steps;
+        total.late_calls += s.late_calls;
+        total.reruns += s.reruns;
         if !report.violations.is_empty() {
             eprintln!(
                 "schedule {schedule} failed: rerun with TENURE_SIM_SEED={seed}\n{:#?}",
@@ -989,6 +1078,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
     assert!(total.stale_writes_fenced >= schedules / 10, "{total:?}");
     assert!(total.short_grants >= schedules * 5, "{total:?}");
     assert!(total.clock_steps >= schedules, "{total:?}");
+    assert!(total.late_calls >= schedules, "{total:?}");
+    assert!(total.reruns >= schedules / 4, "{total:?}");
 }
 
 /// Runs the first 200 schedules under `config` until one breaks invariant 4 with
@@ -1053,6 +1144,21 @@ fn negative_control_deadline_from_the_asked_ttl_breaks_invariant_4() {
         ..SimConfig::normal()
     };
     expect_invariant_4_broken(config, "a deadline from the asked TTL");
+}
+
+/// Setup: the same schedules with a broken store that acknowledges a release at once
+/// while applying it up to two TTLs later, as an elector that leads again under the
+/// token of a release that may still land would believe. Called again on the same
+/// elector, `run` renews that token, the late release then ends the term under the
+/// running work: the checker must report an invariant-4 violation within the first 200
+/// schedules.
+#[test]
+fn negative_control_releases_acknowledged_before_they_land_break_invariant_4() {
+    let config = SimConfig {
+        early_release_acks: true,
+        ..SimConfig::normal()
+    };
+    expect_invariant_4_broken(config, "releases acknowledged before they land");
 }
 
 /// Setup: two runs of the same seed, then one of another seed. A schedule is a pure
