@@ -13,9 +13,19 @@
 //! extend a session whose role was just taken. Two rules close that gap:
 //! - deciding whether a session-held role is free reads the session row `FOR SHARE`,
 //!   so it waits for a keep-alive in flight and sees its result;
-//! - a keep-alive judges liveness on `clock_timestamp()` (the time it got the row), not
-//!   on the earlier `statement_timestamp()`, so one that waited behind a takeover
-//!   finds the session already ended.
+//! - a keep-alive first locks the session row (`FOR NO KEY UPDATE`), then judges
+//!   liveness on `clock_timestamp()` read after the lock was granted, not on the
+//!   earlier `statement_timestamp()`. Every takeover that locked the row before it has
+//!   committed by then, so one that waited behind a takeover finds the session ended.
+//!
+//! The lock has to come first. A plain `UPDATE ... WHERE expires_at > clock_timestamp()`
+//! evaluates its `WHERE` when it reads the row, before it locks it; at READ COMMITTED
+//! the condition is evaluated again (EvalPlanQual) only if the row it waited for was
+//! updated or deleted, never when a concurrent transaction merely locked it. Share
+//! locks do not queue behind a waiting writer, so a keep-alive that read the row while
+//! the session lived and then waited for a contender's `FOR SHARE` could let a
+//! takeover's own `FOR SHARE` in, and once both committed it wrote the extension
+//! unchecked: the session came back after a role of it was taken under a new token.
 //!
 //! Lock order is always lease row, then session row (the upsert locks the lease row
 //! before evaluating its `SET`; closing releases the roles before ending the session),
@@ -213,13 +223,24 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// Keeps a live session alive: `(id, ttl in microseconds)`; no row when it has ended.
 /// One row version per call, whatever the number of roles held under it. Public only
 /// so a test can run the store's statement late.
+///
+/// `held` locks the row before liveness is judged, and the judgement reads
+/// `clock_timestamp()` off the locked row: an `UPDATE`'s own `WHERE` is evaluated when
+/// the row is read, before the row lock, and a concurrent lock that is merely waited for
+/// (a takeover's `FOR SHARE`) leaves no new row version, so nothing would re-check it.
+/// Once `held` has the row, every takeover that locked it earlier has committed, and
+/// every later one waits for this statement.
 #[doc(hidden)]
 pub fn keep_alive_statement(sessions: &str) -> String {
     format!(
-        "UPDATE {sessions}
-         SET expires_at = GREATEST(expires_at, statement_timestamp() + $2 * interval '1 microsecond')
-         WHERE id = $1 AND expires_at > clock_timestamp()
-         RETURNING id, owner, expires_at, statement_timestamp() AS now"
+        "WITH held AS (
+            SELECT id, expires_at FROM {sessions} WHERE id = $1 FOR NO KEY UPDATE
+        )
+        UPDATE {sessions} s
+         SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond')
+         FROM held
+         WHERE s.id = held.id AND held.expires_at > clock_timestamp()
+         RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now"
     )
 }
 

@@ -164,6 +164,115 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
     assert_eq!(info.live_holder(), Some("node-b"));
 }
 
+/// Waits (bounded) until a backend of `app` runs a statement containing `needle` and
+/// waits on a lock: the only way to know a statement sent from another task has got
+/// as far as a row lock.
+async fn wait_until_lock_waiting(pool: &PgPool, app: &str, needle: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'
+                 AND position($2 in query) > 0",
+        )
+        .bind(app)
+        .bind(needle)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no statement with {needle:?} waited on a lock within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A keep-alive that reached the session row while the session lived, but had to wait
+/// for a contender's `FOR SHARE` on it (the lock every takeover check takes), must not
+/// revive the session once it ended and a takeover took one of its roles. Share locks
+/// do not queue behind a waiting writer, so the takeover's own `FOR SHARE` gets in
+/// while the keep-alive still waits, and a lock (unlike a new row version) makes no one
+/// re-check anything: the keep-alive has to judge liveness once it holds the row.
+///
+/// The contender's lock is held open here to pin the interleaving that a stream of
+/// contenders, or a keep-alive's backend descheduled between reading and writing the
+/// row, produces in production.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_queued_behind_a_share_lock_does_not_revive_a_taken_session() {
+    let app = "sessions-queued";
+    let (pool, schema, store, opened, session, held) = short_session_holding(app, &["r"]).await;
+    let sessions = table(&schema, "tenure_sessions");
+
+    // A contender checking the session while it still lives.
+    let mut contender = pool.begin().await.unwrap();
+    let live: bool = sqlx::query_scalar(&format!(
+        "SELECT expires_at > statement_timestamp() FROM {sessions} WHERE id = $1 FOR SHARE"
+    ))
+    .bind(i64::try_from(session.id.get()).unwrap())
+    .fetch_one(&mut *contender)
+    .await
+    .unwrap();
+    assert!(live, "the session must still live when the contender looks");
+
+    let keep_alive = {
+        let store = store.clone();
+        tokio::spawn(async move { store.keep_alive_session(session.id, LONG).await })
+    };
+    // The keep-alive must reach the row (and queue on the lock) while the session
+    // lives; half the TTL is plenty.
+    wait_until_lock_waiting(&pool, app, &sessions, Duration::from_millis(500)).await;
+    assert!(
+        Instant::now() < opened + SHORT,
+        "too slow to queue the keep-alive before the session ended; the race was not set up"
+    );
+
+    // The session ends while the keep-alive waits; a takeover judges it ended and
+    // takes its role.
+    tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
+    let taken = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.try_acquire_or_renew("r", "node-b", LONG),
+    )
+    .await
+    .expect("the takeover's share lock does not wait for a queued keep-alive")
+    .unwrap();
+    assert!(taken.acquired, "the session ended: {taken:?}");
+    assert_eq!(taken.fencing_token, held[0].fencing_token.next());
+
+    contender.commit().await.unwrap();
+    let kept = tokio::time::timeout(Duration::from_secs(5), keep_alive)
+        .await
+        .expect("the keep-alive answers once the locks are gone")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        kept, None,
+        "a keep-alive revived the session after {taken:?} ended it and took its role"
+    );
+    let expires_at: time::OffsetDateTime =
+        sqlx::query_scalar(&format!("SELECT expires_at FROM {sessions} WHERE id = $1"))
+            .bind(i64::try_from(session.id.get()).unwrap())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        std::time::SystemTime::from(expires_at) <= taken.now,
+        "the session was extended to {expires_at} past the takeover's decision at {:?}",
+        taken.now
+    );
+    assert_eq!(
+        store.keep_alive_session(session.id, LONG).await.unwrap(),
+        None
+    );
+    let info = store.get("r").await.unwrap().expect("lease");
+    assert_eq!(info.live_holder(), Some("node-b"));
+    assert_eq!(info.fencing_token, taken.fencing_token);
+}
+
 /// A takeover of a session's role that runs while a keep-alive of that session is in
 /// flight (it updated the session row, not yet committed) waits for it and sees the
 /// extended session: it must not take the role on the expiry it read before.
