@@ -276,23 +276,30 @@ impl EtcdLeaseStore {
         let txn = Txn::new()
             .when([session_compare(&self.keys, lease, &session)])
             .and_then([session_put(&self.keys, lease, &session.record())?]);
+        // Only etcd's own answers end a session here: the lease not found, or the session
+        // key gone or not the one created at open. A failed request (timeout, reset,
+        // leader change) says nothing about the lease, which may well live on and keep
+        // the session's roles held; forgetting it would make every later keep-alive answer
+        // "ended" while nobody else can take those roles until etcd expires it. So an
+        // error is returned as is and the caller retries within the session's window.
         let (written, alive) = if self.keep_alive_first {
             // The guarded put then confirms the lease was not being revoked while the
             // keep-alive was answered.
-            let alive = self.conn.keep_alive_once(lease).await;
-            if !matches!(alive, Ok(true)) {
+            if !self.conn.keep_alive_once(lease).await? {
                 self.forget(lease);
-                return alive.map(|_| None);
+                return Ok(None);
             }
-            (self.conn.txn("keeping a session alive", txn).await, alive)
+            (
+                self.conn.txn("keeping a session alive", txn).await,
+                Ok(true),
+            )
         } else {
             tokio::join!(
                 self.conn.txn("keeping a session alive", txn),
                 self.conn.keep_alive_once(lease),
             )
         };
-        let written = written.inspect_err(|_| self.forget(lease))?;
-        if !written.succeeded() || !alive.inspect_err(|_| self.forget(lease))? {
+        if !written?.succeeded() || !alive? {
             // Ended (expired or closed): never revived.
             self.forget(lease);
             return Ok(None);
