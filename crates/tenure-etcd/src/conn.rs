@@ -3,7 +3,7 @@
 //! responses to tenure's.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use etcd_client::{
     Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn,
@@ -126,17 +126,17 @@ impl Conn {
         .await
     }
 
-    /// Grants an etcd lease: its id, the granted TTL (at least `ttl_secs`; etcd raises
-    /// TTLs below its minimum), and the local time just before the request was sent.
-    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
-        let started = SystemTime::now();
+    /// Grants an etcd lease: its id and the granted TTL (at least `ttl_secs`; etcd raises
+    /// TTLs below its minimum). Callers read the clocks before calling: the lease's TTL
+    /// counts from some time after that.
+    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
         let granted = self
             .call("granting an etcd lease", || {
                 let mut leases = self.client.lease_client();
                 async move { leases.grant(ttl_secs, None).await }
             })
             .await?;
-        Ok((granted.id(), granted.ttl().max(ttl_secs), started))
+        Ok((granted.id(), granted.ttl().max(ttl_secs)))
     }
 
     pub(crate) async fn watch(

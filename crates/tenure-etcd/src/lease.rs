@@ -32,6 +32,7 @@
 //! takes a later session under the same id for the one it knew.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -42,7 +43,8 @@ use etcd_client::{
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{
-    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
+    SessionId, SystemClock,
 };
 
 use crate::conn::{next_response, Conn, BACKEND};
@@ -118,6 +120,9 @@ pub struct EtcdLeaseStore {
     /// servers whose keep-alive may report a lease alive while it is being revoked
     /// (see [`crate::version`]).
     keep_alive_first: bool,
+    /// The wall clock answers are dressed in; only ever read once per answer (see the
+    /// module docs), so a step of it cannot stretch a reported remaining time.
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -195,8 +200,7 @@ impl Holder {
         }
     }
 
-    fn refusal(&self) -> LeaseResult {
-        let now = SystemTime::now();
+    fn refusal(&self, now: SystemTime) -> LeaseResult {
         LeaseResult {
             acquired: false,
             fencing_token: self.token(),
@@ -235,7 +239,21 @@ impl EtcdLeaseStore {
             spare: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
             keep_alive_first: true,
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Reads the wall clock from `clock` instead of the host's ([`SystemClock`]). etcd
+    /// keeps no wall time, so this clock only dresses answers (`now`, `expires_at`) and
+    /// the expiries recorded for readers; remaining times are measured on the monotonic
+    /// clock whatever it does. Tests inject a clock they can step.
+    pub fn with_wall_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    fn wall(&self) -> SystemTime {
+        self.clock.now()
     }
 
     /// Tunes renewals to the server: against a release whose keep-alive answers are
@@ -303,6 +321,7 @@ impl EtcdLeaseStore {
     /// sent (it ends no earlier than that plus the granted TTL).
     async fn lease_for(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
         let now = tokio::time::Instant::now();
+        let started = self.wall();
         {
             let mut spare = self.spare.lock();
             spare.retain(|s| s.usable_until > now);
@@ -311,7 +330,8 @@ impl EtcdLeaseStore {
                 return Ok((lease.id, lease.lease_secs, lease.started));
             }
         }
-        self.conn.grant(ttl_secs).await
+        let (id, lease_secs) = self.conn.grant(ttl_secs).await?;
+        Ok((id, lease_secs, started))
     }
 
     async fn put_back_spare(&self, lease: SpareLease) {
@@ -334,7 +354,7 @@ impl EtcdLeaseStore {
     async fn acquire(&self, role: &str, owner: &str, ttl: Duration, secs: i64) -> Result<Step> {
         let (lease, lease_secs, started) = self.lease_for(secs).await?;
         let lease_ttl = lease_duration(ttl, secs, lease_secs);
-        let sent = SystemTime::now();
+        let sent = self.wall();
         let sent_mono = tokio::time::Instant::now();
         let expires_at = round_trip(sent + lease_ttl);
         let record = TermRecord {
@@ -404,13 +424,13 @@ impl EtcdLeaseStore {
             // contenders are woken by the delete event anyway.)
             round_trip(started + lease_ttl)
         };
-        Ok(held(owner, revision, expires_at))
+        Ok(held(owner, revision, expires_at, self.wall()))
     }
 
     /// Renews our term `(token, lease)`: a transaction checking the key is still that
     /// term and recording the new expiry, and a keep-alive of its lease, sent together.
     async fn renew(&self, role: &str, owner: &str, ttl: Duration, term: &OwnTerm) -> Result<Step> {
-        let sent = SystemTime::now();
+        let sent = self.wall();
         let expires_at = round_trip(sent + lease_duration(ttl, term.ttl_secs, term.lease_secs));
         let record = TermRecord {
             owner: owner.to_owned(),
@@ -461,7 +481,7 @@ impl EtcdLeaseStore {
             }
         }
         self.terms.lock().insert(role.to_owned(), term.clone());
-        Ok(held(owner, term.token, expires_at))
+        Ok(held(owner, term.token, expires_at, self.wall()))
     }
 
     /// Moves our live term onto a new etcd lease with another TTL, keeping the key (and
@@ -475,7 +495,8 @@ impl EtcdLeaseStore {
         secs: i64,
         old: &OwnTerm,
     ) -> Result<Step> {
-        let (lease, lease_secs, sent) = self.conn.grant(secs).await?;
+        let sent = self.wall();
+        let (lease, lease_secs) = self.conn.grant(secs).await?;
         let expires_at = round_trip(sent + lease_duration(ttl, secs, lease_secs));
         let record = TermRecord {
             owner: owner.to_owned(),
@@ -524,7 +545,7 @@ impl EtcdLeaseStore {
             in_session: false,
         };
         self.terms.lock().insert(role.to_owned(), term);
-        Ok(held(owner, old.token, expires_at))
+        Ok(held(owner, old.token, expires_at, self.wall()))
     }
 
     /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
@@ -602,7 +623,7 @@ impl LeaseStore for EtcdLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), SystemTime::now())?;
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
         let cached = self
             .terms
@@ -665,7 +686,7 @@ impl LeaseStore for EtcdLeaseStore {
         let Ok(revision) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let now = round_trip(SystemTime::now());
+        let now = round_trip(self.wall());
         let (ttl_secs, lease_secs) = self
             .terms
             .lock()
@@ -722,7 +743,7 @@ impl LeaseStore for EtcdLeaseStore {
             Seen::Held(holder) => Seen::Held(self.with_session_expiry(holder).await?),
             absent => absent,
         };
-        Ok(lease_info(role, &seen, record.as_ref(), SystemTime::now()))
+        Ok(lease_info(role, &seen, record.as_ref(), self.wall()))
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
@@ -766,7 +787,7 @@ impl LeaseStore for EtcdLeaseStore {
                 roles.entry(role.to_owned()).or_default().1 = Some(kv.clone());
             }
         }
-        let now = SystemTime::now();
+        let now = self.wall();
         Ok(roles
             .into_iter()
             .filter_map(|(role, (lease_kv, term_kv))| {
@@ -981,18 +1002,18 @@ pub fn release_txn(
 }
 
 /// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
-fn held(owner: &str, token: i64, expires_at: SystemTime) -> Step {
-    Step::Done(held_result(owner, token, expires_at))
+fn held(owner: &str, token: i64, expires_at: SystemTime, now: SystemTime) -> Step {
+    Step::Done(held_result(owner, token, expires_at, now))
 }
 
-fn held_result(owner: &str, token: i64, expires_at: SystemTime) -> LeaseResult {
+fn held_result(owner: &str, token: i64, expires_at: SystemTime, now: SystemTime) -> LeaseResult {
     LeaseResult {
         acquired: true,
         // Create revisions are positive; 0 is never a live term's token.
         fencing_token: FencingToken::from(u64::try_from(token).unwrap_or(0)),
         expires_at,
         holder: owner.to_owned(),
-        now: SystemTime::now(),
+        now,
     }
 }
 

@@ -72,12 +72,12 @@ impl KnownSession {
         }
     }
 
-    fn grant(&self, lease: i64) -> SessionGrant {
+    fn grant(&self, lease: i64, now: SystemTime) -> SessionGrant {
         SessionGrant {
             id: session_id(lease),
             owner: self.owner.clone(),
             expires_at: self.expires_at,
-            now: SystemTime::now(),
+            now,
         }
     }
 }
@@ -146,7 +146,7 @@ impl EtcdLeaseStore {
     fn remember(&self, lease: i64, session: KnownSession) {
         let mut sessions = self.sessions.lock();
         if sessions.len() >= MAX_KNOWN_SESSIONS {
-            let now = SystemTime::now();
+            let now = self.wall();
             sessions.retain(|_, s| s.as_ref().is_some_and(|s| s.expires_at > now));
         }
         sessions.insert(lease, Some(session));
@@ -203,13 +203,14 @@ impl EtcdLeaseStore {
 
     /// The answer refusing the caller because `holder` holds the role.
     pub(super) async fn refusal(&self, holder: Holder) -> Result<LeaseResult> {
-        Ok(self.with_session_expiry(holder).await?.refusal())
+        Ok(self.with_session_expiry(holder).await?.refusal(self.wall()))
     }
 
     pub(super) async fn open(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
-        validate_open(owner, ttl, self.min_ttl(), SystemTime::now())?;
+        validate_open(owner, ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
-        let (lease, lease_secs, started) = self.conn.grant(secs).await?;
+        let started = self.wall();
+        let (lease, lease_secs) = self.conn.grant(secs).await?;
         let session = KnownSession {
             owner: owner.to_owned(),
             ttl_secs: secs,
@@ -241,7 +242,7 @@ impl EtcdLeaseStore {
             }
         }
         self.remember(lease, session.clone());
-        Ok(session.grant(lease))
+        Ok(session.grant(lease, self.wall()))
     }
 
     pub(super) async fn keep_alive(
@@ -249,7 +250,7 @@ impl EtcdLeaseStore {
         id: SessionId,
         ttl: Duration,
     ) -> Result<Option<SessionGrant>> {
-        validate_ttl(ttl, self.min_ttl(), SystemTime::now())?;
+        validate_ttl(ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
         let Some(lease) = lease_of(id) else {
             return Ok(None);
@@ -267,7 +268,7 @@ impl EtcdLeaseStore {
             ));
         }
         let own_ttl = Duration::from_secs(u64::try_from(session.ttl_secs).unwrap_or(0));
-        let sent = SystemTime::now();
+        let sent = self.wall();
         // etcd restarts the lease's whole TTL, so it ends no earlier than this (which is
         // at least `now + ttl`) and never earlier than before.
         session.expires_at =
@@ -305,7 +306,7 @@ impl EtcdLeaseStore {
             return Ok(None);
         }
         self.remember(lease, session.clone());
-        Ok(Some(session.grant(lease)))
+        Ok(Some(session.grant(lease, self.wall())))
     }
 
     pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
@@ -340,7 +341,8 @@ impl EtcdLeaseStore {
         if let Some(Some(known)) = self.sessions.lock().get_mut(&lease) {
             known.expires_at = known.expires_at.max(expires_at);
         }
-        let done = |token: i64| held_result(&session.owner, token, expires_at);
+        let now = self.wall();
+        let done = |token: i64| held_result(&session.owner, token, expires_at, now);
         if response.succeeded() {
             // A plain term of ours this instance remembered is over.
             self.terms.lock().remove(role);
@@ -411,7 +413,7 @@ impl EtcdLeaseStore {
                     Txn::new().and_then(read),
                 )
                 .await?;
-            let now = round_trip(SystemTime::now());
+            let now = round_trip(self.wall());
             let mut releases = Vec::new();
             for (role, kv) in chunk.iter().zip(first_kvs(&response)) {
                 let Some(kv) = kv.filter(|kv| kv.lease() == lease) else {
