@@ -3,7 +3,7 @@
 //! responses to tenure's.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use etcd_client::{
     Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn,
@@ -126,17 +126,17 @@ impl Conn {
         .await
     }
 
-    /// Grants an etcd lease: its id, the granted TTL (at least `ttl_secs`; etcd raises
-    /// TTLs below its minimum), and the local time just before the request was sent.
-    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
-        let started = SystemTime::now();
+    /// Grants an etcd lease: its id and the granted TTL (at least `ttl_secs`; etcd raises
+    /// TTLs below its minimum). Callers read the clocks before calling: the lease's TTL
+    /// counts from some time after that.
+    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
         let granted = self
             .call("granting an etcd lease", || {
                 let mut leases = self.client.lease_client();
                 async move { leases.grant(ttl_secs, None).await }
             })
             .await?;
-        Ok((granted.id(), granted.ttl().max(ttl_secs), started))
+        Ok((granted.id(), granted.ttl().max(ttl_secs)))
     }
 
     pub(crate) async fn watch(
@@ -155,6 +155,10 @@ impl Conn {
 
     /// Keeps `lease` alive once; `Ok(false)` when etcd no longer has it.
     pub(crate) async fn keep_alive_once(&self, lease: i64) -> Result<bool> {
+        #[cfg(test)]
+        if faults::keep_alive_fails(lease) {
+            return Err(Error::store_msg(BACKEND, "injected keep-alive failure"));
+        }
         let answer = self
             .call("keeping the etcd lease alive", || {
                 let mut leases = self.client.lease_client();
@@ -229,5 +233,30 @@ pub(crate) async fn next_response(
             ),
         )),
         other => Ok(other),
+    }
+}
+
+/// Faults the unit tests inject where no real etcd fault hits one request of two sent
+/// together (the keep-alive beside an acquire's transaction, but not the transaction).
+#[cfg(test)]
+pub(crate) mod faults {
+    use parking_lot::Mutex;
+
+    static FAILING_KEEP_ALIVES: Mutex<Vec<i64>> = Mutex::new(Vec::new());
+
+    /// The next keep-alive of `lease` fails (a transport error, nothing sent).
+    pub(crate) fn fail_next_keep_alive(lease: i64) {
+        FAILING_KEEP_ALIVES.lock().push(lease);
+    }
+
+    /// Whether a keep-alive of `lease` is still due to fail.
+    pub(crate) fn keep_alive_pending(lease: i64) -> bool {
+        FAILING_KEEP_ALIVES.lock().contains(&lease)
+    }
+
+    pub(super) fn keep_alive_fails(lease: i64) -> bool {
+        let mut failing = FAILING_KEEP_ALIVES.lock();
+        let at = failing.iter().position(|&l| l == lease);
+        at.map(|at| failing.swap_remove(at)).is_some()
     }
 }

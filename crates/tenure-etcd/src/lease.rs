@@ -8,11 +8,14 @@
 //!
 //! # Time
 //!
-//! etcd has no wall clock in its answers. `now` is this host's clock when the answer
-//! arrived; `expires_at` is this host's clock just before the request that (re)started
-//! the etcd lease was sent, plus the TTL. etcd counts the TTL from when it handled the
-//! request, so `expires_at` is a lower bound of the real end (up to one round trip
-//! early, ignoring clock rate), which is the safe side for a holder. Other contenders read
+//! etcd has no wall clock in its answers. `expires_at` is this host's wall clock read
+//! just before the request that (re)started the etcd lease was sent, plus the TTL; `now`
+//! is that same reading plus the time passed since on the monotonic clock (this host's
+//! wall clock when the answer arrived, unless it stepped). So the time left, `expires_at
+//! - now`, is measured on the monotonic clock alone: a wall-clock step during or between
+//! calls cannot stretch it past the etcd lease. etcd counts the TTL from when it handled
+//! the request, so the reported end is a lower bound of the real one (up to one round
+//! trip early, ignoring clock rate), which is the safe side for a holder. Other contenders read
 //! the holder's `expires_at` from the `terms/R` record. etcd checks expiry every 500 ms,
 //! so a key can outlive its reported `expires_at` by about that much: such a term is
 //! still held (nobody else can acquire it) and is reported live with `expires_at` =
@@ -32,6 +35,7 @@
 //! takes a later session under the same id for the one it knew.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -42,7 +46,8 @@ use etcd_client::{
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{
-    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
+    SessionId, SystemClock,
 };
 
 use crate::conn::{next_response, Conn, BACKEND};
@@ -118,6 +123,9 @@ pub struct EtcdLeaseStore {
     /// servers whose keep-alive may report a lease alive while it is being revoked
     /// (see [`crate::version`]).
     keep_alive_first: bool,
+    /// The wall clock answers are dressed in; only ever read once per answer (see the
+    /// module docs), so a step of it cannot stretch a reported remaining time.
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -149,13 +157,36 @@ impl OwnTerm {
     }
 }
 
+/// Both clocks, read together just before a request that (re)starts an etcd lease:
+/// etcd counts the lease's TTL from some time after this.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    wall: SystemTime,
+    mono: tokio::time::Instant,
+}
+
+impl Sent {
+    /// The `(expires_at, now)` of an answer about an etcd lease of `length` (re)started
+    /// after this: `expires_at` on this reading's wall clock, `now` derived from it so
+    /// that `expires_at - now` is the time left on the monotonic clock. Never the
+    /// difference of two wall readings, which a step between them would stretch.
+    fn answer(&self, length: Duration) -> (SystemTime, SystemTime) {
+        let expires_at = round_trip(self.wall + length);
+        let left = (self.mono + length).saturating_duration_since(tokio::time::Instant::now());
+        (
+            expires_at,
+            expires_at.checked_sub(left).unwrap_or(expires_at),
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct SpareLease {
     id: i64,
     ttl_secs: i64,
     lease_secs: i64,
-    /// Local time just before the request that last (re)started it was sent.
-    started: SystemTime,
+    /// Just before the request that last (re)started it was sent.
+    started: Sent,
     /// Usable until then: half its TTL after the request that (re)started it was sent.
     usable_until: tokio::time::Instant,
 }
@@ -195,8 +226,7 @@ impl Holder {
         }
     }
 
-    fn refusal(&self) -> LeaseResult {
-        let now = SystemTime::now();
+    fn refusal(&self, now: SystemTime) -> LeaseResult {
         LeaseResult {
             acquired: false,
             fencing_token: self.token(),
@@ -235,7 +265,29 @@ impl EtcdLeaseStore {
             spare: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
             keep_alive_first: true,
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// Reads the wall clock from `clock` instead of the host's ([`SystemClock`]). etcd
+    /// keeps no wall time, so this clock only dresses answers (`now`, `expires_at`) and
+    /// the expiries recorded for readers; remaining times are measured on the monotonic
+    /// clock whatever it does. Tests inject a clock they can step.
+    pub fn with_wall_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    fn wall(&self) -> SystemTime {
+        self.clock.now()
+    }
+
+    /// Reads both clocks just before a request that (re)starts an etcd lease.
+    fn sent(&self) -> Sent {
+        Sent {
+            wall: self.wall(),
+            mono: tokio::time::Instant::now(),
+        }
     }
 
     /// Tunes renewals to the server: against a release whose keep-alive answers are
@@ -299,10 +351,11 @@ impl EtcdLeaseStore {
     }
 
     /// A spare or freshly granted etcd lease for `ttl_secs`: its id, the TTL etcd
-    /// granted, and the local time just before the request that last started it was
-    /// sent (it ends no earlier than that plus the granted TTL).
-    async fn lease_for(&self, ttl_secs: i64) -> Result<(i64, i64, SystemTime)> {
-        let now = tokio::time::Instant::now();
+    /// granted, and the clocks just before the request that last started it was sent
+    /// (it ends no earlier than that plus the granted TTL).
+    async fn lease_for(&self, ttl_secs: i64) -> Result<(i64, i64, Sent)> {
+        let started = self.sent();
+        let now = started.mono;
         {
             let mut spare = self.spare.lock();
             spare.retain(|s| s.usable_until > now);
@@ -311,7 +364,8 @@ impl EtcdLeaseStore {
                 return Ok((lease.id, lease.lease_secs, lease.started));
             }
         }
-        self.conn.grant(ttl_secs).await
+        let (id, lease_secs) = self.conn.grant(ttl_secs).await?;
+        Ok((id, lease_secs, started))
     }
 
     async fn put_back_spare(&self, lease: SpareLease) {
@@ -334,13 +388,11 @@ impl EtcdLeaseStore {
     async fn acquire(&self, role: &str, owner: &str, ttl: Duration, secs: i64) -> Result<Step> {
         let (lease, lease_secs, started) = self.lease_for(secs).await?;
         let lease_ttl = lease_duration(ttl, secs, lease_secs);
-        let sent = SystemTime::now();
-        let sent_mono = tokio::time::Instant::now();
-        let expires_at = round_trip(sent + lease_ttl);
+        let sent = self.sent();
         let record = TermRecord {
             owner: owner.to_owned(),
             token: None,
-            expires_at_ns: to_ns(expires_at),
+            expires_at_ns: to_ns(round_trip(sent.wall + lease_ttl)),
             ttl_secs: secs,
             lease_secs,
             released: false,
@@ -367,7 +419,7 @@ impl EtcdLeaseStore {
                     ttl_secs: secs,
                     lease_secs,
                     started: sent,
-                    usable_until: sent_mono + lease_ttl / 2,
+                    usable_until: sent.mono + lease_ttl / 2,
                 })
                 .await;
             } else {
@@ -396,22 +448,23 @@ impl EtcdLeaseStore {
                 in_session: false,
             },
         );
-        let expires_at = if matches!(alive, Ok(true)) {
-            expires_at
+        let (expires_at, now) = if matches!(alive, Ok(true)) {
+            sent.answer(lease_ttl)
         } else {
             // The lease's TTL counts from when it was last started, not from this
-            // attempt: tell the holder the earlier end. (The record keeps the later one;
-            // contenders are woken by the delete event anyway.)
-            round_trip(started + lease_ttl)
+            // attempt: tell the holder the earlier end, timed on the monotonic clock from
+            // then (the wall clock may have stepped since). (The record keeps the later
+            // one; contenders are woken by the delete event anyway.)
+            started.answer(lease_ttl)
         };
-        Ok(held(owner, revision, expires_at))
+        Ok(held(owner, revision, expires_at, now))
     }
 
     /// Renews our term `(token, lease)`: a transaction checking the key is still that
     /// term and recording the new expiry, and a keep-alive of its lease, sent together.
     async fn renew(&self, role: &str, owner: &str, ttl: Duration, term: &OwnTerm) -> Result<Step> {
-        let sent = SystemTime::now();
-        let expires_at = round_trip(sent + lease_duration(ttl, term.ttl_secs, term.lease_secs));
+        let sent = self.sent();
+        let (expires_at, _) = sent.answer(lease_duration(ttl, term.ttl_secs, term.lease_secs));
         let record = TermRecord {
             owner: owner.to_owned(),
             token: Some(u64::try_from(term.token).unwrap_or(0)),
@@ -461,7 +514,8 @@ impl EtcdLeaseStore {
             }
         }
         self.terms.lock().insert(role.to_owned(), term.clone());
-        Ok(held(owner, term.token, expires_at))
+        let (expires_at, now) = sent.answer(lease_duration(ttl, term.ttl_secs, term.lease_secs));
+        Ok(held(owner, term.token, expires_at, now))
     }
 
     /// Moves our live term onto a new etcd lease with another TTL, keeping the key (and
@@ -475,8 +529,10 @@ impl EtcdLeaseStore {
         secs: i64,
         old: &OwnTerm,
     ) -> Result<Step> {
-        let (lease, lease_secs, sent) = self.conn.grant(secs).await?;
-        let expires_at = round_trip(sent + lease_duration(ttl, secs, lease_secs));
+        let sent = self.sent();
+        let (lease, lease_secs) = self.conn.grant(secs).await?;
+        let length = lease_duration(ttl, secs, lease_secs);
+        let (expires_at, _) = sent.answer(length);
         let record = TermRecord {
             owner: owner.to_owned(),
             token: Some(u64::try_from(old.token).unwrap_or(0)),
@@ -524,7 +580,8 @@ impl EtcdLeaseStore {
             in_session: false,
         };
         self.terms.lock().insert(role.to_owned(), term);
-        Ok(held(owner, old.token, expires_at))
+        let (expires_at, now) = sent.answer(length);
+        Ok(held(owner, old.token, expires_at, now))
     }
 
     /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
@@ -602,7 +659,7 @@ impl LeaseStore for EtcdLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), SystemTime::now())?;
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
         let cached = self
             .terms
@@ -665,7 +722,7 @@ impl LeaseStore for EtcdLeaseStore {
         let Ok(revision) = i64::try_from(token.get()) else {
             return Ok(false);
         };
-        let now = round_trip(SystemTime::now());
+        let now = round_trip(self.wall());
         let (ttl_secs, lease_secs) = self
             .terms
             .lock()
@@ -722,7 +779,7 @@ impl LeaseStore for EtcdLeaseStore {
             Seen::Held(holder) => Seen::Held(self.with_session_expiry(holder).await?),
             absent => absent,
         };
-        Ok(lease_info(role, &seen, record.as_ref(), SystemTime::now()))
+        Ok(lease_info(role, &seen, record.as_ref(), self.wall()))
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
@@ -766,7 +823,7 @@ impl LeaseStore for EtcdLeaseStore {
                 roles.entry(role.to_owned()).or_default().1 = Some(kv.clone());
             }
         }
-        let now = SystemTime::now();
+        let now = self.wall();
         Ok(roles
             .into_iter()
             .filter_map(|(role, (lease_kv, term_kv))| {
@@ -981,18 +1038,18 @@ pub fn release_txn(
 }
 
 /// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
-fn held(owner: &str, token: i64, expires_at: SystemTime) -> Step {
-    Step::Done(held_result(owner, token, expires_at))
+fn held(owner: &str, token: i64, expires_at: SystemTime, now: SystemTime) -> Step {
+    Step::Done(held_result(owner, token, expires_at, now))
 }
 
-fn held_result(owner: &str, token: i64, expires_at: SystemTime) -> LeaseResult {
+fn held_result(owner: &str, token: i64, expires_at: SystemTime, now: SystemTime) -> LeaseResult {
     LeaseResult {
         acquired: true,
         // Create revisions are positive; 0 is never a live term's token.
         fencing_token: FencingToken::from(u64::try_from(token).unwrap_or(0)),
         expires_at,
         holder: owner.to_owned(),
-        now: SystemTime::now(),
+        now,
     }
 }
 
@@ -1097,5 +1154,129 @@ fn lease_duration(ttl: Duration, ttl_secs: i64, lease_secs: i64) -> Duration {
         Duration::from_secs(u64::try_from(lease_secs).unwrap_or(0))
     } else {
         ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tenure_testkit::etcd::EtcdServer;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(4);
+    const STEP: Duration = Duration::from_millis(1500);
+
+    /// The host's wall clock, less the steps back a test makes (an NTP step, `date -s`).
+    #[derive(Clone, Debug, Default)]
+    struct SteppedClock(Arc<Mutex<Duration>>);
+
+    impl SteppedClock {
+        fn step_back(&self, by: Duration) {
+            *self.0.lock() += by;
+        }
+    }
+
+    impl Clock for SteppedClock {
+        fn now(&self) -> SystemTime {
+            SystemTime::now() - *self.0.lock()
+        }
+    }
+
+    fn unique_prefix(tag: &str) -> String {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        format!("/unit/{tag}-{}-{nanos}-{seq}", std::process::id())
+    }
+
+    async fn store(prefix: &str, clock: SteppedClock) -> EtcdLeaseStore {
+        let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+        let client = Client::connect([endpoint], Some(crate::connect_options()))
+            .await
+            .unwrap();
+        EtcdLeaseStore::new(client, prefix)
+            .unwrap()
+            .with_wall_clock(clock)
+    }
+
+    /// Setup: `b` loses a race for a role (its etcd lease, kept alive beside the attempt,
+    /// stays as a spare); the wall clock steps back 1.5 s; the holder releases; `b` takes
+    /// the role on the spare, whose keep-alive fails while the transaction succeeds. The
+    /// etcd lease then ends no later than a TTL after the keep-alive beside the lost
+    /// attempt answered, and the term `b` is told it holds, counted from just before its
+    /// call (as the elector counts it), must end no later than that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reused_spare_reports_no_more_than_its_lease_across_a_wall_step() {
+        let prefix = unique_prefix("spare-wall-step");
+        let clock = SteppedClock::default();
+        let a = store(&prefix, SteppedClock::default()).await;
+        let b = store(&prefix, clock.clone()).await;
+        let held = a.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+        assert!(held.acquired, "{held:?}");
+        let lost = b.try_acquire_or_renew("r", "b", TTL).await.unwrap();
+        let last_kept_alive = Instant::now();
+        assert!(!lost.acquired, "{lost:?}");
+        let spare = b.spare.lock().first().map(|s| s.id).expect("a spare lease");
+
+        clock.step_back(STEP);
+        assert!(a.release("r", "a", held.fencing_token).await.unwrap());
+        crate::conn::faults::fail_next_keep_alive(spare);
+        let sent = Instant::now();
+        let taken = b.try_acquire_or_renew("r", "b", TTL).await.unwrap();
+        assert!(taken.acquired, "{taken:?}");
+        assert!(!crate::conn::faults::keep_alive_pending(spare));
+        assert_eq!(b.terms.lock()["r"].lease, spare, "the spare was reused");
+
+        let told_end = sent + taken.remaining();
+        let real_end = last_kept_alive + TTL;
+        assert!(
+            told_end <= real_end,
+            "told {:?} left, {:?} more than the etcd lease has",
+            taken.remaining(),
+            told_end - real_end
+        );
+    }
+
+    /// Setup: a session opened, the wall clock stepped back 1.5 s, then kept alive and a
+    /// role taken under it. etcd restarts the session's TTL no later than the keep-alive
+    /// answers, so neither answer may report more than a TTL from then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn session_answers_report_no_more_than_the_lease_across_a_wall_step() {
+        let clock = SteppedClock::default();
+        let store = store(&unique_prefix("session-wall-step"), clock.clone()).await;
+        let opened = store.open_session("m", TTL).await.unwrap();
+
+        clock.step_back(STEP);
+        let sent = Instant::now();
+        let kept = store
+            .keep_alive_session(opened.id, TTL)
+            .await
+            .unwrap()
+            .expect("live");
+        let kept_alive = Instant::now();
+        let real_end = kept_alive + TTL;
+        assert!(
+            sent + kept.remaining() <= real_end,
+            "keep-alive: told {:?} left, {:?} more than the etcd lease has",
+            kept.remaining(),
+            sent + kept.remaining() - real_end
+        );
+
+        let sent = Instant::now();
+        let role = store.acquire_in_session("g/0", opened.id).await.unwrap();
+        assert!(role.acquired, "{role:?}");
+        assert!(
+            sent + role.remaining() <= real_end,
+            "acquire in session: told {:?} left, {:?} more than the etcd lease has",
+            role.remaining(),
+            sent + role.remaining() - real_end
+        );
+        assert!(store.close_session(opened.id).await.unwrap());
     }
 }

@@ -335,7 +335,7 @@ impl EtcdNodeRegistry {
         metadata: Option<&Metadata>,
         old_metadata: Option<Metadata>,
     ) -> Result<bool> {
-        let (lease, _, _) = self.conn.grant(self.ttl_secs).await?;
+        let (lease, _) = self.conn.grant(self.ttl_secs).await?;
         let now = to_ns(round_trip(SystemTime::now()));
         let record = NodeRecord {
             first_seen_ns: now,

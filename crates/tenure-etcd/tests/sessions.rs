@@ -242,3 +242,63 @@ async fn a_reused_lease_id_is_not_the_old_session() {
         leases.revoke(lease).await.unwrap();
     }
 }
+
+/// Setup: a private etcd, a session holding three roles, and a store whose requests give
+/// up after 500 ms. etcd stalls (SIGSTOP) for about 1.2 s, well inside the session's 4 s
+/// TTL, so one keep-alive fails. A failed call proves nothing about the session: its etcd
+/// lease lives on, and so do the role keys on it, which nobody else can take. So after
+/// etcd resumes the next keep-alive renews the session, and every role is still held
+/// under it with its token. In both renewal modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_keep_alive_does_not_end_the_session() {
+    common::init_tracing();
+    let server = EtcdServer::start().expect("start etcd");
+    for safe_server in [false, true] {
+        let client = common::client(&[server.endpoint()]).await;
+        let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
+        let store = EtcdLeaseStore::new(client, &common::unique_prefix("session-blip"))
+            .unwrap()
+            .for_server(fixed)
+            .with_request_timeout(Duration::from_millis(500))
+            .unwrap();
+        let session = store.open_session("node-a", TTL).await.unwrap();
+        let mut tokens = Vec::new();
+        for i in 0..3 {
+            let role = format!("g/{i}");
+            let held = store.acquire_in_session(&role, session.id).await.unwrap();
+            assert!(held.acquired, "{held:?}");
+            tokens.push((role, held.fencing_token));
+        }
+
+        server.pause();
+        let failed = store.keep_alive_session(session.id, TTL).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        server.resume();
+        assert!(
+            failed.is_err(),
+            "a keep-alive to a stalled etcd answered {failed:?}"
+        );
+        server
+            .member()
+            .wait_healthy(Duration::from_secs(5))
+            .expect("etcd healthy after the stall");
+
+        let kept = store.keep_alive_session(session.id, TTL).await.unwrap();
+        assert!(
+            kept.is_some(),
+            "the keep-alive after one failed call answered that the session ended, though \
+             its etcd lease is alive (safe server: {safe_server})"
+        );
+        for (role, token) in &tokens {
+            let again = store.acquire_in_session(role, session.id).await.unwrap();
+            assert!(
+                again.acquired && again.fencing_token == *token,
+                "{role} after the blip: {again:?}, held under token {token} before"
+            );
+            let info = store.get(role).await.unwrap().expect("lease");
+            assert_eq!(info.live_holder(), Some("node-a"), "{info:?}");
+            assert_eq!(info.fencing_token, *token, "{info:?}");
+        }
+        assert!(store.close_session(session.id).await.unwrap());
+    }
+}

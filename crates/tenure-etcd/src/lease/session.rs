@@ -47,6 +47,10 @@ pub(super) struct KnownSession {
     lease_secs: i64,
     /// The expiry last reported for it; a lower bound of its real end.
     expires_at: SystemTime,
+    /// The same end on the monotonic clock, once this instance opened or kept it alive:
+    /// every remaining time reported for it is measured on it (a session only looked up
+    /// has none until kept alive).
+    ends: Option<tokio::time::Instant>,
     /// The create revision of its key: pins this very session, so should etcd ever hand
     /// out its lease id again, the new session is not taken for this one.
     created: i64,
@@ -60,6 +64,7 @@ impl KnownSession {
             ttl_secs: record.ttl_secs,
             lease_secs: record.lease_secs,
             expires_at: from_ns(record.expires_at_ns),
+            ends: None,
         }
     }
 
@@ -72,12 +77,27 @@ impl KnownSession {
         }
     }
 
-    fn grant(&self, lease: i64) -> SessionGrant {
+    /// `(expires_at, now)` for an answer: `now` derived from the monotonic end when
+    /// this instance knows one (so `expires_at - now` is the monotonic time left, however
+    /// the wall clock stepped since), else `wall_now`.
+    fn answer(&self, wall_now: SystemTime) -> (SystemTime, SystemTime) {
+        let now = match self.ends {
+            Some(ends) => {
+                let left = ends.saturating_duration_since(tokio::time::Instant::now());
+                self.expires_at.checked_sub(left).unwrap_or(self.expires_at)
+            }
+            None => wall_now,
+        };
+        (self.expires_at, now)
+    }
+
+    fn grant(&self, lease: i64, wall_now: SystemTime) -> SessionGrant {
+        let (expires_at, now) = self.answer(wall_now);
         SessionGrant {
             id: session_id(lease),
             owner: self.owner.clone(),
-            expires_at: self.expires_at,
-            now: SystemTime::now(),
+            expires_at,
+            now,
         }
     }
 }
@@ -146,7 +166,7 @@ impl EtcdLeaseStore {
     fn remember(&self, lease: i64, session: KnownSession) {
         let mut sessions = self.sessions.lock();
         if sessions.len() >= MAX_KNOWN_SESSIONS {
-            let now = SystemTime::now();
+            let now = self.wall();
             sessions.retain(|_, s| s.as_ref().is_some_and(|s| s.expires_at > now));
         }
         sessions.insert(lease, Some(session));
@@ -203,19 +223,22 @@ impl EtcdLeaseStore {
 
     /// The answer refusing the caller because `holder` holds the role.
     pub(super) async fn refusal(&self, holder: Holder) -> Result<LeaseResult> {
-        Ok(self.with_session_expiry(holder).await?.refusal())
+        Ok(self.with_session_expiry(holder).await?.refusal(self.wall()))
     }
 
     pub(super) async fn open(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
-        validate_open(owner, ttl, self.min_ttl(), SystemTime::now())?;
+        validate_open(owner, ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
-        let (lease, lease_secs, started) = self.conn.grant(secs).await?;
+        let started = self.sent();
+        let (lease, lease_secs) = self.conn.grant(secs).await?;
+        // The lease's TTL counts from the grant, sent after `started`.
+        let length = lease_duration(ttl, secs, lease_secs);
         let session = KnownSession {
             owner: owner.to_owned(),
             ttl_secs: secs,
             lease_secs,
-            // The lease's TTL counts from the grant, sent after `started`.
-            expires_at: round_trip(started + lease_duration(ttl, secs, lease_secs)),
+            expires_at: round_trip(started.wall + length),
+            ends: Some(started.mono + length),
             created: 0,
         };
         let key = self.keys.session(lease);
@@ -241,7 +264,7 @@ impl EtcdLeaseStore {
             }
         }
         self.remember(lease, session.clone());
-        Ok(session.grant(lease))
+        Ok(session.grant(lease, self.wall()))
     }
 
     pub(super) async fn keep_alive(
@@ -249,7 +272,7 @@ impl EtcdLeaseStore {
         id: SessionId,
         ttl: Duration,
     ) -> Result<Option<SessionGrant>> {
-        validate_ttl(ttl, self.min_ttl(), SystemTime::now())?;
+        validate_ttl(ttl, self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
         let Some(lease) = lease_of(id) else {
             return Ok(None);
@@ -267,38 +290,47 @@ impl EtcdLeaseStore {
             ));
         }
         let own_ttl = Duration::from_secs(u64::try_from(session.ttl_secs).unwrap_or(0));
-        let sent = SystemTime::now();
+        let sent = self.sent();
         // etcd restarts the lease's whole TTL, so it ends no earlier than this (which is
-        // at least `now + ttl`) and never earlier than before.
-        session.expires_at =
-            round_trip(sent + lease_duration(own_ttl, session.ttl_secs, session.lease_secs))
-                .max(session.expires_at);
+        // at least `now + ttl`) and never earlier than before: compared on the monotonic
+        // clock, as the wall clock may have stepped back since the last keep-alive.
+        let ends = sent.mono + lease_duration(own_ttl, session.ttl_secs, session.lease_secs);
+        let ends = session.ends.map_or(ends, |before| before.max(ends));
+        session.ends = Some(ends);
+        session.expires_at = round_trip(sent.wall + ends.saturating_duration_since(sent.mono));
         let txn = Txn::new()
             .when([session_compare(&self.keys, lease, &session)])
             .and_then([session_put(&self.keys, lease, &session.record())?]);
+        // Only etcd's own answers end a session here: the lease not found, or the session
+        // key gone or not the one created at open. A failed request (timeout, reset,
+        // leader change) says nothing about the lease, which may well live on and keep
+        // the session's roles held; forgetting it would make every later keep-alive answer
+        // "ended" while nobody else can take those roles until etcd expires it. So an
+        // error is returned as is and the caller retries within the session's window.
         let (written, alive) = if self.keep_alive_first {
             // The guarded put then confirms the lease was not being revoked while the
             // keep-alive was answered.
-            let alive = self.conn.keep_alive_once(lease).await;
-            if !matches!(alive, Ok(true)) {
+            if !self.conn.keep_alive_once(lease).await? {
                 self.forget(lease);
-                return alive.map(|_| None);
+                return Ok(None);
             }
-            (self.conn.txn("keeping a session alive", txn).await, alive)
+            (
+                self.conn.txn("keeping a session alive", txn).await,
+                Ok(true),
+            )
         } else {
             tokio::join!(
                 self.conn.txn("keeping a session alive", txn),
                 self.conn.keep_alive_once(lease),
             )
         };
-        let written = written.inspect_err(|_| self.forget(lease))?;
-        if !written.succeeded() || !alive.inspect_err(|_| self.forget(lease))? {
+        if !written?.succeeded() || !alive? {
             // Ended (expired or closed): never revived.
             self.forget(lease);
             return Ok(None);
         }
         self.remember(lease, session.clone());
-        Ok(Some(session.grant(lease)))
+        Ok(Some(session.grant(lease, self.wall())))
     }
 
     pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
@@ -330,10 +362,17 @@ impl EtcdLeaseStore {
             self.forget(lease);
             return Err(ended());
         };
-        if let Some(Some(known)) = self.sessions.lock().get_mut(&lease) {
-            known.expires_at = known.expires_at.max(expires_at);
-        }
-        let done = |token: i64| held_result(&session.owner, token, expires_at);
+        let (expires_at, now) = match self.sessions.lock().get_mut(&lease) {
+            // The end this instance measured when it last (re)started the lease: the
+            // record's is a wall time from then, which a step since would stretch.
+            Some(Some(known)) if known.ends.is_some() => known.answer(self.wall()),
+            Some(Some(known)) => {
+                known.expires_at = known.expires_at.max(expires_at);
+                (expires_at, self.wall())
+            }
+            _ => (expires_at, self.wall()),
+        };
+        let done = |token: i64| held_result(&session.owner, token, expires_at, now);
         if response.succeeded() {
             // A plain term of ours this instance remembered is over.
             self.terms.lock().remove(role);
@@ -404,7 +443,7 @@ impl EtcdLeaseStore {
                     Txn::new().and_then(read),
                 )
                 .await?;
-            let now = round_trip(SystemTime::now());
+            let now = round_trip(self.wall());
             let mut releases = Vec::new();
             for (role, kv) in chunk.iter().zip(first_kvs(&response)) {
                 let Some(kv) = kv.filter(|kv| kv.lease() == lease) else {
