@@ -7,6 +7,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod exporter;
+mod guard;
 mod inspect;
 mod output;
 mod parse;
@@ -237,6 +238,13 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // The guard is forked first, while this process has one thread (logging starts one).
+    if matches!(cli.command, Command::Run { .. }) {
+        if let Err(error) = guard::start() {
+            eprintln!("tenure: {error:#}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    }
     // The demo narrates on stdout; its logs would only repeat the story.
     let quiet = matches!(cli.command, Command::Demo { .. });
     let _flush_logs_on_exit = init_logging(cli.log_format, cli.verbose, quiet);

@@ -192,6 +192,7 @@ pub async fn run(
     nix::sys::prctl::set_child_subreaper(true)
         .context("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER)")?;
     let elector = Arc::new(LeaseLeaderElector::new(stores.leases.clone(), options)?);
+    let _guard_follows = crate::guard::follow(elector.deadline(), args.kill_after());
     if let Some(exporter) = exporter {
         exporter.serve(Subject::Role {
             role: args.role.clone(),
@@ -532,6 +533,9 @@ impl ChildSpec {
             ScopeKind::Descendants => Scope::Descendants,
             ScopeKind::OwnSession => Scope::Session(pgid),
         };
+        // The guard kills this group if tenure cannot (stopped, wedged, gone) by the
+        // deadline; it forgets it when this returns, the command stopped and reaped.
+        let _guarded = crate::guard::watch(pgid);
         info!(role = %self.role, token = %self.token, pid = pgid.as_raw(), "command started");
         let mut kill_at: Option<tokio::time::Instant> = None;
         let mut resume_at: Option<tokio::time::Instant> = None;
@@ -700,15 +704,16 @@ fn suspend(suspended: &AtomicBool) {
 }
 
 /// One entry of `/proc`.
-struct ProcessEntry {
-    pid: Pid,
-    parent: Pid,
-    session: Pid,
-    zombie: bool,
+pub(crate) struct ProcessEntry {
+    pub(crate) pid: Pid,
+    pub(crate) parent: Pid,
+    pub(crate) group: Pid,
+    pub(crate) session: Pid,
+    pub(crate) zombie: bool,
 }
 
 /// Every process in `/proc` (one that exits while being read is skipped).
-fn processes() -> Vec<ProcessEntry> {
+pub(crate) fn processes() -> Vec<ProcessEntry> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -720,11 +725,12 @@ fn processes() -> Vec<ProcessEntry> {
             let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
             let state = fields.next()?;
             let parent: i32 = fields.next()?.parse().ok()?;
-            let _group = fields.next()?;
+            let group: i32 = fields.next()?.parse().ok()?;
             let session: i32 = fields.next()?.parse().ok()?;
             Some(ProcessEntry {
                 pid: Pid::from_raw(pid),
                 parent: Pid::from_raw(parent),
+                group: Pid::from_raw(group),
                 session: Pid::from_raw(session),
                 zombie: state == "Z" || state == "X",
             })
@@ -733,14 +739,18 @@ fn processes() -> Vec<ProcessEntry> {
 }
 
 /// The live (not zombie) descendants of tenure: everything the command started and that
-/// still runs, since tenure starts no other processes and, as a subreaper, inherits every
-/// orphan among them.
+/// still runs, since tenure starts no other processes but its guard (left out) and, as a
+/// subreaper, inherits every orphan among them.
 fn descendants() -> Vec<Pid> {
     let all = processes();
+    let guard = crate::guard::pid();
     let mut found = Vec::new();
     let mut parents = vec![Pid::this()];
     while let Some(parent) = parents.pop() {
-        for process in all.iter().filter(|p| p.parent == parent) {
+        for process in all
+            .iter()
+            .filter(|p| p.parent == parent && Some(p.pid) != guard)
+        {
             parents.push(process.pid);
             if !process.zombie {
                 found.push(process.pid);

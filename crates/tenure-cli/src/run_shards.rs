@@ -57,6 +57,7 @@ pub async fn run(
         stores.registry.clone(),
         options(&args, &group, shards, node_id.clone()),
     )?;
+    let _guard_follows = crate::guard::follow(elector.deadline(), args.kill_after());
     if let Some(exporter) = exporter {
         exporter.serve(Subject::Group {
             group: group.clone(),

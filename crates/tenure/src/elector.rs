@@ -256,6 +256,8 @@ pub struct LeaseLeaderElector {
     /// Per role, the token of a term whose release failed or timed out: the store may
     /// still apply it, so no work runs under that token again (see `contend`).
     pending_releases: Mutex<HashMap<String, FencingToken>>,
+    /// The current term's local deadline, `None` while not leading.
+    deadline: watch::Sender<Option<Instant>>,
 }
 
 impl std::fmt::Debug for LeaseLeaderElector {
@@ -362,6 +364,7 @@ impl LeaseLeaderElector {
             state: watch::Sender::new(ElectionState::Idle),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             pending_releases: Mutex::new(HashMap::new()),
+            deadline: watch::Sender::new(None),
         })
     }
 
@@ -378,6 +381,15 @@ impl LeaseLeaderElector {
     /// A receiver of the elector's state, for callbacks, health checks and metrics.
     pub fn watch(&self) -> watch::Receiver<ElectionState> {
         self.state.subscribe()
+    }
+
+    /// A receiver of the current term's local deadline: the monotonic instant at which
+    /// `leadership` is cancelled unless a renewal moves it (`None` while not leading).
+    /// It moves on every successful renewal, so a second enforcer outside the work (a
+    /// watchdog that kills the work at that instant plus its own grace) can hold the
+    /// same deadline even when this process stops running.
+    pub fn deadline(&self) -> watch::Receiver<Option<Instant>> {
+        self.deadline.subscribe()
     }
 
     /// Contends for `role` until `shutdown` fires or `work` returns while leader.
@@ -611,6 +623,7 @@ impl LeaseLeaderElector {
         self.state.send_replace(ElectionState::Leader {
             fencing_token: term.token,
         });
+        self.deadline.send_replace(Some(term.deadline()));
 
         let leadership = CancellationToken::new();
         // Work runs on its own task: if this future is dropped mid-term (the caller's
@@ -634,6 +647,12 @@ impl LeaseLeaderElector {
                     if let Some(lost) = self.renewal_answered(role, &mut term, attempt) {
                         break lost;
                     }
+                    let deadline = Some(term.deadline());
+                    self.deadline.send_if_modified(|published| {
+                        let moved = *published != deadline;
+                        *published = deadline;
+                        moved
+                    });
                 }
                 _ = tokio::time::sleep_until(term.next_renew), if renewal.is_none() => {
                     renewal = Some(self.attempt(role));
@@ -713,6 +732,7 @@ impl LeaseLeaderElector {
         end: TermEnd,
     ) -> TermEnd {
         leadership.cancel();
+        self.deadline.send_replace(None);
         // Watchers learn of the loss now, not when the work gets round to returning.
         match &end {
             TermEnd::Lost(Some(answer)) if !answer.result.acquired => {

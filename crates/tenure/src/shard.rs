@@ -149,6 +149,8 @@ pub struct ShardElector {
     registry: Arc<dyn NodeRegistry>,
     options: ShardOptions,
     state: watch::Sender<ShardState>,
+    /// The session's local deadline, `None` while there is no session.
+    deadline: watch::Sender<Option<Instant>>,
 }
 
 impl std::fmt::Debug for ShardElector {
@@ -206,15 +208,19 @@ struct Session {
 
 impl Session {
     /// Starts keeping session `grant` (opened by a request sent at `sent`) alive.
+    /// Each renewal's deadline is also sent on `published` (the member's
+    /// [`ShardElector::deadline`]).
     fn start(
         store: Arc<dyn LeaseStore>,
         timing: LeaseLeaderOptions,
         sent: Instant,
         grant: &SessionGrant,
+        published: watch::Sender<Option<Instant>>,
     ) -> Session {
         let alive = CancellationToken::new();
         let (mut deadline, mut next_renew) = lifetime(&timing, sent, grant);
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
+        published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
         tokio::spawn(async move {
             loop {
@@ -237,6 +243,9 @@ impl Session {
                     Ok(Ok(Some(grant))) => {
                         (deadline, next_renew) = lifetime(&timing, sent, &grant);
                         deadline_tx.send_replace(deadline);
+                        if !watched.is_cancelled() {
+                            published.send_replace(Some(deadline));
+                        }
                         debug!(session = %id, "session renewed");
                     }
                     Ok(Ok(None)) => {
@@ -321,6 +330,7 @@ impl ShardElector {
             registry,
             options,
             state: watch::Sender::new(ShardState::default()),
+            deadline: watch::Sender::new(None),
         })
     }
 
@@ -332,6 +342,14 @@ impl ShardElector {
     /// A receiver of the member's view: members, owned shards, targets.
     pub fn watch(&self) -> watch::Receiver<ShardState> {
         self.state.subscribe()
+    }
+
+    /// A receiver of the session's local deadline: the monotonic instant at which every
+    /// shard's `leadership` is cancelled unless a session renewal moves it (`None` while
+    /// there is no session). As [`crate::LeaseLeaderElector::deadline`], for a second
+    /// enforcer outside the work.
+    pub fn deadline(&self) -> watch::Receiver<Option<Instant>> {
+        self.deadline.subscribe()
     }
 
     /// Runs the member until `shutdown` fires, calling `work(shard, token, leadership)`
@@ -532,7 +550,8 @@ impl Member<'_> {
                     info!(group = %options.group, node = %options.node_id, session = %grant.id,
                         "session opened");
                     let (store, timing) = (self.elector.store.clone(), options.timing());
-                    self.session = Some(Session::start(store, timing, sent, &grant));
+                    let published = self.elector.deadline.clone();
+                    self.session = Some(Session::start(store, timing, sent, &grant, published));
                     return;
                 }
                 Err(error) if !error.is_transient() => {
@@ -555,6 +574,7 @@ impl Member<'_> {
         self.pending_releases.clear();
         self.lost_acquires.clear();
         self.session = None;
+        self.elector.deadline.send_replace(None);
     }
 
     /// Cancels and awaits every shard's work (the session, if any, still holds them).
@@ -1053,6 +1073,7 @@ impl Member<'_> {
     /// shard at once (the others, having seen the leave, wait on them by now).
     async fn close_session(&mut self) {
         if let Some(session) = self.session.take() {
+            self.elector.deadline.send_replace(None);
             let close = self.elector.store.close_session(session.id);
             match tokio::time::timeout_at(session.deadline(), close).await {
                 Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),

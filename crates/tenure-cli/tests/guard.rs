@@ -1,0 +1,152 @@
+//! `tenure run` when tenure itself cannot act: stopped (`kill -STOP` of its pid alone: a
+//! debugger, a cgroup freeze of one process, a wedged runtime) or killed. Its command
+//! must not run on past the term, nor outlive tenure, whatever tenure's own state: the
+//! guard, a second process outside tenure, holds the deadline too.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{lines, read_pid, run_sh, sqlite_url, tempdir, tenure, wait_until, Proc, FAST};
+use nix::sys::signal::Signal;
+
+/// A command that appends `TAG TOKEN NANOS` to `log` every 20 ms while it runs.
+fn ticking(log: &Path, tag: &str) -> String {
+    format!(
+        "while :; do echo \"{tag} $TENURE_FENCING_TOKEN $(date +%s%N)\" >> '{}'; sleep 0.02; done",
+        log.display()
+    )
+}
+
+/// `(tag, token, nanos)` of each line of a ticking log.
+fn ticks(log: &Path) -> Vec<(String, u64, u128)> {
+    lines(log)
+        .iter()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let tag = fields.next()?.to_owned();
+            let token = fields.next()?.parse().ok()?;
+            let nanos = fields.next()?.parse().ok()?;
+            Some((tag, token, nanos))
+        })
+        .collect()
+}
+
+/// How long the first instance's command ran on after the second's started, in ms (zero
+/// when it did not), for the ticks of `log` tagged `first` and `second`.
+fn overlap_ms(log: &Path, first: &str, second: &str) -> i128 {
+    let ticks = ticks(log);
+    let last_first = ticks.iter().filter(|t| t.0 == first).map(|t| t.2).max();
+    let first_second = ticks.iter().filter(|t| t.0 == second).map(|t| t.2).min();
+    match (last_first, first_second) {
+        (Some(last), Some(start)) => (last as i128 - start as i128).max(0) / 1_000_000,
+        _ => panic!("no ticks of {first} or {second}: {:?}", lines(log)),
+    }
+}
+
+/// Setup: two `tenure run --role job` on one SQLite file (ttl 3 s, renew 300 ms,
+/// kill-after 300 ms). While the first leads, SIGSTOP reaches its tenure process only;
+/// its command keeps running. The second leads once the lease expires. The first's
+/// command must have stopped before the second's started.
+#[test]
+fn a_stopped_tenure_never_overlaps_the_next_leader() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let log = dir.path().join("ticks");
+    let mut first = Proc::spawn(&mut run_sh(&store, "job", &[], &ticking(&log, "first")));
+    assert!(
+        wait_until(Duration::from_secs(20), || ticks(&log).len() >= 3),
+        "the first never started its command: {}",
+        first.stderr()
+    );
+    first.signal(Signal::SIGSTOP);
+    let _second = Proc::spawn(&mut run_sh(&store, "job", &[], &ticking(&log, "second")));
+    assert!(
+        wait_until(Duration::from_secs(20), || ticks(&log)
+            .iter()
+            .any(|t| t.0 == "second")),
+        "the second never led"
+    );
+    // Long enough for a command that outlived its term to show it.
+    std::thread::sleep(Duration::from_secs(1));
+    let overlap = overlap_ms(&log, "first", "second");
+    assert_eq!(
+        overlap, 0,
+        "the stopped leader's command ran {overlap} ms into the next term"
+    );
+    first.signal(Signal::SIGCONT);
+    // Resumed, it finds its term lost and its command gone.
+    assert!(first.wait_exit(Duration::from_secs(20)).is_some());
+}
+
+/// Setup: two members of a group of 2 shards on one SQLite file (ttl 3 s, member-ttl 3 s);
+/// the first owns both shards alone, then SIGSTOP reaches its tenure process only. The
+/// second takes both shards once the first's session and membership lapse. No shard's
+/// command of the first may run after the second's started on that shard.
+#[test]
+fn a_stopped_group_member_never_overlaps_the_next_owner() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let log = dir.path().join("ticks");
+    let member = |node: &str| {
+        let mut command = tenure();
+        command
+            .args(["run", "--group", "g", "--shards", "2", "--node-id", node])
+            .args(["--store", &store, "--member-ttl", "3s"])
+            .args(FAST)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                &ticking(&log, &format!("{node}-$TENURE_SHARD")),
+            ]);
+        command
+    };
+    let first = Proc::spawn(&mut member("m1"));
+    let started = |tag: &str| ticks(&log).iter().any(|t| t.0 == tag);
+    assert!(
+        wait_until(Duration::from_secs(20), || started("m1-0")
+            && started("m1-1")),
+        "the first member never started both shards: {}",
+        first.stderr()
+    );
+    first.signal(Signal::SIGSTOP);
+    let _second = Proc::spawn(&mut member("m2"));
+    assert!(
+        wait_until(Duration::from_secs(30), || started("m2-0")
+            && started("m2-1")),
+        "the second member never took both shards"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    for shard in ["0", "1"] {
+        let overlap = overlap_ms(&log, &format!("m1-{shard}"), &format!("m2-{shard}"));
+        assert_eq!(
+            overlap, 0,
+            "shard {shard}: the stopped member's command ran {overlap} ms into the next term"
+        );
+    }
+    first.signal(Signal::SIGCONT);
+}
+
+/// Setup: `tenure run` leads, its command starts a background `sleep` in its process
+/// group and waits; then tenure is killed with SIGKILL. The command dies of its
+/// parent-death signal; the background process, which has none, must die too, at once.
+#[test]
+fn a_killed_tenure_leaves_nothing_of_its_command_running() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("bg.pid");
+    let script = format!("sleep 300 & echo $! > '{}'; wait", pid_file.display());
+    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
+    let background = read_pid(&pid_file, Duration::from_secs(20));
+    first.signal(Signal::SIGKILL);
+    let gone = wait_until(Duration::from_secs(2), || common::dead(background));
+    if !gone {
+        let _ = nix::sys::signal::kill(background, Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "the command's background process outlived a killed tenure"
+    );
+}
