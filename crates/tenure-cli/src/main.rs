@@ -109,6 +109,10 @@ enum Command {
     /// runtime, ssh), and, if tenure itself is killed with SIGKILL, anything but the
     /// command itself (which gets SIGKILL too).
     ///
+    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the command's process group
+    /// (waiting for the role: tenure gives up, 128+N); SIGUSR1, SIGUSR2 and SIGALRM are
+    /// forwarded too (waiting: ignored). SIGTTOU and SIGTTIN do not stop tenure.
+    ///
     /// Ctrl-Z (SIGTSTP) stops the command's processes and then tenure; SIGCONT resumes
     /// them, or stops them for good if the lease was lost meanwhile. SIGSTOP to tenure
     /// alone leaves the command running while nothing renews the lease: only a fence
