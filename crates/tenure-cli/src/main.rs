@@ -13,6 +13,7 @@ mod parse;
 mod report_dir;
 mod run;
 mod run_shards;
+mod say;
 mod store;
 
 use std::ffi::OsString;
@@ -247,7 +248,7 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("tenure: {error:#}");
+            say::say!("tenure: {error:#}");
             ExitCode::from(if is_usage(&error) {
                 exit::USAGE
             } else {
@@ -490,7 +491,8 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
 /// Logs to stderr through a buffer that a thread of its own drains, dropping lines when
 /// it is full: a stderr nobody reads (a wedged log shipper, a stopped terminal) must
 /// never block the runtime thread that renews the lease and stops the command in time.
-/// The guard flushes what is buffered when `main` returns.
+/// `tenure: ...` messages ([`say`]) go through the same writer. The guard flushes what is
+/// buffered when `main` returns.
 fn init_logging(
     format: LogFormat,
     verbose: u8,
@@ -501,6 +503,7 @@ fn init_logging(
         .lossy(true)
         .thread_name("tenure-logs")
         .finish(std::io::stderr());
+    say::install(stderr.clone());
     let default = match verbose {
         0 if quiet => "error",
         0 => "warn",

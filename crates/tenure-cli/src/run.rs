@@ -51,6 +51,7 @@ use tracing::{info, warn};
 use crate::exit;
 use crate::exporter::{Exporter, Subject};
 use crate::output::human;
+use crate::say::say;
 use crate::store::Stores;
 
 /// Time allowed, beyond `--kill-after`, for SIGKILL to take effect and the command's
@@ -323,7 +324,7 @@ pub async fn run(
                     warn!(role = %args.role, ?signal,
                         "signal while waiting for the role: no command to forward it to; ignored");
                 } else {
-                    eprintln!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
+                    say!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
                     early_exit.get_or_insert(128 + signal as u8);
                     shutdown.cancel();
                 }
@@ -334,13 +335,13 @@ pub async fn run(
                 match current {
                     ElectionState::Leader { .. } => led = true,
                     ElectionState::Follower { holder: Some((holder, token)) } if args.no_wait => {
-                        eprintln!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
+                        say!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
                         early_exit.get_or_insert(exit::BUSY);
                         shutdown.cancel();
                     }
                     ElectionState::Follower { holder: Some((holder, token)) } if !announced => {
                         announced = true;
-                        eprintln!("tenure: role {:?} is held by {holder} (token {token}); waiting", args.role);
+                        say!("tenure: role {:?} is held by {holder} (token {token}); waiting", args.role);
                     }
                     _ => {}
                 }
@@ -350,10 +351,10 @@ pub async fn run(
             }
             _ = &mut give_up, if !led && !shutdown.is_cancelled() => {
                 if args.no_wait {
-                    eprintln!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
+                    say!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
                     early_exit.get_or_insert(exit::RUN_FAILED);
                 } else {
-                    eprintln!("tenure: not leader of role {:?} within --wait-timeout {}", args.role,
+                    say!("tenure: not leader of role {:?} within --wait-timeout {}", args.role,
                         human(args.wait_timeout.unwrap_or_default()));
                     early_exit.get_or_insert(exit::TIMEOUT);
                 }
@@ -376,7 +377,7 @@ pub async fn run(
     Ok(match outcome {
         Some(Outcome::Exited(status)) => exit_code(status),
         Some(Outcome::Lost(status)) => {
-            eprintln!(
+            say!(
                 "tenure: leadership of role {:?} was lost; the command was stopped ({})",
                 args.role,
                 describe(status)
@@ -390,7 +391,7 @@ pub async fn run(
                 .first()
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            eprintln!("tenure: cannot run {program:?}: {error}");
+            say!("tenure: cannot run {program:?}: {error}");
             match error.kind() {
                 ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::NOT_EXECUTABLE,
@@ -403,22 +404,22 @@ pub async fn run(
 async fn print_waiting(store: &dyn LeaseStore, role: &str, waited: Duration) {
     match store.get(role).await {
         Ok(Some(lease)) => match lease.live_holder() {
-            Some(holder) => eprintln!(
+            Some(holder) => say!(
                 "tenure: waiting {} for role {role:?}: held by {holder} (token {}), expires in {}",
                 human(waited),
                 lease.fencing_token,
                 human(lease.remaining())
             ),
-            None => eprintln!(
+            None => say!(
                 "tenure: waiting {} for role {role:?}: free, acquiring",
                 human(waited)
             ),
         },
-        Ok(None) => eprintln!(
+        Ok(None) => say!(
             "tenure: waiting {} for role {role:?}: no lease yet, acquiring",
             human(waited)
         ),
-        Err(error) => eprintln!(
+        Err(error) => say!(
             "tenure: waiting {} for role {role:?}: store error: {error}",
             human(waited)
         ),
