@@ -262,3 +262,29 @@ fn tty_stop_signals_do_not_stop_tenure() {
         String::from_utf8_lossy(&next.stderr)
     );
 }
+
+/// SIGUSR1 asks the command for something other than stopping: forwarded, it does not
+/// start the `--kill-after` clock. The command takes longer than `--kill-after` (300 ms)
+/// to finish what the signal asked for, and still exits on its own with 42.
+#[test]
+fn sigusr1_does_not_start_the_kill_clock() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let script = format!(
+        "trap 'sleep 1; exit 42' USR1; echo $$ > '{}'; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "usr1", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGUSR1);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(42),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+}
