@@ -305,6 +305,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             store,
             command,
         } => {
+            run::ignore_tty_stops()?;
             let raw = store.raw()?;
             let url = StoreUrl::parse(&raw)?;
             url.require_shared("run")?;

@@ -831,20 +831,26 @@ const LISTENED: [Signal; 9] = [
     Signal::SIGCONT,
 ];
 
-/// The signals of [`LISTENED`], as one stream; SIGTTOU and SIGTTIN are ignored.
+/// Ignores SIGTTOU and SIGTTIN, so that a background tenure writing to a terminal with
+/// `stty tostop` is not stopped: a stopped tenure cannot renew, nor stop its command when
+/// the term ends. Called before anything is written; the command gets the defaults back.
+pub fn ignore_tty_stops() -> anyhow::Result<()> {
+    for stop in TTY_STOPS {
+        // SAFETY: SIG_IGN installs no handler, so nothing runs in signal context.
+        unsafe { nix::sys::signal::signal(stop, SigHandler::SigIgn) }
+            .with_context(|| format!("cannot ignore {stop}"))?;
+    }
+    Ok(())
+}
+
+/// The signals of [`LISTENED`], as one stream.
 pub(crate) struct Signals {
     streams: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Signals {
-    /// Listens for the signals of [`LISTENED`] and ignores SIGTTOU and SIGTTIN: a stopped
-    /// tenure cannot renew, nor stop its command when the term ends.
+    /// Listens for the signals of [`LISTENED`].
     pub(crate) fn new() -> anyhow::Result<Self> {
-        for stop in TTY_STOPS {
-            // SAFETY: SIG_IGN installs no handler, so nothing runs in signal context.
-            unsafe { nix::sys::signal::signal(stop, SigHandler::SigIgn) }
-                .with_context(|| format!("cannot ignore {stop}"))?;
-        }
         let streams = LISTENED
             .iter()
             .map(|&which| {
