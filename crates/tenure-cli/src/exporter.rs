@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::say::say;
 use crate::store::Stores;
 use crate::UsageError;
 
@@ -145,7 +146,7 @@ impl Watching {
             }
         });
         info!(%addr, "serving /metrics, /healthz and /leader");
-        eprintln!("tenure: metrics on http://{addr} (/metrics, /healthz, /leader)");
+        say!("tenure: metrics on http://{addr} (/metrics, /healthz, /leader)");
         Ok(())
     }
 }

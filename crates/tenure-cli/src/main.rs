@@ -14,6 +14,7 @@ mod parse;
 mod report_dir;
 mod run;
 mod run_shards;
+mod say;
 mod store;
 
 use std::ffi::OsString;
@@ -107,13 +108,19 @@ enum Command {
     /// the lease can pass on: tenure is a child subreaper, so this includes processes that
     /// left the group or session (setsid, double fork, daemons). Not covered: processes
     /// started for it by something outside its tree (systemd-run, at, a container
-    /// runtime, ssh), and, if tenure itself is killed with SIGKILL, anything but the
-    /// command itself (which gets SIGKILL too).
+    /// runtime, ssh), and, if tenure itself is killed with SIGKILL, processes that left
+    /// the command's process group (the group gets SIGKILL from the guard).
+    ///
+    /// SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the command's process group
+    /// (waiting for the role: tenure gives up, 128+N); SIGUSR1, SIGUSR2 and SIGALRM are
+    /// forwarded too (waiting: ignored). SIGTTOU and SIGTTIN do not stop tenure.
     ///
     /// Ctrl-Z (SIGTSTP) stops the command's processes and then tenure; SIGCONT resumes
-    /// them, or stops them for good if the lease was lost meanwhile. SIGSTOP to tenure
-    /// alone leaves the command running while nothing renews the lease: only a fence
-    /// (`tenure fence`) stops its writes once another instance leads.
+    /// them, or stops them for good if the lease was lost meanwhile. If tenure alone is
+    /// stopped (SIGSTOP) or wedged, its guard, a process of its own holding the same
+    /// deadline, SIGKILLs the command before the lease can pass on; only with the guard
+    /// stopped too (or the whole host frozen) does a fence (`tenure fence`) have to keep
+    /// the command's writes out.
     Run {
         /// The role to lead (one singleton job or resource).
         #[arg(long, required_unless_present = "group", conflicts_with = "group")]
@@ -241,7 +248,7 @@ fn main() -> ExitCode {
     // The guard is forked first, while this process has one thread (logging starts one).
     if matches!(cli.command, Command::Run { .. }) {
         if let Err(error) = guard::start() {
-            eprintln!("tenure: {error:#}");
+            say::say!("tenure: {error:#}");
             return ExitCode::from(exit::FAILURE);
         }
     }
@@ -251,7 +258,7 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("tenure: {error:#}");
+            say::say!("tenure: {error:#}");
             ExitCode::from(if is_usage(&error) {
                 exit::USAGE
             } else {
@@ -308,6 +315,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             store,
             command,
         } => {
+            run::ignore_tty_stops()?;
             let raw = store.raw()?;
             let url = StoreUrl::parse(&raw)?;
             url.require_shared("run")?;
@@ -494,7 +502,8 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
 /// Logs to stderr through a buffer that a thread of its own drains, dropping lines when
 /// it is full: a stderr nobody reads (a wedged log shipper, a stopped terminal) must
 /// never block the runtime thread that renews the lease and stops the command in time.
-/// The guard flushes what is buffered when `main` returns.
+/// `tenure: ...` messages ([`say`]) go through the same writer. The guard flushes what is
+/// buffered when `main` returns.
 fn init_logging(
     format: LogFormat,
     verbose: u8,
@@ -505,6 +514,7 @@ fn init_logging(
         .lossy(true)
         .thread_name("tenure-logs")
         .finish(std::io::stderr());
+    say::install(stderr.clone());
     let default = match verbose {
         0 if quiet => "error",
         0 => "warn",

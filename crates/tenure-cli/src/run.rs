@@ -4,8 +4,16 @@
 //! token in `TENURE_FENCING_TOKEN`. If leadership is lost, its processes get SIGTERM,
 //! then SIGKILL after `--kill-after`; the elector is told to cancel leadership that long
 //! (plus a margin) before its local deadline, so the command is dead before the lease can
-//! pass to anyone else. SIGINT, SIGTERM and SIGHUP are forwarded to the command's process
-//! group; the lease is released when it exits, and tenure exits with its code.
+//! pass to anyone else. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the
+//! command's process group (and it is killed if still there `--kill-after` later); SIGUSR1,
+//! SIGUSR2 and SIGALRM are forwarded too, with no deadline, since they ask the command to do
+//! something rather than to stop. The lease is released when it exits, and tenure exits with
+//! its code. While waiting for the role, SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit
+//! 128+N); SIGUSR1, SIGUSR2 and SIGALRM are logged and ignored, as there is no command yet.
+//!
+//! No signal kills tenure by its default action while the command runs, which would leave
+//! the lease held until the TTL: SIGTTOU and SIGTTIN (a background tenure writing to a
+//! terminal with `stty tostop`) are ignored, and given back their default in the command.
 //!
 //! "Its processes" are every descendant of tenure, not only the command's process group:
 //! tenure is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a process the command starts
@@ -28,7 +36,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{kill, killpg, SigHandler, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -43,6 +51,7 @@ use tracing::{info, warn};
 use crate::exit;
 use crate::exporter::{Exporter, Subject};
 use crate::output::human;
+use crate::say::say;
 use crate::store::Stores;
 
 /// Time allowed, beyond `--kill-after`, for SIGKILL to take effect and the command's
@@ -310,8 +319,13 @@ pub async fn run(
                 } else if led {
                     info!(role = %args.role, ?signal, "forwarding signal to the command");
                     let _ = forward_tx.send(signal);
+                } else if !asks_to_stop(signal) {
+                    // Meant for the command (`pkill -USR1 -f job.sh` matches tenure too),
+                    // which does not run yet.
+                    warn!(role = %args.role, ?signal,
+                        "signal while waiting for the role: no command to forward it to; ignored");
                 } else {
-                    eprintln!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
+                    say!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
                     early_exit.get_or_insert(128 + signal as u8);
                     shutdown.cancel();
                 }
@@ -322,13 +336,13 @@ pub async fn run(
                 match current {
                     ElectionState::Leader { .. } => led = true,
                     ElectionState::Follower { holder: Some((holder, token)) } if args.no_wait => {
-                        eprintln!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
+                        say!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
                         early_exit.get_or_insert(exit::BUSY);
                         shutdown.cancel();
                     }
                     ElectionState::Follower { holder: Some((holder, token)) } if !announced => {
                         announced = true;
-                        eprintln!("tenure: role {:?} is held by {holder} (token {token}); waiting", args.role);
+                        say!("tenure: role {:?} is held by {holder} (token {token}); waiting", args.role);
                     }
                     _ => {}
                 }
@@ -338,10 +352,10 @@ pub async fn run(
             }
             _ = &mut give_up, if !led && !shutdown.is_cancelled() => {
                 if args.no_wait {
-                    eprintln!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
+                    say!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
                     early_exit.get_or_insert(exit::RUN_FAILED);
                 } else {
-                    eprintln!("tenure: not leader of role {:?} within --wait-timeout {}", args.role,
+                    say!("tenure: not leader of role {:?} within --wait-timeout {}", args.role,
                         human(args.wait_timeout.unwrap_or_default()));
                     early_exit.get_or_insert(exit::TIMEOUT);
                 }
@@ -364,7 +378,7 @@ pub async fn run(
     Ok(match outcome {
         Some(Outcome::Exited(status)) => exit_code(status),
         Some(Outcome::Lost(status)) => {
-            eprintln!(
+            say!(
                 "tenure: leadership of role {:?} was lost; the command was stopped ({})",
                 args.role,
                 describe(status)
@@ -378,7 +392,7 @@ pub async fn run(
                 .first()
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            eprintln!("tenure: cannot run {program:?}: {error}");
+            say!("tenure: cannot run {program:?}: {error}");
             match error.kind() {
                 ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::NOT_EXECUTABLE,
@@ -391,22 +405,22 @@ pub async fn run(
 async fn print_waiting(store: &dyn LeaseStore, role: &str, waited: Duration) {
     match store.get(role).await {
         Ok(Some(lease)) => match lease.live_holder() {
-            Some(holder) => eprintln!(
+            Some(holder) => say!(
                 "tenure: waiting {} for role {role:?}: held by {holder} (token {}), expires in {}",
                 human(waited),
                 lease.fencing_token,
                 human(lease.remaining())
             ),
-            None => eprintln!(
+            None => say!(
                 "tenure: waiting {} for role {role:?}: free, acquiring",
                 human(waited)
             ),
         },
-        Ok(None) => eprintln!(
+        Ok(None) => say!(
             "tenure: waiting {} for role {role:?}: no lease yet, acquiring",
             human(waited)
         ),
-        Err(error) => eprintln!(
+        Err(error) => say!(
             "tenure: waiting {} for role {role:?}: store error: {error}",
             human(waited)
         ),
@@ -504,13 +518,19 @@ impl ChildSpec {
             // in it, as a terminal's would.
             command.process_group(0);
         }
-        // SAFETY: prctl and setsid are async-signal-safe; nothing else runs between fork
-        // and exec.
+        // SAFETY: prctl, setsid and sigaction are async-signal-safe; nothing else runs
+        // between fork and exec.
         unsafe {
             command.pre_exec(move || {
                 if own_session {
                     // A new session (and process group) the command's processes share.
                     nix::unistd::setsid().map_err(std::io::Error::from)?;
+                }
+                // Ignored dispositions survive exec: without this the command could not
+                // be stopped by its own background terminal I/O, as a shell job would be.
+                for stop in TTY_STOPS {
+                    nix::sys::signal::signal(stop, SigHandler::SigDfl)
+                        .map_err(std::io::Error::from)?;
                 }
                 // If tenure dies (SIGKILL, OOM), the command must not outlive its lease.
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
@@ -577,7 +597,11 @@ impl ChildSpec {
                         resume_at = Some(tokio::time::Instant::now() + RESUME_DELAY);
                     } else {
                         let _ = killpg(pgid, signal);
-                        kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
+                        // SIGUSR1 and the like ask for something else (reopen logs, dump
+                        // state): the command is not expected to exit, so no deadline.
+                        if asks_to_stop(signal) {
+                            kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
+                        }
                     }
                 }
                 _ = sleep_until_opt(resume_at) => {
@@ -791,38 +815,75 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// SIGINT, SIGTERM, SIGHUP, SIGTSTP and SIGCONT, as one stream.
+/// Whether a forwarded signal asks the command to end (so it is killed if it has not after
+/// `--kill-after`), and, while waiting for the role, asks tenure to give up.
+pub(crate) fn asks_to_stop(signal: Signal) -> bool {
+    matches!(
+        signal,
+        Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT
+    )
+}
+
+/// Stop signals of terminal I/O from a background process group, ignored by tenure.
+const TTY_STOPS: [Signal; 2] = [Signal::SIGTTOU, Signal::SIGTTIN];
+
+/// The signals tenure listens for, as one stream: every one whose default action would end
+/// tenure (or, for SIGTSTP, stop it) without stopping the command and releasing the lease.
+const LISTENED: [Signal; 9] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGALRM,
+    Signal::SIGTSTP,
+    Signal::SIGCONT,
+];
+
+/// Ignores SIGTTOU and SIGTTIN, so that a background tenure writing to a terminal with
+/// `stty tostop` is not stopped: a stopped tenure cannot renew, nor stop its command when
+/// the term ends. Called before anything is written; the command gets the defaults back.
+pub fn ignore_tty_stops() -> anyhow::Result<()> {
+    for stop in TTY_STOPS {
+        // SAFETY: SIG_IGN installs no handler, so nothing runs in signal context.
+        unsafe { nix::sys::signal::signal(stop, SigHandler::SigIgn) }
+            .with_context(|| format!("cannot ignore {stop}"))?;
+    }
+    Ok(())
+}
+
+/// The signals of [`LISTENED`], as one stream.
 pub(crate) struct Signals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-    hangup: tokio::signal::unix::Signal,
-    suspend: tokio::signal::unix::Signal,
-    resume: tokio::signal::unix::Signal,
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Signals {
-    /// Listens for the five signals.
+    /// Listens for the signals of [`LISTENED`].
     pub(crate) fn new() -> anyhow::Result<Self> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
-            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
-            hangup: signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?,
-            suspend: signal(SignalKind::from_raw(Signal::SIGTSTP as i32))
-                .context("cannot listen for SIGTSTP")?,
-            resume: signal(SignalKind::from_raw(Signal::SIGCONT as i32))
-                .context("cannot listen for SIGCONT")?,
-        })
+        let streams = LISTENED
+            .iter()
+            .map(|&which| {
+                signal(SignalKind::from_raw(which as i32))
+                    .map(|stream| (which, stream))
+                    .with_context(|| format!("cannot listen for {which}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Signals { streams })
     }
 
     /// The next signal.
     pub(crate) async fn recv(&mut self) -> Option<Signal> {
-        tokio::select! {
-            s = self.interrupt.recv() => s.map(|_| Signal::SIGINT),
-            s = self.terminate.recv() => s.map(|_| Signal::SIGTERM),
-            s = self.hangup.recv() => s.map(|_| Signal::SIGHUP),
-            s = self.suspend.recv() => s.map(|_| Signal::SIGTSTP),
-            s = self.resume.recv() => s.map(|_| Signal::SIGCONT),
-        }
+        std::future::poll_fn(|cx| {
+            // Of two pending signals the first listed wins; each is seen in turn.
+            for (which, stream) in &mut self.streams {
+                if let std::task::Poll::Ready(received) = stream.poll_recv(cx) {
+                    return std::task::Poll::Ready(received.map(|()| *which));
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
     }
 }
 

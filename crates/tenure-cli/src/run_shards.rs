@@ -6,9 +6,10 @@
 //! `TENURE_STORE`. It is started as a session leader, and stopped (SIGTERM, then SIGKILL
 //! after `--kill-after`, the whole session) when the shard is lost or handed over; it starts
 //! again when a new term of that shard begins here. A command that exits on its own ends
-//! its term (the shard is released and taken again after `--retry-every`). SIGINT, SIGTERM
-//! or SIGHUP to tenure stops every command, releases every shard at once and leaves the
-//! group. A process that starts its own session (`setsid`) escapes the stop: fence its
+//! its term (the shard is released and taken again after `--retry-every`). SIGINT, SIGTERM,
+//! SIGHUP or SIGQUIT to tenure stops every command, releases every shard at once and leaves
+//! the group; SIGUSR1, SIGUSR2 and SIGALRM are ignored (nothing is forwarded to the shards'
+//! commands), and SIGTTOU and SIGTTIN too. A process that starts its own session (`setsid`) escapes the stop: fence its
 //! writes.
 
 use std::sync::Arc;
@@ -38,7 +39,7 @@ pub fn options(args: &RunArgs, group: &str, shards: u32, node_id: String) -> Sha
     }
 }
 
-/// Runs the member until SIGINT, SIGTERM or SIGHUP, serving `exporter` if given;
+/// Runs the member until SIGINT, SIGTERM, SIGHUP or SIGQUIT, serving `exporter` if given;
 /// returns tenure's exit code.
 pub async fn run(
     mut stores: Stores,
@@ -72,9 +73,15 @@ pub async fn run(
         let mut signals = crate::run::Signals::new()?;
         // Ctrl-Z and fg are not for a member: it keeps renewing, its commands keep running.
         while let Some(signal) = signals.recv().await {
-            if matches!(signal, Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP) {
+            if crate::run::asks_to_stop(signal) {
                 info!(?signal, "stopping: every shard's command, then the session");
                 break;
+            }
+            if !matches!(signal, Signal::SIGTSTP | Signal::SIGCONT) {
+                info!(
+                    ?signal,
+                    "ignored: signals are not forwarded to the shards' commands"
+                );
             }
         }
         stop.cancel();

@@ -114,3 +114,177 @@ fn logs_are_coloured_on_a_terminal_unless_no_color() {
         );
     }
 }
+
+/// Bound for waits in the signal tests below that are not themselves the point.
+const SIGNAL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Sends `signal` to a leading `tenure run` (its pid only, as `pkill -f` matching the
+/// command line would): the command, which traps it, gets it and exits 42; tenure
+/// releases and exits 42, so a second `--no-wait` run on the role leads at once.
+fn signal_reaches_the_command(signal: nix::sys::signal::Signal) {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let log = dir.path().join("log");
+    let pid_file = dir.path().join("command.pid");
+    let name = signal.as_str().trim_start_matches("SIG");
+    let script = format!(
+        "trap 'echo got-{name} >> \"{log}\"; exit 42' {name}; echo $$ > '{pid}'; \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        pid = pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "sig", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(signal);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(42),
+        "{signal}: tenure ended with {status:?}; command alive: {}; stderr:\n{}",
+        !common::dead(command),
+        run.stderr()
+    );
+    assert!(common::dead(command), "{signal}: the command still runs");
+    assert_eq!(common::lines(&log), [format!("got-{name}")], "{signal}");
+    let next = common::output_within(
+        &mut common::run_sh(&store, "sig", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{signal}: the role was not released: {}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}
+
+/// Ctrl-\ reaches tenure alone (the command has its own process group): forwarded.
+#[test]
+fn sigquit_is_forwarded() {
+    signal_reaches_the_command(nix::sys::signal::Signal::SIGQUIT);
+}
+
+#[test]
+fn sigusr1_is_forwarded() {
+    signal_reaches_the_command(nix::sys::signal::Signal::SIGUSR1);
+}
+
+#[test]
+fn sigusr2_is_forwarded() {
+    signal_reaches_the_command(nix::sys::signal::Signal::SIGUSR2);
+}
+
+#[test]
+fn sigalrm_is_forwarded() {
+    signal_reaches_the_command(nix::sys::signal::Signal::SIGALRM);
+}
+
+/// While waiting for the role there is no command to forward to: SIGUSR1, SIGUSR2 and
+/// SIGALRM are ignored (tenure keeps waiting), and SIGQUIT gives up like SIGTERM, with
+/// 128+3.
+#[test]
+fn signals_while_waiting() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let (_holder, _) = scenarios::hold(&store, "held", "holder", dir.path());
+    let ran = dir.path().join("ran");
+    let script = format!("touch '{}'", ran.display());
+    let mut waiter = common::Proc::spawn(&mut common::run_sh(&store, "held", &[], &script));
+    assert!(
+        waiter.wait_stderr("; waiting", SIGNAL_WAIT),
+        "{}",
+        waiter.stderr()
+    );
+    for signal in [Signal::SIGUSR1, Signal::SIGUSR2, Signal::SIGALRM] {
+        waiter.signal(signal);
+    }
+    waiter.signal(Signal::SIGQUIT);
+    let status = waiter.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(128 + 3),
+        "tenure ended with {status:?}; stderr:\n{}",
+        waiter.stderr()
+    );
+    assert!(!ran.exists(), "the command ran while the role was held");
+}
+
+/// SIGTTOU (a background tenure writing to a terminal with `stty tostop`) and SIGTTIN
+/// do not stop tenure: a SIGTERM sent after them is acted on. The command gets the
+/// default dispositions back: it is not started with those signals ignored.
+#[test]
+fn tty_stop_signals_do_not_stop_tenure() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let script = format!(
+        "echo $$ > '{}'; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    // Its own process group, with its parent (this test) outside it: the group is not
+    // orphaned, so the kernel would stop it on SIGTTOU rather than discard the signal.
+    let mut run =
+        common::Proc::spawn_in_own_group(&mut common::run_sh(&store, "tty", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    let ignored = common::signal_mask(command, "SigIgn:");
+    for signal in [Signal::SIGTTOU, Signal::SIGTTIN] {
+        assert_eq!(
+            ignored & (1 << (signal as u64 - 1)),
+            0,
+            "the command starts with {signal} ignored (SigIgn {ignored:x})"
+        );
+    }
+    assert!(common::catches(run.pid(), Signal::SIGTERM));
+    run.signal(Signal::SIGTTOU);
+    run.signal(Signal::SIGTTIN);
+    run.signal(Signal::SIGTERM);
+    let status = run.wait_exit(std::time::Duration::from_secs(10));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(128 + 15),
+        "tenure ended with {status:?}, state {:?}; stderr:\n{}",
+        scenarios::state(run.pid()),
+        run.stderr()
+    );
+    assert!(common::dead(command), "the command still runs");
+    let next = common::output_within(
+        &mut common::run_sh(&store, "tty", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "the role was not released: {}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}
+
+/// SIGUSR1 asks the command for something other than stopping: forwarded, it does not
+/// start the `--kill-after` clock. The command takes longer than `--kill-after` (300 ms)
+/// to finish what the signal asked for, and still exits on its own with 42.
+#[test]
+fn sigusr1_does_not_start_the_kill_clock() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let script = format!(
+        "trap 'sleep 1; exit 42' USR1; echo $$ > '{}'; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "usr1", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGUSR1);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(42),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+}

@@ -135,6 +135,23 @@ pub fn dead(pid: Pid) -> bool {
         .unwrap_or(true)
 }
 
+/// Whether `signal` is caught (has a handler) in process `pid`, from `/proc/PID/status`:
+/// tells when a `tenure` has set up its signal handling, without reading its output.
+pub fn catches(pid: Pid, signal: Signal) -> bool {
+    signal_mask(pid, "SigCgt:") & (1 << (signal as u64 - 1)) != 0
+}
+
+/// A signal mask line (`SigCgt:`, `SigIgn:`) of `/proc/PID/status`; 0 if unreadable.
+pub fn signal_mask(pid: Pid, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with(field))?;
+            u64::from_str_radix(line[field.len()..].trim(), 16).ok()
+        })
+        .unwrap_or(0)
+}
+
 /// A spawned process whose stdout and stderr are collected in the background; on drop
 /// it (and every process group registered with [`Proc::own_group`]) is resumed and
 /// killed, so a failing test leaves nothing behind, not even a stopped process.
