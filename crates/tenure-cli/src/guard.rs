@@ -70,11 +70,15 @@ pub fn pid() -> Option<Pid> {
     GUARD.get().map(|guard| guard.pid)
 }
 
-/// Kill process group `group` (a command started as its group's leader) at the deadline
-/// or when tenure is gone; forgotten when the returned value is dropped (the command was
-/// stopped and reaped).
-pub fn watch(group: Pid) -> Watched {
+/// Kill process group `group` (a command started as its group's leader) at `deadline`
+/// (the term's, with tenure's own kill delay: sent first, so the guard never judges the
+/// new command by an earlier term's deadline) or a later one, or when tenure is gone;
+/// forgotten when the returned value is dropped (the command was stopped and reaped).
+pub fn watch(group: Pid, deadline: Option<tokio::time::Instant>) -> Watched {
     if let Some(guard) = GUARD.get() {
+        if let Some(at) = deadline {
+            guard.deadline(at);
+        }
         guard.send(WATCH, group.as_raw(), 0);
     }
     Watched(group)
@@ -172,24 +176,28 @@ fn serve(pipe: OwnedFd) -> ! {
     let mut groups: Vec<Pid> = Vec::new();
     let mut buffer = [0u8; 16 * 64];
     loop {
-        let timeout = match deadline {
-            Some(at) if !groups.is_empty() => {
+        let armed = deadline.filter(|_| !groups.is_empty());
+        // Rounded up to the millisecond, so the guard never wakes a hair early; zero once
+        // passed, so a renewal already in the pipe is read before anything is killed.
+        let timeout = match armed {
+            Some(at) => {
                 let left = at.saturating_sub(monotonic_now());
-                if left == 0 {
-                    // The pipe is open, so tenure (its only writer) lives: its pid is its.
-                    kill_command(Some(tenure), &groups);
-                    deadline = None;
-                    continue;
-                }
-                // Rounded up to the millisecond, so the guard never wakes a hair early.
                 let millis = left.div_ceil(1_000_000).min(i32::MAX as u64) as i32;
                 PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX)
             }
-            _ => PollTimeout::NONE,
+            None => PollTimeout::NONE,
         };
         let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
-            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(0) => {
+                if armed.is_some_and(|at| monotonic_now() >= at) {
+                    // The pipe is open, so tenure (its only writer) lives: its pid is its.
+                    kill_command(Some(tenure), &groups);
+                    deadline = None;
+                }
+                continue;
+            }
+            Err(Errno::EINTR) => continue,
             Ok(_) => {}
             Err(_) => break,
         }

@@ -242,6 +242,7 @@ pub async fn run(
         let kill_after = args.kill_after();
         let suspended = suspended.clone();
         let stop = shutdown.clone();
+        let deadline = elector.deadline();
         tokio::spawn(async move {
             let role_name = role.clone();
             elector
@@ -258,6 +259,7 @@ pub async fn run(
                             suspended: suspended.clone(),
                             extra_env: Vec::new(),
                             scope: ScopeKind::Descendants,
+                            deadline: deadline.clone(),
                         };
                         let outcome = outcome.clone();
                         let shutdown = stop.clone();
@@ -442,6 +444,9 @@ pub(crate) struct ChildSpec {
     /// Which processes are the command's: every descendant of tenure (one command per
     /// tenure), or only the command's own session (one command per shard).
     pub(crate) scope: ScopeKind,
+    /// The term's local deadline as the elector publishes it: the guard is told it with
+    /// the command, so it never holds an earlier term's deadline for this one.
+    pub(crate) deadline: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
 }
 
 /// How a command's processes are told apart from the rest.
@@ -555,7 +560,8 @@ impl ChildSpec {
         };
         // The guard kills this group if tenure cannot (stopped, wedged, gone) by the
         // deadline; it forgets it when this returns, the command stopped and reaped.
-        let _guarded = crate::guard::watch(pgid);
+        let deadline = *self.deadline.borrow();
+        let _guarded = crate::guard::watch(pgid, deadline.map(|at| at + self.kill_after));
         info!(role = %self.role, token = %self.token, pid = pgid.as_raw(), "command started");
         let mut kill_at: Option<tokio::time::Instant> = None;
         let mut resume_at: Option<tokio::time::Instant> = None;
@@ -583,6 +589,17 @@ impl ChildSpec {
                         Ok(status) => status,
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
+                    // SIGKILLed with the term's deadline gone: the guard's doing while
+                    // tenure could not act (stopped, suspended). The term is lost, and
+                    // whatever is left of the command goes without a grace period.
+                    let now = tokio::time::Instant::now();
+                    let term_over = self.deadline.borrow().is_none_or(|at| now >= at);
+                    if status.signal() == Some(Signal::SIGKILL as i32) && term_over {
+                        warn!(role = %self.role, token = %self.token,
+                            "the guard killed the command at the term's deadline");
+                        stop_descendants(None, pgid, Duration::ZERO, &self.role, scope).await;
+                        return Outcome::Lost(status);
+                    }
                     let left = scope.members();
                     if !left.is_empty() || !group_gone(pgid) {
                         warn!(role = %self.role, token = %self.token, left = left.len(),
@@ -949,6 +966,7 @@ mod tests {
             suspended: Arc::default(),
             extra_env: Vec::new(),
             scope: ScopeKind::Descendants,
+            deadline: tokio::sync::watch::channel(None).1,
         };
         let leadership = CancellationToken::new();
         leadership.cancel();

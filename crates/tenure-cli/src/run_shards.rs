@@ -90,6 +90,7 @@ pub async fn run(
     let command = Arc::new(args.command.clone());
     let store_url = Arc::new(args.store_url.clone());
     let kill_after = args.kill_after();
+    let deadline = elector.deadline();
     elector
         .run(
             move |shard, token, leadership| {
@@ -106,6 +107,7 @@ pub async fn run(
                         ("TENURE_SHARDS", shards.to_string()),
                     ],
                     scope: ScopeKind::OwnSession,
+                    deadline: deadline.clone(),
                 };
                 run_shard(spec, shard, token, leadership)
             },

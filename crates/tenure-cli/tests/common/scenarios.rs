@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use super::*;
@@ -85,9 +85,9 @@ pub fn executions_never_overlap(store: &str, dir: &Path) {
 }
 
 /// The leading `tenure` alone is stopped (SIGSTOP) past the TTL while a second one
-/// waits: the second runs its command with a higher token. On SIGCONT the first
-/// finds its leadership lost, kills its command (which kept running while it was
-/// stopped) and exits 4.
+/// waits: its guard kills its command at the term's deadline, before the second runs
+/// its command with a higher token. On SIGCONT the first finds its leadership lost and
+/// exits 4.
 pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &Path) {
     let log = dir.join("log");
     let (mut first, first_child) = hold(store, "r", "first", dir);
@@ -117,12 +117,12 @@ pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &
         "first not stopped"
     );
     let second_line = await_line(&log, "second", LONG, || second.stderr());
-    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
-    // Nothing could stop the command while its tenure was frozen.
+    // The guard stopped the command while its tenure was frozen, before the term passed.
     assert!(
-        !dead(first_child),
-        "the stopped tenure's command died early"
+        dead(first_child),
+        "the stopped tenure's command outlived its term"
     );
+    assert_eq!(second.code_within(LONG), 0, "{}", second.stderr());
 
     first.signal(Signal::SIGCONT);
     let code = first.code_within(LONG);
@@ -156,10 +156,11 @@ pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &
     );
 }
 
-/// The first `tenure` and its command are all frozen past the TTL: a successor runs and
-/// admits a higher token on the fence. Thawed, the old command's fenced write (with its
-/// stale `$TENURE_FENCING_TOKEN`) is refused with exit 3 and the highest token on
-/// stderr; then its tenure kills it and exits 4.
+/// The first `tenure`, its guard and its command are all frozen past the TTL (what a
+/// frozen VM does: no enforcer runs): a successor runs and admits a higher token on the
+/// fence. Thawed, the old command's fenced write (with its stale
+/// `$TENURE_FENCING_TOKEN`) is refused with exit 3 and the highest token on stderr; then
+/// it is killed and its tenure exits 4.
 pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
     let log = dir.join("log");
     let pid_file = dir.join("a.pid");
@@ -194,8 +195,11 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
         "first fenced write refused: {first_line}"
     );
 
-    // Freeze everything: tenure's group and the command's own group.
+    // Freeze everything: tenure's group, its guard (a group of its own) and the
+    // command's own group.
+    let guard = guard_of(first.pid(), child);
     killpg(first.pid(), Signal::SIGSTOP).unwrap();
+    kill(guard, Signal::SIGSTOP).unwrap();
     killpg(child, Signal::SIGSTOP).unwrap();
     // A shell frozen mid-vfork shows `D` (waiting on its stopped child): frozen too.
     let frozen = |pid| matches!(state(pid), Some('T' | 'D'));
@@ -246,8 +250,21 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
     );
 
     killpg(first.pid(), Signal::SIGCONT).unwrap();
+    kill(guard, Signal::SIGCONT).unwrap();
     assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
     assert!(dead(child), "the old command survived");
+}
+
+/// The guard of `tenure`: its child that is not `command`.
+fn guard_of(tenure: Pid, command: Pid) -> Pid {
+    let children = std::fs::read_to_string(format!("/proc/{tenure}/task/{tenure}/children"))
+        .expect("tenure's children");
+    children
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .map(Pid::from_raw)
+        .find(|pid| *pid != command)
+        .expect("a guard beside the command")
 }
 
 /// SIGTERM to the leading `tenure` is forwarded to its command, which dies; the lease
@@ -807,9 +824,10 @@ pub fn ctrl_z_suspends_the_command_too(store: &str, dir: &Path) {
     assert_eq!(leader.code_within(LONG), 128 + 15, "{}", leader.stderr());
 }
 
-/// A `tenure` suspended with Ctrl-Z past the TTL loses the role to a waiting one. On
-/// SIGCONT it finds the term lost and kills its command where it stands (it never runs
-/// again: no tick after the suspension), then exits 4.
+/// A `tenure` suspended with Ctrl-Z past the TTL loses the role to a waiting one. Its
+/// command is killed where it stands (by the guard at the term's deadline, or by tenure
+/// on SIGCONT, whichever comes first: it never runs again, no tick after the
+/// suspension), and on SIGCONT tenure exits 4.
 pub fn lost_while_suspended_is_killed_not_resumed(store: &str, dir: &Path) {
     let (mut first, child, ticks) = ticking(store, "tstp-lost", "first", dir);
     let taken = dir.join("taken");
@@ -840,7 +858,9 @@ pub fn lost_while_suspended_is_killed_not_resumed(store: &str, dir: &Path) {
         "the command ran after its term"
     );
     assert!(
-        first.stderr().contains("leadership lost while suspended"),
+        first
+            .stderr()
+            .contains("leadership of role \"tstp-lost\" was lost; the command was stopped"),
         "{}",
         first.stderr()
     );
