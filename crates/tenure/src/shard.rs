@@ -308,7 +308,8 @@ enum Wake {
 
 impl ShardElector {
     /// A member over `store` and `registry`; fails with [`Error::InvalidArgument`] on bad
-    /// options.
+    /// options, and (field `registry_ttl`) when the registry's liveness TTL exceeds
+    /// `lease_ttl`: a crashed member's shards must move when its session ends.
     pub fn new(
         store: Arc<dyn LeaseStore>,
         registry: Arc<dyn NodeRegistry>,
@@ -316,6 +317,22 @@ impl ShardElector {
     ) -> Result<Self> {
         options.validate()?;
         check_min_ttl(options.lease_ttl, store.as_ref())?;
+        // Targets follow membership, the shards' leases follow the session. A membership
+        // that outlives the session keeps a crashed member's shards targeted at it after
+        // they are free, so they wait unowned for the orphan rescue (a TTL later) or for
+        // the membership to lapse: two to three TTLs instead of one.
+        let registry_ttl = registry.ttl();
+        if registry_ttl > options.lease_ttl {
+            return Err(Error::invalid(
+                "registry_ttl",
+                format!(
+                    "the registry's liveness TTL ({registry_ttl:?}) exceeds lease_ttl ({:?}): \
+                     a crashed member would stay the target of its shards after its session \
+                     ended; use a registry TTL of at most lease_ttl",
+                    options.lease_ttl
+                ),
+            ));
+        }
         Ok(ShardElector {
             store,
             registry,
