@@ -57,7 +57,7 @@ pub struct ShardOptions {
     /// with the same id keeps its targets.
     pub node_id: String,
     /// The session TTL: how long the member's shards outlive its last renewal. Default
-    /// 30 s.
+    /// 30 s. The registry's liveness TTL may not exceed it (see [`ShardElector::new`]).
     pub lease_ttl: Duration,
     /// How often the session is renewed. Default 10 s.
     pub renew_interval: Duration,
