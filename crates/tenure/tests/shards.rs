@@ -271,6 +271,7 @@ async fn a_crashed_members_shards_are_taken_within_the_ttl() {
     }
     tokio::time::sleep(2 * RENEW).await;
     let crashed = group.members.remove("c").unwrap();
+    crashed.dead.store(true, Ordering::SeqCst);
     crashed.task.abort();
     let _ = crashed.task.await;
     tokio::time::sleep(TTL + RETRY + Duration::from_millis(100)).await;
@@ -367,6 +368,7 @@ async fn a_crashed_members_shards_are_taken_as_its_session_lapses() {
     // Just after c's heartbeat and renewal: its membership and session lapse a TTL on.
     tokio::time::sleep(2 * RENEW + Duration::from_millis(10)).await;
     let crashed = group.members.remove("c").unwrap();
+    crashed.dead.store(true, Ordering::SeqCst);
     crashed.task.abort();
     let _ = crashed.task.await;
     tokio::time::sleep(TTL + Duration::from_millis(50)).await;
