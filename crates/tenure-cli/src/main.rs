@@ -86,11 +86,39 @@ struct StoreArg {
     #[arg(long = "store", env = "TENURE_STORE", hide_env_values = true)]
     url: Option<String>,
     /// Membership liveness TTL: a node is live this long after its last heartbeat.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    member_ttl: Duration,
+    /// Default: 15s; with `run --group`, --ttl (a longer one is refused: a killed member
+    /// would stay the target of its shards after its session ended).
+    #[arg(long, value_parser = parse_duration)]
+    member_ttl: Option<Duration>,
 }
 
+/// `--member-ttl` when not given and not derived from `--ttl`.
+const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(15);
+
 impl StoreArg {
+    /// The membership TTL of every command but `run --group`.
+    fn member_ttl(&self) -> Duration {
+        self.member_ttl.unwrap_or(DEFAULT_MEMBER_TTL)
+    }
+
+    /// The membership TTL of a shard group member whose session lasts `ttl`: `ttl`
+    /// unless given. A membership that outlives the session keeps a killed member the
+    /// target of its shards after they are free, so they would wait for the orphan
+    /// rescue or the lapse (two to three TTLs); a longer one is refused.
+    fn group_member_ttl(&self, ttl: Duration) -> Result<Duration, UsageError> {
+        match self.member_ttl {
+            Some(given) if given > ttl => Err(UsageError(format!(
+                "--member-ttl ({}) must not exceed --ttl ({}) with --group: a killed member \
+                 would stay the target of its shards after its session ended; leave \
+                 --member-ttl out to use --ttl",
+                output::human(given),
+                output::human(ttl)
+            ))),
+            Some(given) => Ok(given),
+            None => Ok(ttl),
+        }
+    }
+
     fn raw(&self) -> anyhow::Result<String> {
         match &self.url {
             Some(url) => Ok(url.clone()),
@@ -332,21 +360,25 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 store_url: raw,
                 command,
             };
-            if let (Some(group), Some(shards)) = (&group, shards) {
-                check_group_flags(&args, group, shards)?;
-            }
+            let member_ttl = match (&group, shards) {
+                (Some(group), Some(shards)) => {
+                    check_group_flags(&args, group, shards)?;
+                    store.group_member_ttl(ttl)?
+                }
+                _ => store.member_ttl(),
+            };
             check_run_flags(&args)?;
             // Bound before the store is opened: an address that cannot be used stops
             // tenure before it contends.
             let exporter = metrics_addr.map(exporter::Exporter::bind).transpose()?;
             if let (Some(group), Some(shards)) = (group, shards) {
                 return runtime()?.block_on(async {
-                    let stores = store::open(&url, store.member_ttl).await?;
+                    let stores = store::open(&url, member_ttl).await?;
                     run_shards::run(stores, args, group, shards, exporter).await
                 });
             }
             runtime()?.block_on(async {
-                let stores = store::open(&url, store.member_ttl).await?;
+                let stores = store::open(&url, member_ttl).await?;
                 run::run(stores, args, exporter).await
             })
         }
@@ -364,7 +396,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             let url = StoreUrl::parse(&arg.raw()?)?;
             url.require_shared("status")?;
             runtime()?.block_on(async {
-                let stores = store::open(&url, arg.member_ttl).await?;
+                let stores = store::open(&url, arg.member_ttl()).await?;
                 match &group {
                     Some(group) => inspect::group_status(&stores, group, json, watch).await,
                     None => inspect::status(&stores, role.as_deref(), json, watch).await,
@@ -375,7 +407,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             let url = StoreUrl::parse(&arg.raw()?)?;
             url.require_shared("members")?;
             runtime()?.block_on(async {
-                let stores = store::open(&url, arg.member_ttl).await?;
+                let stores = store::open(&url, arg.member_ttl()).await?;
                 inspect::members(&stores, json).await
             })
         }
@@ -388,7 +420,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             url.require_shared("fence")?;
             let token = inspect::parse_token(&token)?;
             runtime()?.block_on(async {
-                let stores = store::open(&url, arg.member_ttl).await?;
+                let stores = store::open(&url, arg.member_ttl()).await?;
                 inspect::fence(&stores, &resource, token).await
             })
         }

@@ -191,6 +191,34 @@ fn bad_run_timings() {
     assert_tree(dir.path(), &[]);
 }
 
+/// With `--group`, a `--member-ttl` longer than `--ttl` is refused (a killed member
+/// would stay the target of its shards after its session ended); nothing is created.
+#[test]
+fn member_ttl_longer_than_the_group_ttl() {
+    let dir = tempdir();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let args = [
+        "run",
+        "--group",
+        "g",
+        "--shards",
+        "4",
+        "--store",
+        &url,
+        "--ttl",
+        "2s",
+        "--member-ttl",
+        "15s",
+        "--",
+        "true",
+    ];
+    assert_usage(
+        &tenure_in(dir.path(), &args),
+        &["--member-ttl (15.0s)", "--ttl (2.0s)"],
+    );
+    assert_tree(dir.path(), &[]);
+}
+
 /// Nothing after `--`, no `--` at all, or an empty program: usage errors, nothing
 /// created, nothing run.
 #[test]

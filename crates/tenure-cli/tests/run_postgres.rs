@@ -30,6 +30,7 @@ macro_rules! postgres_scenarios {
 
 postgres_scenarios!(
     shard_group_shares_and_hands_over,
+    killed_member_shards_move_within_the_ttl,
     executions_never_overlap,
     stopped_tenure_loses_leadership_and_kills_its_command,
     paused_group_is_fenced_out,
@@ -65,4 +66,14 @@ fn wrong_password_is_not_echoed() {
         stderr.contains("password authentication failed"),
         "{stderr}"
     );
+}
+
+/// 20 SIGKILLs of one of two `tenure run --group` members; prints the p50/p99 of the time
+/// until the survivor runs every shard of the dead member. Slow (about a minute):
+/// `cargo test -p tenure-cli --test run_postgres -- --ignored measure_failover --nocapture`.
+#[test]
+#[ignore]
+fn measure_failover() {
+    let dir = tempdir();
+    scenarios::measure_failover(&fresh_database("measure_failover"), dir.path());
 }

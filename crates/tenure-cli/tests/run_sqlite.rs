@@ -17,6 +17,7 @@ macro_rules! sqlite_scenarios {
 
 sqlite_scenarios!(
     shard_group_shares_and_hands_over,
+    killed_member_shards_move_within_the_ttl,
     executions_never_overlap,
     stopped_tenure_loses_leadership_and_kills_its_command,
     paused_group_is_fenced_out,
@@ -287,4 +288,14 @@ fn sigusr1_does_not_start_the_kill_clock() {
         "tenure ended with {status:?}; stderr:\n{}",
         run.stderr()
     );
+}
+
+/// 20 SIGKILLs of one of two `tenure run --group` members; prints the p50/p99 of the time
+/// until the survivor runs every shard of the dead member. Slow (about a minute):
+/// `cargo test -p tenure-cli --test run_sqlite -- --ignored measure_failover --nocapture`.
+#[test]
+#[ignore]
+fn measure_failover() {
+    let dir = tempdir();
+    scenarios::measure_failover(&sqlite_url(dir.path()), dir.path());
 }

@@ -57,7 +57,7 @@ pub struct ShardOptions {
     /// with the same id keeps its targets.
     pub node_id: String,
     /// The session TTL: how long the member's shards outlive its last renewal. Default
-    /// 30 s.
+    /// 30 s. The registry's liveness TTL may not exceed it (see [`ShardElector::new`]).
     pub lease_ttl: Duration,
     /// How often the session is renewed. Default 10 s.
     pub renew_interval: Duration,
@@ -317,7 +317,8 @@ enum Wake {
 
 impl ShardElector {
     /// A member over `store` and `registry`; fails with [`Error::InvalidArgument`] on bad
-    /// options.
+    /// options, and (field `registry_ttl`) when the registry's liveness TTL exceeds
+    /// `lease_ttl`: a crashed member's shards must move when its session ends.
     pub fn new(
         store: Arc<dyn LeaseStore>,
         registry: Arc<dyn NodeRegistry>,
@@ -325,6 +326,22 @@ impl ShardElector {
     ) -> Result<Self> {
         options.validate()?;
         check_min_ttl(options.lease_ttl, store.as_ref())?;
+        // Targets follow membership, the shards' leases follow the session. A membership
+        // that outlives the session keeps a crashed member's shards targeted at it after
+        // they are free, so they wait unowned for the orphan rescue (a TTL later) or for
+        // the membership to lapse: two to three TTLs instead of one.
+        let registry_ttl = registry.ttl();
+        if registry_ttl > options.lease_ttl {
+            return Err(Error::invalid(
+                "registry_ttl",
+                format!(
+                    "the registry's liveness TTL ({registry_ttl:?}) exceeds lease_ttl ({:?}): \
+                     a crashed member would stay the target of its shards after its session \
+                     ended; use a registry TTL of at most lease_ttl",
+                    options.lease_ttl
+                ),
+            ));
+        }
         Ok(ShardElector {
             store,
             registry,

@@ -4,6 +4,7 @@
 //! ever has two members working on it at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ struct Group {
 }
 
 struct Member {
+    /// Set when the member "dies": its registry calls go nowhere from then on.
+    dead: Arc<AtomicBool>,
     shutdown: CancellationToken,
     task: JoinHandle<tenure::Result<()>>,
     state: watch::Receiver<ShardState>,
@@ -57,7 +60,12 @@ fn options(node: &str, shards: u32) -> ShardOptions {
 
 impl Group {
     fn new(store: Arc<dyn LeaseStore>) -> Group {
-        let registry = InMemoryNodeRegistry::with_clock(TTL, TokioClock::new()).unwrap();
+        Group::with_member_ttl(store, TTL)
+    }
+
+    /// A group whose registry judges liveness with `member_ttl`.
+    fn with_member_ttl(store: Arc<dyn LeaseStore>, member_ttl: Duration) -> Group {
+        let registry = InMemoryNodeRegistry::with_clock(member_ttl, TokioClock::new()).unwrap();
         Group {
             store,
             registry: Arc::new(registry),
@@ -71,12 +79,17 @@ impl Group {
     }
 
     fn start(&mut self, node: &str, shards: u32) {
-        let elector = ShardElector::new(
-            self.store.clone(),
-            self.registry.clone(),
-            options(node, shards),
-        )
-        .unwrap();
+        self.try_start(node, shards).unwrap();
+    }
+
+    /// Starts a member, or returns why `ShardElector::new` refused it.
+    fn try_start(&mut self, node: &str, shards: u32) -> tenure::Result<()> {
+        let dead = Arc::new(AtomicBool::new(false));
+        let registry = Arc::new(Mortal {
+            inner: self.registry.clone(),
+            dead: dead.clone(),
+        });
+        let elector = ShardElector::new(self.store.clone(), registry, options(node, shards))?;
         let state = elector.watch();
         let shutdown = CancellationToken::new();
         let running = self.running.clone();
@@ -111,11 +124,13 @@ impl Group {
         self.members.insert(
             node.to_owned(),
             Member {
+                dead,
                 shutdown,
                 task,
                 state,
             },
         );
+        Ok(())
     }
 
     /// Each member's owned shards as its watch shows them.
@@ -256,10 +271,59 @@ async fn a_crashed_members_shards_are_taken_within_the_ttl() {
     }
     tokio::time::sleep(2 * RENEW).await;
     let crashed = group.members.remove("c").unwrap();
+    crashed.dead.store(true, Ordering::SeqCst);
     crashed.task.abort();
     let _ = crashed.task.await;
     tokio::time::sleep(TTL + RETRY + Duration::from_millis(100)).await;
     group.assert_balanced(64);
+}
+
+/// A member's view of the shared registry that goes silent once the member is dead: a
+/// process killed with SIGKILL sends no more heartbeats and never leaves, whereas an
+/// aborted task would still leave from its heartbeat's drop guard.
+struct Mortal {
+    inner: Arc<dyn NodeRegistry>,
+    dead: Arc<AtomicBool>,
+}
+
+impl Mortal {
+    fn dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeRegistry for Mortal {
+    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
+        if self.dead() {
+            return Ok(());
+        }
+        self.inner.heartbeat(node_id).await
+    }
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
+        if self.dead() {
+            return Ok(());
+        }
+        self.inner.heartbeat_with(node_id, metadata).await
+    }
+    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
+        self.inner.live_nodes().await
+    }
+    async fn members(&self) -> tenure::Result<Vec<tenure::NodeInfo>> {
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
+        if self.dead() {
+            return Ok(false);
+        }
+        self.inner.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
+        self.inner.wait_for_members_change(observed, deadline).await
+    }
 }
 
 /// The in-memory registry whose wait pushes nothing (the trait's default), as a
@@ -304,10 +368,99 @@ async fn a_crashed_members_shards_are_taken_as_its_session_lapses() {
     // Just after c's heartbeat and renewal: its membership and session lapse a TTL on.
     tokio::time::sleep(2 * RENEW + Duration::from_millis(10)).await;
     let crashed = group.members.remove("c").unwrap();
+    crashed.dead.store(true, Ordering::SeqCst);
     crashed.task.abort();
     let _ = crashed.task.await;
     tokio::time::sleep(TTL + Duration::from_millis(50)).await;
     group.assert_balanced(64);
+}
+
+/// The failover bound of a crash: every shard of a member killed without a word is worked
+/// on by a survivor within this long of the kill.
+const FAILOVER_BOUND: Duration = Duration::from_millis(TTL.as_millis() as u64 + 500);
+
+/// Kills `victim` as SIGKILL would (its registry goes silent, its task is aborted: no
+/// renewal, no heartbeat, no leave, no close) and returns how
+/// long until a survivor works on every shard it worked on, polling every 10 ms for up to
+/// `6 * TTL`; `None` if that never happened.
+async fn reown_after_crash(group: &mut Group, victim: &str) -> Option<Duration> {
+    let theirs: Vec<u32> = group
+        .workers()
+        .into_iter()
+        .filter(|(_, node)| node == victim)
+        .map(|(shard, _)| shard)
+        .collect();
+    assert!(!theirs.is_empty(), "{victim} works on nothing to fail over");
+    let crashed = group.members.remove(victim).unwrap();
+    let killed = tokio::time::Instant::now();
+    crashed.dead.store(true, Ordering::SeqCst);
+    crashed.task.abort();
+    let _ = crashed.task.await;
+    while killed.elapsed() < 6 * TTL {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let workers = group.workers();
+        let moved = theirs
+            .iter()
+            .all(|shard| workers.get(shard).is_some_and(|node| node != victim));
+        if moved {
+            return Some(killed.elapsed());
+        }
+    }
+    None
+}
+
+/// The setup in the library: members of a group with a 3 s TTL, on a registry
+/// whose liveness TTL is the CLI's old default (15 s) or the lease TTL. Whatever
+/// membership TTL `ShardElector::new` accepts, every shard of a member killed at any
+/// moment of its heartbeat and renewal cycles is worked on by a survivor within the TTL
+/// plus 0.5 s of the kill: a membership that outlives the session must not keep its
+/// shards targeted at the dead member (orphans are only rescued a TTL later). Sweeps the
+/// kill across 2 and 3 members and across a renew interval and a heartbeat period.
+#[tokio::test(start_paused = true)]
+async fn a_crashed_members_shards_move_within_the_ttl_and_half_a_second() {
+    let mut measured = Vec::new();
+    for member_ttl in [Duration::from_secs(15), TTL] {
+        for members in [&["a", "b"][..], &["a", "b", "c"][..]] {
+            for step in 0..8u32 {
+                let mut group = Group::with_member_ttl(
+                    Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())),
+                    member_ttl,
+                );
+                let mut refused = None;
+                for (i, node) in members.iter().enumerate() {
+                    // Out of step, so that heartbeats, renewals and looks interleave.
+                    tokio::time::sleep(Duration::from_millis(130) * i as u32).await;
+                    if let Err(error) = group.try_start(node, 12) {
+                        refused = Some(error);
+                        break;
+                    }
+                }
+                if let Some(error) = refused {
+                    assert!(
+                        matches!(error, Error::InvalidArgument { .. }),
+                        "member ttl {member_ttl:?}: {error}"
+                    );
+                    continue;
+                }
+                tokio::time::sleep(2 * RENEW + Duration::from_millis(170) * step).await;
+                group.assert_balanced(12);
+                let victim = *members.last().unwrap();
+                let took = reown_after_crash(&mut group, victim).await;
+                group.assert_no_overlap();
+                measured.push((member_ttl, members.len(), step, took));
+            }
+        }
+    }
+    eprintln!("(member ttl, members, step, re-owned after): {measured:?}");
+    assert!(!measured.is_empty(), "every membership TTL was refused");
+    let slow: Vec<_> = measured
+        .iter()
+        .filter(|(.., took)| took.is_none_or(|took| took > FAILOVER_BOUND))
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "a crashed member's shards took longer than {FAILOVER_BOUND:?} to move: {slow:?}"
+    );
 }
 
 /// Setup: 3 working members and one that heartbeats into the group but never works
@@ -422,6 +575,28 @@ fn bad_options_name_the_option() {
         },
         "max_moves_in_flight",
     );
+}
+
+/// A registry whose liveness TTL exceeds the shard `lease_ttl` is refused: a crashed
+/// member would stay a member (and keep its targets) after its session ended, so its
+/// shards would wait for its membership to lapse or to be rescued as orphans. The error
+/// names the option and both values; a registry TTL equal to the lease TTL is accepted.
+#[test]
+fn a_registry_outliving_the_session_is_refused() {
+    let store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::new());
+    let registry: Arc<dyn NodeRegistry> =
+        Arc::new(InMemoryNodeRegistry::new(Duration::from_secs(15)).unwrap());
+    match ShardElector::new(store.clone(), registry, options("a", 4)) {
+        Err(Error::InvalidArgument { field, reason }) => {
+            assert_eq!(field, "registry_ttl", "{reason}");
+            assert!(reason.contains("15s"), "{reason}");
+            assert!(reason.contains("3s"), "{reason}");
+            assert!(reason.contains("lease_ttl"), "{reason}");
+        }
+        other => panic!("expected InvalidArgument for registry_ttl, got {other:?}"),
+    }
+    let registry: Arc<dyn NodeRegistry> = Arc::new(InMemoryNodeRegistry::new(TTL).unwrap());
+    ShardElector::new(store, registry, options("a", 4)).unwrap();
 }
 
 /// Setup: 2 members settled on 8 shards; one member's `run` is dropped (its task

@@ -1030,3 +1030,158 @@ pub fn shard_group_shares_and_hands_over(store: &str, dir: &Path) {
         lines(&log)
     );
 }
+
+/// The TTL of the failover scenario: short, to keep it quick.
+const FAILOVER_TTL: f64 = 2.0;
+
+/// A member with default flags but `--ttl TTL` (seconds): each shard's command appends
+/// `SHARD NODE UNIX_SECONDS` to `log` as it starts.
+fn timed_member(store: &str, group: &str, ttl: f64, node: &str, log: &Path) -> Proc {
+    let script = format!(
+        "echo \"$TENURE_SHARD $TENURE_OWNER $(date +%s.%N)\" >> {log}; exec sleep 1000",
+        log = log.display()
+    );
+    Proc::spawn(tenure().args([
+        "run",
+        "--group",
+        group,
+        "--shards",
+        &FAILOVER_SHARDS.to_string(),
+        "--node-id",
+        node,
+        "--store",
+        store,
+        "--ttl",
+        &format!("{}ms", (ttl * 1000.0) as u64),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+}
+
+/// The latest start of each shard in a `timed_member` log: (node, unix seconds).
+fn latest_starts(log: &Path) -> BTreeMap<u32, (String, f64)> {
+    let mut starts = BTreeMap::new();
+    for line in lines(log) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let [shard, node, at] = fields[..] {
+            if let (Ok(shard), Ok(at)) = (shard.parse(), at.parse()) {
+                starts.insert(shard, (node.to_owned(), at));
+            }
+        }
+    }
+    starts
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The shard count of the failover scenario.
+const FAILOVER_SHARDS: u32 = 8;
+
+/// Two members of a group of 8 shards with default flags but `--ttl TTL` (seconds); one
+/// is killed with SIGKILL `after_settle` past the settle (a fresh `group` per call).
+/// Returns, per shard of the dead member, how long after the kill the survivor's command
+/// for it started (seconds), waiting at most 15 s.
+pub fn kill_one_member(
+    store: &str,
+    group: &str,
+    ttl: f64,
+    dir: &Path,
+    after_settle: Duration,
+) -> Vec<f64> {
+    const SHARDS: u32 = FAILOVER_SHARDS;
+    let log = dir.join(format!("{group}.log"));
+    std::fs::write(&log, "").unwrap();
+    let mut survivor = timed_member(store, group, ttl, "m1", &log);
+    let victim = timed_member(store, group, ttl, "m2", &log);
+    let settled = wait_until(Duration::from_secs(30), || {
+        let starts = latest_starts(&log);
+        starts.len() == SHARDS as usize && starts.values().filter(|(n, _)| n == "m2").count() == 4
+    });
+    assert!(
+        settled,
+        "the two members never ran 4 shards each: {:?}\nm1: {}\nm2: {}",
+        lines(&log),
+        survivor.stderr(),
+        victim.stderr()
+    );
+    std::thread::sleep(after_settle);
+    let theirs: Vec<u32> = latest_starts(&log)
+        .into_iter()
+        .filter(|(_, (node, _))| node == "m2")
+        .map(|(shard, _)| shard)
+        .collect();
+    let killed = unix_now();
+    victim.signal(Signal::SIGKILL);
+    let moved = || {
+        let starts = latest_starts(&log);
+        theirs.iter().all(|k| {
+            starts
+                .get(k)
+                .is_some_and(|(node, at)| node == "m1" && *at > killed)
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), moved),
+        "the survivor never ran the dead member's shards {theirs:?}: {:?}\nm1: {}",
+        lines(&log),
+        survivor.stderr()
+    );
+    let starts = latest_starts(&log);
+    let took = theirs.iter().map(|k| starts[k].1 - killed).collect();
+    survivor.signal(Signal::SIGTERM);
+    assert_eq!(survivor.code_within(LONG), 0, "{}", survivor.stderr());
+    took
+}
+
+/// `tenure run --group` with default flags but `--ttl 2s`: a member killed with SIGKILL
+/// (no leave, no release) has every one of its shards' commands started on the survivor
+/// within the TTL plus 0.5 s. Membership must not outlive the session (`--member-ttl`
+/// defaults to `--ttl` with `--group`), or the shards wait for it to lapse.
+pub fn killed_member_shards_move_within_the_ttl(store: &str, dir: &Path) {
+    let took = kill_one_member(
+        store,
+        "failover",
+        FAILOVER_TTL,
+        dir,
+        Duration::from_millis(700),
+    );
+    let worst = took.iter().copied().fold(0.0, f64::max);
+    eprintln!("re-owned after {took:?} s");
+    assert!(
+        worst <= FAILOVER_TTL + 0.5,
+        "the dead member's shards started {took:?} s after the kill, over {} s",
+        FAILOVER_TTL + 0.5
+    );
+}
+
+/// 20 kills as in [`killed_member_shards_move_within_the_ttl`], each at another moment of
+/// the renew and heartbeat cycles; prints the p50 and p99 (here the worst) of the time
+/// from the kill until the survivor started all of the dead member's shards. The TTL is
+/// 2 s, or `TENURE_FAILOVER_TTL` seconds.
+pub fn measure_failover(store: &str, dir: &Path) {
+    let ttl: f64 = std::env::var("TENURE_FAILOVER_TTL")
+        .ok()
+        .and_then(|ttl| ttl.parse().ok())
+        .unwrap_or(FAILOVER_TTL);
+    let mut worst_per_kill = Vec::new();
+    for kill in 0..20u64 {
+        // Across one renew interval (a third of the TTL), so the kill lands at every
+        // moment of the renewal and heartbeat cycles.
+        let after = Duration::from_secs_f64(ttl / 3.0 * kill as f64 / 20.0);
+        let took = kill_one_member(store, &format!("failover{kill}"), ttl, dir, after);
+        let worst = took.iter().copied().fold(0.0, f64::max);
+        eprintln!("kill {kill}: all shards re-owned after {worst:.3} s ({took:?})");
+        worst_per_kill.push(worst);
+    }
+    worst_per_kill.sort_by(f64::total_cmp);
+    let p50 = worst_per_kill[worst_per_kill.len() / 2 - 1];
+    let p99 = worst_per_kill[worst_per_kill.len() - 1];
+    println!("failover over 20 kills, ttl {ttl} s: p50 {p50:.3} s, p99 {p99:.3} s, all {worst_per_kill:?}");
+}
