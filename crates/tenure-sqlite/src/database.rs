@@ -24,7 +24,7 @@ use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
-use crate::schema::{create_schema_at, start_boot, READ_BOOT, SCHEMA_VERSION};
+use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
 /// The first 16 bytes of every SQLite database file.
@@ -332,7 +332,9 @@ impl SqliteDatabase {
     }
 
     /// Store time for a write, inside its transaction (so the write lock orders the
-    /// readings): the first write under a new boot starts it (see `start_boot`).
+    /// readings): the first write under a new boot starts it (see `enter_boot`), and a
+    /// write under a boot the file saw before the latest one is refused: it comes from
+    /// a second kernel sharing the file, not from a reboot.
     pub(crate) async fn write_now(&self, conn: &mut SqliteConnection) -> Result<StoreNow> {
         let now = self.now()?;
         let recorded: Option<String> = sqlx::query_scalar(READ_BOOT)
@@ -340,7 +342,7 @@ impl SqliteDatabase {
             .await
             .map_err(store_error("cannot read the boot id of the store"))?;
         if recorded.as_deref() != Some(now.boot_id.as_str()) {
-            start_boot(conn, &now).await?;
+            enter_boot(conn, recorded.as_deref(), &now).await?;
             if let Some(previous) = recorded {
                 tracing::info!(
                     previous,
