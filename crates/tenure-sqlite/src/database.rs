@@ -24,6 +24,7 @@ use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
+use crate::file::{refuse_hard_links, refuse_shared_file_system, FsTarget, OpenFile};
 use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
@@ -164,6 +165,8 @@ struct Inner {
     /// Per role, woken when a write through this database ends or replaces a term.
     changes: Mutex<HashMap<String, Arc<Notify>>>,
     path: Option<PathBuf>,
+    /// The file `open` opened, to notice it deleted, replaced or hard-linked later.
+    file: Option<OpenFile>,
     /// One of the stores' write transactions at a time in this process: the others
     /// queue here instead of in SQLite's busy handler, which sleeps 1 to 100 ms between
     /// tries (16 writers in one process fell to ~150 commits/s).
@@ -195,7 +198,7 @@ impl SqliteDatabase {
     /// [`open`](Self::open) with options (clock, busy timeout, pool size, polling).
     pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref();
-        check_path(path)?;
+        let file = check_path(path)?;
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
@@ -211,7 +214,12 @@ impl SqliteDatabase {
             .await
             .map_err(|e| Error::store(BACKEND, format!("cannot open {}", path.display()), e))?;
         enable_wal(&pool, path, options.busy_timeout).await?;
-        let db = Self::build(pool, options, Some(path.to_owned()));
+        let db = Self::build(
+            pool,
+            options,
+            Some(path.to_owned()),
+            Some(OpenFile::new(path.to_owned(), file)),
+        );
         db.install_schema().await?;
         tracing::debug!(path = %path.display(), "opened sqlite store");
         Ok(db)
@@ -226,12 +234,17 @@ impl SqliteDatabase {
     /// [`from_pool`](Self::from_pool) with options (the clock and the polling interval
     /// apply; the pool's own connection settings are kept).
     pub async fn from_pool_with(pool: SqlitePool, options: SqliteOptions) -> Result<Self> {
-        let db = Self::build(pool, options, None);
+        let db = Self::build(pool, options, None, None);
         db.install_schema().await?;
         Ok(db)
     }
 
-    fn build(pool: SqlitePool, options: SqliteOptions, path: Option<PathBuf>) -> Self {
+    fn build(
+        pool: SqlitePool,
+        options: SqliteOptions,
+        path: Option<PathBuf>,
+        file: Option<OpenFile>,
+    ) -> Self {
         SqliteDatabase {
             inner: Arc::new(Inner {
                 pool,
@@ -239,6 +252,7 @@ impl SqliteDatabase {
                 poll_interval: options.poll_interval,
                 changes: Mutex::new(HashMap::new()),
                 path,
+                file,
                 writer: Arc::new(Semaphore::new(1)),
             }),
         }
@@ -302,12 +316,27 @@ impl SqliteDatabase {
     /// The stores' own writes queue for one in-process writer slot before they begin;
     /// a transaction begun here does not take that slot, so it meets them (and other
     /// processes) at SQLite's write lock and busy timeout.
+    ///
+    /// Fails (rolling back) when the file `open` opened was deleted, replaced or
+    /// hard-linked since: a write there would be lost, or start tokens again at 1.
     pub async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>> {
         let pool = self.inner.pool.clone();
-        tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
+        let tx = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
             .await
             .map_err(|e| Error::store(BACKEND, "the write transaction task failed", e))?
-            .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))
+            .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))?;
+        // Checked under the write lock, after every earlier write of this file committed.
+        self.check_file()?;
+        Ok(tx)
+    }
+
+    /// Fails when the file `open` opened is no longer the one at its path, or has
+    /// another name now (one `fstat` and one `stat`; nothing for `from_pool`).
+    pub(crate) fn check_file(&self) -> Result<()> {
+        match &self.inner.file {
+            Some(file) => file.check(),
+            None => Ok(()),
+        }
     }
 
     /// [`begin_immediate`](Self::begin_immediate) for the stores' own writes, after
@@ -329,6 +358,13 @@ impl SqliteDatabase {
     /// the file's times as past when they differ.
     pub(crate) fn now(&self) -> Result<StoreNow> {
         StoreNow::from_host(self.inner.clock.now()?)
+    }
+
+    /// [`now`](Self::now) for a read, after checking the file is still the one at its
+    /// path (a read of a deleted file would show terms no new process can see).
+    pub(crate) fn read_now(&self) -> Result<StoreNow> {
+        self.check_file()?;
+        self.now()
     }
 
     /// Store time for a write, inside its transaction (so the write lock orders the
@@ -418,8 +454,8 @@ impl SqliteDatabase {
 }
 
 /// Rejects every path `open` must not touch, before SQLite sees it; creates a missing
-/// file with mode 0600.
-fn check_path(path: &Path) -> Result<()> {
+/// file with mode 0600 and returns it open.
+fn check_path(path: &Path) -> Result<std::fs::File> {
     let shown = path.display();
     let bad = |reason: String| Error::invalid("path", reason);
     if path.as_os_str().is_empty() {
@@ -430,7 +466,7 @@ fn check_path(path: &Path) -> Result<()> {
         _ => Path::new("."),
     };
     match std::fs::metadata(parent) {
-        Ok(meta) if meta.is_dir() => {}
+        Ok(meta) if meta.is_dir() => refuse_shared_file_system(path, FsTarget::Path(parent))?,
         Ok(_) => {
             return Err(bad(format!(
                 "{shown}: {} is not a directory",
@@ -512,7 +548,14 @@ fn check_path(path: &Path) -> Result<()> {
             "{shown} is not a SQLite database (it has other content; refusing to touch it)"
         )));
     }
-    Ok(())
+    // The file itself too: a single file bind-mounted into a container lives on
+    // another file system than the directory it shows up in.
+    refuse_shared_file_system(path, FsTarget::File(&file))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::store(BACKEND, format!("{shown}: cannot inspect the file"), e))?;
+    refuse_hard_links(path, &meta)?;
+    Ok(file)
 }
 
 /// Switches the file to WAL (a persistent setting), retrying while another process
