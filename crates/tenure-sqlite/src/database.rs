@@ -125,7 +125,9 @@ impl SqliteOptions {
 /// local deadline run on one clock: a wall-clock step (an NTP step, `date -s`) neither
 /// expires a live lease early nor keeps a dead one alive. Every process sharing the
 /// file must therefore run on this host and in one time namespace (as containers do
-/// unless given their own).
+/// unless given their own). A second kernel on the file is refused where it can be
+/// told: at `open` by the file system, and at its second write by the boot ids the file
+/// keeps (a reboot never brings an old one back); its first write reads as a reboot.
 ///
 /// The monotonic clock restarts at boot, so the file records the boot id its times
 /// belong to. The first write under a new boot id (in its own write transaction, so
@@ -190,7 +192,11 @@ impl SqliteDatabase {
     ///
     /// The parent directory must exist. A missing directory, a directory path, a
     /// read-only or unreadable file, or a file that is not a SQLite database is an error
-    /// naming the path and the problem, and nothing is created or written.
+    /// naming the path and the problem, and nothing is created or written. So is a
+    /// file on a network or shared file system (NFS, SMB, FUSE, 9P, ...: several
+    /// kernels would share it) and a file with a second name (a hard link: SQLite
+    /// would keep a WAL and lock per name). Every later call fails once the file is
+    /// deleted, replaced or hard-linked.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, SqliteOptions::default()).await
     }
