@@ -24,7 +24,7 @@ use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
-use crate::file::{refuse_hard_links, refuse_shared_file_system, FsTarget, OpenFile};
+use crate::file::{refuse_hard_links, refuse_shared_file_system, FileIdentity, FsTarget};
 use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
@@ -168,7 +168,7 @@ struct Inner {
     changes: Mutex<HashMap<String, Arc<Notify>>>,
     path: Option<PathBuf>,
     /// The file `open` opened, to notice it deleted, replaced or hard-linked later.
-    file: Option<OpenFile>,
+    file: Option<FileIdentity>,
     /// One of the stores' write transactions at a time in this process: the others
     /// queue here instead of in SQLite's busy handler, which sleeps 1 to 100 ms between
     /// tries (16 writers in one process fell to ~150 commits/s).
@@ -204,7 +204,7 @@ impl SqliteDatabase {
     /// [`open`](Self::open) with options (clock, busy timeout, pool size, polling).
     pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref();
-        let file = check_path(path)?;
+        let opened = check_path(path)?;
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
@@ -224,7 +224,7 @@ impl SqliteDatabase {
             pool,
             options,
             Some(path.to_owned()),
-            Some(OpenFile::new(path.to_owned(), file)),
+            Some(FileIdentity::new(path.to_owned(), &opened)),
         );
         db.install_schema().await?;
         tracing::debug!(path = %path.display(), "opened sqlite store");
@@ -249,7 +249,7 @@ impl SqliteDatabase {
         pool: SqlitePool,
         options: SqliteOptions,
         path: Option<PathBuf>,
-        file: Option<OpenFile>,
+        file: Option<FileIdentity>,
     ) -> Self {
         SqliteDatabase {
             inner: Arc::new(Inner {
@@ -460,8 +460,9 @@ impl SqliteDatabase {
 }
 
 /// Rejects every path `open` must not touch, before SQLite sees it; creates a missing
-/// file with mode 0600 and returns it open.
-fn check_path(path: &Path) -> Result<std::fs::File> {
+/// file with mode 0600. Returns what the file was when opened, to tell it later from
+/// another file at the path.
+fn check_path(path: &Path) -> Result<std::fs::Metadata> {
     let shown = path.display();
     let bad = |reason: String| Error::invalid("path", reason);
     if path.as_os_str().is_empty() {
@@ -561,7 +562,10 @@ fn check_path(path: &Path) -> Result<std::fs::File> {
         .metadata()
         .map_err(|e| Error::store(BACKEND, format!("{shown}: cannot inspect the file"), e))?;
     refuse_hard_links(path, &meta)?;
-    Ok(file)
+    // The file is closed here, before SQLite opens it: closing a descriptor drops every
+    // POSIX lock this process holds on the file, SQLite's included, so one must never
+    // be closed while SQLite has the file open.
+    Ok(meta)
 }
 
 /// Switches the file to WAL (a persistent setting), retrying while another process

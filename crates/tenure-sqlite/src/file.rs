@@ -12,6 +12,7 @@ use std::fs::{File, Metadata};
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use tenure::{Error, Result};
 
@@ -144,43 +145,50 @@ fn hard_linked(path: &Path, links: u64) -> String {
     )
 }
 
-/// The database file a store opened, held open to tell later whether the path still
-/// names it.
+/// Which file a store opened: its device, inode and birth time, to tell later whether
+/// the path still names it.
+///
+/// No descriptor is kept for this: closing one drops every POSIX lock the process holds
+/// on the file, SQLite's included, so a descriptor of our own could never be closed
+/// safely while SQLite's connections live. The identity is enough: while the store's
+/// connections hold the file open its inode cannot be freed, so a file at the path
+/// with the same device and inode is the same file (the birth time, where the file
+/// system records one, covers an inode reused once every connection closed).
 #[derive(Debug)]
-pub(crate) struct OpenFile {
+pub(crate) struct FileIdentity {
     path: PathBuf,
-    file: File,
+    dev: u64,
+    ino: u64,
+    born: Option<SystemTime>,
 }
 
-impl OpenFile {
-    pub(crate) fn new(path: PathBuf, file: File) -> Self {
-        OpenFile { path, file }
+impl FileIdentity {
+    pub(crate) fn new(path: PathBuf, opened: &Metadata) -> Self {
+        FileIdentity {
+            path,
+            dev: opened.dev(),
+            ino: opened.ino(),
+            born: opened.created().ok(),
+        }
     }
 
-    /// Fails when the file was deleted, replaced or hard-linked since it was opened.
-    /// One `fstat` and one `stat`: it runs on every call.
+    /// Fails when the file was deleted, moved away, replaced or hard-linked since it
+    /// was opened. One `stat`: it runs on every call.
     pub(crate) fn check(&self) -> Result<()> {
         let shown = self.path.display();
-        let held = self.file.metadata().map_err(|e| {
-            Error::store(BACKEND, format!("{shown}: cannot inspect the open file"), e)
-        })?;
         let lost = |what: &str| {
             Error::store_msg(
                 BACKEND,
                 format!(
-                    "{shown} was {what} while in use: its tokens are in the file this store \
-                     opened, so it stops rather than go on in a file no new process opens, or \
-                     hand out tokens from 1 again; put the file back, or restart every \
-                     process using it (tokens then start again at 1)"
+                    "{shown} was {what} while in use: this store's tokens are in the file \
+                     it opened, so it stops rather than go on in a file no new process \
+                     opens, or hand out tokens from 1 in a new one; put the file back, or \
+                     restart every process using it (its tokens then start again at 1)"
                 ),
             )
         };
-        match std::fs::metadata(&self.path) {
-            Ok(now) if (now.dev(), now.ino()) != (held.dev(), held.ino()) => {
-                return Err(lost("replaced by another file"))
-            }
-            Ok(_) if held.nlink() == 0 => return Err(lost("deleted")),
-            Ok(_) => {}
+        let now = match std::fs::metadata(&self.path) {
+            Ok(now) => now,
             Err(e) if e.kind() == ErrorKind::NotFound => return Err(lost("deleted (or moved)")),
             Err(e) => {
                 return Err(Error::store(
@@ -189,11 +197,16 @@ impl OpenFile {
                     e,
                 ))
             }
+        };
+        if (now.dev(), now.ino()) != (self.dev, self.ino)
+            || (self.born.is_some() && now.created().ok() != self.born)
+        {
+            return Err(lost("replaced by another file"));
         }
-        if held.nlink() > 1 {
+        if now.nlink() > 1 {
             return Err(Error::store_msg(
                 BACKEND,
-                hard_linked(&self.path, held.nlink()),
+                hard_linked(&self.path, now.nlink()),
             ));
         }
         Ok(())
