@@ -337,7 +337,7 @@ impl SqliteDatabase {
     }
 
     /// Fails when the file `open` opened is no longer the one at its path, or has
-    /// another name now (one `fstat` and one `stat`; nothing for `from_pool`).
+    /// another name now (one `stat` of the path; nothing for `from_pool`).
     pub(crate) fn check_file(&self) -> Result<()> {
         match &self.inner.file {
             Some(file) => file.check(),
