@@ -464,6 +464,35 @@ fn not_a_sqlite_database_is_untouched() {
     assert_tree(dir.path(), &["notes.txt"]);
 }
 
+/// A hard-linked database file (each name would get its own WAL and lock: two stores
+/// on one file) is refused by `run` with exit 2 and a message naming the problem; the
+/// command does not run.
+#[test]
+fn hard_linked_database_is_refused() {
+    let dir = tempdir();
+    let path = dir.path().join("t.db");
+    let url = format!("sqlite:{}", path.display());
+    let made = tenure_in(dir.path(), &["status", "--store", url.as_str()]);
+    assert!(made.status.success(), "{made:?}");
+    std::fs::hard_link(&path, dir.path().join("other.db")).unwrap();
+    let args = [
+        "run",
+        "--role",
+        "r",
+        "--store",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "touch ran",
+    ];
+    assert_usage(
+        &tenure_in(dir.path(), &args),
+        &["has 2 names (hard links)", "t.db"],
+    );
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+}
+
 /// A read-only database file is refused up front (exit 2, saying how to fix it), and
 /// neither it nor its WAL files change.
 #[test]

@@ -24,7 +24,8 @@ use tenure::{Error, FencingToken, Result};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
-use crate::schema::{create_schema_at, start_boot, READ_BOOT, SCHEMA_VERSION};
+use crate::file::{refuse_hard_links, refuse_shared_file_system, FileIdentity, FsTarget};
+use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
 /// The first 16 bytes of every SQLite database file.
@@ -124,7 +125,9 @@ impl SqliteOptions {
 /// local deadline run on one clock: a wall-clock step (an NTP step, `date -s`) neither
 /// expires a live lease early nor keeps a dead one alive. Every process sharing the
 /// file must therefore run on this host and in one time namespace (as containers do
-/// unless given their own).
+/// unless given their own). A second kernel on the file is refused where it can be
+/// told: at `open` by the file system, and at its second write by the boot ids the file
+/// keeps (a reboot never brings an old one back); its first write reads as a reboot.
 ///
 /// The monotonic clock restarts at boot, so the file records the boot id its times
 /// belong to. The first write under a new boot id (in its own write transaction, so
@@ -164,6 +167,8 @@ struct Inner {
     /// Per role, woken when a write through this database ends or replaces a term.
     changes: Mutex<HashMap<String, Arc<Notify>>>,
     path: Option<PathBuf>,
+    /// The file `open` opened, to notice it deleted, replaced or hard-linked later.
+    file: Option<FileIdentity>,
     /// One of the stores' write transactions at a time in this process: the others
     /// queue here instead of in SQLite's busy handler, which sleeps 1 to 100 ms between
     /// tries (16 writers in one process fell to ~150 commits/s).
@@ -187,7 +192,11 @@ impl SqliteDatabase {
     ///
     /// The parent directory must exist. A missing directory, a directory path, a
     /// read-only or unreadable file, or a file that is not a SQLite database is an error
-    /// naming the path and the problem, and nothing is created or written.
+    /// naming the path and the problem, and nothing is created or written. So is a
+    /// file on a network or shared file system (NFS, SMB, FUSE, 9P, ...: several
+    /// kernels would share it) and a file with a second name (a hard link: SQLite
+    /// would keep a WAL and lock per name). Every later call fails once the file is
+    /// deleted, replaced or hard-linked.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, SqliteOptions::default()).await
     }
@@ -195,7 +204,7 @@ impl SqliteDatabase {
     /// [`open`](Self::open) with options (clock, busy timeout, pool size, polling).
     pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref();
-        check_path(path)?;
+        let opened = check_path(path)?;
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
@@ -211,7 +220,12 @@ impl SqliteDatabase {
             .await
             .map_err(|e| Error::store(BACKEND, format!("cannot open {}", path.display()), e))?;
         enable_wal(&pool, path, options.busy_timeout).await?;
-        let db = Self::build(pool, options, Some(path.to_owned()));
+        let db = Self::build(
+            pool,
+            options,
+            Some(path.to_owned()),
+            Some(FileIdentity::new(path.to_owned(), &opened)),
+        );
         db.install_schema().await?;
         tracing::debug!(path = %path.display(), "opened sqlite store");
         Ok(db)
@@ -226,12 +240,17 @@ impl SqliteDatabase {
     /// [`from_pool`](Self::from_pool) with options (the clock and the polling interval
     /// apply; the pool's own connection settings are kept).
     pub async fn from_pool_with(pool: SqlitePool, options: SqliteOptions) -> Result<Self> {
-        let db = Self::build(pool, options, None);
+        let db = Self::build(pool, options, None, None);
         db.install_schema().await?;
         Ok(db)
     }
 
-    fn build(pool: SqlitePool, options: SqliteOptions, path: Option<PathBuf>) -> Self {
+    fn build(
+        pool: SqlitePool,
+        options: SqliteOptions,
+        path: Option<PathBuf>,
+        file: Option<FileIdentity>,
+    ) -> Self {
         SqliteDatabase {
             inner: Arc::new(Inner {
                 pool,
@@ -239,6 +258,7 @@ impl SqliteDatabase {
                 poll_interval: options.poll_interval,
                 changes: Mutex::new(HashMap::new()),
                 path,
+                file,
                 writer: Arc::new(Semaphore::new(1)),
             }),
         }
@@ -302,12 +322,27 @@ impl SqliteDatabase {
     /// The stores' own writes queue for one in-process writer slot before they begin;
     /// a transaction begun here does not take that slot, so it meets them (and other
     /// processes) at SQLite's write lock and busy timeout.
+    ///
+    /// Fails (rolling back) when the file `open` opened was deleted, replaced or
+    /// hard-linked since: a write there would be lost, or start tokens again at 1.
     pub async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>> {
         let pool = self.inner.pool.clone();
-        tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
+        let tx = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
             .await
             .map_err(|e| Error::store(BACKEND, "the write transaction task failed", e))?
-            .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))
+            .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))?;
+        // Checked under the write lock, after every earlier write of this file committed.
+        self.check_file()?;
+        Ok(tx)
+    }
+
+    /// Fails when the file `open` opened is no longer the one at its path, or has
+    /// another name now (one `stat` of the path; nothing for `from_pool`).
+    pub(crate) fn check_file(&self) -> Result<()> {
+        match &self.inner.file {
+            Some(file) => file.check(),
+            None => Ok(()),
+        }
     }
 
     /// [`begin_immediate`](Self::begin_immediate) for the stores' own writes, after
@@ -331,8 +366,17 @@ impl SqliteDatabase {
         StoreNow::from_host(self.inner.clock.now()?)
     }
 
+    /// [`now`](Self::now) for a read, after checking the file is still the one at its
+    /// path (a read of a deleted file would show terms no new process can see).
+    pub(crate) fn read_now(&self) -> Result<StoreNow> {
+        self.check_file()?;
+        self.now()
+    }
+
     /// Store time for a write, inside its transaction (so the write lock orders the
-    /// readings): the first write under a new boot starts it (see `start_boot`).
+    /// readings): the first write under a new boot starts it (see `enter_boot`), and a
+    /// write under a boot the file saw before the latest one is refused: it comes from
+    /// a second kernel sharing the file, not from a reboot.
     pub(crate) async fn write_now(&self, conn: &mut SqliteConnection) -> Result<StoreNow> {
         let now = self.now()?;
         let recorded: Option<String> = sqlx::query_scalar(READ_BOOT)
@@ -340,7 +384,7 @@ impl SqliteDatabase {
             .await
             .map_err(store_error("cannot read the boot id of the store"))?;
         if recorded.as_deref() != Some(now.boot_id.as_str()) {
-            start_boot(conn, &now).await?;
+            enter_boot(conn, recorded.as_deref(), &now).await?;
             if let Some(previous) = recorded {
                 tracing::info!(
                     previous,
@@ -416,8 +460,9 @@ impl SqliteDatabase {
 }
 
 /// Rejects every path `open` must not touch, before SQLite sees it; creates a missing
-/// file with mode 0600.
-fn check_path(path: &Path) -> Result<()> {
+/// file with mode 0600. Returns what the file was when opened, to tell it later from
+/// another file at the path.
+fn check_path(path: &Path) -> Result<std::fs::Metadata> {
     let shown = path.display();
     let bad = |reason: String| Error::invalid("path", reason);
     if path.as_os_str().is_empty() {
@@ -428,7 +473,7 @@ fn check_path(path: &Path) -> Result<()> {
         _ => Path::new("."),
     };
     match std::fs::metadata(parent) {
-        Ok(meta) if meta.is_dir() => {}
+        Ok(meta) if meta.is_dir() => refuse_shared_file_system(path, FsTarget::Path(parent))?,
         Ok(_) => {
             return Err(bad(format!(
                 "{shown}: {} is not a directory",
@@ -510,7 +555,17 @@ fn check_path(path: &Path) -> Result<()> {
             "{shown} is not a SQLite database (it has other content; refusing to touch it)"
         )));
     }
-    Ok(())
+    // The file itself too: a single file bind-mounted into a container lives on
+    // another file system than the directory it shows up in.
+    refuse_shared_file_system(path, FsTarget::File(&file))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::store(BACKEND, format!("{shown}: cannot inspect the file"), e))?;
+    refuse_hard_links(path, &meta)?;
+    // The file is closed here, before SQLite opens it: closing a descriptor drops every
+    // POSIX lock this process holds on the file, SQLite's included, so one must never
+    // be closed while SQLite has the file open.
+    Ok(meta)
 }
 
 /// Switches the file to WAL (a persistent setting), retrying while another process

@@ -113,6 +113,7 @@ impl SqliteFence {
     /// The highest token admitted for `resource`, if any.
     pub async fn highest(&self, resource: &str) -> Result<Option<FencingToken>> {
         validate_name("resource", resource)?;
+        self.db.check_file()?;
         let highest: Option<i64> =
             sqlx::query_scalar("SELECT highest FROM tenure_fences WHERE resource = ?1")
                 .bind(resource)

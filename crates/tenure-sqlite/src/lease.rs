@@ -419,7 +419,7 @@ impl SqliteLeaseStore {
 
     /// Whether `(role, observed)` is still the live term, on store time.
     async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
-        let now = self.db.now()?;
+        let now = self.db.read_now()?;
         let row = sqlx::query(
             "SELECT holder, token, expires_at, \
              coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
@@ -461,7 +461,7 @@ impl SqliteLeaseStore {
 
     /// The leases of `role` (every role for `None`) that start with `prefix`.
     async fn read_leases(&self, role: Option<&str>, prefix: &str) -> Result<Vec<LeaseInfo>> {
-        let now = self.db.now()?;
+        let now = self.db.read_now()?;
         // One statement, so the leases and the boot they belong to come from one snapshot.
         let rows = sqlx::query(
             "SELECT role, holder, token, expires_at, \

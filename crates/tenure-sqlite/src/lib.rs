@@ -52,6 +52,7 @@
 mod clock;
 mod database;
 mod fence;
+mod file;
 mod lease;
 mod registry;
 mod schema;

@@ -192,7 +192,7 @@ impl SqliteNodeRegistry {
         &self,
         with_details: bool,
     ) -> Result<(Vec<sqlx::sqlite::SqliteRow>, StoreNow)> {
-        let now = self.db.now()?;
+        let now = self.db.read_now()?;
         // Heartbeats recorded under another boot are stale, whatever their times say.
         let sql = if with_details {
             "SELECT node_id, last_heartbeat, first_seen, metadata FROM tenure_nodes \

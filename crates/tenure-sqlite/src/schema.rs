@@ -18,7 +18,10 @@ pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
-/// the first write transaction under each boot).
+/// the first write transaction under each boot). `tenure_boot_history` (created by
+/// [`enter_boot`] at the first write under a boot, so a file of an earlier build gains
+/// it, holding the boot it recorded, without a schema version of its own) keeps the
+/// last [`BOOT_HISTORY`] boot ids the file was written under.
 ///
 /// A term held under a session has its session in `session_id` and ends when the
 /// session does; its own `expires_at` keeps the session's expiry when the term was
@@ -92,10 +95,91 @@ END";
 #[doc(hidden)]
 pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
 
+/// How many boot ids a file remembers. A reboot never brings back an earlier boot id,
+/// so one seen before is a second kernel; two kernels alternate between two ids, and
+/// a host's own reboots only push old ids out, so a short history tells them apart.
+const BOOT_HISTORY: i64 = 64;
+
+/// The history table, for a file an earlier build created (it has no history yet).
+const BOOT_HISTORY_TABLE: &str = "CREATE TABLE IF NOT EXISTS tenure_boot_history (
+    seq     INTEGER PRIMARY KEY,
+    boot_id TEXT NOT NULL UNIQUE
+)";
+
+/// A write under `now.boot_id`, which differs from the file's `recorded` boot: starts
+/// the new boot (see [`start_boot`]) if the file never saw it, and refuses the write if
+/// it did. The file's latest boot is then another kernel's, written after this one's:
+/// a second host (or VM) shares the file, and starting this boot again would end that
+/// host's live leases, which its holders would go on using.
+pub(crate) async fn enter_boot(
+    conn: &mut SqliteConnection,
+    recorded: Option<&str>,
+    now: &StoreNow,
+) -> Result<()> {
+    sqlx::query(BOOT_HISTORY_TABLE)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot create the boot history"))?;
+    if let Some(recorded) = recorded {
+        // A file from before the history (or written by such a build since) may not
+        // hold its latest boot there yet.
+        sqlx::query(
+            "INSERT OR IGNORE INTO tenure_boot_history (seq, boot_id) \
+             VALUES ((SELECT coalesce(max(seq), 0) + 1 FROM tenure_boot_history), ?1)",
+        )
+        .bind(recorded)
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot record the boot history"))?;
+    }
+    let seen: Option<i64> =
+        sqlx::query_scalar("SELECT seq FROM tenure_boot_history WHERE boot_id = ?1")
+            .bind(&now.boot_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the boot history"))?;
+    if seen.is_some() {
+        tracing::error!(
+            boot_id = now.boot_id,
+            latest = recorded,
+            "two kernels write the sqlite store: refusing the write"
+        );
+        return Err(Error::store_msg(
+            BACKEND,
+            format!(
+                "the file was last written under boot id {}, after this host's boot {}: two \
+                 kernels (two hosts, or a VM and its host) share it, and each would end \
+                 the other's leases; keep the file on a local disk of one host, or use \
+                 PostgreSQL or etcd to elect across hosts",
+                recorded.unwrap_or("?"),
+                now.boot_id
+            ),
+        ));
+    }
+    start_boot(conn, now).await?;
+    sqlx::query(
+        "INSERT INTO tenure_boot_history (seq, boot_id) \
+         VALUES ((SELECT coalesce(max(seq), 0) + 1 FROM tenure_boot_history), ?1)",
+    )
+    .bind(&now.boot_id)
+    .execute(&mut *conn)
+    .await
+    .map_err(store_error("cannot record the boot history"))?;
+    sqlx::query(
+        "DELETE FROM tenure_boot_history \
+         WHERE seq <= (SELECT max(seq) FROM tenure_boot_history) - ?1",
+    )
+    .bind(BOOT_HISTORY)
+    .execute(conn)
+    .await
+    .map(drop)
+    .map_err(store_error("cannot trim the boot history"))
+}
+
 /// Starts a boot in the file: every lease and every session ends now (tokens stay),
 /// every heartbeat is forgotten, and the file records the boot id its times now belong
 /// to.
-pub(crate) async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
+async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
     sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
         .bind(now.mono)
         .execute(&mut *conn)

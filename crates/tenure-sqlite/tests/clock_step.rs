@@ -217,6 +217,93 @@ async fn new_boot_expires_every_lease_and_keeps_tokens() {
     assert_eq!(registry.live_nodes().await.unwrap(), ["node-a"]);
 }
 
+/// Two kernels on one file (an NFS home reached from two hosts, a VM's shared folder):
+/// host A holds "r"; host B's first write looks like a reboot and ends it (nothing can
+/// tell them apart yet); then A writes again under its boot id, which the file saw
+/// before B's. A reboot never brings back an earlier boot id, so that write is refused
+/// and B's live term stays.
+#[tokio::test]
+async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let host_a = ManualHostClock::new(t0());
+    let host_b = ManualHostClock::new(t0());
+    host_b.reboot();
+    let a = open_at(&path, &host_a).await.lease_store();
+    let b = open_at(&path, &host_b).await.lease_store();
+    let first = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    assert!(first.acquired);
+
+    let taken = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    assert!(taken.acquired, "a new boot id reads as a reboot: {taken:?}");
+
+    let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
+    match &again {
+        Err(tenure::Error::Store { message, .. }) => {
+            assert!(message.contains("two kernels"), "{message}");
+            assert!(message.contains("PostgreSQL"), "{message}");
+        }
+        other => panic!("host A's write under its earlier boot id must fail: {other:?}"),
+    }
+    let held = b.get("r").await.unwrap().unwrap();
+    assert_eq!(held.live_holder(), Some("node-b"), "{held:?}");
+    assert_eq!(held.fencing_token, taken.fencing_token);
+    let renewed = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == taken.fencing_token);
+}
+
+/// A file written by a build without the boot history (simulated by dropping the
+/// table) still tells a second kernel from a reboot: the history starts with the boot
+/// the file recorded, so A, B, A is refused after the first crossing.
+#[tokio::test]
+async fn a_file_without_boot_history_gains_it_with_its_recorded_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let host_a = ManualHostClock::new(t0());
+    let host_b = ManualHostClock::new(t0());
+    host_b.reboot();
+    let db_a = open_at(&path, &host_a).await;
+    let a = db_a.lease_store();
+    a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    sqlx::query("DROP TABLE tenure_boot_history")
+        .execute(db_a.pool())
+        .await
+        .unwrap();
+    let b = open_at(&path, &host_b).await.lease_store();
+    let taken = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
+    assert!(
+        matches!(&again, Err(tenure::Error::Store { message, .. }) if message.contains("two kernels")),
+        "{again:?}"
+    );
+}
+
+/// Reboots only push old boot ids out of the history, which stays bounded (64), and
+/// every reboot still starts its boot.
+#[tokio::test]
+async fn boot_history_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reboots.db");
+    let clock = ManualHostClock::new(t0());
+    let db = open_at(&path, &clock).await;
+    let store = db.lease_store();
+    for boot in 1..=70_u64 {
+        let lease = store
+            .try_acquire_or_renew("r", "node-a", TTL)
+            .await
+            .unwrap();
+        assert!(lease.acquired, "boot {boot}: {lease:?}");
+        assert_eq!(lease.fencing_token.get(), boot, "a new term per boot");
+        clock.reboot();
+    }
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM tenure_boot_history")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(kept, 64);
+}
+
 /// Setup: a heartbeat with a 10 s liveness TTL; the wall clock steps forward 20 s and
 /// then back 20 s. The node stays live throughout (no monotonic time passed), its times
 /// are shown on the current wall clock, and it lapses after exactly one TTL.

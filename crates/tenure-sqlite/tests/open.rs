@@ -489,3 +489,109 @@ async fn schema_2_file_gains_sessions_keeping_every_lease() {
     assert!(after.acquired, "{after:?}");
     assert_eq!(after.fencing_token.get(), 8);
 }
+
+/// The `message` of a `Store` error, or a panic describing what came back.
+fn store_error<T: std::fmt::Debug>(result: tenure::Result<T>) -> String {
+    match result {
+        Err(Error::Store { message, .. }) => message,
+        other => panic!("expected a store error, got {other:?}"),
+    }
+}
+
+/// A hard-linked database file has one WAL and one lock per name, so two stores would
+/// run on one file: both names are refused at open, and so is a file hard-linked while
+/// open (on its next call). A hard-linked `-wal` beside a file is refused too.
+#[tokio::test]
+async fn hard_linked_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.db");
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    let store = db.lease_store();
+    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    assert_eq!(lease.fencing_token.get(), 1);
+
+    tracing::info!("--- a second name for the open file");
+    let other = dir.path().join("other.db");
+    std::fs::hard_link(&path, &other).unwrap();
+    let reason = store_error(store.try_acquire_or_renew("r", "a", TTL).await);
+    assert!(reason.contains("hard link"), "{reason}");
+    for name in [&path, &other] {
+        let reason = path_error(SqliteDatabase::open(name).await);
+        assert!(reason.contains("hard link"), "{reason}");
+        assert!(reason.contains(&name.display().to_string()), "{reason}");
+    }
+    std::fs::remove_file(&other).unwrap();
+    store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+
+    tracing::info!("--- a hard-linked -wal beside a fresh file");
+    let fresh = dir.path().join("fresh.db");
+    std::fs::hard_link(
+        dir.path().join("tenure.db-wal"),
+        dir.path().join("fresh.db-wal"),
+    )
+    .unwrap();
+    let reason = path_error(SqliteDatabase::open(&fresh).await);
+    assert!(reason.contains("fresh.db-wal"), "{reason}");
+    assert!(reason.contains("hard link"), "{reason}");
+}
+
+/// A database file deleted while a store has it open: the next call fails naming the
+/// problem, rather than writing on into the unlinked file or handing out token 1 from
+/// a new one.
+#[tokio::test]
+async fn deleted_file_is_detected_on_the_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.db");
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    let store = db.lease_store();
+    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    assert_eq!(lease.fencing_token.get(), 1);
+    for name in ["tenure.db", "tenure.db-wal", "tenure.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    let reason = store_error(store.try_acquire_or_renew("q", "a", TTL).await);
+    assert!(reason.contains("deleted"), "{reason}");
+    assert!(reason.contains(&path.display().to_string()), "{reason}");
+    let reason = store_error(store.get("r").await);
+    assert!(reason.contains("deleted"), "{reason}");
+}
+
+/// A database file replaced while a store has it open (deleted, and a new store made
+/// at the path): the old store's next call fails instead of mixing the two files.
+#[tokio::test]
+async fn replaced_file_is_detected_on_the_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenure.db");
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    let store = db.lease_store();
+    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    assert_eq!(lease.fencing_token.get(), 1);
+    for name in ["tenure.db", "tenure.db-wal", "tenure.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    let new = SqliteDatabase::open(&path).await.unwrap();
+    new.lease_store()
+        .try_acquire_or_renew("x", "b", TTL)
+        .await
+        .unwrap();
+    let reason = store_error(store.try_acquire_or_renew("r", "a", TTL).await);
+    assert!(reason.contains("replaced"), "{reason}");
+    assert!(reason.contains(&path.display().to_string()), "{reason}");
+}
+
+/// Local file systems (the temporary directory's, and tmpfs where there is one) are
+/// accepted by the network-file-system check.
+#[tokio::test]
+async fn local_file_systems_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    SqliteDatabase::open(dir.path().join("tenure.db"))
+        .await
+        .unwrap();
+    if Path::new("/dev/shm").is_dir() {
+        if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+            SqliteDatabase::open(shm.path().join("tenure.db"))
+                .await
+                .unwrap();
+        }
+    }
+}
