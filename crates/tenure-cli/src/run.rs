@@ -213,6 +213,7 @@ pub async fn run(
     let (forward_tx, forward_rx) = mpsc::unbounded_channel::<Signal>();
     let forward_rx = Arc::new(tokio::sync::Mutex::new(forward_rx));
     let suspended = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(StartGate::default());
 
     let membership = args.node_id.as_ref().map(|node_id| {
         let mut metadata = Metadata::new();
@@ -242,6 +243,9 @@ pub async fn run(
         let kill_after = args.kill_after();
         let suspended = suspended.clone();
         let stop = shutdown.clone();
+        let gate = gate.clone();
+        let leases = stores.leases.clone();
+        let ttl = args.ttl;
         tokio::spawn(async move {
             let role_name = role.clone();
             elector
@@ -262,10 +266,16 @@ pub async fn run(
                         let outcome = outcome.clone();
                         let shutdown = stop.clone();
                         let forward = forward_rx.clone();
+                        let gate = gate.clone();
+                        let leases = leases.clone();
+                        let role = role.clone();
+                        let owner = owner.clone();
                         async move {
                             // One run per `tenure run`: a term that starts after the
-                            // command already ran (or failed to start) does nothing.
-                            if outcome.lock().is_some() || shutdown.is_cancelled() {
+                            // command already ran (or failed to start) does nothing, and
+                            // neither does one that begins as the wait limit gives up.
+                            if outcome.lock().is_some() || shutdown.is_cancelled() || !gate.start()
+                            {
                                 return;
                             }
                             let mut forward = forward.lock().await;
@@ -273,10 +283,20 @@ pub async fn run(
                             if matches!(result, Outcome::NotStarted) {
                                 return;
                             }
-                            if matches!(result, Outcome::Lost(_) | Outcome::SpawnFailed(_)) {
+                            // The command finished on its own as the term ended: the
+                            // elector, seeing a lost term, neither releases it nor stops
+                            // contending, so this run does both.
+                            let finished_as_term_ended =
+                                matches!(result, Outcome::Exited(_)) && leadership.is_cancelled();
+                            if finished_as_term_ended
+                                || matches!(result, Outcome::Lost(_) | Outcome::SpawnFailed(_))
+                            {
                                 shutdown.cancel();
                             }
                             *outcome.lock() = Some(result);
+                            if finished_as_term_ended {
+                                release(leases.as_ref(), &role, &owner, token, ttl).await;
+                            }
                         }
                     },
                     shutdown,
@@ -324,6 +344,11 @@ pub async fn run(
                     // which does not run yet.
                     warn!(role = %args.role, ?signal,
                         "signal while waiting for the role: no command to forward it to; ignored");
+                } else if !gate.give_up() {
+                    // The command started an instant ago: the signal is its.
+                    led = true;
+                    info!(role = %args.role, ?signal, "forwarding signal to the command");
+                    let _ = forward_tx.send(signal);
                 } else {
                     say!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
                     early_exit.get_or_insert(128 + signal as u8);
@@ -335,7 +360,9 @@ pub async fn run(
                 let current = state.borrow_and_update().clone();
                 match current {
                     ElectionState::Leader { .. } => led = true,
-                    ElectionState::Follower { holder: Some((holder, token)) } if args.no_wait => {
+                    ElectionState::Follower { holder: Some((holder, token)) }
+                        if args.no_wait && gate.give_up() =>
+                    {
                         say!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
                         early_exit.get_or_insert(exit::BUSY);
                         shutdown.cancel();
@@ -351,6 +378,12 @@ pub async fn run(
                 print_waiting(stores.leases.as_ref(), &args.role, waiting_since.elapsed()).await;
             }
             _ = &mut give_up, if !led && !shutdown.is_cancelled() => {
+                // Leadership may have begun and the command started before this loop
+                // saw it: the limit is for waiting, and the wait is over.
+                if !gate.give_up() {
+                    led = true;
+                    continue;
+                }
                 if args.no_wait {
                     say!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
                     early_exit.get_or_insert(exit::RUN_FAILED);
@@ -400,6 +433,43 @@ pub async fn run(
         }
         None => early_exit.unwrap_or(exit::RUN_FAILED),
     })
+}
+
+/// Whether this run's command may start, decided once: the wait limit (`--wait-timeout`,
+/// `--no-wait`, a signal while waiting) and the start of the command race for it, and
+/// whichever comes first wins. Leadership that begins as the limit fires thus either never
+/// starts the command, or keeps it from being killed by the limit.
+#[derive(Debug, Default)]
+struct StartGate(Mutex<Option<bool>>);
+
+impl StartGate {
+    /// Whether the command may start (the run did not give up first); it then has.
+    fn start(&self) -> bool {
+        *self.0.lock().get_or_insert(true)
+    }
+
+    /// Whether the run gives up (the command did not start first); it then has.
+    fn give_up(&self) -> bool {
+        !*self.0.lock().get_or_insert(false)
+    }
+}
+
+/// Releases a term the elector considers lost but the store may still hold for us
+/// (the command finished on its own as it ended), so the next holder need not wait for
+/// the TTL. Conditional on owner and token: a lease another owner took is left alone.
+async fn release(
+    leases: &dyn LeaseStore,
+    role: &str,
+    owner: &str,
+    token: FencingToken,
+    within: Duration,
+) {
+    match tokio::time::timeout(within, leases.release(role, owner, token)).await {
+        Ok(Ok(true)) => info!(role, owner, token = %token, "released"),
+        Ok(Ok(false)) => {}
+        Ok(Err(error)) => warn!(role, token = %token, %error, "cannot release the role"),
+        Err(_) => warn!(role, token = %token, "no answer to the release"),
+    }
 }
 
 async fn print_waiting(store: &dyn LeaseStore, role: &str, waited: Duration) {
@@ -563,6 +633,18 @@ impl ChildSpec {
             tokio::select! {
                 biased;
                 _ = leadership.cancelled() => {
+                    // The command may have exited in the same instant (or while tenure was
+                    // stopped): its own end, not a loss, and a retry wrapper must not run
+                    // a finished job again.
+                    if let Ok(Some(status)) = child.try_wait() {
+                        let grace = if self.suspended.load(Ordering::SeqCst) {
+                            Duration::ZERO
+                        } else {
+                            self.kill_after
+                        };
+                        self.stop_leftovers(pgid, grace, scope).await;
+                        return Outcome::Exited(status);
+                    }
                     // Lost while suspended: the deadline passed while nothing ran, so the
                     // lease may be another's already; no grace to act on a SIGTERM.
                     let grace = if self.suspended.load(Ordering::SeqCst) {
@@ -583,13 +665,7 @@ impl ChildSpec {
                         Ok(status) => status,
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
-                    let left = scope.members();
-                    if !left.is_empty() || !group_gone(pgid) {
-                        warn!(role = %self.role, token = %self.token, left = left.len(),
-                            "the command exited and left processes running; \
-                             stopping them before releasing");
-                        stop_descendants(None, pgid, self.kill_after, &self.role, scope).await;
-                    }
+                    self.stop_leftovers(pgid, self.kill_after, scope).await;
                     return Outcome::Exited(status);
                 }
                 Some(signal) = forward.recv() => {
@@ -619,6 +695,20 @@ impl ChildSpec {
                 }
                 Some(()) = children.recv() => scope.reap_orphans(Some(pgid)),
             }
+        }
+    }
+}
+
+impl ChildSpec {
+    /// Stops what the command, which exited, left running (with `grace` between SIGTERM
+    /// and SIGKILL), before its term is released.
+    async fn stop_leftovers(&self, pgid: Pid, grace: Duration, scope: Scope) {
+        let left = scope.members();
+        if !left.is_empty() || !group_gone(pgid) {
+            warn!(role = %self.role, token = %self.token, left = left.len(),
+                "the command exited and left processes running; \
+                 stopping them before releasing");
+            stop_descendants(None, pgid, grace, &self.role, scope).await;
         }
     }
 }

@@ -288,3 +288,91 @@ fn sigusr1_does_not_start_the_kill_clock() {
         run.stderr()
     );
 }
+
+/// A command that finishes on its own as its term ends keeps its exit code: tenure is
+/// stopped (SIGSTOP), the command exits 7 meanwhile and the term's deadline passes; on
+/// SIGCONT tenure sees leadership cancelled and the command's status at once, and reports
+/// 7, not 4 (a retry wrapper must not run a finished job again), and releases the role.
+#[test]
+fn job_finished_as_leadership_ends_keeps_its_exit_code() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $$ > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done; exit 7",
+        pid = pid_file.display(),
+        go = go.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "done", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGSTOP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || scenarios::state(run.pid()) == Some('T')),
+        "tenure not stopped"
+    );
+    std::fs::write(&go, "").expect("write go");
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || common::dead(command)),
+        "the command did not finish"
+    );
+    // Past the term's deadline (FAST: leadership kept 2.2 s after the last renewal).
+    std::thread::sleep(std::time::Duration::from_millis(3_000));
+    run.signal(Signal::SIGCONT);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(7),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+    let next = common::output_within(
+        &mut common::run_sh(&store, "done", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "the role was not released: {}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}
+
+/// `--wait-timeout` firing as leadership arrives either gives up before the command
+/// starts (124) or lets the command run to its own end (9): never starts it and then kills
+/// it. Timeouts around the time a free role takes to acquire, so that both orders occur.
+#[test]
+fn wait_timeout_as_leadership_arrives_never_kills_the_command() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    // The store exists before the races, so that each run only acquires.
+    let first = common::output_within(
+        &mut common::run_sh(&store, "warm", &[], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(first.status.code(), Some(0));
+    let (mut gave_up, mut ran) = (0, 0);
+    for step in 0..40u32 {
+        let marker = dir.path().join(format!("started-{step}"));
+        let script = format!("touch '{}'; sleep 0.2; exit 9", marker.display());
+        let limit = format!("{}us", 500 + step * 250);
+        let role = format!("race-{step}");
+        let output = common::output_within(
+            &mut common::run_sh(&store, &role, &["--wait-timeout", &limit], &script),
+            SIGNAL_WAIT,
+        );
+        let code = output.status.code();
+        let started = marker.exists();
+        match (started, code) {
+            (true, Some(9)) => ran += 1,
+            (false, Some(124)) => gave_up += 1,
+            _ => panic!(
+                "--wait-timeout {limit}: started {started}, exit {code:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        }
+    }
+    eprintln!("gave up {gave_up}, ran {ran}");
+}
