@@ -4,10 +4,10 @@
 //! token in `TENURE_FENCING_TOKEN`. If leadership is lost, its processes get SIGTERM,
 //! then SIGKILL after `--kill-after`; the elector is told to cancel leadership that long
 //! (plus a margin) before its local deadline, so the command is dead before the lease can
-//! pass to anyone else. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the
-//! command's process group (and it is killed if still there `--kill-after` later); SIGUSR1,
-//! SIGUSR2 and SIGALRM are forwarded too, with no deadline, since they ask the command to do
-//! something rather than to stop. The lease is released when it exits, and tenure exits with
+//! pass to anyone else. SIGINT, SIGTERM and SIGQUIT are forwarded to the command's process
+//! group (and it is killed if still there `--kill-after` later); SIGHUP, SIGUSR1, SIGUSR2
+//! and SIGALRM are forwarded too, with no deadline, since they ask the command to do
+//! something (reload its configuration, reopen its logs) rather than to stop. The lease is released when it exits, and tenure exits with
 //! its code. While waiting for the role, SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit
 //! 128+N); SIGUSR1, SIGUSR2 and SIGALRM are logged and ignored, as there is no command yet.
 //!
@@ -673,9 +673,10 @@ impl ChildSpec {
                         resume_at = Some(tokio::time::Instant::now() + RESUME_DELAY);
                     } else {
                         let _ = killpg(pgid, signal);
-                        // SIGUSR1 and the like ask for something else (reopen logs, dump
-                        // state): the command is not expected to exit, so no deadline.
-                        if asks_to_stop(signal) {
+                        // SIGHUP, SIGUSR1 and the like ask for something else (reload,
+                        // reopen logs, dump state): the command is not expected to exit, so
+                        // no deadline.
+                        if starts_kill_clock(signal) {
                             kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
                         }
                     }
@@ -905,13 +906,21 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Whether a forwarded signal asks the command to end (so it is killed if it has not after
-/// `--kill-after`), and, while waiting for the role, asks tenure to give up.
+/// Whether a signal, while waiting for the role, asks tenure to give up (and a shard-group
+/// member to stop); see [`starts_kill_clock`] for the signals forwarded to a command.
 pub(crate) fn asks_to_stop(signal: Signal) -> bool {
     matches!(
         signal,
         Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT
     )
+}
+
+/// Whether a forwarded signal asks the command to end, so that it is killed if it is still
+/// there `--kill-after` later. Not SIGHUP: to a running service it means "reload your
+/// configuration" far more often than "your terminal is gone", and a reload must not be
+/// turned into a kill.
+fn starts_kill_clock(signal: Signal) -> bool {
+    matches!(signal, Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)
 }
 
 /// Stop signals of terminal I/O from a background process group, ignored by tenure.

@@ -376,3 +376,50 @@ fn wait_timeout_as_leadership_arrives_never_kills_the_command() {
     }
     eprintln!("gave up {gave_up}, ran {ran}");
 }
+
+/// SIGHUP asks for a reload, not an end: forwarded, it does not start the `--kill-after`
+/// clock. A command that traps HUP and keeps running is still running `--kill-after`
+/// (300 ms) + 1 s after the HUP, and tenure still leads (a `--no-wait` run finds the role
+/// busy).
+#[test]
+fn sighup_does_not_start_the_kill_clock() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let log = dir.path().join("log");
+    let script = format!(
+        "trap 'echo reloaded >> \"{log}\"' HUP; echo $$ > '{pid}'; \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        pid = pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "hup", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGHUP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || common::lines(&log) == ["reloaded"]),
+        "the command never got the HUP: {:?}",
+        common::lines(&log)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1_300));
+    assert!(
+        !common::dead(command),
+        "the command was killed after the HUP; stderr:\n{}",
+        run.stderr()
+    );
+    assert_eq!(run.exited(), None, "tenure exited: {}", run.stderr());
+    let busy = common::output_within(
+        &mut common::run_sh(&store, "hup", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        busy.status.code(),
+        Some(75),
+        "tenure no longer leads: {}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    run.signal(Signal::SIGTERM);
+    assert_eq!(run.code_within(SIGNAL_WAIT), 128 + 15, "{}", run.stderr());
+}
