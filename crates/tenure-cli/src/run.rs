@@ -635,8 +635,14 @@ impl ChildSpec {
                 _ = leadership.cancelled() => {
                     // The command may have exited in the same instant (or while tenure was
                     // stopped): its own end, not a loss, and a retry wrapper must not run
-                    // a finished job again.
-                    if let Ok(Some(status)) = child.try_wait() {
+                    // a finished job again. Not so a SIGKILL: the guard's, at the deadline
+                    // tenure slept through (or the OOM killer's), not the command's doing.
+                    let finished = child
+                        .try_wait()
+                        .ok()
+                        .flatten()
+                        .filter(|status| status.signal() != Some(Signal::SIGKILL as i32));
+                    if let Some(status) = finished {
                         let grace = if self.suspended.load(Ordering::SeqCst) {
                             Duration::ZERO
                         } else {
