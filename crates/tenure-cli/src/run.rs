@@ -533,24 +533,27 @@ enum Scope {
 }
 
 impl Scope {
-    /// The command's live processes.
-    fn members(self) -> Vec<Pid> {
-        match self {
-            Scope::Descendants => descendants(),
-            Scope::Session(session) => processes()
-                .into_iter()
-                .filter(|p| p.session == session && !p.zombie)
-                .map(|p| p.pid)
-                .collect(),
-        }
+    /// The command's live processes, from a scan of tenure's tree begun at or after
+    /// `since` (shared with every other command being stopped meanwhile).
+    async fn members_since(self, since: tokio::time::Instant) -> Vec<Pid> {
+        self.members_in(&tree_since(since).await)
     }
 
-    /// Reaps tenure's orphaned children: only as the subreaper of one command (other
-    /// children are other shards' commands, reaped by tokio).
-    fn reap_orphans(self, command: Option<Pid>) {
-        if matches!(self, Scope::Descendants) {
-            reap_orphans(command);
-        }
+    /// The command's live processes, as of a scan begun now or later.
+    async fn members(self) -> Vec<Pid> {
+        self.members_since(tokio::time::Instant::now()).await
+    }
+
+    /// The command's live processes among `tree` (tenure's descendants).
+    fn members_in(self, tree: &[ProcessEntry]) -> Vec<Pid> {
+        tree.iter()
+            .filter(|p| !p.zombie)
+            .filter(|p| match self {
+                Scope::Descendants => true,
+                Scope::Session(session) => p.session == session,
+            })
+            .map(|p| p.pid)
+            .collect()
     }
 }
 
@@ -623,6 +626,9 @@ impl ChildSpec {
             ScopeKind::Descendants => Scope::Descendants,
             ScopeKind::OwnSession => Scope::Session(pgid),
         };
+        // Registered before anything else runs on this thread, so that no orphan reaping
+        // takes the command's status from tokio.
+        let _command = RunningCommand::register(pgid);
         // The guard kills this group if tenure cannot (stopped, wedged, gone) by the
         // deadline; it forgets it when this returns, the command stopped and reaped.
         let _guarded = crate::guard::watch(pgid);
@@ -692,7 +698,7 @@ impl ChildSpec {
                     // Lost while stopped: the branch above stops everything instead.
                     if !leadership.is_cancelled() {
                         self.suspended.store(false, Ordering::SeqCst);
-                        signal_all(&scope.members(), pgid, Signal::SIGCONT);
+                        signal_all(&scope.members().await, Some(pgid), Signal::SIGCONT);
                     }
                 }
                 _ = sleep_until_opt(kill_at) => {
@@ -700,7 +706,9 @@ impl ChildSpec {
                     let _ = killpg(pgid, Signal::SIGKILL);
                     kill_at = None;
                 }
-                Some(()) = children.recv() => scope.reap_orphans(Some(pgid)),
+                Some(()) = children.recv() => {
+                    reap_orphans(&tree_since(tokio::time::Instant::now()).await);
+                }
             }
         }
     }
@@ -710,7 +718,7 @@ impl ChildSpec {
     /// Stops what the command, which exited, left running (with `grace` between SIGTERM
     /// and SIGKILL), before its term is released.
     async fn stop_leftovers(&self, pgid: Pid, grace: Duration, scope: Scope) {
-        let left = scope.members();
+        let left = scope.members().await;
         if !left.is_empty() || !group_gone(pgid) {
             warn!(role = %self.role, token = %self.token, left = left.len(),
                 "the command exited and left processes running; \
@@ -750,11 +758,14 @@ async fn stop_descendants(
     let mut report_at = started + STOP_REPORT_EVERY;
     // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
     if !kill_after.is_zero() {
-        let left = scope.members();
-        signal_all(&left, group, Signal::SIGTERM);
-        signal_all(&left, group, Signal::SIGCONT);
+        let left = scope.members_since(started).await;
+        signal_all(&left, Some(group), Signal::SIGTERM);
+        signal_all(&left, Some(group), Signal::SIGCONT);
     }
     let mut killing = false;
+    // Any scan begun since this loop last looked is as good as its own: with many
+    // commands stopping at once, one scan per tick serves them all.
+    let mut looked = started;
     loop {
         if let Some(command) = child.as_deref_mut() {
             if let Ok(Some(exited)) = command.try_wait() {
@@ -762,13 +773,15 @@ async fn stop_descendants(
                 child = None;
             }
         }
-        // The command is reaped by tokio (through `child`); every other child here.
-        let command = child
-            .as_deref()
-            .and_then(|c| c.id())
-            .map(|pid| Pid::from_raw(pid as i32));
-        scope.reap_orphans(command);
-        let left = scope.members();
+        if !killing && tokio::time::Instant::now() >= kill_at {
+            // Before a scan that may take a while on a crowded host: the group at once.
+            signal_all(&[], Some(group), Signal::SIGKILL);
+        }
+        let tree = tree_since(looked).await;
+        looked = tokio::time::Instant::now();
+        // The command is reaped by tokio (through `child`); its orphans here.
+        reap_orphans(&tree);
+        let left = scope.members_in(&tree);
         if left.is_empty() && child.is_none() && group_gone(group) {
             break;
         }
@@ -783,7 +796,7 @@ async fn stop_descendants(
             }
             killing = true;
             // Every round: a process may have forked since the last one.
-            signal_all(&left, group, Signal::SIGKILL);
+            signal_all(&left, Some(group), Signal::SIGKILL);
         }
         if now >= report_at {
             report_at = now + STOP_REPORT_EVERY;
@@ -791,15 +804,23 @@ async fn stop_descendants(
             warn!(role, ?pids, waited = %human(now - started),
                 "processes of the command are still running; waiting for them before releasing");
         }
-        tokio::time::sleep(STOP_POLL).await;
+        // Until SIGKILL is due, sleep to it rather than past it.
+        let wake = if killing {
+            now + STOP_POLL
+        } else {
+            (now + STOP_POLL).min(kill_at)
+        };
+        tokio::time::sleep_until(wake).await;
     }
     status.unwrap_or_else(|| ExitStatus::from_raw(Signal::SIGKILL as i32))
 }
 
 /// Sends `signal` to each process and to the process group, ignoring those that are
 /// gone already.
-fn signal_all(pids: &[Pid], group: Pid, signal: Signal) {
-    let _ = killpg(group, signal);
+fn signal_all(pids: &[Pid], group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, signal);
+    }
     for &pid in pids {
         let _ = kill(pid, signal);
     }
@@ -814,7 +835,11 @@ fn group_gone(group: Pid) -> bool {
 /// the command must not run on while tenure, stopped, cannot renew. SIGSTOP rather than
 /// SIGTSTP, which a command may catch or ignore.
 fn suspend(suspended: &AtomicBool) {
-    let running = descendants();
+    let running: Vec<Pid> = tree()
+        .into_iter()
+        .filter(|p| !p.zombie)
+        .map(|p| p.pid)
+        .collect();
     if !running.is_empty() {
         suspended.store(true, Ordering::SeqCst);
     }
@@ -833,6 +858,26 @@ pub(crate) struct ProcessEntry {
     pub(crate) zombie: bool,
 }
 
+impl ProcessEntry {
+    /// Reads `/proc/PID/stat`; `None` if the process is gone (or the file unreadable).
+    fn read(pid: Pid) -> Option<ProcessEntry> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`; comm may itself contain spaces and parentheses.
+        let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+        let state = fields.next()?;
+        let parent: i32 = fields.next()?.parse().ok()?;
+        let group: i32 = fields.next()?.parse().ok()?;
+        let session: i32 = fields.next()?.parse().ok()?;
+        Some(ProcessEntry {
+            pid,
+            parent: Pid::from_raw(parent),
+            group: Pid::from_raw(group),
+            session: Pid::from_raw(session),
+            zombie: state == "Z" || state == "X",
+        })
+    }
+}
+
 /// Every process in `/proc` (one that exits while being read is skipped).
 pub(crate) fn processes() -> Vec<ProcessEntry> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -841,52 +886,141 @@ pub(crate) fn processes() -> Vec<ProcessEntry> {
     dir.flatten()
         .filter_map(|entry| {
             let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid ...`; comm may itself contain spaces and parentheses.
-            let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-            let state = fields.next()?;
-            let parent: i32 = fields.next()?.parse().ok()?;
-            let group: i32 = fields.next()?.parse().ok()?;
-            let session: i32 = fields.next()?.parse().ok()?;
-            Some(ProcessEntry {
-                pid: Pid::from_raw(pid),
-                parent: Pid::from_raw(parent),
-                group: Pid::from_raw(group),
-                session: Pid::from_raw(session),
-                zombie: state == "Z" || state == "X",
-            })
+            ProcessEntry::read(Pid::from_raw(pid))
         })
         .collect()
 }
 
-/// The live (not zombie) descendants of tenure: everything the command started and that
-/// still runs, since tenure starts no other processes but its guard (left out) and, as a
-/// subreaper, inherits every orphan among them.
-fn descendants() -> Vec<Pid> {
-    let all = processes();
-    let guard = crate::guard::pid();
+/// The children of `pid`, from `/proc/PID/task/*/children` (one file per thread: an
+/// orphan adopted by tenure may be any thread's child). `None` where the kernel has no
+/// such files (built without `CONFIG_PROC_CHILDREN`).
+fn children(pid: Pid) -> Option<Vec<Pid>> {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks,
+        // Gone meanwhile: no children to find.
+        Err(error) if error.kind() == ErrorKind::NotFound => return Some(Vec::new()),
+        Err(_) => return None,
+    };
     let mut found = Vec::new();
-    let mut parents = vec![Pid::this()];
-    while let Some(parent) = parents.pop() {
-        for process in all
-            .iter()
-            .filter(|p| p.parent == parent && Some(p.pid) != guard)
-        {
-            parents.push(process.pid);
-            if !process.zombie {
-                found.push(process.pid);
-            }
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(list) => found.extend(
+                list.split_whitespace()
+                    .filter_map(|pid| pid.parse().ok())
+                    .map(Pid::from_raw),
+            ),
+            // The thread exited between the listing and the read.
+            Err(_) if !task.path().exists() => {}
+            Err(_) => return None,
         }
+    }
+    Some(found)
+}
+
+/// Tenure's descendants, zombies included, but for its guard: everything the commands
+/// started, since tenure starts no other processes and, as a subreaper, inherits every
+/// orphan among them. Read from the `children` files down from tenure, so the cost is
+/// that of tenure's tree, not of every process on the host; one pass over all of `/proc`
+/// where the kernel has no `children` files. Blocking: many small reads.
+fn tree() -> Vec<ProcessEntry> {
+    let me = Pid::this();
+    let guard = crate::guard::pid();
+    let Some(mut pending) = children(me) else {
+        return tree_from(processes(), me, guard);
+    };
+    let mut found = Vec::new();
+    while let Some(pid) = pending.pop() {
+        if Some(pid) == guard {
+            continue;
+        }
+        // Gone since its parent's list was read: nothing left to stop or reap.
+        let Some(entry) = ProcessEntry::read(pid) else {
+            continue;
+        };
+        match children(pid) {
+            Some(more) => pending.extend(more),
+            None => return tree_from(processes(), me, guard),
+        }
+        found.push(entry);
     }
     found
 }
 
-/// Reaps tenure's dead children other than `command` (which tokio reaps): the orphans of
-/// the command that re-parented to tenure.
-fn reap_orphans(command: Option<Pid>) {
+/// The descendants of `root` among `all`, but for `guard`.
+fn tree_from(all: Vec<ProcessEntry>, root: Pid, guard: Option<Pid>) -> Vec<ProcessEntry> {
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    let mut rest = all;
+    while let Some(parent) = parents.pop() {
+        let (mine, others): (Vec<_>, Vec<_>) = rest
+            .into_iter()
+            .partition(|p| p.parent == parent && Some(p.pid) != guard);
+        rest = others;
+        parents.extend(mine.iter().map(|p| p.pid));
+        found.extend(mine);
+    }
+    found
+}
+
+/// One scan of tenure's tree, and when it began.
+struct Snapshot {
+    began: tokio::time::Instant,
+    tree: Arc<Vec<ProcessEntry>>,
+}
+
+/// The latest scan, shared: a member stopping 64 shards' commands at once scans once per
+/// tick, not 64 times.
+static SNAPSHOT: tokio::sync::Mutex<Option<Snapshot>> = tokio::sync::Mutex::const_new(None);
+
+/// Tenure's tree ([`tree`]) as of a scan begun at or after `since`: the latest one if it
+/// qualifies, or a new one. Scans run on a blocking thread, never on the runtime's only
+/// thread, which must go on renewing every other term meanwhile.
+async fn tree_since(since: tokio::time::Instant) -> Arc<Vec<ProcessEntry>> {
+    let mut latest = SNAPSHOT.lock().await;
+    if let Some(snapshot) = latest.as_ref().filter(|s| s.began >= since) {
+        return snapshot.tree.clone();
+    }
+    let began = tokio::time::Instant::now();
+    let tree = match tokio::task::spawn_blocking(tree).await {
+        Ok(tree) => tree,
+        // No blocking thread to be had (the runtime shutting down): scan here.
+        Err(_) => tree(),
+    };
+    let tree = Arc::new(tree);
+    *latest = Some(Snapshot {
+        began,
+        tree: tree.clone(),
+    });
+    tree
+}
+
+/// The commands tokio runs (and reaps): not orphans, whatever state they are in.
+static COMMANDS: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
+
+/// A running command, registered so that orphan reaping leaves it to tokio; deregistered
+/// when dropped.
+struct RunningCommand(Pid);
+
+impl RunningCommand {
+    fn register(pid: Pid) -> RunningCommand {
+        COMMANDS.lock().push(pid);
+        RunningCommand(pid)
+    }
+}
+
+impl Drop for RunningCommand {
+    fn drop(&mut self) {
+        COMMANDS.lock().retain(|pid| *pid != self.0);
+    }
+}
+
+/// Reaps tenure's dead children in `tree` that are not commands (which tokio reaps): the
+/// orphans of the commands, re-parented to tenure, a subreaper.
+fn reap_orphans(tree: &[ProcessEntry]) {
     let me = Pid::this();
-    for process in processes() {
-        if process.parent == me && process.zombie && Some(process.pid) != command {
+    let commands = COMMANDS.lock().clone();
+    for process in tree {
+        if process.parent == me && process.zombie && !commands.contains(&process.pid) {
             match waitpid(process.pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(_) | Err(Errno::ECHILD) => {}
                 Err(error) => warn!(pid = process.pid.as_raw(), %error, "cannot reap a child"),

@@ -423,3 +423,138 @@ fn sighup_does_not_start_the_kill_clock() {
     run.signal(Signal::SIGTERM);
     assert_eq!(run.code_within(SIGNAL_WAIT), 128 + 15, "{}", run.stderr());
 }
+
+/// Processes forked by this test that only `pause()`: a crowd on the host that tenure
+/// must not slow down on. One process group, killed and reaped when dropped.
+struct Crowd {
+    group: nix::unistd::Pid,
+    count: usize,
+}
+
+impl Crowd {
+    fn new(count: usize) -> Crowd {
+        use nix::unistd::{fork, pause, setpgid, ForkResult, Pid};
+        let mut group = None;
+        for _ in 0..count {
+            // SAFETY: the child only calls async-signal-safe functions (setpgid, prctl,
+            // pause) and never returns into the test harness.
+            match unsafe { fork() }.expect("fork") {
+                ForkResult::Child => {
+                    let _ = setpgid(Pid::from_raw(0), group.unwrap_or(Pid::from_raw(0)));
+                    // Gone with the test thread, should the test itself die.
+                    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+                    loop {
+                        pause();
+                    }
+                }
+                ForkResult::Parent { child } => {
+                    let _ = setpgid(child, group.unwrap_or(child));
+                    group.get_or_insert(child);
+                }
+            }
+        }
+        Crowd {
+            group: group.expect("a crowd of at least one"),
+            count,
+        }
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        use nix::sys::wait::waitpid;
+        let _ = nix::sys::signal::killpg(self.group, nix::sys::signal::Signal::SIGKILL);
+        let all = nix::unistd::Pid::from_raw(-self.group.as_raw());
+        for _ in 0..self.count {
+            if waitpid(all, None).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// A member owning 64 shards, with 5,000 other processes on the host, is told to stop
+/// (SIGTERM): its 64 commands ignore SIGTERM, so each must be SIGKILLed `--kill-after`
+/// (300 ms) after the stop begins, and all must be dead within the margin after that
+/// (300 ms: a tenth of the 3 s TTL), as they must be before a lost lease could pass.
+#[test]
+fn many_shards_stop_in_time_on_a_crowded_host() {
+    use nix::sys::signal::Signal;
+    use std::time::{Duration, Instant};
+    const SHARDS: usize = 64;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pids = dir.path().join("pids");
+    let _crowd = Crowd::new(5_000);
+    let script = format!(
+        "trap '' TERM; echo $$ >> '{}'; exec sleep 600",
+        pids.display()
+    );
+    let mut member = common::Proc::spawn(common::tenure().args([
+        "run",
+        "--group",
+        "crowd",
+        "--shards",
+        &SHARDS.to_string(),
+        "--node-id",
+        "only",
+        "--store",
+        &store,
+        "--ttl",
+        "3s",
+        "--kill-after",
+        "300ms",
+        "--retry-every",
+        "100ms",
+        "--member-ttl",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let mut commands = Vec::new();
+    let all_started = common::wait_until(Duration::from_secs(60), || {
+        commands = common::lines(&pids)
+            .iter()
+            .filter_map(|l| l.trim().parse().ok())
+            .map(nix::unistd::Pid::from_raw)
+            .collect();
+        commands.len() == SHARDS
+    });
+    for &command in &commands {
+        member.own_group(command);
+    }
+    assert!(
+        all_started,
+        "{} of {SHARDS} commands started; stderr:\n{}",
+        commands.len(),
+        member.stderr()
+    );
+    // Each shell has exec'd sleep with SIGTERM still ignored.
+    assert!(common::wait_until(Duration::from_secs(10), || commands
+        .iter()
+        .all(|&pid| std::fs::read_to_string(format!(
+            "/proc/{pid}/comm"
+        ))
+        .is_ok_and(|comm| comm.trim() == "sleep"))));
+    let stop = Instant::now();
+    member.signal(Signal::SIGTERM);
+    let bound = Duration::from_millis(300 + 300);
+    let all_dead = common::wait_until(Duration::from_secs(30), || {
+        commands.iter().all(|&pid| common::dead(pid))
+    });
+    let took = stop.elapsed();
+    assert!(all_dead, "commands still alive 30 s after the stop");
+    assert!(
+        took <= bound,
+        "the last command died {took:?} after the stop, more than {bound:?}; stderr:\n{}",
+        member.stderr()
+    );
+    assert_eq!(
+        member.code_within(Duration::from_secs(30)),
+        0,
+        "{}",
+        member.stderr()
+    );
+}
