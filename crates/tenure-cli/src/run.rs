@@ -74,6 +74,11 @@ const STOP_REPORT_EVERY: Duration = Duration::from_secs(5);
 /// resumed into a term that is over.
 const RESUME_DELAY: Duration = Duration::from_millis(20);
 
+/// At most how many passes Ctrl-Z makes over tenure's tree to stop what forked meanwhile,
+/// and how long it lets a signalled process act on its SIGSTOP before looking again.
+const SUSPEND_ROUNDS: usize = 100;
+const SUSPEND_SETTLE: Duration = Duration::from_millis(1);
+
 /// How often a waiting `tenure run` says who holds the role.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
 
@@ -835,16 +840,34 @@ fn group_gone(group: Pid) -> bool {
 /// the command must not run on while tenure, stopped, cannot renew. SIGSTOP rather than
 /// SIGTSTP, which a command may catch or ignore.
 fn suspend(suspended: &AtomicBool) {
-    let running: Vec<Pid> = tree()
-        .into_iter()
-        .filter(|p| !p.zombie)
-        .map(|p| p.pid)
-        .collect();
-    if !running.is_empty() {
-        suspended.store(true, Ordering::SeqCst);
+    // One pass is not enough: a process forks between the scan and its own SIGSTOP, and
+    // its child runs on. So again, until a pass finds nothing new and everything signalled
+    // has stopped (or died), within a bound: a stopped parent forks no more.
+    let mut signalled: Vec<Pid> = Vec::new();
+    for _ in 0..SUSPEND_ROUNDS {
+        let tree = tree();
+        let new: Vec<Pid> = tree
+            .iter()
+            .filter(|p| !p.zombie && !signalled.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        let stopping = tree
+            .iter()
+            .any(|p| !p.zombie && !p.stopped && signalled.contains(&p.pid));
+        if new.is_empty() && !stopping {
+            break;
+        }
+        for pid in new {
+            let _ = kill(pid, Signal::SIGSTOP);
+            signalled.push(pid);
+        }
+        if stopping {
+            // SIGSTOP is acted on as the process next runs: give it the chance.
+            std::thread::sleep(SUSPEND_SETTLE);
+        }
     }
-    for pid in running {
-        let _ = kill(pid, Signal::SIGSTOP);
+    if !signalled.is_empty() {
+        suspended.store(true, Ordering::SeqCst);
     }
     let _ = kill(Pid::this(), Signal::SIGSTOP);
 }
@@ -856,6 +879,8 @@ pub(crate) struct ProcessEntry {
     pub(crate) group: Pid,
     pub(crate) session: Pid,
     pub(crate) zombie: bool,
+    /// Stopped by a signal (state `T`) or a tracer (`t`).
+    pub(crate) stopped: bool,
 }
 
 impl ProcessEntry {
@@ -874,6 +899,7 @@ impl ProcessEntry {
             group: Pid::from_raw(group),
             session: Pid::from_raw(session),
             zombie: state == "Z" || state == "X",
+            stopped: state == "T" || state == "t",
         })
     }
 }

@@ -558,3 +558,47 @@ fn many_shards_stop_in_time_on_a_crowded_host() {
         member.stderr()
     );
 }
+
+/// Ctrl-Z stops everything the command runs, even while it forks in a tight loop: a child
+/// forked between one scan of tenure's tree and its parent's SIGSTOP is stopped too.
+/// Once tenure itself is stopped, every process of the command's group is stopped (or
+/// dead), and stays so.
+#[test]
+fn ctrl_z_stops_a_forking_command() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let script = format!(
+        "echo $$ > '{}'; while :; do sleep 30 & done",
+        pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "forks", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    run.signal(Signal::SIGTSTP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || scenarios::state(run.pid()) == Some('T')),
+        "tenure not stopped"
+    );
+    // Time for a process that escaped the stop to show as running (or sleeping).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let group: Vec<(i32, Option<char>)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) == Ok(command))
+        .map(|pid| (pid, scenarios::state(nix::unistd::Pid::from_raw(pid))))
+        .collect();
+    let running: Vec<_> = group
+        .iter()
+        .filter(|(_, state)| !matches!(state, Some('T' | 'Z') | None))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "{} of {} processes of the command not stopped: {running:?}",
+        running.len(),
+        group.len()
+    );
+}
