@@ -761,11 +761,14 @@ async fn stop_descendants(
     let started = tokio::time::Instant::now();
     let kill_at = started + kill_after;
     let mut report_at = started + STOP_REPORT_EVERY;
+    // Once the group is seen gone its id may be reused by an unrelated group (the command,
+    // its leader, may be reaped already): never signalled again.
+    let mut group = Some(group).filter(|&group| !group_gone(group));
     // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
     if !kill_after.is_zero() {
         let left = scope.members_since(started).await;
-        signal_all(&left, Some(group), Signal::SIGTERM);
-        signal_all(&left, Some(group), Signal::SIGCONT);
+        signal_all(&left, group, Signal::SIGTERM);
+        signal_all(&left, group, Signal::SIGCONT);
     }
     let mut killing = false;
     // Any scan begun since this loop last looked is as good as its own: with many
@@ -778,16 +781,18 @@ async fn stop_descendants(
                 child = None;
             }
         }
+        group = group.filter(|&group| !group_gone(group));
         if !killing && tokio::time::Instant::now() >= kill_at {
             // Before a scan that may take a while on a crowded host: the group at once.
-            signal_all(&[], Some(group), Signal::SIGKILL);
+            signal_all(&[], group, Signal::SIGKILL);
         }
         let tree = tree_since(looked).await;
         looked = tokio::time::Instant::now();
         // The command is reaped by tokio (through `child`); its orphans here.
         reap_orphans(&tree);
         let left = scope.members_in(&tree);
-        if left.is_empty() && child.is_none() && group_gone(group) {
+        group = group.filter(|&group| !group_gone(group));
+        if left.is_empty() && child.is_none() && group.is_none() {
             break;
         }
         let now = tokio::time::Instant::now();
@@ -801,7 +806,7 @@ async fn stop_descendants(
             }
             killing = true;
             // Every round: a process may have forked since the last one.
-            signal_all(&left, Some(group), Signal::SIGKILL);
+            signal_all(&left, group, Signal::SIGKILL);
         }
         if now >= report_at {
             report_at = now + STOP_REPORT_EVERY;
@@ -893,12 +898,17 @@ impl ProcessEntry {
         let parent: i32 = fields.next()?.parse().ok()?;
         let group: i32 = fields.next()?.parse().ok()?;
         let session: i32 = fields.next()?.parse().ok()?;
+        // tty_nr ... nice, then num_threads.
+        let threads: u32 = fields.nth(13)?.parse().ok()?;
         Some(ProcessEntry {
             pid,
             parent: Pid::from_raw(parent),
             group: Pid::from_raw(group),
             session: Pid::from_raw(session),
-            zombie: state == "Z" || state == "X",
+            // A main thread that exited while others run shows the whole process as `Z`;
+            // it is dead only once no other thread is left (one: the leader, reaped
+            // last).
+            zombie: (state == "Z" || state == "X") && threads <= 1,
             stopped: state == "T" || state == "t",
         })
     }

@@ -602,3 +602,60 @@ fn ctrl_z_stops_a_forking_command() {
         group.len()
     );
 }
+
+/// Whether a process still has a live thread: it exists and is not a zombie with nothing
+/// but its exited main thread (`num_threads` of `/proc/PID/stat` counts the others).
+fn has_live_thread(pid: nix::unistd::Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    let threads: u32 = fields[17].parse().unwrap();
+    !matches!(fields[0], "Z" | "X") || threads > 1
+}
+
+/// A leftover whose main thread exited while another thread runs shows in `/proc` as a
+/// zombie (state `Z`), yet it runs: tenure stops it before releasing, like any other. The
+/// command starts it in a session of its own (`setsid`), out of reach of the group kill,
+/// and exits.
+#[test]
+fn leftover_with_exited_main_thread_is_stopped() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("leftover.pid");
+    let python = format!(
+        "import ctypes, os, threading, time\n\
+         threading.Thread(target=lambda: time.sleep(120)).start()\n\
+         open('{}', 'w').write(str(os.getpid()))\n\
+         ctypes.CDLL(None).pthread_exit(None)\n",
+        pid_file.display()
+    );
+    let script = format!(
+        "setsid python3 -c \"$LEFTOVER\" & while [ ! -s '{}' ]; do sleep 0.02; done; \
+         sleep 0.3; exit 0",
+        pid_file.display()
+    );
+    let mut command = common::run_sh(&store, "thread", &[], &script);
+    command.env("LEFTOVER", &python);
+    let mut run = common::Proc::spawn(&mut command);
+    let leftover = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(leftover);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    let alive = has_live_thread(leftover);
+    if alive {
+        let _ = nix::sys::signal::kill(leftover, nix::sys::signal::Signal::SIGKILL);
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+    assert!(
+        !alive,
+        "the leftover (main thread exited, one thread running) outlived the release; stderr:\n{}",
+        run.stderr()
+    );
+}
