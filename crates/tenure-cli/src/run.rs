@@ -7,9 +7,10 @@
 //! pass to anyone else. SIGINT, SIGTERM and SIGQUIT are forwarded to the command's process
 //! group (and it is killed if still there `--kill-after` later); SIGHUP, SIGUSR1, SIGUSR2
 //! and SIGALRM are forwarded too, with no deadline, since they ask the command to do
-//! something (reload its configuration, reopen its logs) rather than to stop. The lease is released when it exits, and tenure exits with
-//! its code. While waiting for the role, SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit
-//! 128+N); SIGUSR1, SIGUSR2 and SIGALRM are logged and ignored, as there is no command yet.
+//! something (reload its configuration, reopen its logs) rather than to stop. The lease
+//! is released when it exits, and tenure exits with its code. While waiting for the role,
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit 128+N); SIGUSR1, SIGUSR2 and SIGALRM
+//! are logged and ignored, as there is no command yet.
 //!
 //! No signal kills tenure by its default action while the command runs, which would leave
 //! the lease held until the TTL: SIGTTOU and SIGTTIN (a background tenure writing to a
@@ -21,9 +22,10 @@
 //! fork, `daemon(3)`). When the command exits, whatever it left running is stopped the same
 //! way before the lease is released.
 //!
-//! Ctrl-Z (SIGTSTP to tenure) stops every descendant (SIGSTOP) and then tenure itself;
-//! SIGCONT to tenure resumes them, unless the term was lost while they were stopped, in
-//! which case they are stopped for good. SIGSTOP to tenure cannot be seen: the command
+//! Ctrl-Z (SIGTSTP to tenure) stops every descendant (SIGSTOP, looking again until nothing
+//! new runs, for a command that forks meanwhile) and then tenure itself; SIGCONT to tenure
+//! resumes them, unless the term was lost while they were stopped, in which case they are
+//! stopped for good. SIGSTOP to tenure cannot be seen: the command
 //! then runs on while tenure is stopped, and only a fence stops its writes.
 
 use std::ffi::OsString;
