@@ -684,6 +684,28 @@ impl ChildSpec {
                         Ok(status) => status,
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
+                    // A SIGKILL may be the guard's, at a deadline tenure slept through
+                    // (stopped, suspended): the elector, resumed too, says so within
+                    // moments, and the term was then lost rather than finished.
+                    let killed = status.signal() == Some(Signal::SIGKILL as i32);
+                    if killed
+                        && tokio::time::timeout(RESUME_DELAY, leadership.cancelled())
+                            .await
+                            .is_ok()
+                    {
+                        if self.suspended.load(Ordering::SeqCst) {
+                            warn!(role = %self.role, token = %self.token,
+                                "leadership lost while suspended; the command was killed \
+                                 at the deadline");
+                        } else {
+                            warn!(role = %self.role, token = %self.token,
+                                "leadership lost; the command was killed at the deadline");
+                        }
+                        let status =
+                            stop_descendants(Some(&mut child), pgid, Duration::ZERO, &self.role, scope)
+                                .await;
+                        return Outcome::Lost(status);
+                    }
                     self.stop_leftovers(pgid, self.kill_after, scope).await;
                     return Outcome::Exited(status);
                 }
