@@ -4,12 +4,13 @@
 //! token in `TENURE_FENCING_TOKEN`. If leadership is lost, its processes get SIGTERM,
 //! then SIGKILL after `--kill-after`; the elector is told to cancel leadership that long
 //! (plus a margin) before its local deadline, so the command is dead before the lease can
-//! pass to anyone else. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the
-//! command's process group (and it is killed if still there `--kill-after` later); SIGUSR1,
-//! SIGUSR2 and SIGALRM are forwarded too, with no deadline, since they ask the command to do
-//! something rather than to stop. The lease is released when it exits, and tenure exits with
-//! its code. While waiting for the role, SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit
-//! 128+N); SIGUSR1, SIGUSR2 and SIGALRM are logged and ignored, as there is no command yet.
+//! pass to anyone else. SIGINT, SIGTERM and SIGQUIT are forwarded to the command's process
+//! group (and it is killed if still there `--kill-after` later); SIGHUP, SIGUSR1, SIGUSR2
+//! and SIGALRM are forwarded too, with no deadline, since they ask the command to do
+//! something (reload its configuration, reopen its logs) rather than to stop. The lease
+//! is released when it exits, and tenure exits with its code. While waiting for the role,
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT give up (exit 128+N); SIGUSR1, SIGUSR2 and SIGALRM
+//! are logged and ignored, as there is no command yet.
 //!
 //! No signal kills tenure by its default action while the command runs, which would leave
 //! the lease held until the TTL: SIGTTOU and SIGTTIN (a background tenure writing to a
@@ -21,10 +22,13 @@
 //! fork, `daemon(3)`). When the command exits, whatever it left running is stopped the same
 //! way before the lease is released.
 //!
-//! Ctrl-Z (SIGTSTP to tenure) stops every descendant (SIGSTOP) and then tenure itself;
-//! SIGCONT to tenure resumes them, unless the term was lost while they were stopped, in
-//! which case they are stopped for good. SIGSTOP to tenure cannot be seen: the command
-//! then runs on while tenure is stopped, and only a fence stops its writes.
+//! Ctrl-Z (SIGTSTP to tenure) stops every descendant (SIGSTOP, looking again until nothing
+//! new runs, for a command that forks meanwhile) and then tenure itself; SIGCONT to tenure
+//! resumes them, unless the term was lost while they were stopped, in which case they are
+//! stopped for good. SIGSTOP to tenure alone cannot be seen by tenure: its guard
+//! ([`crate::guard`]), a process of its own holding the same deadline, SIGKILLs the command
+//! when the term's deadline passes; with the guard stopped too, only a fence stops its
+//! writes.
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
@@ -73,6 +77,11 @@ const STOP_REPORT_EVERY: Duration = Duration::from_secs(5);
 /// passed while everything was stopped is seen as lost first, so the command is not
 /// resumed into a term that is over.
 const RESUME_DELAY: Duration = Duration::from_millis(20);
+
+/// At most how many passes Ctrl-Z makes over tenure's tree to stop what forked meanwhile,
+/// and how long it lets a signalled process act on its SIGSTOP before looking again.
+const SUSPEND_ROUNDS: usize = 100;
+const SUSPEND_SETTLE: Duration = Duration::from_millis(1);
 
 /// How often a waiting `tenure run` says who holds the role.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
@@ -213,6 +222,7 @@ pub async fn run(
     let (forward_tx, forward_rx) = mpsc::unbounded_channel::<Signal>();
     let forward_rx = Arc::new(tokio::sync::Mutex::new(forward_rx));
     let suspended = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(StartGate::default());
 
     let membership = args.node_id.as_ref().map(|node_id| {
         let mut metadata = Metadata::new();
@@ -243,6 +253,9 @@ pub async fn run(
         let suspended = suspended.clone();
         let stop = shutdown.clone();
         let deadline = elector.deadline();
+        let gate = gate.clone();
+        let leases = stores.leases.clone();
+        let ttl = args.ttl;
         tokio::spawn(async move {
             let role_name = role.clone();
             elector
@@ -264,10 +277,16 @@ pub async fn run(
                         let outcome = outcome.clone();
                         let shutdown = stop.clone();
                         let forward = forward_rx.clone();
+                        let gate = gate.clone();
+                        let leases = leases.clone();
+                        let role = role.clone();
+                        let owner = owner.clone();
                         async move {
                             // One run per `tenure run`: a term that starts after the
-                            // command already ran (or failed to start) does nothing.
-                            if outcome.lock().is_some() || shutdown.is_cancelled() {
+                            // command already ran (or failed to start) does nothing, and
+                            // neither does one that begins as the wait limit gives up.
+                            if outcome.lock().is_some() || shutdown.is_cancelled() || !gate.start()
+                            {
                                 return;
                             }
                             let mut forward = forward.lock().await;
@@ -275,10 +294,20 @@ pub async fn run(
                             if matches!(result, Outcome::NotStarted) {
                                 return;
                             }
-                            if matches!(result, Outcome::Lost(_) | Outcome::SpawnFailed(_)) {
+                            // The command finished on its own as the term ended: the
+                            // elector, seeing a lost term, neither releases it nor stops
+                            // contending, so this run does both.
+                            let finished_as_term_ended =
+                                matches!(result, Outcome::Exited(_)) && leadership.is_cancelled();
+                            if finished_as_term_ended
+                                || matches!(result, Outcome::Lost(_) | Outcome::SpawnFailed(_))
+                            {
                                 shutdown.cancel();
                             }
                             *outcome.lock() = Some(result);
+                            if finished_as_term_ended {
+                                release(leases.as_ref(), &role, &owner, token, ttl).await;
+                            }
                         }
                     },
                     shutdown,
@@ -326,6 +355,11 @@ pub async fn run(
                     // which does not run yet.
                     warn!(role = %args.role, ?signal,
                         "signal while waiting for the role: no command to forward it to; ignored");
+                } else if !gate.give_up() {
+                    // The command started an instant ago: the signal is its.
+                    led = true;
+                    info!(role = %args.role, ?signal, "forwarding signal to the command");
+                    let _ = forward_tx.send(signal);
                 } else {
                     say!("tenure: {signal:?} while waiting for role {:?}; giving up", args.role);
                     early_exit.get_or_insert(128 + signal as u8);
@@ -337,7 +371,9 @@ pub async fn run(
                 let current = state.borrow_and_update().clone();
                 match current {
                     ElectionState::Leader { .. } => led = true,
-                    ElectionState::Follower { holder: Some((holder, token)) } if args.no_wait => {
+                    ElectionState::Follower { holder: Some((holder, token)) }
+                        if args.no_wait && gate.give_up() =>
+                    {
                         say!("tenure: role {:?} is held by {holder} (token {token}); not waiting (--no-wait)", args.role);
                         early_exit.get_or_insert(exit::BUSY);
                         shutdown.cancel();
@@ -353,6 +389,12 @@ pub async fn run(
                 print_waiting(stores.leases.as_ref(), &args.role, waiting_since.elapsed()).await;
             }
             _ = &mut give_up, if !led && !shutdown.is_cancelled() => {
+                // Leadership may have begun and the command started before this loop
+                // saw it: the limit is for waiting, and the wait is over.
+                if !gate.give_up() {
+                    led = true;
+                    continue;
+                }
                 if args.no_wait {
                     say!("tenure: no answer from the store within {} (--no-wait)", human(args.ttl));
                     early_exit.get_or_insert(exit::RUN_FAILED);
@@ -402,6 +444,43 @@ pub async fn run(
         }
         None => early_exit.unwrap_or(exit::RUN_FAILED),
     })
+}
+
+/// Whether this run's command may start, decided once: the wait limit (`--wait-timeout`,
+/// `--no-wait`, a signal while waiting) and the start of the command race for it, and
+/// whichever comes first wins. Leadership that begins as the limit fires thus either never
+/// starts the command, or keeps it from being killed by the limit.
+#[derive(Debug, Default)]
+struct StartGate(Mutex<Option<bool>>);
+
+impl StartGate {
+    /// Whether the command may start (the run did not give up first); it then has.
+    fn start(&self) -> bool {
+        *self.0.lock().get_or_insert(true)
+    }
+
+    /// Whether the run gives up (the command did not start first); it then has.
+    fn give_up(&self) -> bool {
+        !*self.0.lock().get_or_insert(false)
+    }
+}
+
+/// Releases a term the elector considers lost but the store may still hold for us
+/// (the command finished on its own as it ended), so the next holder need not wait for
+/// the TTL. Conditional on owner and token: a lease another owner took is left alone.
+async fn release(
+    leases: &dyn LeaseStore,
+    role: &str,
+    owner: &str,
+    token: FencingToken,
+    within: Duration,
+) {
+    match tokio::time::timeout(within, leases.release(role, owner, token)).await {
+        Ok(Ok(true)) => info!(role, owner, token = %token, "released"),
+        Ok(Ok(false)) => {}
+        Ok(Err(error)) => warn!(role, token = %token, %error, "cannot release the role"),
+        Err(_) => warn!(role, token = %token, "no answer to the release"),
+    }
 }
 
 async fn print_waiting(store: &dyn LeaseStore, role: &str, waited: Duration) {
@@ -468,24 +547,27 @@ enum Scope {
 }
 
 impl Scope {
-    /// The command's live processes.
-    fn members(self) -> Vec<Pid> {
-        match self {
-            Scope::Descendants => descendants(),
-            Scope::Session(session) => processes()
-                .into_iter()
-                .filter(|p| p.session == session && !p.zombie)
-                .map(|p| p.pid)
-                .collect(),
-        }
+    /// The command's live processes, from a scan of tenure's tree begun at or after
+    /// `since` (shared with every other command being stopped meanwhile).
+    async fn members_since(self, since: tokio::time::Instant) -> Vec<Pid> {
+        self.members_in(&tree_since(since).await)
     }
 
-    /// Reaps tenure's orphaned children: only as the subreaper of one command (other
-    /// children are other shards' commands, reaped by tokio).
-    fn reap_orphans(self, command: Option<Pid>) {
-        if matches!(self, Scope::Descendants) {
-            reap_orphans(command);
-        }
+    /// The command's live processes, as of a scan begun now or later.
+    async fn members(self) -> Vec<Pid> {
+        self.members_since(tokio::time::Instant::now()).await
+    }
+
+    /// The command's live processes among `tree` (tenure's descendants).
+    fn members_in(self, tree: &[ProcessEntry]) -> Vec<Pid> {
+        tree.iter()
+            .filter(|p| !p.zombie)
+            .filter(|p| match self {
+                Scope::Descendants => true,
+                Scope::Session(session) => p.session == session,
+            })
+            .map(|p| p.pid)
+            .collect()
     }
 }
 
@@ -558,6 +640,9 @@ impl ChildSpec {
             ScopeKind::Descendants => Scope::Descendants,
             ScopeKind::OwnSession => Scope::Session(pgid),
         };
+        // Registered before anything else runs on this thread, so that no orphan reaping
+        // takes the command's status from tokio.
+        let _command = RunningCommand::register(pgid);
         // The guard kills this group if tenure cannot (stopped, wedged, gone) by the
         // deadline; it forgets it when this returns, the command stopped and reaped.
         let deadline = *self.deadline.borrow();
@@ -569,6 +654,24 @@ impl ChildSpec {
             tokio::select! {
                 biased;
                 _ = leadership.cancelled() => {
+                    // The command may have exited in the same instant (or while tenure was
+                    // stopped): its own end, not a loss, and a retry wrapper must not run
+                    // a finished job again. Not so a SIGKILL: the guard's, at the deadline
+                    // tenure slept through (or the OOM killer's), not the command's doing.
+                    let finished = child
+                        .try_wait()
+                        .ok()
+                        .flatten()
+                        .filter(|status| status.signal() != Some(Signal::SIGKILL as i32));
+                    if let Some(status) = finished {
+                        let grace = if self.suspended.load(Ordering::SeqCst) {
+                            Duration::ZERO
+                        } else {
+                            self.kill_after
+                        };
+                        self.stop_leftovers(pgid, grace, scope).await;
+                        return Outcome::Exited(status);
+                    }
                     // Lost while suspended: the deadline passed while nothing ran, so the
                     // lease may be another's already; no grace to act on a SIGTERM.
                     let grace = if self.suspended.load(Ordering::SeqCst) {
@@ -589,24 +692,33 @@ impl ChildSpec {
                         Ok(status) => status,
                         Err(error) => return Outcome::SpawnFailed(error),
                     };
-                    // SIGKILLed with the term's deadline gone: the guard's doing while
-                    // tenure could not act (stopped, suspended). The term is lost, and
-                    // whatever is left of the command goes without a grace period.
+                    // A SIGKILL may be the guard's, at a deadline tenure slept through
+                    // (stopped, suspended): the term's deadline has passed, or the
+                    // elector, resumed too, says so within moments; the term was then
+                    // lost rather than finished.
+                    let killed = status.signal() == Some(Signal::SIGKILL as i32);
                     let now = tokio::time::Instant::now();
                     let term_over = self.deadline.borrow().is_none_or(|at| now >= at);
-                    if status.signal() == Some(Signal::SIGKILL as i32) && term_over {
-                        warn!(role = %self.role, token = %self.token,
-                            "the guard killed the command at the term's deadline");
-                        stop_descendants(None, pgid, Duration::ZERO, &self.role, scope).await;
+                    if killed
+                        && (term_over
+                            || tokio::time::timeout(RESUME_DELAY, leadership.cancelled())
+                                .await
+                                .is_ok())
+                    {
+                        if self.suspended.load(Ordering::SeqCst) {
+                            warn!(role = %self.role, token = %self.token,
+                                "leadership lost while suspended; the command was killed \
+                                 at the deadline");
+                        } else {
+                            warn!(role = %self.role, token = %self.token,
+                                "leadership lost; the command was killed at the deadline");
+                        }
+                        let status =
+                            stop_descendants(Some(&mut child), pgid, Duration::ZERO, &self.role, scope)
+                                .await;
                         return Outcome::Lost(status);
                     }
-                    let left = scope.members();
-                    if !left.is_empty() || !group_gone(pgid) {
-                        warn!(role = %self.role, token = %self.token, left = left.len(),
-                            "the command exited and left processes running; \
-                             stopping them before releasing");
-                        stop_descendants(None, pgid, self.kill_after, &self.role, scope).await;
-                    }
+                    self.stop_leftovers(pgid, self.kill_after, scope).await;
                     return Outcome::Exited(status);
                 }
                 Some(signal) = forward.recv() => {
@@ -614,9 +726,10 @@ impl ChildSpec {
                         resume_at = Some(tokio::time::Instant::now() + RESUME_DELAY);
                     } else {
                         let _ = killpg(pgid, signal);
-                        // SIGUSR1 and the like ask for something else (reopen logs, dump
-                        // state): the command is not expected to exit, so no deadline.
-                        if asks_to_stop(signal) {
+                        // SIGHUP, SIGUSR1 and the like ask for something else (reload,
+                        // reopen logs, dump state): the command is not expected to exit, so
+                        // no deadline.
+                        if starts_kill_clock(signal) {
                             kill_at.get_or_insert(tokio::time::Instant::now() + self.kill_after);
                         }
                     }
@@ -626,7 +739,7 @@ impl ChildSpec {
                     // Lost while stopped: the branch above stops everything instead.
                     if !leadership.is_cancelled() {
                         self.suspended.store(false, Ordering::SeqCst);
-                        signal_all(&scope.members(), pgid, Signal::SIGCONT);
+                        signal_all(&scope.members().await, Some(pgid), Signal::SIGCONT);
                     }
                 }
                 _ = sleep_until_opt(kill_at) => {
@@ -634,8 +747,24 @@ impl ChildSpec {
                     let _ = killpg(pgid, Signal::SIGKILL);
                     kill_at = None;
                 }
-                Some(()) = children.recv() => scope.reap_orphans(Some(pgid)),
+                Some(()) = children.recv() => {
+                    reap_orphans(&tree_since(tokio::time::Instant::now()).await);
+                }
             }
+        }
+    }
+}
+
+impl ChildSpec {
+    /// Stops what the command, which exited, left running (with `grace` between SIGTERM
+    /// and SIGKILL), before its term is released.
+    async fn stop_leftovers(&self, pgid: Pid, grace: Duration, scope: Scope) {
+        let left = scope.members().await;
+        if !left.is_empty() || !group_gone(pgid) {
+            warn!(role = %self.role, token = %self.token, left = left.len(),
+                "the command exited and left processes running; \
+                 stopping them before releasing");
+            stop_descendants(None, pgid, grace, &self.role, scope).await;
         }
     }
 }
@@ -668,13 +797,19 @@ async fn stop_descendants(
     let started = tokio::time::Instant::now();
     let kill_at = started + kill_after;
     let mut report_at = started + STOP_REPORT_EVERY;
+    // Once the group is seen gone its id may be reused by an unrelated group (the command,
+    // its leader, may be reaped already): never signalled again.
+    let mut group = Some(group).filter(|&group| !group_gone(group));
     // With no grace, not even a SIGCONT: a stopped process is killed where it stands.
     if !kill_after.is_zero() {
-        let left = scope.members();
+        let left = scope.members_since(started).await;
         signal_all(&left, group, Signal::SIGTERM);
         signal_all(&left, group, Signal::SIGCONT);
     }
     let mut killing = false;
+    // Any scan begun since this loop last looked is as good as its own: with many
+    // commands stopping at once, one scan per tick serves them all.
+    let mut looked = started;
     loop {
         if let Some(command) = child.as_deref_mut() {
             if let Ok(Some(exited)) = command.try_wait() {
@@ -682,14 +817,18 @@ async fn stop_descendants(
                 child = None;
             }
         }
-        // The command is reaped by tokio (through `child`); every other child here.
-        let command = child
-            .as_deref()
-            .and_then(|c| c.id())
-            .map(|pid| Pid::from_raw(pid as i32));
-        scope.reap_orphans(command);
-        let left = scope.members();
-        if left.is_empty() && child.is_none() && group_gone(group) {
+        group = group.filter(|&group| !group_gone(group));
+        if !killing && tokio::time::Instant::now() >= kill_at {
+            // Before a scan that may take a while on a crowded host: the group at once.
+            signal_all(&[], group, Signal::SIGKILL);
+        }
+        let tree = tree_since(looked).await;
+        looked = tokio::time::Instant::now();
+        // The command is reaped by tokio (through `child`); its orphans here.
+        reap_orphans(&tree);
+        let left = scope.members_in(&tree);
+        group = group.filter(|&group| !group_gone(group));
+        if left.is_empty() && child.is_none() && group.is_none() {
             break;
         }
         let now = tokio::time::Instant::now();
@@ -711,15 +850,23 @@ async fn stop_descendants(
             warn!(role, ?pids, waited = %human(now - started),
                 "processes of the command are still running; waiting for them before releasing");
         }
-        tokio::time::sleep(STOP_POLL).await;
+        // Until SIGKILL is due, sleep to it rather than past it.
+        let wake = if killing {
+            now + STOP_POLL
+        } else {
+            (now + STOP_POLL).min(kill_at)
+        };
+        tokio::time::sleep_until(wake).await;
     }
     status.unwrap_or_else(|| ExitStatus::from_raw(Signal::SIGKILL as i32))
 }
 
 /// Sends `signal` to each process and to the process group, ignoring those that are
 /// gone already.
-fn signal_all(pids: &[Pid], group: Pid, signal: Signal) {
-    let _ = killpg(group, signal);
+fn signal_all(pids: &[Pid], group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, signal);
+    }
     for &pid in pids {
         let _ = kill(pid, signal);
     }
@@ -734,12 +881,34 @@ fn group_gone(group: Pid) -> bool {
 /// the command must not run on while tenure, stopped, cannot renew. SIGSTOP rather than
 /// SIGTSTP, which a command may catch or ignore.
 fn suspend(suspended: &AtomicBool) {
-    let running = descendants();
-    if !running.is_empty() {
-        suspended.store(true, Ordering::SeqCst);
+    // One pass is not enough: a process forks between the scan and its own SIGSTOP, and
+    // its child runs on. So again, until a pass finds nothing new and everything signalled
+    // has stopped (or died), within a bound: a stopped parent forks no more.
+    let mut signalled: Vec<Pid> = Vec::new();
+    for _ in 0..SUSPEND_ROUNDS {
+        let tree = tree();
+        let new: Vec<Pid> = tree
+            .iter()
+            .filter(|p| !p.zombie && !signalled.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        let stopping = tree
+            .iter()
+            .any(|p| !p.zombie && !p.stopped && signalled.contains(&p.pid));
+        if new.is_empty() && !stopping {
+            break;
+        }
+        for pid in new {
+            let _ = kill(pid, Signal::SIGSTOP);
+            signalled.push(pid);
+        }
+        if stopping {
+            // SIGSTOP is acted on as the process next runs: give it the chance.
+            std::thread::sleep(SUSPEND_SETTLE);
+        }
     }
-    for pid in running {
-        let _ = kill(pid, Signal::SIGSTOP);
+    if !signalled.is_empty() {
+        suspended.store(true, Ordering::SeqCst);
     }
     let _ = kill(Pid::this(), Signal::SIGSTOP);
 }
@@ -751,6 +920,34 @@ pub(crate) struct ProcessEntry {
     pub(crate) group: Pid,
     pub(crate) session: Pid,
     pub(crate) zombie: bool,
+    /// Stopped by a signal (state `T`) or a tracer (`t`).
+    pub(crate) stopped: bool,
+}
+
+impl ProcessEntry {
+    /// Reads `/proc/PID/stat`; `None` if the process is gone (or the file unreadable).
+    fn read(pid: Pid) -> Option<ProcessEntry> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`; comm may itself contain spaces and parentheses.
+        let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+        let state = fields.next()?;
+        let parent: i32 = fields.next()?.parse().ok()?;
+        let group: i32 = fields.next()?.parse().ok()?;
+        let session: i32 = fields.next()?.parse().ok()?;
+        // tty_nr ... nice, then num_threads.
+        let threads: u32 = fields.nth(13)?.parse().ok()?;
+        Some(ProcessEntry {
+            pid,
+            parent: Pid::from_raw(parent),
+            group: Pid::from_raw(group),
+            session: Pid::from_raw(session),
+            // A main thread that exited while others run shows the whole process as `Z`;
+            // it is dead only once no other thread is left (one: the leader, reaped
+            // last).
+            zombie: (state == "Z" || state == "X") && threads <= 1,
+            stopped: state == "T" || state == "t",
+        })
+    }
 }
 
 /// Every process in `/proc` (one that exits while being read is skipped).
@@ -761,52 +958,141 @@ pub(crate) fn processes() -> Vec<ProcessEntry> {
     dir.flatten()
         .filter_map(|entry| {
             let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid ...`; comm may itself contain spaces and parentheses.
-            let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-            let state = fields.next()?;
-            let parent: i32 = fields.next()?.parse().ok()?;
-            let group: i32 = fields.next()?.parse().ok()?;
-            let session: i32 = fields.next()?.parse().ok()?;
-            Some(ProcessEntry {
-                pid: Pid::from_raw(pid),
-                parent: Pid::from_raw(parent),
-                group: Pid::from_raw(group),
-                session: Pid::from_raw(session),
-                zombie: state == "Z" || state == "X",
-            })
+            ProcessEntry::read(Pid::from_raw(pid))
         })
         .collect()
 }
 
-/// The live (not zombie) descendants of tenure: everything the command started and that
-/// still runs, since tenure starts no other processes but its guard (left out) and, as a
-/// subreaper, inherits every orphan among them.
-fn descendants() -> Vec<Pid> {
-    let all = processes();
-    let guard = crate::guard::pid();
+/// The children of `pid`, from `/proc/PID/task/*/children` (one file per thread: an
+/// orphan adopted by tenure may be any thread's child). `None` where the kernel has no
+/// such files (built without `CONFIG_PROC_CHILDREN`).
+fn children(pid: Pid) -> Option<Vec<Pid>> {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks,
+        // Gone meanwhile: no children to find.
+        Err(error) if error.kind() == ErrorKind::NotFound => return Some(Vec::new()),
+        Err(_) => return None,
+    };
     let mut found = Vec::new();
-    let mut parents = vec![Pid::this()];
-    while let Some(parent) = parents.pop() {
-        for process in all
-            .iter()
-            .filter(|p| p.parent == parent && Some(p.pid) != guard)
-        {
-            parents.push(process.pid);
-            if !process.zombie {
-                found.push(process.pid);
-            }
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(list) => found.extend(
+                list.split_whitespace()
+                    .filter_map(|pid| pid.parse().ok())
+                    .map(Pid::from_raw),
+            ),
+            // The thread exited between the listing and the read.
+            Err(_) if !task.path().exists() => {}
+            Err(_) => return None,
         }
+    }
+    Some(found)
+}
+
+/// Tenure's descendants, zombies included, but for its guard: everything the commands
+/// started, since tenure starts no other processes and, as a subreaper, inherits every
+/// orphan among them. Read from the `children` files down from tenure, so the cost is
+/// that of tenure's tree, not of every process on the host; one pass over all of `/proc`
+/// where the kernel has no `children` files. Blocking: many small reads.
+fn tree() -> Vec<ProcessEntry> {
+    let me = Pid::this();
+    let guard = crate::guard::pid();
+    let Some(mut pending) = children(me) else {
+        return tree_from(processes(), me, guard);
+    };
+    let mut found = Vec::new();
+    while let Some(pid) = pending.pop() {
+        if Some(pid) == guard {
+            continue;
+        }
+        // Gone since its parent's list was read: nothing left to stop or reap.
+        let Some(entry) = ProcessEntry::read(pid) else {
+            continue;
+        };
+        match children(pid) {
+            Some(more) => pending.extend(more),
+            None => return tree_from(processes(), me, guard),
+        }
+        found.push(entry);
     }
     found
 }
 
-/// Reaps tenure's dead children other than `command` (which tokio reaps): the orphans of
-/// the command that re-parented to tenure.
-fn reap_orphans(command: Option<Pid>) {
+/// The descendants of `root` among `all`, but for `guard`.
+fn tree_from(all: Vec<ProcessEntry>, root: Pid, guard: Option<Pid>) -> Vec<ProcessEntry> {
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    let mut rest = all;
+    while let Some(parent) = parents.pop() {
+        let (mine, others): (Vec<_>, Vec<_>) = rest
+            .into_iter()
+            .partition(|p| p.parent == parent && Some(p.pid) != guard);
+        rest = others;
+        parents.extend(mine.iter().map(|p| p.pid));
+        found.extend(mine);
+    }
+    found
+}
+
+/// One scan of tenure's tree, and when it began.
+struct Snapshot {
+    began: tokio::time::Instant,
+    tree: Arc<Vec<ProcessEntry>>,
+}
+
+/// The latest scan, shared: a member stopping 64 shards' commands at once scans once per
+/// tick, not 64 times.
+static SNAPSHOT: tokio::sync::Mutex<Option<Snapshot>> = tokio::sync::Mutex::const_new(None);
+
+/// Tenure's tree ([`tree`]) as of a scan begun at or after `since`: the latest one if it
+/// qualifies, or a new one. Scans run on a blocking thread, never on the runtime's only
+/// thread, which must go on renewing every other term meanwhile.
+async fn tree_since(since: tokio::time::Instant) -> Arc<Vec<ProcessEntry>> {
+    let mut latest = SNAPSHOT.lock().await;
+    if let Some(snapshot) = latest.as_ref().filter(|s| s.began >= since) {
+        return snapshot.tree.clone();
+    }
+    let began = tokio::time::Instant::now();
+    let tree = match tokio::task::spawn_blocking(tree).await {
+        Ok(tree) => tree,
+        // No blocking thread to be had (the runtime shutting down): scan here.
+        Err(_) => tree(),
+    };
+    let tree = Arc::new(tree);
+    *latest = Some(Snapshot {
+        began,
+        tree: tree.clone(),
+    });
+    tree
+}
+
+/// The commands tokio runs (and reaps): not orphans, whatever state they are in.
+static COMMANDS: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
+
+/// A running command, registered so that orphan reaping leaves it to tokio; deregistered
+/// when dropped.
+struct RunningCommand(Pid);
+
+impl RunningCommand {
+    fn register(pid: Pid) -> RunningCommand {
+        COMMANDS.lock().push(pid);
+        RunningCommand(pid)
+    }
+}
+
+impl Drop for RunningCommand {
+    fn drop(&mut self) {
+        COMMANDS.lock().retain(|pid| *pid != self.0);
+    }
+}
+
+/// Reaps tenure's dead children in `tree` that are not commands (which tokio reaps): the
+/// orphans of the commands, re-parented to tenure, a subreaper.
+fn reap_orphans(tree: &[ProcessEntry]) {
     let me = Pid::this();
-    for process in processes() {
-        if process.parent == me && process.zombie && Some(process.pid) != command {
+    let commands = COMMANDS.lock().clone();
+    for process in tree {
+        if process.parent == me && process.zombie && !commands.contains(&process.pid) {
             match waitpid(process.pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(_) | Err(Errno::ECHILD) => {}
                 Err(error) => warn!(pid = process.pid.as_raw(), %error, "cannot reap a child"),
@@ -832,13 +1118,21 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Whether a forwarded signal asks the command to end (so it is killed if it has not after
-/// `--kill-after`), and, while waiting for the role, asks tenure to give up.
+/// Whether a signal, while waiting for the role, asks tenure to give up (and a shard-group
+/// member to stop); see [`starts_kill_clock`] for the signals forwarded to a command.
 pub(crate) fn asks_to_stop(signal: Signal) -> bool {
     matches!(
         signal,
         Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT
     )
+}
+
+/// Whether a forwarded signal asks the command to end, so that it is killed if it is still
+/// there `--kill-after` later. Not SIGHUP: to a running service it means "reload your
+/// configuration" far more often than "your terminal is gone", and a reload must not be
+/// turned into a kill.
+fn starts_kill_clock(signal: Signal) -> bool {
+    matches!(signal, Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)
 }
 
 /// Stop signals of terminal I/O from a background process group, ignored by tenure.

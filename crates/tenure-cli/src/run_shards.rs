@@ -14,6 +14,8 @@
 
 use std::sync::Arc;
 
+use anyhow::Context;
+
 use nix::sys::signal::Signal;
 use tenure::{FencingToken, ShardElector, ShardOptions};
 use tokio::sync::mpsc;
@@ -58,6 +60,10 @@ pub async fn run(
         stores.registry.clone(),
         options(&args, &group, shards, node_id.clone()),
     )?;
+    // Orphans of the commands re-parent to tenure rather than to init: each command's
+    // processes are then all in tenure's tree, which is read instead of all of `/proc`.
+    nix::sys::prctl::set_child_subreaper(true)
+        .context("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER)")?;
     let _guard_follows = crate::guard::follow(elector.deadline(), args.kill_after());
     if let Some(exporter) = exporter {
         exporter.serve(Subject::Group {

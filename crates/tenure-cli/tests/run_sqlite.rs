@@ -299,3 +299,374 @@ fn measure_failover() {
     let dir = tempdir();
     scenarios::measure_failover(&sqlite_url(dir.path()), dir.path());
 }
+
+/// A command that finishes on its own as its term ends keeps its exit code: tenure is
+/// stopped (SIGSTOP), the command exits 7 meanwhile and the term's deadline passes; on
+/// SIGCONT tenure sees leadership cancelled and the command's status at once, and reports
+/// 7, not 4 (a retry wrapper must not run a finished job again), and releases the role.
+#[test]
+fn job_finished_as_leadership_ends_keeps_its_exit_code() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $$ > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done; exit 7",
+        pid = pid_file.display(),
+        go = go.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "done", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGSTOP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || scenarios::state(run.pid()) == Some('T')),
+        "tenure not stopped"
+    );
+    std::fs::write(&go, "").expect("write go");
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || common::dead(command)),
+        "the command did not finish"
+    );
+    // Past the term's deadline (FAST: leadership kept 2.2 s after the last renewal).
+    std::thread::sleep(std::time::Duration::from_millis(3_000));
+    run.signal(Signal::SIGCONT);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(7),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+    let next = common::output_within(
+        &mut common::run_sh(&store, "done", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "the role was not released: {}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}
+
+/// `--wait-timeout` firing as leadership arrives either gives up before the command
+/// starts (124) or lets the command run to its own end (9): never starts it and then kills
+/// it. Timeouts around the time a free role takes to acquire, so that both orders occur.
+#[test]
+fn wait_timeout_as_leadership_arrives_never_kills_the_command() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    // The store exists before the races, so that each run only acquires.
+    let first = common::output_within(
+        &mut common::run_sh(&store, "warm", &[], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(first.status.code(), Some(0));
+    let (mut gave_up, mut ran) = (0, 0);
+    for step in 0..40u32 {
+        let marker = dir.path().join(format!("started-{step}"));
+        let script = format!("touch '{}'; sleep 0.2; exit 9", marker.display());
+        let limit = format!("{}us", 500 + step * 250);
+        let role = format!("race-{step}");
+        let output = common::output_within(
+            &mut common::run_sh(&store, &role, &["--wait-timeout", &limit], &script),
+            SIGNAL_WAIT,
+        );
+        let code = output.status.code();
+        let started = marker.exists();
+        match (started, code) {
+            (true, Some(9)) => ran += 1,
+            (false, Some(124)) => gave_up += 1,
+            _ => panic!(
+                "--wait-timeout {limit}: started {started}, exit {code:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        }
+    }
+    eprintln!("gave up {gave_up}, ran {ran}");
+}
+
+/// SIGHUP asks for a reload, not an end: forwarded, it does not start the `--kill-after`
+/// clock. A command that traps HUP and keeps running is still running `--kill-after`
+/// (300 ms) + 1 s after the HUP, and tenure still leads (a `--no-wait` run finds the role
+/// busy).
+#[test]
+fn sighup_does_not_start_the_kill_clock() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let log = dir.path().join("log");
+    let script = format!(
+        "trap 'echo reloaded >> \"{log}\"' HUP; echo $$ > '{pid}'; \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        pid = pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "hup", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    run.signal(Signal::SIGHUP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || common::lines(&log) == ["reloaded"]),
+        "the command never got the HUP: {:?}",
+        common::lines(&log)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1_300));
+    assert!(
+        !common::dead(command),
+        "the command was killed after the HUP; stderr:\n{}",
+        run.stderr()
+    );
+    assert_eq!(run.exited(), None, "tenure exited: {}", run.stderr());
+    let busy = common::output_within(
+        &mut common::run_sh(&store, "hup", &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        busy.status.code(),
+        Some(75),
+        "tenure no longer leads: {}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    run.signal(Signal::SIGTERM);
+    assert_eq!(run.code_within(SIGNAL_WAIT), 128 + 15, "{}", run.stderr());
+}
+
+/// Processes forked by this test that only `pause()`: a crowd on the host that tenure
+/// must not slow down on. One process group, killed and reaped when dropped.
+struct Crowd {
+    group: nix::unistd::Pid,
+    count: usize,
+}
+
+impl Crowd {
+    fn new(count: usize) -> Crowd {
+        use nix::unistd::{fork, pause, setpgid, ForkResult, Pid};
+        let mut group = None;
+        for _ in 0..count {
+            // SAFETY: the child only calls async-signal-safe functions (setpgid, prctl,
+            // pause) and never returns into the test harness.
+            match unsafe { fork() }.expect("fork") {
+                ForkResult::Child => {
+                    let _ = setpgid(Pid::from_raw(0), group.unwrap_or(Pid::from_raw(0)));
+                    // Gone with the test thread, should the test itself die.
+                    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+                    loop {
+                        pause();
+                    }
+                }
+                ForkResult::Parent { child } => {
+                    let _ = setpgid(child, group.unwrap_or(child));
+                    group.get_or_insert(child);
+                }
+            }
+        }
+        Crowd {
+            group: group.expect("a crowd of at least one"),
+            count,
+        }
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        use nix::sys::wait::waitpid;
+        let _ = nix::sys::signal::killpg(self.group, nix::sys::signal::Signal::SIGKILL);
+        let all = nix::unistd::Pid::from_raw(-self.group.as_raw());
+        for _ in 0..self.count {
+            if waitpid(all, None).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// A member owning 64 shards, with 5,000 other processes on the host, is told to stop
+/// (SIGTERM): its 64 commands ignore SIGTERM, so each must be SIGKILLed `--kill-after`
+/// (300 ms) after the stop begins, and all must be dead within the margin after that
+/// (300 ms: a tenth of the 3 s TTL), as they must be before a lost lease could pass.
+#[test]
+fn many_shards_stop_in_time_on_a_crowded_host() {
+    use nix::sys::signal::Signal;
+    use std::time::{Duration, Instant};
+    const SHARDS: usize = 64;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pids = dir.path().join("pids");
+    let _crowd = Crowd::new(5_000);
+    let script = format!(
+        "trap '' TERM; echo $$ >> '{}'; exec sleep 600",
+        pids.display()
+    );
+    let mut member = common::Proc::spawn(common::tenure().args([
+        "run",
+        "--group",
+        "crowd",
+        "--shards",
+        &SHARDS.to_string(),
+        "--node-id",
+        "only",
+        "--store",
+        &store,
+        "--ttl",
+        "3s",
+        "--kill-after",
+        "300ms",
+        "--retry-every",
+        "100ms",
+        "--member-ttl",
+        "3s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let mut commands = Vec::new();
+    let all_started = common::wait_until(Duration::from_secs(60), || {
+        commands = common::lines(&pids)
+            .iter()
+            .filter_map(|l| l.trim().parse().ok())
+            .map(nix::unistd::Pid::from_raw)
+            .collect();
+        commands.len() == SHARDS
+    });
+    for &command in &commands {
+        member.own_group(command);
+    }
+    assert!(
+        all_started,
+        "{} of {SHARDS} commands started; stderr:\n{}",
+        commands.len(),
+        member.stderr()
+    );
+    // Each shell has exec'd sleep with SIGTERM still ignored.
+    assert!(common::wait_until(Duration::from_secs(10), || commands
+        .iter()
+        .all(|&pid| std::fs::read_to_string(format!(
+            "/proc/{pid}/comm"
+        ))
+        .is_ok_and(|comm| comm.trim() == "sleep"))));
+    let stop = Instant::now();
+    member.signal(Signal::SIGTERM);
+    let bound = Duration::from_millis(300 + 300);
+    let all_dead = common::wait_until(Duration::from_secs(30), || {
+        commands.iter().all(|&pid| common::dead(pid))
+    });
+    let took = stop.elapsed();
+    assert!(all_dead, "commands still alive 30 s after the stop");
+    assert!(
+        took <= bound,
+        "the last command died {took:?} after the stop, more than {bound:?}; stderr:\n{}",
+        member.stderr()
+    );
+    assert_eq!(
+        member.code_within(Duration::from_secs(30)),
+        0,
+        "{}",
+        member.stderr()
+    );
+}
+
+/// Ctrl-Z stops everything the command runs, even while it forks in a tight loop: a child
+/// forked between one scan of tenure's tree and its parent's SIGSTOP is stopped too.
+/// Once tenure itself is stopped, every process of the command's group is stopped (or
+/// dead), and stays so.
+#[test]
+fn ctrl_z_stops_a_forking_command() {
+    use nix::sys::signal::Signal;
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    let script = format!(
+        "echo $$ > '{}'; while :; do sleep 30 & done",
+        pid_file.display()
+    );
+    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "forks", &[], &script));
+    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(command);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    run.signal(Signal::SIGTSTP);
+    assert!(
+        common::wait_until(SIGNAL_WAIT, || scenarios::state(run.pid()) == Some('T')),
+        "tenure not stopped"
+    );
+    // Time for a process that escaped the stop to show as running (or sleeping).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let group: Vec<(i32, Option<char>)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) == Ok(command))
+        .map(|pid| (pid, scenarios::state(nix::unistd::Pid::from_raw(pid))))
+        .collect();
+    let running: Vec<_> = group
+        .iter()
+        .filter(|(_, state)| !matches!(state, Some('T' | 'Z') | None))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "{} of {} processes of the command not stopped: {running:?}",
+        running.len(),
+        group.len()
+    );
+}
+
+/// Whether a process still has a live thread: it exists and is not a zombie with nothing
+/// but its exited main thread (`num_threads` of `/proc/PID/stat` counts the others).
+fn has_live_thread(pid: nix::unistd::Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    let threads: u32 = fields[17].parse().unwrap();
+    !matches!(fields[0], "Z" | "X") || threads > 1
+}
+
+/// A leftover whose main thread exited while another thread runs shows in `/proc` as a
+/// zombie (state `Z`), yet it runs: tenure stops it before releasing, like any other. The
+/// command starts it in a session of its own (`setsid`), out of reach of the group kill,
+/// and exits.
+#[test]
+fn leftover_with_exited_main_thread_is_stopped() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("leftover.pid");
+    let python = format!(
+        "import ctypes, os, threading, time\n\
+         threading.Thread(target=lambda: time.sleep(120)).start()\n\
+         open('{}', 'w').write(str(os.getpid()))\n\
+         ctypes.CDLL(None).pthread_exit(None)\n",
+        pid_file.display()
+    );
+    let script = format!(
+        "setsid python3 -c \"$LEFTOVER\" & while [ ! -s '{}' ]; do sleep 0.02; done; \
+         sleep 0.3; exit 0",
+        pid_file.display()
+    );
+    let mut command = common::run_sh(&store, "thread", &[], &script);
+    command.env("LEFTOVER", &python);
+    let mut run = common::Proc::spawn(&mut command);
+    let leftover = common::read_pid(&pid_file, SIGNAL_WAIT);
+    run.own_group(leftover);
+    let status = run.wait_exit(SIGNAL_WAIT);
+    let alive = has_live_thread(leftover);
+    if alive {
+        let _ = nix::sys::signal::kill(leftover, nix::sys::signal::Signal::SIGKILL);
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+    assert!(
+        !alive,
+        "the leftover (main thread exited, one thread running) outlived the release; stderr:\n{}",
+        run.stderr()
+    );
+}
