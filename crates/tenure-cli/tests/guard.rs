@@ -150,3 +150,45 @@ fn a_killed_tenure_leaves_nothing_of_its_command_running() {
         "the command's background process outlived a killed tenure"
     );
 }
+
+/// Setup (as root, as `scripts/test` runs): `tenure run` leads with a command that drops
+/// to another user (`setpriv --reuid 65534`, as a container entrypoint does with gosu or
+/// su-exec), which clears its parent-death signal; then tenure is killed with SIGKILL.
+/// The command must die at once all the same: the guard, root too, kills its group.
+#[test]
+fn a_killed_tenure_stops_a_command_that_changed_user() {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(2) == Some("0"))
+    });
+    assert!(
+        root,
+        "this test runs a command as another user and needs root, as scripts/test runs"
+    );
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("cmd.pid");
+    let script = format!(
+        "echo $$ > '{}'; exec setpriv --reuid=65534 --regid=65534 --clear-groups sleep 300",
+        pid_file.display()
+    );
+    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
+    let command = read_pid(&pid_file, Duration::from_secs(20));
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("/proc/{command}/status"))
+                .is_ok_and(|status| status.contains("Uid:\t65534"))
+        }),
+        "the command never changed user"
+    );
+    first.signal(Signal::SIGKILL);
+    let gone = wait_until(Duration::from_secs(2), || common::dead(command));
+    if !gone {
+        let _ = nix::sys::signal::kill(command, Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "the command that changed user outlived a killed tenure"
+    );
+}
