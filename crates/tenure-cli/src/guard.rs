@@ -8,7 +8,8 @@
 //! terminal's signals and `kill -STOP -PGID` of tenure's group miss it) with no async
 //! runtime and no store connection. It hears of each deadline over a pipe, and SIGKILLs
 //! the command when that deadline passes without a newer one, or at once when tenure is
-//! gone (the pipe closes).
+//! gone (the pipe closes): through the commands' cgroup where there is one
+//! ([`crate::cgroup`]), and by process group and tree besides.
 //!
 //! The deadline it holds is the term's local deadline plus `--kill-after`: the instant
 //! tenure itself would send SIGKILL, a margin before the lease can pass. A healthy tenure
@@ -171,6 +172,7 @@ fn monotonic_now() -> u64 {
 /// The guard's loop: never returns.
 fn serve(pipe: OwnedFd) -> ! {
     let tenure = getppid();
+    let cgroup = crate::cgroup::base();
     detach();
     let mut deadline: Option<u64> = None;
     let mut groups: Vec<Pid> = Vec::new();
@@ -192,7 +194,7 @@ fn serve(pipe: OwnedFd) -> ! {
             Ok(0) => {
                 if armed.is_some_and(|at| monotonic_now() >= at) {
                     // The pipe is open, so tenure (its only writer) lives: its pid is its.
-                    kill_command(Some(tenure), &groups);
+                    kill_command(Some(tenure), &groups, cgroup);
                     deadline = None;
                 }
                 continue;
@@ -223,7 +225,10 @@ fn serve(pipe: OwnedFd) -> ! {
     }
     // tenure is gone (or its pipe broke): so is the term, as far as anyone can vouch.
     // Its pid may be reused from now on, so only the command's groups are killed.
-    kill_command(None, &groups);
+    kill_command(None, &groups, cgroup);
+    if let Some(cgroup) = cgroup {
+        crate::cgroup::remove(cgroup);
+    }
     std::process::exit(0)
 }
 
@@ -260,13 +265,17 @@ fn detach() {
     }
 }
 
-/// SIGKILLs the command: every watched process group, every process in one of them or in
-/// a session one of them leads, and, given tenure's pid (only while it surely lives),
-/// every other descendant of tenure (what left the group is still tenure's, a
-/// subreaper's). A few rounds, for processes that forked meanwhile.
-fn kill_command(tenure: Option<Pid>, groups: &[Pid]) {
+/// SIGKILLs the command: every process in tenure's commands' `cgroup` (if any), every
+/// watched process group, every process in one of them or in a session one of them
+/// leads, and, given tenure's pid (only while it surely lives), every other descendant of
+/// tenure (what left the group is still tenure's, a subreaper's). A few rounds, for
+/// processes that forked meanwhile.
+fn kill_command(tenure: Option<Pid>, groups: &[Pid], cgroup: Option<&std::path::Path>) {
     let me = Pid::this();
     for round in 0..KILL_ROUNDS {
+        if let Some(cgroup) = cgroup {
+            crate::cgroup::kill(cgroup);
+        }
         for &group in groups {
             let _ = killpg(group, Signal::SIGKILL);
         }

@@ -4,6 +4,7 @@
 //! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
 mod bench;
+mod cgroup;
 mod chaos;
 mod demo;
 mod exporter;
@@ -274,8 +275,13 @@ fn main() -> ExitCode {
         }
     };
     // The guard is forked first, while this process has one thread (logging starts one).
-    if matches!(cli.command, Command::Run { .. }) {
+    let running = matches!(cli.command, Command::Run { .. });
+    if running {
+        cgroup::setup();
         if let Err(error) = guard::start() {
+            if let Some(base) = cgroup::base() {
+                cgroup::remove(base);
+            }
             say::say!("tenure: {error:#}");
             return ExitCode::from(exit::FAILURE);
         }
@@ -283,7 +289,10 @@ fn main() -> ExitCode {
     // The demo narrates on stdout; its logs would only repeat the story.
     let quiet = matches!(cli.command, Command::Demo { .. });
     let _flush_logs_on_exit = init_logging(cli.log_format, cli.verbose, quiet);
-    match dispatch(cli.command) {
+    if let Some(why) = cgroup::unavailable() {
+        tracing::info!(%why, "no cgroup for the command: it is stopped with signals alone");
+    }
+    let code = match dispatch(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             say::say!("tenure: {error:#}");
@@ -293,7 +302,12 @@ fn main() -> ExitCode {
                 exit::FAILURE
             })
         }
+    };
+    // Every command is stopped by now; the guard would remove it too, a moment later.
+    if let Some(base) = cgroup::base().filter(|_| running) {
+        cgroup::remove(base);
     }
+    code
 }
 
 fn is_usage(error: &anyhow::Error) -> bool {

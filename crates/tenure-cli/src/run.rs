@@ -32,6 +32,7 @@
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +53,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::cgroup::CommandCgroup;
 use crate::exit;
 use crate::exporter::{Exporter, Subject};
 use crate::output::human;
@@ -600,6 +602,17 @@ impl ChildSpec {
             .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .kill_on_drop(true);
         let own_session = self.scope == ScopeKind::OwnSession;
+        // Where tenure may make one, the command starts in a cgroup of its own: a stop then
+        // reaches every process it started, whatever user it became or group it left.
+        let (cgroup, join) = match CommandCgroup::create() {
+            Ok(Some((cgroup, procs))) => (Some(cgroup), Some(procs)),
+            Ok(None) => (None, None),
+            Err(error) => {
+                warn!(role = %self.role, %error, "cannot make the command's cgroup; signals only");
+                (None, None)
+            }
+        };
+        let join_fd = join.as_ref().map(|procs| procs.as_raw_fd());
         if !own_session {
             // Its own process group, so forwarded signals reach everything it started
             // in it, as a terminal's would.
@@ -609,6 +622,11 @@ impl ChildSpec {
         // between fork and exec.
         unsafe {
             command.pre_exec(move || {
+                if let Some(procs) = join_fd {
+                    // `0` moves the writer: this child, before it runs the command.
+                    let procs = std::os::fd::BorrowedFd::borrow_raw(procs);
+                    nix::unistd::write(procs, b"0").map_err(std::io::Error::from)?;
+                }
                 if own_session {
                     // A new session (and process group) the command's processes share.
                     nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -627,10 +645,13 @@ impl ChildSpec {
             Ok(children) => children,
             Err(error) => return Outcome::SpawnFailed(error),
         };
-        let mut child = match command.spawn() {
+        let spawned = command.spawn();
+        drop(join);
+        let mut child = match spawned {
             Ok(child) => child,
             Err(error) => return Outcome::SpawnFailed(error),
         };
+        let cgroup = cgroup.as_ref();
         let Some(pgid) = child.id().map(|pid| Pid::from_raw(pid as i32)) else {
             return Outcome::SpawnFailed(std::io::Error::other(
                 "the command exited before it could be tracked",
@@ -669,7 +690,7 @@ impl ChildSpec {
                         } else {
                             self.kill_after
                         };
-                        self.stop_leftovers(pgid, grace, scope).await;
+                        self.stop_leftovers(pgid, grace, scope, cgroup).await;
                         return Outcome::Exited(status);
                     }
                     // Lost while suspended: the deadline passed while nothing ran, so the
@@ -684,7 +705,7 @@ impl ChildSpec {
                         self.kill_after
                     };
                     let status =
-                        stop_descendants(Some(&mut child), pgid, grace, &self.role, scope).await;
+                        stop_descendants(Some(&mut child), pgid, grace, &self.role, scope, cgroup).await;
                     return Outcome::Lost(status);
                 }
                 status = child.wait() => {
@@ -714,11 +735,11 @@ impl ChildSpec {
                                 "leadership lost; the command was killed at the deadline");
                         }
                         let status =
-                            stop_descendants(Some(&mut child), pgid, Duration::ZERO, &self.role, scope)
+                            stop_descendants(Some(&mut child), pgid, Duration::ZERO, &self.role, scope, cgroup)
                                 .await;
                         return Outcome::Lost(status);
                     }
-                    self.stop_leftovers(pgid, self.kill_after, scope).await;
+                    self.stop_leftovers(pgid, self.kill_after, scope, cgroup).await;
                     return Outcome::Exited(status);
                 }
                 Some(signal) = forward.recv() => {
@@ -758,13 +779,20 @@ impl ChildSpec {
 impl ChildSpec {
     /// Stops what the command, which exited, left running (with `grace` between SIGTERM
     /// and SIGKILL), before its term is released.
-    async fn stop_leftovers(&self, pgid: Pid, grace: Duration, scope: Scope) {
+    async fn stop_leftovers(
+        &self,
+        pgid: Pid,
+        grace: Duration,
+        scope: Scope,
+        cgroup: Option<&CommandCgroup>,
+    ) {
         let left = scope.members().await;
-        if !left.is_empty() || !group_gone(pgid) {
+        let in_cgroup = cgroup.is_some_and(|cgroup| !cgroup.is_empty());
+        if !left.is_empty() || !group_gone(pgid) || in_cgroup {
             warn!(role = %self.role, token = %self.token, left = left.len(),
                 "the command exited and left processes running; \
                  stopping them before releasing");
-            stop_descendants(None, pgid, grace, &self.role, scope).await;
+            stop_descendants(None, pgid, grace, &self.role, scope, cgroup).await;
         }
     }
 }
@@ -783,15 +811,19 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 /// own orphaned children are reaped on the way; the command itself is reaped through
 /// `child`, and its status returned (SIGKILL's if it could not be had).
 ///
-/// A process tenure may not signal (one that changed its user, e.g. through sudo) or one
-/// that does not die of SIGKILL (stuck in the kernel) is waited for, and reported every few
-/// seconds: the lease is not released while anything the command started still runs.
+/// With the command's `cgroup`, SIGKILL also goes through `cgroup.kill` (every member,
+/// whatever its user, seen in `/proc` or not), and the stop waits until the cgroup is
+/// empty. A process tenure may not signal (one that changed its user, e.g. through sudo,
+/// with no cgroup) or one that does not die of SIGKILL (stuck in the kernel) is waited
+/// for, and reported every few seconds: the lease is not released while anything the
+/// command started still runs.
 async fn stop_descendants(
     mut child: Option<&mut tokio::process::Child>,
     group: Pid,
     kill_after: Duration,
     role: &str,
     scope: Scope,
+    cgroup: Option<&CommandCgroup>,
 ) -> ExitStatus {
     let mut status = None;
     let started = tokio::time::Instant::now();
@@ -821,6 +853,9 @@ async fn stop_descendants(
         if !killing && tokio::time::Instant::now() >= kill_at {
             // Before a scan that may take a while on a crowded host: the group at once.
             signal_all(&[], group, Signal::SIGKILL);
+            if let Some(cgroup) = cgroup {
+                cgroup.kill();
+            }
         }
         let tree = tree_since(looked).await;
         looked = tokio::time::Instant::now();
@@ -828,7 +863,11 @@ async fn stop_descendants(
         reap_orphans(&tree);
         let left = scope.members_in(&tree);
         group = group.filter(|&group| !group_gone(group));
-        if left.is_empty() && child.is_none() && group.is_none() {
+        if left.is_empty()
+            && child.is_none()
+            && group.is_none()
+            && cgroup.is_none_or(CommandCgroup::is_empty)
+        {
             break;
         }
         let now = tokio::time::Instant::now();
@@ -843,6 +882,9 @@ async fn stop_descendants(
             killing = true;
             // Every round: a process may have forked since the last one.
             signal_all(&left, group, Signal::SIGKILL);
+            if let Some(cgroup) = cgroup {
+                cgroup.kill();
+            }
         }
         if now >= report_at {
             report_at = now + STOP_REPORT_EVERY;

@@ -192,3 +192,59 @@ fn a_killed_tenure_stops_a_command_that_changed_user() {
         "the command that changed user outlived a killed tenure"
     );
 }
+
+/// Setup: `tenure run` leads, its command starts `setsid sleep` (out of the command's
+/// process group and session) and waits; then tenure is killed with SIGKILL. The escaped
+/// process, no longer in any group the guard knows and no longer tenure's once tenure is
+/// gone, must die at once all the same (where tenure may make a cgroup, as root here), and
+/// the cgroup is removed.
+#[test]
+fn a_killed_tenure_leaves_nothing_even_what_left_its_group() {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("escaped.pid");
+    let script = format!(
+        "setsid sleep 300 & echo $! > '{}'; wait",
+        pid_file.display()
+    );
+    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
+    let escaped = read_pid(&pid_file, Duration::from_secs(20));
+    let cgroup = cgroup_of(first.pid());
+    first.signal(Signal::SIGKILL);
+    let gone = wait_until(Duration::from_secs(2), || common::dead(escaped));
+    if !gone {
+        let _ = nix::sys::signal::kill(escaped, Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "a process that left the command's group outlived a killed tenure"
+    );
+    assert!(
+        wait_until(Duration::from_secs(2), || !cgroup.exists()),
+        "{} was left behind",
+        cgroup.display()
+    );
+}
+
+/// The cgroup `tenure run` (pid `tenure`) made for its commands, under its own cgroup.
+fn cgroup_of(tenure: nix::unistd::Pid) -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mount = mounts
+        .lines()
+        .find_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            (after.split_whitespace().next()? == "cgroup2")
+                .then(|| before.split_whitespace().nth(4).map(str::to_owned))?
+        })
+        .expect("a cgroup2 mount");
+    let own = std::fs::read_to_string(format!("/proc/{tenure}/cgroup")).expect("its cgroup");
+    let own = own
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .expect("a cgroup2 cgroup");
+    let path = Path::new(&mount)
+        .join(own.trim_start_matches('/'))
+        .join(format!("tenure-{tenure}"));
+    assert!(path.is_dir(), "tenure made no cgroup at {}", path.display());
+    path
+}
