@@ -42,4 +42,16 @@ etcd_scenarios!(
     killed_leader_lease_expires,
     same_owner_label_is_two_owners,
     every_ttl_alone_starts,
+    killed_member_shards_move_within_the_ttl_and_etcds_revocation,
 );
+
+/// 20 SIGKILLs of one of two `tenure run --group` members on etcd; prints the p50/p99 of
+/// the time until the survivor runs every shard of the dead member. Slow (about a minute):
+/// `cargo test -p tenure-cli --features etcd --test run_etcd -- --ignored measure_failover
+/// --nocapture`.
+#[test]
+#[ignore]
+fn measure_failover() {
+    let dir = tempdir();
+    scenarios::measure_failover(&fresh_prefix("measure_failover"), dir.path());
+}
