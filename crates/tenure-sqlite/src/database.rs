@@ -126,8 +126,9 @@ impl SqliteOptions {
 /// expires a live lease early nor keeps a dead one alive. Every process sharing the
 /// file must therefore run on this host and in one time namespace (as containers do
 /// unless given their own). A second kernel on the file is refused where it can be
-/// told: at `open` by the file system, and at its second write by the boot ids the file
-/// keeps (a reboot never brings an old one back); its first write reads as a reboot.
+/// told: at `open` by the file system, at its first write when the file's last boot began
+/// after its own (a reboot's predecessor began before it), and at its second write by
+/// the boot ids the file keeps (a reboot never brings an old one back).
 ///
 /// The monotonic clock restarts at boot, so the file records the boot id its times
 /// belong to. The first write under a new boot id (in its own write transaction, so

@@ -2,7 +2,7 @@
 //! clock) to monotonic time and a schema-2 file to sessions, and starting a new boot
 //! (every lease and session ends, every token stays).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use sqlx::sqlite::SqliteConnection;
 use tenure::{Error, Result};
@@ -101,10 +101,18 @@ pub const READ_BOOT: &str = "SELECT boot_id FROM tenure_boot WHERE id = 0";
 const BOOT_HISTORY: i64 = 64;
 
 /// The history table, for a file an earlier build created (it has no history yet).
+/// `booted_at` is when that boot began, on its own wall clock (nanoseconds since the
+/// epoch; unknown for the boot a file recorded before the history).
 const BOOT_HISTORY_TABLE: &str = "CREATE TABLE IF NOT EXISTS tenure_boot_history (
-    seq     INTEGER PRIMARY KEY,
-    boot_id TEXT NOT NULL UNIQUE
+    seq       INTEGER PRIMARY KEY,
+    boot_id   TEXT NOT NULL UNIQUE,
+    booted_at INTEGER
 )";
+
+/// How much later than this kernel's boot the file's boot may seem to have begun and
+/// still be taken for this host's previous boot: wall clocks read at two boots of one
+/// host can disagree by a correction made at boot (an RTC off by some seconds).
+const BOOT_ORDER_SLACK: Duration = Duration::from_secs(60);
 
 /// A write under `now.boot_id`, which differs from the file's `recorded` boot: starts
 /// the new boot (see [`start_boot`]) if the file never saw it, and refuses the write if
@@ -138,6 +146,43 @@ pub(crate) async fn enter_boot(
             .fetch_optional(&mut *conn)
             .await
             .map_err(store_error("cannot read the boot history"))?;
+    // A reboot's predecessor began before it. A boot of the file that began after this
+    // kernel's own (beyond the slack) is another kernel's, alive as far as anyone knows.
+    let this_boot = booted_at(now);
+    let recorded_boot: Option<i64> = match recorded {
+        Some(recorded) => {
+            sqlx::query_scalar("SELECT booted_at FROM tenure_boot_history WHERE boot_id = ?1")
+                .bind(recorded)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(store_error("cannot read the boot history"))?
+                .flatten()
+        }
+        None => None,
+    };
+    let slack = BOOT_ORDER_SLACK.as_nanos() as i64;
+    if let (Some(theirs), Some(ours)) = (recorded_boot, this_boot) {
+        if theirs > ours.saturating_add(slack) {
+            tracing::error!(
+                boot_id = now.boot_id,
+                latest = recorded,
+                "two kernels write the sqlite store: refusing the write"
+            );
+            return Err(Error::store_msg(
+                BACKEND,
+                format!(
+                    "the file's boot {} began {} s after this host's boot {}, so it is not \
+                     this host's previous boot: two kernels (two hosts, or a VM and its \
+                     host) share the file, and this write would end the other's leases; \
+                     keep the file on a local disk of one host, or use PostgreSQL or etcd \
+                     to elect across hosts",
+                    recorded.unwrap_or("?"),
+                    (theirs - ours) / 1_000_000_000,
+                    now.boot_id
+                ),
+            ));
+        }
+    }
     if seen.is_some() {
         tracing::error!(
             boot_id = now.boot_id,
@@ -158,10 +203,11 @@ pub(crate) async fn enter_boot(
     }
     start_boot(conn, now).await?;
     sqlx::query(
-        "INSERT INTO tenure_boot_history (seq, boot_id) \
-         VALUES ((SELECT coalesce(max(seq), 0) + 1 FROM tenure_boot_history), ?1)",
+        "INSERT INTO tenure_boot_history (seq, boot_id, booted_at) \
+         VALUES ((SELECT coalesce(max(seq), 0) + 1 FROM tenure_boot_history), ?1, ?2)",
     )
     .bind(&now.boot_id)
+    .bind(this_boot)
     .execute(&mut *conn)
     .await
     .map_err(store_error("cannot record the boot history"))?;
@@ -368,6 +414,14 @@ pub(crate) fn to_nanos(time: SystemTime) -> std::result::Result<i64, ()> {
             .map(|n| -n)
             .map_err(|_| ()),
     }
+}
+
+/// When this kernel booted, on its wall clock: the wall clock less the monotonic time
+/// since boot. `None` when the wall clock is beyond what the file can hold.
+fn booted_at(now: &StoreNow) -> Option<i64> {
+    to_nanos(now.wall)
+        .ok()
+        .map(|wall| wall.saturating_sub(now.mono))
 }
 
 #[cfg(test)]

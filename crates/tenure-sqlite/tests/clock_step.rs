@@ -252,6 +252,36 @@ async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
     assert!(renewed.acquired && renewed.fencing_token == taken.fencing_token);
 }
 
+/// Host B booted an hour ago, host A (on the same file, through a network file system
+/// or a shared folder) just now. A writes; then B's first write under its own boot id:
+/// the file's boot began after B's own, so it cannot be B's previous boot, and B must be
+/// refused rather than end A's live lease as a reboot would.
+#[tokio::test]
+async fn a_foreign_kernel_that_booted_later_is_refused_at_its_first_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let host_b = ManualHostClock::new(t0());
+    host_b.reboot();
+    host_b.advance(secs(3600));
+    let host_a = ManualHostClock::new(t0() + secs(3600));
+    let a = open_at(&path, &host_a).await.lease_store();
+    let b = open_at(&path, &host_b).await.lease_store();
+    let first = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    assert!(first.acquired);
+
+    let taken = b.try_acquire_or_renew("r", "node-b", TTL).await;
+    match &taken {
+        Err(tenure::Error::Store { message, .. }) => {
+            assert!(message.contains("two kernels"), "{message}");
+        }
+        other => panic!("host B's first write must be refused: {other:?}"),
+    }
+    let held = a.get("r").await.unwrap().unwrap();
+    assert_eq!(held.live_holder(), Some("node-a"), "{held:?}");
+    let renewed = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);
+}
+
 /// A file written by a build without the boot history (simulated by dropping the
 /// table) still tells a second kernel from a reboot: the history starts with the boot
 /// the file recorded, so A, B, A is refused after the first crossing.
