@@ -20,7 +20,7 @@
 //! watch or forget. tenure writes without blocking; a record that does not fit (the guard
 //! stopped and its pipe full) is dropped, which can only make the guard act early.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -173,7 +173,7 @@ fn monotonic_now() -> u64 {
 fn serve(pipe: OwnedFd) -> ! {
     let tenure = getppid();
     let cgroup = crate::cgroup::base();
-    detach();
+    detach(&pipe);
     let mut deadline: Option<u64> = None;
     let mut groups: Vec<Pid> = Vec::new();
     let mut buffer = [0u8; 16 * 64];
@@ -232,9 +232,11 @@ fn serve(pipe: OwnedFd) -> ! {
     std::process::exit(0)
 }
 
-/// Leaves tenure's process group and terminal signals behind, and lets go of tenure's
-/// standard streams (a pipe reader must not wait on the guard).
-fn detach() {
+/// Leaves tenure's process group and terminal signals behind, and lets go of everything
+/// it inherited but `pipe`: tenure's standard streams and any other descriptor (a pipe
+/// reader must not wait on the guard), and the working directory (a mount must not stay
+/// busy for it).
+fn detach(pipe: &OwnedFd) {
     let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
     let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
     for signal in [
@@ -263,6 +265,22 @@ fn detach() {
             let _ = unsafe { nix::unistd::dup2_raw(&null, stream) };
         }
     }
+    let keep = pipe.as_raw_fd();
+    let inherited: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd > 2 && fd != keep)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in inherited {
+        // Inherited across the fork and used by nothing here; the listing's own
+        // descriptor is among them, closed already, and closing it again fails harmlessly.
+        let _ = nix::unistd::close(fd);
+    }
+    let _ = std::env::set_current_dir("/");
 }
 
 /// SIGKILLs the command: every process in tenure's commands' `cgroup` (if any), every

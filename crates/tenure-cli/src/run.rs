@@ -623,9 +623,11 @@ impl ChildSpec {
         unsafe {
             command.pre_exec(move || {
                 if let Some(procs) = join_fd {
-                    // `0` moves the writer: this child, before it runs the command.
+                    // `0` moves the writer: this child, before it runs the command. Should
+                    // the kernel refuse, the command runs outside it, stopped by signals
+                    // as where there is no cgroup, rather than not at all.
                     let procs = std::os::fd::BorrowedFd::borrow_raw(procs);
-                    nix::unistd::write(procs, b"0").map_err(std::io::Error::from)?;
+                    let _ = nix::unistd::write(procs, b"0");
                 }
                 if own_session {
                     // A new session (and process group) the command's processes share.
