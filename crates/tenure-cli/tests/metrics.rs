@@ -115,8 +115,10 @@ fn contender(store: &str, dir: &Path, name: &str, kill_after: &str) -> Proc {
 /// Two `tenure run` processes with endpoints hand a role over twice:
 /// - A leads (`/leader` 200 with its token, `tenure_is_leader` 1, the token gauge), B
 ///   waits (503, 0); both are healthy.
-/// - A is stopped (SIGSTOP) past its TTL: B takes over, its gauge and `/leader` flip,
-///   and its token is larger.
+/// - A and its guard are stopped (SIGSTOP) past its TTL, as a frozen VM would be (with
+///   the guard running, A's command would be killed at the deadline and A would exit as
+///   soon as it resumed): B takes over, its gauge and `/leader` flip, and its token is
+///   larger.
 /// - A resumes: it sees the term is over and says so at once (503, gauge 0) while its
 ///   command winds down (the command lingers 0.8 s after SIGTERM), then exits 4.
 /// - B's command exits on its own: B releases and exits 0.
@@ -163,6 +165,8 @@ fn handover(store: &str, dir: &Path) {
     }
 
     eprintln!("--- A stopped: B takes over");
+    let a_guard = common::guard_of(a.pid());
+    nix::sys::signal::kill(a_guard, Signal::SIGSTOP).expect("stop A's guard");
     a.signal(Signal::SIGSTOP);
     let body = await_leader(b_addr, 200, "B after A stopped");
     let second = body["fencing_token"].as_u64().expect("B's token");
@@ -184,7 +188,10 @@ fn handover(store: &str, dir: &Path) {
         sample(a_addr, r#"tenure_is_leader{role="handover"}"#),
         Some(0.0)
     );
-    assert_eq!(a.code_within(LONG), 4, "{}", a.stderr());
+    let a_code = a.code_within(LONG);
+    // Gone with A (its pipe closed), once it may run.
+    let _ = nix::sys::signal::kill(a_guard, Signal::SIGCONT);
+    assert_eq!(a_code, 4, "{}", a.stderr());
 
     eprintln!("--- B's command exits: B releases");
     std::fs::write(dir.join("b.stop"), "").unwrap();

@@ -114,6 +114,21 @@ pub fn read_pid(path: &Path, within: Duration) -> Pid {
     Pid::from_raw(pid.unwrap())
 }
 
+/// The guard `tenure run` (pid `tenure`) forked: its child that runs tenure's own program
+/// (the command's processes run others). A test that means every enforcer of a `tenure
+/// run` to be stopped at once, as a frozen VM would, stops this one too.
+pub fn guard_of(tenure: Pid) -> Pid {
+    let comm = |pid: Pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok();
+    let children = std::fs::read_to_string(format!("/proc/{tenure}/task/{tenure}/children"))
+        .expect("tenure's children");
+    children
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .map(Pid::from_raw)
+        .find(|child| comm(*child).is_some() && comm(*child) == comm(tenure))
+        .expect("a guard among tenure's children")
+}
+
 /// Whether a process exists (a zombie counts as existing).
 pub fn alive(pid: Pid) -> bool {
     !matches!(kill(pid, None), Err(Errno::ESRCH))

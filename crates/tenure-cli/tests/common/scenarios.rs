@@ -197,7 +197,7 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
 
     // Freeze everything: tenure's group, its guard (a group of its own) and the
     // command's own group.
-    let guard = guard_of(first.pid(), child);
+    let guard = guard_of(first.pid());
     killpg(first.pid(), Signal::SIGSTOP).unwrap();
     kill(guard, Signal::SIGSTOP).unwrap();
     killpg(child, Signal::SIGSTOP).unwrap();
@@ -253,18 +253,6 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
     kill(guard, Signal::SIGCONT).unwrap();
     assert_eq!(first.code_within(LONG), 4, "{}", first.stderr());
     assert!(dead(child), "the old command survived");
-}
-
-/// The guard of `tenure`: its child that is not `command`.
-fn guard_of(tenure: Pid, command: Pid) -> Pid {
-    let children = std::fs::read_to_string(format!("/proc/{tenure}/task/{tenure}/children"))
-        .expect("tenure's children");
-    children
-        .split_whitespace()
-        .filter_map(|pid| pid.parse().ok())
-        .map(Pid::from_raw)
-        .find(|pid| *pid != command)
-        .expect("a guard beside the command")
 }
 
 /// SIGTERM to the leading `tenure` is forwarded to its command, which dies; the lease
