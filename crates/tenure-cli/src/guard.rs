@@ -34,7 +34,7 @@ use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{fork, getppid, ForkResult, Pid};
 use tracing::warn;
 
-use crate::run::processes;
+use crate::run::{processes, tree_from};
 
 /// A deadline on `CLOCK_MONOTONIC`, in nanoseconds.
 const DEADLINE: u8 = 1;
@@ -303,12 +303,8 @@ fn kill_command(tenure: Option<Pid>, groups: &[Pid], cgroup: Option<&std::path::
             .filter(|p| groups.contains(&p.group) || groups.contains(&p.session))
             .map(|p| p.pid)
             .collect();
-        let mut parents: Vec<Pid> = tenure.into_iter().collect();
-        while let Some(parent) = parents.pop() {
-            for process in all.iter().filter(|p| p.parent == parent && p.pid != me) {
-                parents.push(process.pid);
-                doomed.push(process.pid);
-            }
+        if let Some(tenure) = tenure {
+            doomed.extend(tree_from(all, tenure, Some(me)).iter().map(|p| p.pid));
         }
         for pid in doomed {
             let _ = kill(pid, Signal::SIGKILL);

@@ -1062,8 +1062,12 @@ fn tree() -> Vec<ProcessEntry> {
     found
 }
 
-/// The descendants of `root` among `all`, but for `guard`.
-fn tree_from(all: Vec<ProcessEntry>, root: Pid, guard: Option<Pid>) -> Vec<ProcessEntry> {
+/// The descendants of `root` among `all`, but for `guard` (and what descends from it).
+pub(crate) fn tree_from(
+    all: Vec<ProcessEntry>,
+    root: Pid,
+    guard: Option<Pid>,
+) -> Vec<ProcessEntry> {
     let mut found = Vec::new();
     let mut parents = vec![root];
     let mut rest = all;

@@ -163,19 +163,13 @@ pub(crate) async fn enter_boot(
     let slack = BOOT_ORDER_SLACK.as_nanos() as i64;
     if let (Some(theirs), Some(ours)) = (recorded_boot, this_boot) {
         if theirs > ours.saturating_add(slack) {
-            tracing::error!(
-                boot_id = now.boot_id,
-                latest = recorded,
-                "two kernels write the sqlite store: refusing the write"
-            );
-            return Err(Error::store_msg(
-                BACKEND,
+            return Err(second_kernel(
+                recorded,
+                now,
                 format!(
                     "the file's boot {} began {} s after this host's boot {}, so it is not \
                      this host's previous boot: two kernels (two hosts, or a VM and its \
-                     host) share the file, and this write would end the other's leases; \
-                     keep the file on a local disk of one host, or use PostgreSQL or etcd \
-                     to elect across hosts",
+                     host) share the file, and this write would end the other's leases",
                     recorded.unwrap_or("?"),
                     (theirs - ours) / 1_000_000_000,
                     now.boot_id
@@ -184,18 +178,13 @@ pub(crate) async fn enter_boot(
         }
     }
     if seen.is_some() {
-        tracing::error!(
-            boot_id = now.boot_id,
-            latest = recorded,
-            "two kernels write the sqlite store: refusing the write"
-        );
-        return Err(Error::store_msg(
-            BACKEND,
+        return Err(second_kernel(
+            recorded,
+            now,
             format!(
                 "the file was last written under boot id {}, after this host's boot {}: two \
                  kernels (two hosts, or a VM and its host) share it, and each would end \
-                 the other's leases; keep the file on a local disk of one host, or use \
-                 PostgreSQL or etcd to elect across hosts",
+                 the other's leases",
                 recorded.unwrap_or("?"),
                 now.boot_id
             ),
@@ -414,6 +403,23 @@ pub(crate) fn to_nanos(time: SystemTime) -> std::result::Result<i64, ()> {
             .map(|n| -n)
             .map_err(|_| ()),
     }
+}
+
+/// The refusal of a write from a second kernel sharing the file (`why`, with the remedy
+/// appended), logged.
+fn second_kernel(recorded: Option<&str>, now: &StoreNow, why: String) -> Error {
+    tracing::error!(
+        boot_id = now.boot_id,
+        latest = recorded,
+        "two kernels write the sqlite store: refusing the write"
+    );
+    Error::store_msg(
+        BACKEND,
+        format!(
+            "{why}; keep the file on a local disk of one host, or use PostgreSQL or etcd \
+             to elect across hosts"
+        ),
+    )
 }
 
 /// When this kernel booted, on its wall clock: the wall clock less the monotonic time
