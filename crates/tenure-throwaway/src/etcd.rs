@@ -2,8 +2,10 @@
 //!
 //! [`EtcdServer::start`] runs one `etcd` member (from `$ETCD_BIN`, `PATH` or
 //! `/usr/bin/etcd`, the Debian `etcd-server` package) on free loopback ports with a fresh
-//! data directory (on `/dev/shm` when it exists, so fsync is cheap on a loaded machine).
-//! [`EtcdCluster::start`] runs several members that form one cluster. Each member can be
+//! data directory (on `/dev/shm` when it exists, so fsync is cheap on a loaded machine);
+//! [`EtcdServer::start_with`] runs a given binary (the Kubernetes harness runs the etcd 3.6
+//! that `scripts/build-servers` builds). [`EtcdCluster::start`] runs several members that
+//! form one cluster. Each member can be
 //! stopped (SIGTERM), killed (SIGKILL), restarted on the same ports and data, paused
 //! (SIGSTOP) and resumed (SIGCONT).
 //!
@@ -19,14 +21,12 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, ThrowawayError};
-use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
+use crate::process::{free_ports, fresh_dir, on_path, shared_server, sweep_once, ServerProcess};
 
 const DIR_PREFIX: &str = "tenure-etcd-";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -37,12 +37,7 @@ pub fn etcd_binary() -> Option<PathBuf> {
         let bin = PathBuf::from(bin);
         return bin.is_file().then_some(bin);
     }
-    let from_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("etcd"))
-            .find(|candidate| candidate.is_file())
-    });
-    from_path.or_else(|| {
+    on_path("etcd").or_else(|| {
         ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .into_iter()
             .map(PathBuf::from)
@@ -57,9 +52,7 @@ pub struct EtcdMember {
     client_port: u16,
     peer_port: u16,
     data_dir: PathBuf,
-    log_path: PathBuf,
-    args: Vec<String>,
-    child: Mutex<Option<Child>>,
+    process: ServerProcess,
 }
 
 impl EtcdMember {
@@ -90,60 +83,37 @@ impl EtcdMember {
 
     /// The process id while the member runs.
     pub fn pid(&self) -> Option<libc::pid_t> {
-        let child = lock(&self.child);
-        child
-            .as_ref()
-            .and_then(|c| libc::pid_t::try_from(c.id()).ok())
+        self.process.pid()
     }
 
     /// Whether the member's process is running (or paused).
     pub fn is_running(&self) -> bool {
-        let mut child = lock(&self.child);
-        match child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.process.is_running()
     }
 
     /// The member's log (stdout and stderr of every run so far).
     pub fn log(&self) -> String {
-        fs::read_to_string(&self.log_path).unwrap_or_default()
+        self.process.log()
     }
 
     /// Stops the member gracefully (SIGTERM, then SIGKILL after 10 s). Data is kept.
     pub fn stop(&self) {
-        let mut child = lock(&self.child);
-        if let Some(mut c) = child.take() {
-            signal(&c, libc::SIGCONT);
-            signal(&c, libc::SIGTERM);
-            if !wait_exit(&mut c, Duration::from_secs(10)) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
+        self.process.stop(Duration::from_secs(10));
     }
 
     /// Kills the member at once (SIGKILL), as a crash would. Data is kept.
     pub fn kill(&self) {
-        let mut child = lock(&self.child);
-        if let Some(mut c) = child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     /// Freezes the member (SIGSTOP): its sockets stay open but it answers nothing.
     pub fn pause(&self) {
-        if let Some(c) = lock(&self.child).as_ref() {
-            signal(c, libc::SIGSTOP);
-        }
+        self.process.pause();
     }
 
     /// Thaws a paused member (SIGCONT).
     pub fn resume(&self) {
-        if let Some(c) = lock(&self.child).as_ref() {
-            signal(c, libc::SIGCONT);
-        }
+        self.process.resume();
     }
 
     /// Starts the member again on the same ports and data (stopping it first if it runs)
@@ -151,27 +121,13 @@ impl EtcdMember {
     /// sees a quorum; use [`wait_healthy`](EtcdMember::wait_healthy) for that.
     pub fn restart(&self) -> Result<()> {
         self.stop();
-        self.spawn()?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if !self.is_running() {
-                return Err(ThrowawayError::failed(
-                    format!("etcd member {} exited on restart; its log", self.name),
-                    self.log(),
-                ));
-            }
-            if TcpStream::connect_timeout(&self.client_addr(), Duration::from_millis(200)).is_ok() {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        Err(ThrowawayError::failed(
-            format!(
-                "etcd member {} did not listen within {START_TIMEOUT:?}; its log",
-                self.name
-            ),
-            self.log(),
-        ))
+        self.process.spawn()?;
+        self.process.wait_until(
+            "listening",
+            START_TIMEOUT,
+            Duration::from_millis(20),
+            || TcpStream::connect_timeout(&self.client_addr(), Duration::from_millis(200)).is_ok(),
+        )
     }
 
     /// Whether the member answers `/health` with `"health":"true"` (it has a leader and
@@ -180,52 +136,17 @@ impl EtcdMember {
         health_probe(self.client_addr()).unwrap_or(false)
     }
 
-    /// Waits until [`is_healthy`](EtcdMember::is_healthy); after `within`, an error with
-    /// the log.
+    /// Waits until [`is_healthy`](EtcdMember::is_healthy); an error with the log when
+    /// `within` passes or the member is not running.
     pub fn wait_healthy(&self, within: Duration) -> Result<()> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.is_healthy() {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        Err(ThrowawayError::failed(
-            format!(
-                "etcd member {} not healthy within {within:?}; its log",
-                self.name
-            ),
-            self.log(),
-        ))
+        self.process
+            .wait_until("healthy", within, Duration::from_millis(50), || {
+                self.is_healthy()
+            })
     }
 
     fn client_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.client_port))
-    }
-
-    fn spawn(&self) -> Result<()> {
-        let bin = etcd_binary().ok_or(ThrowawayError::NotInstalled {
-            program: "etcd",
-            looked_in: "$ETCD_BIN, PATH, /usr/bin",
-            package: "etcd-server",
-        })?;
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .map_err(ThrowawayError::io("opening the etcd log"))?;
-        let log_err = log
-            .try_clone()
-            .map_err(ThrowawayError::io("opening the etcd log"))?;
-        let mut command = Command::new(bin);
-        command
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err));
-        let child = spawn_from_keeper(command).map_err(ThrowawayError::io("starting etcd"))?;
-        *lock(&self.child) = Some(child);
-        Ok(())
     }
 }
 
@@ -237,10 +158,20 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `size` members forming one cluster and waits until every member is
-    /// healthy; the error carries the logs. Tries again on fresh ports (three tries in
-    /// all) in case another process took a port between probe and bind.
+    /// Starts `size` members of [`etcd_binary`] forming one cluster and waits until every
+    /// member is healthy; the error carries the logs. Tries again on fresh ports (three
+    /// tries in all) in case another process took a port between probe and bind.
     pub fn start(size: usize) -> Result<EtcdCluster> {
+        let bin = etcd_binary().ok_or(ThrowawayError::NotInstalled {
+            program: "etcd",
+            looked_in: "$ETCD_BIN, PATH, /usr/bin",
+            package: "etcd-server",
+        })?;
+        Self::start_with(size, &bin)
+    }
+
+    /// [`start`](EtcdCluster::start) with the etcd binary `bin`.
+    pub fn start_with(size: usize, bin: &Path) -> Result<EtcdCluster> {
         if size == 0 {
             return Err(ThrowawayError::failed(
                 "starting an etcd cluster",
@@ -248,17 +179,12 @@ impl EtcdCluster {
             ));
         }
         static SWEPT: OnceLock<()> = OnceLock::new();
-        SWEPT.get_or_init(|| {
-            sweep_stale_dirs(
-                DIR_PREFIX,
-                &[PathBuf::from("/dev/shm"), std::env::temp_dir()],
-            )
-        });
+        sweep_once(DIR_PREFIX, &SWEPT);
         let mut last_failure = String::new();
         for _attempt in 0..3 {
-            let cluster = Self::create(size)?;
+            let cluster = Self::create(size, bin)?;
             for member in &cluster.members {
-                member.spawn()?;
+                member.process.spawn()?;
             }
             match cluster.wait_all_healthy(START_TIMEOUT) {
                 Ok(()) => return Ok(cluster),
@@ -271,20 +197,8 @@ impl EtcdCluster {
         ))
     }
 
-    fn create(size: usize) -> Result<EtcdCluster> {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let base = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let root = base.join(format!(
-            "{DIR_PREFIX}{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).map_err(ThrowawayError::io("creating the etcd directory"))?;
+    fn create(size: usize, bin: &Path) -> Result<EtcdCluster> {
+        let root = fresh_dir(DIR_PREFIX)?;
         let ports = free_ports(size * 2)?;
         let token = root
             .file_name()
@@ -319,13 +233,16 @@ impl EtcdCluster {
                     "--logger=zap".to_string(),
                 ];
                 EtcdMember {
-                    log_path: root.join(format!("{name}.log")),
+                    process: ServerProcess::new(
+                        format!("etcd member {name}"),
+                        bin.to_path_buf(),
+                        args,
+                        root.join(format!("{name}.log")),
+                    ),
                     name,
                     client_port,
                     peer_port,
                     data_dir,
-                    args,
-                    child: Mutex::new(None),
                 }
             })
             .collect();
@@ -354,6 +271,14 @@ impl EtcdCluster {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Kills every member and removes their data.
+    fn kill_and_clean(&self) {
+        for member in &self.members {
+            member.kill();
+        }
+        let _ = fs::remove_dir_all(&self.root);
     }
 
     /// The members, in start order.
@@ -389,10 +314,7 @@ impl EtcdCluster {
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
-        for member in &self.members {
-            member.kill();
-        }
-        let _ = fs::remove_dir_all(&self.root);
+        self.kill_and_clean();
     }
 }
 
@@ -403,11 +325,18 @@ pub struct EtcdServer {
 }
 
 impl EtcdServer {
-    /// Starts one member on free loopback ports with a fresh data directory and waits
-    /// until it is healthy; the error carries the log.
+    /// Starts one member of [`etcd_binary`] on free loopback ports with a fresh data
+    /// directory and waits until it is healthy; the error carries the log.
     pub fn start() -> Result<EtcdServer> {
         Ok(EtcdServer {
             cluster: EtcdCluster::start(1)?,
+        })
+    }
+
+    /// [`start`](EtcdServer::start) with the etcd binary `bin`.
+    pub fn start_with(bin: &Path) -> Result<EtcdServer> {
+        Ok(EtcdServer {
+            cluster: EtcdCluster::start_with(1, bin)?,
         })
     }
 
@@ -417,21 +346,12 @@ impl EtcdServer {
     /// start their own instead.
     pub fn shared() -> std::result::Result<&'static EtcdServer, &'static ThrowawayError> {
         static SHARED: OnceLock<Result<EtcdServer>> = OnceLock::new();
-        let shared = SHARED.get_or_init(|| {
-            extern "C" fn kill_shared() {
-                if let Some(Ok(server)) = SHARED.get() {
-                    server.member().kill();
-                    let _ = fs::remove_dir_all(&server.cluster.root);
-                }
+        extern "C" fn kill_shared() {
+            if let Some(Ok(server)) = SHARED.get() {
+                server.kill_and_clean();
             }
-            let server = EtcdServer::start()?;
-            // SAFETY: registers a plain extern "C" function to run at exit.
-            unsafe {
-                libc::atexit(kill_shared);
-            }
-            Ok(server)
-        });
-        shared.as_ref()
+        }
+        shared_server(&SHARED, EtcdServer::start, kill_shared)
     }
 
     /// The client endpoint, `http://127.0.0.1:PORT`.
@@ -474,20 +394,11 @@ impl EtcdServer {
     pub fn resume(&self) {
         self.member().resume();
     }
-}
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn signal(child: &Child, sig: libc::c_int) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) on our own child's pid; the child is not reaped yet (we hold it).
-        unsafe {
-            libc::kill(pid, sig);
-        }
+    /// Kills the server and removes its data: for an owner that never drops it (a
+    /// process-wide server, at exit).
+    pub(crate) fn kill_and_clean(&self) {
+        self.cluster.kill_and_clean();
     }
 }
 

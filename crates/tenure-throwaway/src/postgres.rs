@@ -27,7 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, ThrowawayError};
-use crate::process::{free_ports, spawn_from_keeper, sweep_stale_dirs, wait_exit};
+use crate::process::{free_ports, shared_server, spawn_from_keeper, sweep_stale_dirs, wait_exit};
 
 /// How long a start (or restart) may take before it is reported as failed.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -97,20 +97,12 @@ impl PgServer {
     /// caller. Callers that stop or pause a server start their own.
     pub fn shared() -> std::result::Result<&'static PgServer, &'static ThrowawayError> {
         static SHARED: OnceLock<Result<PgServer>> = OnceLock::new();
-        let shared = SHARED.get_or_init(|| {
-            let server = PgServer::start()?;
-            extern "C" fn stop_shared() {
-                if let Some(Ok(server)) = SHARED.get() {
-                    server.shutdown_and_clean();
-                }
+        extern "C" fn stop_shared() {
+            if let Some(Ok(server)) = SHARED.get() {
+                server.shutdown_and_clean();
             }
-            // SAFETY: registers a plain extern "C" function to run at exit.
-            unsafe {
-                libc::atexit(stop_shared);
-            }
-            Ok(server)
-        });
-        shared.as_ref()
+        }
+        shared_server(&SHARED, PgServer::start, stop_shared)
     }
 
     /// The TCP port on 127.0.0.1.

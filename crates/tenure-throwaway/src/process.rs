@@ -1,14 +1,16 @@
-//! Process plumbing both servers share: spawning server processes that die with their
-//! owner, waiting for them to exit, free loopback ports, and sweeping data directories
-//! that dead owners left behind.
+//! Process plumbing the servers share: spawning server processes that die with their
+//! owner, running one again and again ([`ServerProcess`]), waiting for them to exit, free
+//! loopback ports, finding programs, and the data directories (fresh ones, and sweeping
+//! those that dead owners left behind).
 
 use std::fs;
 use std::io;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -112,4 +114,227 @@ pub(crate) fn sweep_stale_dirs(prefix: &str, bases: &[PathBuf]) {
             }
         }
     }
+}
+
+/// A fresh, empty directory `<base>/<prefix><pid>-<n>` for one server's data, on
+/// `/dev/shm` when it exists (fsync is cheap there on a loaded machine), else in the temp
+/// directory; [`sweep_stale_dirs`] finds it once its owner is gone.
+pub(crate) fn fresh_dir(prefix: &str) -> Result<PathBuf> {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    let root = shm_or_temp().join(format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(&root)
+        .map_err(ThrowawayError::io(format!("creating {}", root.display())))?;
+    Ok(root)
+}
+
+/// Sweeps, once per process and prefix, the directories [`fresh_dir`] made for owners
+/// that are gone.
+pub(crate) fn sweep_once(prefix: &'static str, swept: &OnceLock<()>) {
+    swept.get_or_init(|| {
+        sweep_stale_dirs(prefix, &[PathBuf::from("/dev/shm"), std::env::temp_dir()])
+    });
+}
+
+fn shm_or_temp() -> PathBuf {
+    if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// The first file called `name` in a directory of `PATH`.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// One server process, started again and again with the same program, arguments and log
+/// (stdout and stderr of every run, appended): spawned from the keeper, stopped, killed,
+/// paused and resumed.
+#[derive(Debug)]
+pub(crate) struct ServerProcess {
+    name: String,
+    bin: PathBuf,
+    args: Vec<String>,
+    log_path: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl ServerProcess {
+    /// A process called `name` in messages; nothing runs until [`spawn`](Self::spawn).
+    pub(crate) fn new(name: String, bin: PathBuf, args: Vec<String>, log_path: PathBuf) -> Self {
+        ServerProcess {
+            name,
+            bin,
+            args,
+            log_path,
+            child: Mutex::new(None),
+        }
+    }
+
+    /// Starts the program (the caller has stopped any earlier run).
+    pub(crate) fn spawn(&self) -> Result<()> {
+        let opening = || ThrowawayError::io(format!("opening the {} log", self.name));
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(opening())?;
+        let log_err = log.try_clone().map_err(opening())?;
+        let mut command = Command::new(&self.bin);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err));
+        let child = spawn_from_keeper(command).map_err(ThrowawayError::io(format!(
+            "starting {}",
+            self.bin.display()
+        )))?;
+        *lock(&self.child) = Some(child);
+        Ok(())
+    }
+
+    /// The process id while it runs.
+    pub(crate) fn pid(&self) -> Option<libc::pid_t> {
+        lock(&self.child)
+            .as_ref()
+            .and_then(|c| libc::pid_t::try_from(c.id()).ok())
+    }
+
+    /// Whether the process is running (or paused).
+    pub(crate) fn is_running(&self) -> bool {
+        match lock(&self.child).as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Every run's output so far.
+    pub(crate) fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The log's last 300 lines, for error messages (a chatty server's whole log would
+    /// bury the cause).
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let skipped = lines.len().saturating_sub(300);
+        let tail = lines[skipped..].join("\n");
+        if skipped == 0 {
+            tail
+        } else {
+            format!(
+                "[{skipped} earlier lines in {}]\n{tail}",
+                self.log_path.display()
+            )
+        }
+    }
+
+    /// SIGTERM (after a SIGCONT, in case it is paused), then SIGKILL once `grace` passes.
+    pub(crate) fn stop(&self, grace: Duration) {
+        if let Some(mut c) = lock(&self.child).take() {
+            signal(&c, libc::SIGCONT);
+            signal(&c, libc::SIGTERM);
+            if !wait_exit(&mut c, grace) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// SIGKILL, as a crash would; waits until the process is gone.
+    pub(crate) fn kill(&self) {
+        if let Some(mut c) = lock(&self.child).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP: its sockets stay open but it answers nothing.
+    pub(crate) fn pause(&self) {
+        if let Some(c) = lock(&self.child).as_ref() {
+            signal(c, libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT.
+    pub(crate) fn resume(&self) {
+        if let Some(c) = lock(&self.child).as_ref() {
+            signal(c, libc::SIGCONT);
+        }
+    }
+
+    /// Polls `reached` until it holds; an error with the log when the process exits
+    /// first or `within` passes. `goal` completes "<name> not <goal> within ...".
+    pub(crate) fn wait_until(
+        &self,
+        goal: &str,
+        within: Duration,
+        poll: Duration,
+        mut reached: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            if !self.is_running() {
+                return Err(ThrowawayError::failed(
+                    format!("{} exited before it was {goal}; its log", self.name),
+                    self.log_tail(),
+                ));
+            }
+            if reached() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ThrowawayError::failed(
+                    format!("{} not {goal} within {within:?}; its log", self.name),
+                    self.log_tail(),
+                ));
+            }
+            thread::sleep(poll);
+        }
+    }
+}
+
+/// Locks `mutex`, also after a panic elsewhere poisoned it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child's pid; the child is not reaped yet (we hold it).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// A process-wide server in `cell`: started by `start` on first use, `at_exit` registered
+/// to run when the process exits (it kills the server: statics are never dropped); a
+/// failed start is remembered and returned to every caller.
+pub(crate) fn shared_server<T>(
+    cell: &'static OnceLock<Result<T>>,
+    start: fn() -> Result<T>,
+    at_exit: extern "C" fn(),
+) -> std::result::Result<&'static T, &'static ThrowawayError> {
+    cell.get_or_init(|| {
+        let server = start()?;
+        // SAFETY: registers a plain extern "C" function to run at exit.
+        unsafe {
+            libc::atexit(at_exit);
+        }
+        Ok(server)
+    })
+    .as_ref()
 }
