@@ -16,6 +16,17 @@ pub enum ThrowawayError {
         /// The Debian package that provides it.
         package: &'static str,
     },
+    /// A server program that the repository builds from Go modules (no Debian package
+    /// carries it) is missing.
+    #[error("{program} not found ({looked_in}); build it with `{build}`")]
+    NotBuilt {
+        /// The missing program.
+        program: &'static str,
+        /// Where it was looked for.
+        looked_in: &'static str,
+        /// The command that builds it.
+        build: &'static str,
+    },
     /// An operating-system call failed.
     #[error("{what}: {source}")]
     Io {

@@ -1,5 +1,13 @@
-//! Throwaway PostgreSQL and etcd servers on loopback, owned by the process that starts
-//! them.
+//! Throwaway PostgreSQL, etcd and Kubernetes API servers on loopback, owned by the process
+//! that starts them.
+//!
+//! - [`postgres::PgServer`]: a PostgreSQL cluster (Debian's `postgresql`).
+//! - [`etcd::EtcdServer`] and [`etcd::EtcdCluster`]: etcd (Debian's `etcd-server`, or any
+//!   binary, e.g. the etcd 3.6 of `scripts/build-servers`).
+//! - [`kube::KubeServer`]: kube-apiserver on its own etcd, with TLS, an admin client
+//!   certificate and a service account bound to leases only; kube-apiserver, kubectl and
+//!   etcd 3.6 come from `scripts/build-servers` (no Debian package carries them), see
+//!   `servers/README.md`.
 //!
 //! Each server gets a fresh data directory and free loopback ports, and can be stopped,
 //! killed, restarted (same data, same ports), paused and resumed, which is what fault tests
@@ -16,6 +24,7 @@
 
 mod error;
 pub mod etcd;
+pub mod kube;
 pub mod postgres;
 mod process;
 

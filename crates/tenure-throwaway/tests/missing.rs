@@ -1,8 +1,9 @@
-//! A server whose programs are missing is an error naming the Debian package, not a
-//! panic. One test in its own binary: it points the harness at empty directories
+//! A server whose programs are missing is an error naming the Debian package (or the
+//! script that builds them), not a panic. One test in its own binary: it points the harness at empty directories
 //! through the environment, which every thread of the process shares.
 
 use tenure_throwaway::etcd::EtcdServer;
+use tenure_throwaway::kube::KubeServer;
 use tenure_throwaway::postgres::PgServer;
 use tenure_throwaway::ThrowawayError;
 
@@ -14,6 +15,7 @@ fn missing_programs_name_the_package_to_install() {
     unsafe {
         std::env::set_var("PG_BIN_DIR", &empty);
         std::env::set_var("ETCD_BIN", empty.join("etcd"));
+        std::env::set_var("KUBE_APISERVER_BIN", empty.join("kube-apiserver"));
     }
     let pg = PgServer::start().expect_err("no initdb in an empty directory");
     assert!(
@@ -41,6 +43,23 @@ fn missing_programs_name_the_package_to_install() {
             }
         ),
         "{etcd:?}"
+    );
+    let kube = KubeServer::start().expect_err("no kube-apiserver there");
+    assert!(
+        matches!(
+            kube,
+            ThrowawayError::NotBuilt {
+                program: "kube-apiserver",
+                build: "scripts/build-servers",
+                ..
+            }
+        ),
+        "{kube:?}"
+    );
+    assert!(
+        kube.to_string()
+            .contains("build it with `scripts/build-servers`"),
+        "{kube}"
     );
     let _ = std::fs::remove_dir_all(&empty);
 }
