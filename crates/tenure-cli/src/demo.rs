@@ -484,7 +484,7 @@ pub fn run_cli(url: &crate::store::StoreUrl) -> anyhow::Result<()> {
         });
     }
     let timing = match url {
-        StoreUrl::Etcd(_) => DemoTiming::coarse(),
+        StoreUrl::Etcd(_) | StoreUrl::Kube(_) => DemoTiming::coarse(),
         _ => DemoTiming::fast(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -82,7 +82,7 @@ enum LogFormat {
 /// `--store`, shared by every command that talks to a store.
 #[derive(Args, Debug, Clone)]
 struct StoreArg {
-    /// Store URL: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX], memory:.
+    /// Store URL: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX], kube:[NAMESPACE], memory:.
     /// Default: sqlite under $XDG_STATE_HOME (or ~/.local/state)/tenure/tenure.db.
     #[arg(long = "store", env = "TENURE_STORE", hide_env_values = true)]
     url: Option<String>,

@@ -1,14 +1,16 @@
 //! Store URLs: which backend a command talks to.
 //!
 //! `memory:` (this process only), `sqlite:PATH` (the default, a file under the user's
-//! state directory), `postgres://...`, `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
+//! state directory), `postgres://...`, `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`,
+//! `kube:` or `kube:NAMESPACE` (Lease objects on the Kubernetes API, configured as
+//! `kubectl` is).
 //! Errors name the problem and never echo a password.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(not(feature = "etcd"))]
+#[cfg(any(not(feature = "etcd"), not(feature = "kube")))]
 use anyhow::bail;
 use anyhow::Context;
 use tenure::{
@@ -19,8 +21,8 @@ use tenure::{
 use crate::UsageError;
 
 /// What every accepted URL looks like, for error messages.
-const ACCEPTED: &str =
-    "expected one of memory:, sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX]";
+const ACCEPTED: &str = "expected one of memory:, sqlite:PATH, postgres://USER@HOST/DB, \
+                        etcd://HOST:PORT[/PREFIX], kube:[NAMESPACE]";
 
 /// A parsed `--store` value. The raw URL is kept only for the backend's own parser and
 /// is never printed.
@@ -35,6 +37,9 @@ pub enum StoreUrl {
     /// `etcd://...`.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Etcd(String),
+    /// `kube:` or `kube:NAMESPACE`.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))]
+    Kube(String),
 }
 
 impl std::fmt::Debug for StoreUrl {
@@ -80,6 +85,11 @@ impl StoreUrl {
                 tenure_etcd::EtcdUrl::parse(raw).map_err(backend)?;
                 Ok(StoreUrl::Etcd(raw.to_owned()))
             }
+            "kube" => {
+                #[cfg(feature = "kube")]
+                tenure_kube::KubeUrl::parse(raw).map_err(backend)?;
+                Ok(StoreUrl::Kube(raw.to_owned()))
+            }
             other => Err(usage(match shown_scheme(other) {
                 Some(shown) => format!("unknown store scheme {shown:?}; {ACCEPTED}"),
                 None => format!(
@@ -97,6 +107,7 @@ impl StoreUrl {
             StoreUrl::Sqlite(_) => "sqlite:",
             StoreUrl::Postgres(_) => "postgres:",
             StoreUrl::Etcd(_) => "etcd:",
+            StoreUrl::Kube(_) => "kube:",
         }
     }
 
@@ -105,7 +116,7 @@ impl StoreUrl {
         if matches!(self, StoreUrl::Memory) {
             return Err(UsageError(format!(
                 "`tenure {command}` needs a store shared between processes; memory: lives only \
-                 inside one process (use sqlite:PATH, postgres://... or etcd://...)"
+                 inside one process (use sqlite:PATH, postgres://..., etcd://... or kube:)"
             )));
         }
         Ok(())
@@ -138,6 +149,8 @@ const OTHER_SCHEMES: &[&str] = &[
     "pg",
     "psql",
     "etcd3",
+    "k8s",
+    "kubernetes",
 ];
 
 /// `scheme` if it is one of [`OTHER_SCHEMES`] (in any case).
@@ -239,6 +252,25 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
                 fence: Arc::new(tenure_etcd::EtcdFence::new(client, url.prefix())?),
             })
         }
+        #[cfg(feature = "kube")]
+        StoreUrl::Kube(raw) => {
+            let url = tenure_kube::KubeUrl::parse(raw)?;
+            let conn = tenure_kube::connect(&url).await?;
+            Ok(Stores {
+                leases: Arc::new(tenure_kube::KubeLeaseStore::new(conn.clone())),
+                registry: Arc::new(tenure_kube::KubeNodeRegistry::new(
+                    conn.clone(),
+                    registry_ttl,
+                )?),
+                fence: Arc::new(tenure_kube::KubeFence::new(conn)),
+            })
+        }
+        #[cfg(not(feature = "kube"))]
+        StoreUrl::Kube(_) => bail!(UsageError(
+            "this build of tenure has no Kubernetes backend: build it with `--features kube` \
+             (a default feature)"
+                .to_owned()
+        )),
         #[cfg(not(feature = "etcd"))]
         StoreUrl::Etcd(_) => bail!(UsageError(
             "this build of tenure has no etcd backend: build it with `--features etcd` \

@@ -1,5 +1,6 @@
 //! A host wall-clock step (an NTP step, `date -s`) under two real `tenure run` processes
-//! on one SQLite file must not let both run their command at once.
+//! on one SQLite file must not let both run their command at once; on Kubernetes, neither
+//! may a contender's wall clock stepped by minutes.
 //!
 //! Both processes run under libfaketime reading one offset file, with the monotonic clock
 //! left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`), which is what a real step does: the
@@ -150,15 +151,53 @@ fn uptime() -> f64 {
 #[test]
 fn wall_clock_step_forward_does_not_overlap_commands() {
     let dir = tempdir();
-    let faked = Faked::new(dir.path());
+    let store = sqlite_url(dir.path());
+    steps_change_nothing(&store, dir.path(), Faking::Both, &[(20_000, 8)]);
+}
+
+/// On Kubernetes only clock rates matter: the leader's wall clock steps five minutes
+/// forward, then ten back (to five minutes behind the other's), while it leads; nothing
+/// changes (no overlap, the leader keeps its term). Its renewals write `renewTime` from
+/// that clock, so the other contender reads renewal times five minutes in the future,
+/// then five minutes in the past: one that compared them with its own clock would take
+/// over at once. tenure never reads them.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_contender_wall_clock_steps_by_minutes_change_nothing() {
+    let dir = tempdir();
+    let server = tenure_testkit::kube::KubeServer::shared().expect("shared kube-apiserver");
+    let namespace = server.new_namespace("clock-step").expect("namespace");
+    let kubeconfig = server.tenant_kubeconfig(&namespace).expect("kubeconfig");
+    let _ = common::KUBECONFIG.set(kubeconfig);
+    let store = format!("kube:{namespace}");
+    steps_change_nothing(
+        &store,
+        dir.path(),
+        Faking::FirstOnly,
+        &[(300_000, 8), (-300_000, 8)],
+    );
+}
+
+/// Which of the two `tenure run` processes run under libfaketime.
+#[derive(Clone, Copy, PartialEq)]
+enum Faking {
+    Both,
+    FirstOnly,
+}
+
+/// Two `tenure run --ttl 6s` on `store`; once the first's command runs, the faked wall
+/// clock is set to each `(offset_ms, seconds)` in turn and watched that many seconds:
+/// the second never starts its command while the first's runs, and the first keeps its
+/// term throughout. Then both stop (the follower first) and the whole log is checked.
+fn steps_change_nothing(store: &str, dir: &Path, faking: Faking, steps: &[(i64, u64)]) {
+    let faked = Faked::new(dir);
     let before = faked.measured_offset();
     assert!(
         before.abs() <= 2,
         "with offset +0s the faked clock is {before} s off"
     );
-    let _cleanup = KillCommands(dir.path().to_owned());
-    let log = dir.path().join("runs.log");
-    let store = sqlite_url(dir.path());
+    let _cleanup = KillCommands(dir.to_owned());
+    let log = dir.join("runs.log");
     // A bounded loop (60 s) rather than `sleep infinity`, so nothing outlives a broken run.
     let script = format!(
         "up() {{ cut -d' ' -f1 /proc/uptime; }}; \
@@ -166,7 +205,7 @@ fn wall_clock_step_forward_does_not_overlap_commands() {
          echo \"start $TENURE_FENCING_TOKEN $(up)\" >> '{log}'; \
          trap 'echo \"end $TENURE_FENCING_TOKEN $(up)\" >> \"{log}\"; exit 0' TERM; \
          i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
-        dir = dir.path().display(),
+        dir = dir.display(),
         log = log.display()
     );
     let flags = [
@@ -179,18 +218,20 @@ fn wall_clock_step_forward_does_not_overlap_commands() {
         "--kill-after",
         "1s",
     ];
-    let spawn = || {
-        let mut command = run_sh_with(&store, "r", &flags, &script);
-        faked.apply(&mut command);
+    let spawn = |fake: bool| {
+        let mut command = run_sh_with(store, "r", &flags, &script);
+        if fake {
+            faked.apply(&mut command);
+        }
         Proc::spawn(&mut command)
     };
-    let mut first = spawn();
+    let mut first = spawn(true);
     assert!(
         wait_until(Duration::from_secs(30), || !lines(&log).is_empty()),
         "the first tenure run never started its command; stderr:\n{}",
         first.stderr()
     );
-    let mut second = spawn();
+    let mut second = spawn(faking == Faking::Both);
     tracing_phase("the first leads; the second contends");
     thread::sleep(Duration::from_secs(1));
     assert!(
@@ -199,35 +240,38 @@ fn wall_clock_step_forward_does_not_overlap_commands() {
         second.stderr()
     );
 
-    tracing_phase("the wall clock steps forward 20 s");
-    faked.set_offset(20_000);
-    let after = faked.measured_offset();
-    assert!(
-        (18..=22).contains(&after),
-        "libfaketime did not step the clock: {after} s off after writing +20s"
-    );
-    let stepped_at = Instant::now();
-    let mut worst = 0.0_f64;
-    while stepped_at.elapsed() < Duration::from_secs(8) {
-        let runs = intervals(&lines(&log));
-        worst = worst.max(overlap(&runs, uptime()));
+    for &(offset_ms, watch_secs) in steps {
+        tracing_phase(&format!("the wall clock is set {offset_ms} ms off"));
+        faked.set_offset(offset_ms);
+        let after = faked.measured_offset();
+        let expected = offset_ms / 1000;
         assert!(
-            worst == 0.0,
-            "two commands ran at once for {worst:.2} s after the wall clock stepped: \
-             {runs:#?}\nfirst:\n{}\nsecond:\n{}",
+            (expected - 2..=expected + 2).contains(&after),
+            "libfaketime did not step the clock: {after} s off after writing {offset_ms} ms"
+        );
+        let stepped_at = Instant::now();
+        let mut worst = 0.0_f64;
+        while stepped_at.elapsed() < Duration::from_secs(watch_secs) {
+            let runs = intervals(&lines(&log));
+            worst = worst.max(overlap(&runs, uptime()));
+            assert!(
+                worst == 0.0,
+                "two commands ran at once for {worst:.2} s after the wall clock stepped: \
+                 {runs:#?}\nfirst:\n{}\nsecond:\n{}",
+                first.stderr(),
+                second.stderr()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        let runs = intervals(&lines(&log));
+        assert_eq!(
+            runs.len(),
+            1,
+            "the step must not end the first term: {runs:#?}\nfirst:\n{}\nsecond:\n{}",
             first.stderr(),
             second.stderr()
         );
-        thread::sleep(Duration::from_millis(20));
     }
-    let runs = intervals(&lines(&log));
-    assert_eq!(
-        runs.len(),
-        1,
-        "the step must not end the first term: {runs:#?}\nfirst:\n{}\nsecond:\n{}",
-        first.stderr(),
-        second.stderr()
-    );
 
     // The follower first, so no command is starting while its tenure is told to stop.
     tracing_phase("both stop; the log is checked whole");

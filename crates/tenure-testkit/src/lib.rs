@@ -5,7 +5,7 @@
 //!   scenario with its own
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - [`sessions`]: the session scenarios (many roles held under one renewable session).
-//! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd), re-exported for
+//! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
 #![deny(missing_docs)]
@@ -17,4 +17,4 @@ pub mod fuzz;
 pub mod sessions;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
-pub use tenure_throwaway::{etcd, postgres};
+pub use tenure_throwaway::{etcd, kube, postgres};

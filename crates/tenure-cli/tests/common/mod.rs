@@ -34,10 +34,18 @@ pub const FAST: [&str; 8] = [
     "100ms",
 ];
 
+/// The kubeconfig every `tenure` a test starts is given (`$KUBECONFIG`), once a test of
+/// the Kubernetes backend set it: set once, before the first such command, so the tests'
+/// own environment is never changed.
+pub static KUBECONFIG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 /// A `tenure` command with a clean environment for the store and logs; scripts run by
 /// `tenure run` find the binary in `$TENURE_BIN`.
 pub fn tenure() -> Command {
     let mut command = Command::new(BIN);
+    if let Some(kubeconfig) = KUBECONFIG.get() {
+        command.env("KUBECONFIG", kubeconfig);
+    }
     command
         .env_remove("TENURE_STORE")
         .env_remove("TENURE_DEMO_STORE")

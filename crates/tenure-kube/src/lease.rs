@@ -1,0 +1,699 @@
+//! [`KubeLeaseStore`]: tenure leases on `coordination.k8s.io/v1` Lease objects.
+//!
+//! Every role is one Lease object (see [`crate::names`] for its name and
+//! [`crate::record`] for its fields and token). Every write is a `PUT` carrying the
+//! `resourceVersion` just read, so of two writers that read the same version exactly one
+//! succeeds and the other gets 409 Conflict and reads again: nothing is ever
+//! overwritten blind. Expiry is judged by observation ([`crate::observe`]).
+//!
+//! One call, as the contract's single atomic step:
+//!
+//! 1. read the role's object (and the session object it is held under, if any);
+//! 2. held by the caller and live: write a renewal (new `renewTime`), token unchanged;
+//! 3. absent: take a fresh epoch and create the object (a lost create race reads again);
+//! 4. released, expired, or held under a session that ended or lapsed: end that lapsed
+//!    session first (a conditional write on the session object, so its late keep-alive
+//!    fails), then write the caller in as holder with `leaseTransitions + 1`;
+//! 5. otherwise: not acquired, reporting the live holder.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, PostParams};
+use parking_lot::Mutex;
+use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::{
+    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+};
+use tokio::time::Instant;
+
+use crate::conn::{api_error, is_conflict, KubeConnection};
+use crate::names::{object_name, session_name, Kind, EPOCHS};
+use crate::record::{
+    annotate, begin_term, label, micro_now, new_object, spec, token, ttl_secs, Record, EPOCH,
+    KIND_LABEL, MANAGED_BY, NAME, NEXT_EPOCH, SESSION,
+};
+use crate::watch::{Shared, Watch};
+use crate::BACKEND;
+
+mod session;
+
+use session::SessionState;
+
+/// How many conditional writes one call may lose before it reports an error.
+const ATTEMPTS: usize = 8;
+
+/// A record together with when this process first saw its version.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub record: Record,
+    pub first: Instant,
+}
+
+/// What a session object says about the roles held under it.
+#[derive(Clone, Debug)]
+pub(crate) enum SessionView {
+    /// Ended, closed, or gone: its roles are free.
+    Ended,
+    /// Not marked ended; live until `first + duration` as this process judges it.
+    Open(Box<Seen>),
+}
+
+/// A role's record with its liveness judged.
+#[derive(Clone, Debug)]
+struct Judged {
+    seen: Seen,
+    token: FencingToken,
+    session: Option<u64>,
+    live: bool,
+    expires_at: SystemTime,
+    /// The session the term is held under, when it lapsed but is not yet marked ended:
+    /// a takeover ends it first.
+    lapsed_session: Option<Record>,
+}
+
+/// Tenure's lease store on the Kubernetes API: one Lease object per role in one
+/// namespace, sessions for shard groups, push wake-ups from a watch.
+///
+/// TTLs are whole seconds, at least one (`leaseDurationSeconds`).
+pub struct KubeLeaseStore {
+    conn: KubeConnection,
+    api: Api<Lease>,
+    shared: Arc<Shared>,
+    watch: Watch,
+    sessions: Mutex<HashMap<u64, SessionState>>,
+    /// The plain terms this store wrote last, per role: a renewal or release by their
+    /// owner is one conditional write on the version written, with no read first (a
+    /// 409 means someone else wrote since, and the call reads as usual).
+    own: Mutex<HashMap<String, OwnTerm>>,
+}
+
+/// A plain term as this store last wrote it.
+#[derive(Clone, Debug)]
+struct OwnTerm {
+    owner: String,
+    token: FencingToken,
+    record: Record,
+    sent: Instant,
+}
+
+impl std::fmt::Debug for KubeLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeLeaseStore")
+            .field("namespace", &self.conn.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeLeaseStore {
+    /// A store on the connection's namespace.
+    pub fn new(conn: KubeConnection) -> KubeLeaseStore {
+        let api = conn.leases();
+        KubeLeaseStore {
+            conn,
+            api,
+            shared: Shared::new(),
+            watch: Watch::new(format!(
+                "{}={},{KIND_LABEL} in (role,session)",
+                MANAGED_BY.0, MANAGED_BY.1
+            )),
+            sessions: Mutex::new(HashMap::new()),
+            own: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The namespace the store's objects live in.
+    pub fn namespace(&self) -> &str {
+        &self.conn.namespace
+    }
+
+    fn error(&self, verb: &str, object: &str, error: kube::Error) -> Error {
+        api_error(&self.conn.namespace, verb, object, error)
+    }
+
+    fn instant(&self) -> Instant {
+        self.shared.observer.instant()
+    }
+
+    fn wall(&self, at: Instant) -> SystemTime {
+        self.shared.observer.wall(at)
+    }
+
+    /// Reads an object, recording the sighting of its version.
+    async fn read(&self, object: &str) -> Result<Option<(Record, Instant)>> {
+        let lease = self
+            .api
+            .get_opt(object)
+            .await
+            .map_err(|error| self.error("get", object, error))?;
+        let arrived = self.instant();
+        let Some(lease) = lease else {
+            self.shared.observer.forget(object);
+            return Ok(None);
+        };
+        let record = Record::read_any(lease)?;
+        let first = self.shared.observer.saw(object, &record.version, arrived);
+        Ok(Some((record, first)))
+    }
+
+    async fn read_role(&self, role: &str) -> Result<Option<Seen>> {
+        let object = object_name(Kind::Role, role);
+        let Some((record, first)) = self.read(&object).await? else {
+            return Ok(None);
+        };
+        let record = Record::read(record.lease, role)?;
+        Ok(Some(Seen { record, first }))
+    }
+
+    pub(crate) async fn session_view(&self, id: u64) -> Result<SessionView> {
+        let Some((record, first)) = self.read(&session_name(id)).await? else {
+            return Ok(SessionView::Ended);
+        };
+        Ok(session_view_of(Seen { record, first }))
+    }
+
+    async fn judge(&self, seen: Seen) -> Result<Judged> {
+        let view = match (&seen.record.holder, seen.record.session()?) {
+            (Some(_), Some(id)) => Some(self.session_view(id).await?),
+            _ => None,
+        };
+        self.judge_with(seen, view)
+    }
+
+    /// Judges a role's record; `view` is its session's, when it is held under one.
+    fn judge_with(&self, seen: Seen, view: Option<SessionView>) -> Result<Judged> {
+        let token = seen.record.token()?;
+        let session = seen.record.session()?;
+        let (until, open_session) = match (&seen.record.holder, session) {
+            (None, _) => (None, None),
+            (Some(_), None) => (Some(seen.first + seen.record.duration), None),
+            (Some(_), Some(_)) => match view {
+                Some(SessionView::Open(session)) => (
+                    Some(session.first + session.record.duration),
+                    Some(*session),
+                ),
+                Some(SessionView::Ended) | None => (None, None),
+            },
+        };
+        let now = self.instant();
+        let live = until.is_some_and(|until| now < until);
+        let end = match until {
+            Some(until) if live => until,
+            _ => until.unwrap_or(seen.first).min(now),
+        };
+        let expires_at = self.wall(end);
+        Ok(Judged {
+            token,
+            session,
+            live,
+            expires_at,
+            lapsed_session: if live {
+                None
+            } else {
+                open_session.map(|s| s.record)
+            },
+            seen,
+        })
+    }
+
+    fn refusal(&self, judged: &Judged) -> LeaseResult {
+        LeaseResult {
+            acquired: false,
+            fencing_token: judged.token,
+            expires_at: judged.expires_at,
+            holder: judged.seen.record.holder.clone().unwrap_or_default(),
+            now: self.shared.observer.now(),
+        }
+    }
+
+    /// Hands out an epoch no object of this namespace had before: the counter object's
+    /// `next-epoch`, moved on by a conditional write. A missing counter starts above
+    /// every epoch and session id still found in the namespace.
+    pub(crate) async fn allocate_epoch(&self) -> Result<u64> {
+        for _ in 0..ATTEMPTS * 8 {
+            match self.read(EPOCHS).await? {
+                Some((record, _)) => {
+                    let raw = record.annotations.get(NEXT_EPOCH).cloned();
+                    let next: u64 =
+                        raw.as_deref()
+                            .and_then(|raw| raw.parse().ok())
+                            .ok_or_else(|| {
+                                crate::record::corrupt(format!("{EPOCHS} has {NEXT_EPOCH} {raw:?}"))
+                            })?;
+                    let mut lease = record.to_write();
+                    annotate(&mut lease, NEXT_EPOCH, Some((next + 1).to_string()));
+                    match self
+                        .api
+                        .replace(EPOCHS, &PostParams::default(), &lease)
+                        .await
+                    {
+                        Ok(_) => return Ok(next),
+                        Err(error) if is_conflict(&error) => continue,
+                        Err(error) => return Err(self.error("update", EPOCHS, error)),
+                    }
+                }
+                None => {
+                    let floor = self.highest_epoch_in_use().await?.map_or(0, |e| e + 1);
+                    let mut lease = new_object(EPOCHS, "epochs", None);
+                    annotate(&mut lease, NEXT_EPOCH, Some((floor + 1).to_string()));
+                    match self.api.create(&PostParams::default(), &lease).await {
+                        Ok(_) => return Ok(floor),
+                        Err(error) if is_conflict(&error) => continue,
+                        Err(error) => return Err(self.error("create", EPOCHS, error)),
+                    }
+                }
+            }
+        }
+        Err(Error::store_msg(
+            BACKEND,
+            format!(
+                "the epoch counter {EPOCHS} kept changing under {} tries",
+                ATTEMPTS * 8
+            ),
+        ))
+    }
+
+    async fn highest_epoch_in_use(&self) -> Result<Option<u64>> {
+        let list = self
+            .api
+            .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
+            .await
+            .map_err(|error| self.error("list", "*", error))?;
+        let mut highest = None;
+        for lease in list {
+            let record = Record::read_any(lease)?;
+            let kind = record
+                .lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(KIND_LABEL))
+                .map(String::as_str);
+            let value = match kind {
+                Some("role") => Some(record.epoch()?),
+                Some("session") => record
+                    .annotations
+                    .get(NAME)
+                    .and_then(|id| u64::from_str_radix(id, 16).ok()),
+                _ => None,
+            };
+            highest = highest.max(value);
+        }
+        Ok(highest)
+    }
+
+    /// Creates the role's object with the caller as first holder; `None` when another
+    /// writer created it first.
+    async fn create_term(
+        &self,
+        role: &str,
+        owner: &str,
+        secs: i32,
+        session: Option<u64>,
+    ) -> Result<Option<(FencingToken, Instant, Record)>> {
+        let object = object_name(Kind::Role, role);
+        let epoch = self.allocate_epoch().await?;
+        let mut lease = new_object(&object, Kind::Role.label(), Some(role));
+        annotate(&mut lease, EPOCH, Some(epoch.to_string()));
+        set_session(&mut lease, session);
+        begin_term(&mut lease, owner, secs, Some(0));
+        let sent = self.instant();
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(created) => {
+                self.wrote(&object, &created, sent);
+                Ok(Some((token(epoch, 0)?, sent, Record::read_any(created)?)))
+            }
+            Err(error) if is_conflict(&error) => Ok(None),
+            Err(error) => Err(self.error("create", &object, error)),
+        }
+    }
+
+    /// Starts a new term for `owner` over a record that is not live; `None` when a
+    /// conditional write lost (read again).
+    async fn take(
+        &self,
+        judged: &Judged,
+        owner: &str,
+        secs: i32,
+        session: Option<u64>,
+    ) -> Result<Option<(FencingToken, Instant, Record)>> {
+        if let Some(lapsed) = &judged.lapsed_session {
+            if !self.end_session(lapsed).await? {
+                return Ok(None);
+            }
+        }
+        let record = &judged.seen.record;
+        let (epoch, transitions) = match record.transitions.checked_add(1) {
+            Some(next) => (record.epoch()?, next),
+            None => (self.allocate_epoch().await?, 0),
+        };
+        let mut lease = record.to_write();
+        annotate(&mut lease, EPOCH, Some(epoch.to_string()));
+        set_session(&mut lease, session);
+        begin_term(&mut lease, owner, secs, Some(transitions));
+        let token = token(epoch, transitions)?;
+        let written = self.replace_read(&record.object, &lease).await?;
+        Ok(written.map(|(sent, record)| (token, sent, record)))
+    }
+
+    /// A conditional `PUT`; the send time on success, `None` on 409 Conflict (or when
+    /// the object is gone).
+    async fn replace(&self, object: &str, lease: &Lease) -> Result<Option<Instant>> {
+        Ok(self
+            .replace_read(object, lease)
+            .await?
+            .map(|(sent, _)| sent))
+    }
+
+    /// [`replace`](Self::replace), also returning the object as written.
+    async fn replace_read(&self, object: &str, lease: &Lease) -> Result<Option<(Instant, Record)>> {
+        let sent = self.instant();
+        match self
+            .api
+            .replace(object, &PostParams::default(), lease)
+            .await
+        {
+            Ok(written) => {
+                self.wrote(object, &written, sent);
+                Ok(Some((sent, Record::read_any(written)?)))
+            }
+            Err(error) if is_conflict(&error) => Ok(None),
+            Err(error) if matches!(&error, kube::Error::Api(s) if s.code == 404) => Ok(None),
+            Err(error) => Err(self.error("update", object, error)),
+        }
+    }
+
+    fn wrote(&self, object: &str, written: &Lease, sent: Instant) {
+        if let Some(version) = written.metadata.resource_version.as_deref() {
+            self.shared.observer.wrote(object, version, sent);
+        }
+    }
+
+    /// The plain term this store last wrote for `role`, if `owner` holds it and it is
+    /// live on this process's clock.
+    fn own_live(&self, role: &str, owner: &str) -> Option<OwnTerm> {
+        let own = self.own.lock().get(role).cloned()?;
+        (own.owner == owner && self.instant() < own.sent + own.record.duration).then_some(own)
+    }
+
+    /// Records a plain term this store wrote, and answers that `owner` holds it.
+    fn hold(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        sent: Instant,
+        record: Record,
+        ttl: Duration,
+    ) -> LeaseResult {
+        self.own.lock().insert(
+            role.to_owned(),
+            OwnTerm {
+                owner: owner.to_owned(),
+                token,
+                record,
+                sent,
+            },
+        );
+        self.granted(owner, token, sent, ttl)
+    }
+
+    fn granted(
+        &self,
+        owner: &str,
+        token: FencingToken,
+        sent: Instant,
+        ttl: Duration,
+    ) -> LeaseResult {
+        LeaseResult {
+            acquired: true,
+            fencing_token: token,
+            expires_at: self.wall(sent) + ttl,
+            holder: owner.to_owned(),
+            now: self.wall(sent),
+        }
+    }
+
+    fn lost_races(&self, role: &str) -> Error {
+        Error::store_msg(
+            BACKEND,
+            format!("role {role:?}: lost {ATTEMPTS} conditional writes in a row; try again"),
+        )
+    }
+}
+
+/// A session object as seen: ended, or open since `first`.
+pub(crate) fn session_view_of(seen: Seen) -> SessionView {
+    if seen.record.ended() || seen.record.holder.is_none() {
+        SessionView::Ended
+    } else {
+        SessionView::Open(Box::new(seen))
+    }
+}
+
+/// Marks (or unmarks) the role's object as held under `session`: annotation and label.
+fn set_session(lease: &mut Lease, session: Option<u64>) {
+    let value = session.map(|id| format!("{id:x}"));
+    annotate(lease, SESSION, value.clone());
+    label(lease, SESSION, value);
+}
+
+#[async_trait]
+impl LeaseStore for KubeLeaseStore {
+    async fn try_acquire_or_renew(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.shared.observer.now())?;
+        let secs = ttl_secs("ttl", ttl)?;
+        if let Some(own) = self.own_live(role, owner) {
+            let mut lease = own.record.to_write();
+            let spec = spec(&mut lease);
+            spec.lease_duration_seconds = Some(secs);
+            spec.renew_time = Some(micro_now());
+            if let Some((sent, record)) = self.replace_read(&own.record.object, &lease).await? {
+                return Ok(self.hold(role, owner, own.token, sent, record, ttl));
+            }
+        }
+        for _ in 0..ATTEMPTS {
+            let Some(seen) = self.read_role(role).await? else {
+                match self.create_term(role, owner, secs, None).await? {
+                    Some((token, sent, record)) => {
+                        return Ok(self.hold(role, owner, token, sent, record, ttl))
+                    }
+                    None => continue,
+                }
+            };
+            let judged = self.judge(seen).await?;
+            let ours = judged.seen.record.holder.as_deref() == Some(owner);
+            if judged.live && !ours {
+                return Ok(self.refusal(&judged));
+            }
+            if judged.live {
+                // Renew (a term held under a session becomes a plain lease of its own).
+                let mut lease = judged.seen.record.to_write();
+                set_session(&mut lease, None);
+                let spec = spec(&mut lease);
+                spec.lease_duration_seconds = Some(secs);
+                spec.renew_time = Some(micro_now());
+                match self
+                    .replace_read(&judged.seen.record.object, &lease)
+                    .await?
+                {
+                    Some((sent, record)) => {
+                        return Ok(self.hold(role, owner, judged.token, sent, record, ttl))
+                    }
+                    None => continue,
+                }
+            }
+            if let Some((token, sent, record)) = self.take(&judged, owner, secs, None).await? {
+                return Ok(self.hold(role, owner, token, sent, record, ttl));
+            }
+        }
+        Err(self.lost_races(role))
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        validate_release(role, owner)?;
+        if let Some(own) = self.own_live(role, owner).filter(|own| own.token == token) {
+            let mut lease = own.record.to_write();
+            spec(&mut lease).holder_identity = None;
+            spec(&mut lease).renew_time = Some(micro_now());
+            self.own.lock().remove(role);
+            if self.replace(&own.record.object, &lease).await?.is_some() {
+                return Ok(true);
+            }
+        }
+        self.own.lock().remove(role);
+        for _ in 0..ATTEMPTS {
+            let Some(seen) = self.read_role(role).await? else {
+                return Ok(false);
+            };
+            let judged = self.judge(seen).await?;
+            if judged.seen.record.holder.as_deref() != Some(owner)
+                || judged.token != token
+                || !judged.live
+            {
+                return Ok(false);
+            }
+            let mut lease = judged.seen.record.to_write();
+            set_session(&mut lease, None);
+            let spec = spec(&mut lease);
+            spec.holder_identity = None;
+            spec.renew_time = Some(micro_now());
+            if self
+                .replace(&judged.seen.record.object, &lease)
+                .await?
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        Err(self.lost_races(role))
+    }
+
+    async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
+        validate_name("role", role)?;
+        let Some(seen) = self.read_role(role).await? else {
+            return Ok(None);
+        };
+        let judged = self.judge(seen).await?;
+        Ok(Some(self.info(role.to_owned(), &judged)))
+    }
+
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
+        let list = self
+            .api
+            .list(&ListParams::default().labels(&format!(
+                "{}={},{KIND_LABEL} in (role,session)",
+                MANAGED_BY.0, MANAGED_BY.1
+            )))
+            .await
+            .map_err(|error| self.error("list", "*", error))?;
+        let arrived = self.instant();
+        let mut sessions = HashMap::new();
+        let mut roles = Vec::new();
+        for lease in list {
+            let record = Record::read_any(lease)?;
+            let first = self
+                .shared
+                .observer
+                .saw(&record.object, &record.version, arrived);
+            let kind = record
+                .lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(KIND_LABEL))
+                .cloned();
+            let seen = Seen { record, first };
+            if kind.as_deref() == Some("session") {
+                sessions.insert(seen.record.object.clone(), seen);
+            } else if let Some(role) = seen.record.annotations.get(NAME).cloned() {
+                if role.starts_with(prefix) {
+                    roles.push((role, seen));
+                }
+            }
+        }
+        let mut infos = Vec::with_capacity(roles.len());
+        for (role, seen) in roles {
+            let view = seen.record.session()?.map(|id| {
+                sessions
+                    .get(&session_name(id))
+                    .cloned()
+                    .map_or(SessionView::Ended, session_view_of)
+            });
+            let judged = self.judge_with(seen, view)?;
+            infos.push(self.info(role, &judged));
+        }
+        infos.sort_by(|a, b| a.role.cmp(&b.role));
+        Ok(infos)
+    }
+
+    async fn wait_for_change(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) {
+        self.watch.ensure(&self.api, &self.shared);
+        let object = object_name(Kind::Role, role);
+        let notify = self.shared.notify_of(&object);
+        let changed = notify.notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        let session_notify;
+        let mut session_changed = None;
+        match self.read_role(role).await {
+            Ok(Some(seen)) => {
+                let Ok(judged) = self.judge(seen).await else {
+                    tokio::time::sleep_until(deadline).await;
+                    return;
+                };
+                if judged.token != observed || !judged.live {
+                    return;
+                }
+                if let Some(id) = judged.session {
+                    session_notify = self.shared.notify_of(&session_name(id));
+                    session_changed = Some(Box::pin(session_notify.notified()));
+                }
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(role, %error, "reading the role before waiting failed");
+            }
+        }
+        let session_wait = async {
+            match session_changed.as_mut() {
+                Some(future) => future.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = changed => {}
+            _ = session_wait => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+
+    fn min_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
+        self.open(owner, ttl).await
+    }
+
+    async fn keep_alive_session(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> Result<Option<SessionGrant>> {
+        self.keep_alive(session.get(), ttl).await
+    }
+
+    async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
+        self.acquire_under(role, session.get()).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<bool> {
+        self.close(session.get()).await
+    }
+}
+
+impl KubeLeaseStore {
+    fn info(&self, role: String, judged: &Judged) -> LeaseInfo {
+        LeaseInfo {
+            role,
+            holder: judged.seen.record.holder.clone(),
+            fencing_token: judged.token,
+            expires_at: judged.expires_at,
+            now: self.shared.observer.now(),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! [`KubeNodeRegistry`]: heartbeat membership on Lease objects, one per member.
+//!
+//! A member's object (`tenure.member-ID`) names it as holder; each heartbeat is a
+//! conditional write of a new `renewTime`, and its metadata is the `tenure.dev/metadata`
+//! annotation (a JSON object). A member is live while this process has seen its object
+//! unchanged for less than `leaseDurationSeconds` (see [`crate::observe`]); `leave`
+//! clears the holder. A new membership (the first heartbeat, or the first after a lapse
+//! or a leave) sets `acquireTime`, which is how every reader tells memberships apart.
+//!
+//! A process that starts reading counts each member's time from its first read, so for
+//! up to one TTL it may list a member that died before it started.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, PostParams};
+use parking_lot::Mutex;
+use tenure::registry::validate_heartbeat;
+use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
+use tokio::time::Instant;
+
+use crate::conn::{api_error, is_conflict, KubeConnection};
+use crate::names::{object_name, Kind};
+use crate::record::{
+    annotate, corrupt, micro_now, new_object, spec, ttl_secs, Record, KIND_LABEL, MANAGED_BY,
+    METADATA, NAME,
+};
+use crate::watch::{Shared, Watch};
+
+const ATTEMPTS: usize = 8;
+
+/// Membership on the Kubernetes API. The TTL is whole seconds, at least one.
+pub struct KubeNodeRegistry {
+    conn: KubeConnection,
+    api: Api<Lease>,
+    ttl: Duration,
+    secs: i32,
+    shared: Arc<Shared>,
+    watch: Watch,
+    /// Per member object: its membership (`acquireTime`) and when this process first saw it.
+    memberships: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl std::fmt::Debug for KubeNodeRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeNodeRegistry")
+            .field("namespace", &self.conn.namespace)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+fn selector() -> String {
+    format!(
+        "{}={},{KIND_LABEL}={}",
+        MANAGED_BY.0,
+        MANAGED_BY.1,
+        Kind::Member.label()
+    )
+}
+
+impl KubeNodeRegistry {
+    /// A registry on the connection's namespace; `ttl` must be whole seconds.
+    pub fn new(conn: KubeConnection, ttl: Duration) -> Result<KubeNodeRegistry> {
+        let secs = ttl_secs("ttl", ttl)?;
+        let api = conn.leases();
+        Ok(KubeNodeRegistry {
+            conn,
+            api,
+            ttl,
+            secs,
+            shared: Shared::new(),
+            watch: Watch::new(selector()),
+            memberships: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn error(&self, verb: &str, object: &str, error: kube::Error) -> Error {
+        api_error(&self.conn.namespace, verb, object, error)
+    }
+
+    fn membership_start(&self, object: &str, acquired: &str, at: Instant) -> Instant {
+        let mut memberships = self.memberships.lock();
+        match memberships.get(object) {
+            Some((known, first)) if known == acquired => *first,
+            _ => {
+                memberships.insert(object.to_owned(), (acquired.to_owned(), at));
+                at
+            }
+        }
+    }
+
+    async fn beat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        validate_heartbeat(node_id, metadata)?;
+        let object = object_name(Kind::Member, node_id);
+        let encoded = metadata
+            .map(|metadata| serde_json::to_string(metadata).map_err(|e| corrupt(e.to_string())))
+            .transpose()?;
+        for _ in 0..ATTEMPTS {
+            let current = self
+                .api
+                .get_opt(&object)
+                .await
+                .map_err(|error| self.error("get", &object, error))?;
+            let arrived = self.shared.observer.instant();
+            let now = micro_now();
+            let (mut lease, new_membership, create) = match current {
+                None => {
+                    let mut lease = new_object(&object, Kind::Member.label(), Some(node_id));
+                    annotate(
+                        &mut lease,
+                        METADATA,
+                        Some(encoded.clone().unwrap_or("{}".into())),
+                    );
+                    (lease, true, true)
+                }
+                Some(lease) => {
+                    let record = Record::read(lease, node_id)?;
+                    let first = self.shared.observer.saw(&object, &record.version, arrived);
+                    let lapsed = record.holder.is_none() || arrived >= first + record.duration;
+                    let mut lease = record.to_write();
+                    if let Some(encoded) = &encoded {
+                        annotate(&mut lease, METADATA, Some(encoded.clone()));
+                    }
+                    (lease, lapsed, false)
+                }
+            };
+            let spec = spec(&mut lease);
+            spec.holder_identity = Some(node_id.to_owned());
+            spec.lease_duration_seconds = Some(self.secs);
+            spec.renew_time = Some(now.clone());
+            if new_membership {
+                spec.acquire_time = Some(now.clone());
+            }
+            let sent = self.shared.observer.instant();
+            let written = if create {
+                self.api.create(&PostParams::default(), &lease).await
+            } else {
+                self.api
+                    .replace(&object, &PostParams::default(), &lease)
+                    .await
+            };
+            match written {
+                Ok(written) => {
+                    if let Some(version) = written.metadata.resource_version.as_deref() {
+                        self.shared.observer.wrote(&object, version, sent);
+                    }
+                    if new_membership {
+                        self.memberships
+                            .lock()
+                            .insert(object.clone(), (now.0.to_string(), sent));
+                    }
+                    return Ok(());
+                }
+                Err(error) if is_conflict(&error) => continue,
+                Err(error) => {
+                    let verb = if create { "create" } else { "update" };
+                    return Err(self.error(verb, &object, error));
+                }
+            }
+        }
+        Err(Error::store_msg(
+            crate::BACKEND,
+            format!("heartbeat of {node_id:?}: lost {ATTEMPTS} conditional writes in a row"),
+        ))
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for KubeNodeRegistry {
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.beat(node_id, None).await
+    }
+
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.beat(node_id, Some(metadata)).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        Ok(self
+            .members()
+            .await?
+            .into_iter()
+            .map(|member| member.node_id)
+            .collect())
+    }
+
+    async fn members(&self) -> Result<Vec<NodeInfo>> {
+        let list = self
+            .api
+            .list(&ListParams::default().labels(&selector()))
+            .await
+            .map_err(|error| self.error("list", "*", error))?;
+        let arrived = self.shared.observer.instant();
+        let wall = |at: Instant| -> SystemTime { self.shared.observer.wall(at) };
+        let mut members = Vec::new();
+        for lease in list {
+            let record = Record::read_any(lease)?;
+            let first = self
+                .shared
+                .observer
+                .saw(&record.object, &record.version, arrived);
+            let (Some(node_id), Some(_)) = (record.annotations.get(NAME), &record.holder) else {
+                continue;
+            };
+            if arrived >= first + record.duration {
+                continue;
+            }
+            let acquired = record
+                .lease
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.acquire_time.as_ref())
+                .map(|time| time.0.to_string())
+                .unwrap_or_default();
+            let since = self.membership_start(&record.object, &acquired, first);
+            let metadata = match record.annotations.get(METADATA) {
+                Some(raw) => serde_json::from_str(raw).map_err(|error| {
+                    corrupt(format!(
+                        "{} has unreadable metadata: {error}",
+                        record.object
+                    ))
+                })?,
+                None => Metadata::new(),
+            };
+            members.push(NodeInfo {
+                node_id: node_id.clone(),
+                last_heartbeat: wall(first),
+                first_seen: wall(since),
+                metadata,
+                now: wall(arrived),
+            });
+        }
+        members.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        Ok(members)
+    }
+
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        validate_heartbeat(node_id, None)?;
+        let object = object_name(Kind::Member, node_id);
+        for _ in 0..ATTEMPTS {
+            let Some(lease) = self
+                .api
+                .get_opt(&object)
+                .await
+                .map_err(|error| self.error("get", &object, error))?
+            else {
+                return Ok(false);
+            };
+            let arrived = self.shared.observer.instant();
+            let record = Record::read(lease, node_id)?;
+            let first = self.shared.observer.saw(&object, &record.version, arrived);
+            if record.holder.is_none() {
+                return Ok(false);
+            }
+            let was_live = arrived < first + record.duration;
+            let mut lease = record.to_write();
+            let spec = spec(&mut lease);
+            spec.holder_identity = None;
+            spec.renew_time = Some(micro_now());
+            match self
+                .api
+                .replace(&object, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(_) => return Ok(was_live),
+                Err(error) if is_conflict(&error) => continue,
+                Err(error) => return Err(self.error("update", &object, error)),
+            }
+        }
+        Err(Error::store_msg(
+            crate::BACKEND,
+            format!("leave of {node_id:?}: lost {ATTEMPTS} conditional writes in a row"),
+        ))
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
+        self.watch.ensure(&self.api, &self.shared);
+        let changed = self.shared.any.notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        match self.live_nodes().await {
+            Ok(live) if live != observed => return,
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "reading members before waiting failed"),
+        }
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}

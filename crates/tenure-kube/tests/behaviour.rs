@@ -1,0 +1,290 @@
+//! What only the Kubernetes backend has to get right, on a real API server: tokens
+//! across an operator deleting objects and across `leaseTransitions` passing `i32::MAX`,
+//! expiry judged from a contender's own first sighting, sessions ended by a takeover,
+//! and the errors a user sees for a wrong setup.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{Error, FencingToken, LeaseStore};
+use tenure_kube::names::{object_name, Kind};
+use tenure_kube::KubeLeaseStore;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn kubectl(args: &[&str]) -> String {
+    common::server()
+        .kubectl(args)
+        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
+}
+
+fn field(namespace: &str, object: &str, path: &str) -> String {
+    kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        namespace,
+        object,
+        "-o",
+        &format!("jsonpath={path}"),
+    ])
+}
+
+async fn term(store: &KubeLeaseStore, role: &str, owner: &str) -> FencingToken {
+    let result = store.try_acquire_or_renew(role, owner, TTL).await.unwrap();
+    assert!(result.acquired, "{owner} must get {role}: {result:?}");
+    result.fencing_token
+}
+
+async fn release(store: &KubeLeaseStore, role: &str, owner: &str, token: FencingToken) {
+    assert!(store.release(role, owner, token).await.unwrap());
+}
+
+/// An operator deletes a role's Lease between terms, then the epoch counter and the
+/// Lease together: the next term's token is still above every token before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_objects_never_bring_a_token_back() {
+    let namespace = common::new_namespace("deleted");
+    let store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let first = term(&store, "jobs/a", "node-1").await;
+    release(&store, "jobs/a", "node-1", first).await;
+    let object = object_name(Kind::Role, "jobs/a");
+    kubectl(&["delete", "lease", "-n", &namespace, &object]);
+
+    let second = term(&store, "jobs/a", "node-2").await;
+    assert!(second > first, "after a delete: {second} must pass {first}");
+    release(&store, "jobs/a", "node-2", second).await;
+
+    // Another role keeps the highest epoch in use; then the counter and jobs/a go.
+    let other = term(&store, "jobs/b", "node-1").await;
+    kubectl(&[
+        "delete",
+        "lease",
+        "-n",
+        &namespace,
+        "tenure.epochs",
+        &object,
+    ]);
+    let third = term(&store, "jobs/a", "node-3").await;
+    assert!(
+        third > second && third > other,
+        "after the counter went too: {third} must pass {second} and {other}"
+    );
+    assert_eq!(
+        field(&namespace, &object, "{.spec.holderIdentity}"),
+        "node-3",
+        "kubectl reads the holder"
+    );
+}
+
+/// `leaseTransitions` is an int32: at `i32::MAX` the next change of holder takes a
+/// fresh epoch and counts from zero, and the token still grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_transitions_past_i32_keep_tokens_growing() {
+    let namespace = common::new_namespace("transitions");
+    let store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let object = object_name(Kind::Role, "wrap");
+    let first = term(&store, "wrap", "node-1").await;
+    release(&store, "wrap", "node-1", first).await;
+    kubectl(&[
+        "patch",
+        "lease",
+        "-n",
+        &namespace,
+        &object,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"leaseTransitions":{}}}}}"#, i32::MAX - 1),
+    ]);
+    let at_max = term(&store, "wrap", "node-2").await;
+    assert!(at_max > first);
+    assert_eq!(
+        field(&namespace, &object, "{.spec.leaseTransitions}"),
+        i32::MAX.to_string()
+    );
+    release(&store, "wrap", "node-2", at_max).await;
+    let wrapped = term(&store, "wrap", "node-3").await;
+    assert!(wrapped > at_max, "{wrapped} must pass {at_max}");
+    assert_eq!(field(&namespace, &object, "{.spec.leaseTransitions}"), "0");
+    let info = store.get("wrap").await.unwrap().unwrap();
+    assert_eq!(info.fencing_token, wrapped);
+}
+
+/// A process that first reads a record counts the holder's time from that read, not
+/// from any clock inside the record: it cannot take over before a full TTL of seeing
+/// the record unchanged, and it can right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_counts_from_its_own_first_sighting() {
+    let namespace = common::new_namespace("sighting");
+    let holder = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let token = term(&holder, "r", "node-a").await;
+    // The holder stalls (never renews again); the contender arrives one TTL later.
+    tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+    let contender = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let seen_at = tokio::time::Instant::now();
+    let refused = contender
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(!refused.acquired, "first sighting: {refused:?}");
+    assert_eq!(refused.fencing_token, token);
+    assert!(refused.remaining() > TTL - Duration::from_millis(500));
+    tokio::time::sleep(TTL / 2).await;
+    let still = contender
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(!still.acquired, "half a TTL after the first sighting");
+    tokio::time::sleep_until(seen_at + TTL + common::EXPIRY_MARGIN).await;
+    let taken = contender
+        .try_acquire_or_renew("r", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(taken.acquired && taken.fencing_token > token, "{taken:?}");
+}
+
+/// A member whose session a takeover ended never again believes it holds anything:
+/// its keep-alive answers that the session ended, and so does acquiring under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_by_a_takeover_stays_ended() {
+    let namespace = common::new_namespace("session-ended");
+    let member = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let session = member.open_session("node-a", TTL).await.unwrap();
+    let held = member.acquire_in_session("g/0", session.id).await.unwrap();
+    assert!(held.acquired);
+
+    let other = KubeLeaseStore::new(common::tenant(&namespace).await);
+    assert!(
+        !other
+            .try_acquire_or_renew("g/0", "node-b", TTL)
+            .await
+            .unwrap()
+            .acquired
+    );
+    tokio::time::sleep(TTL + common::EXPIRY_MARGIN).await;
+    let taken = other
+        .try_acquire_or_renew("g/0", "node-b", TTL)
+        .await
+        .unwrap();
+    assert!(taken.acquired && taken.fencing_token > held.fencing_token);
+    let session_object = format!("tenure.session-{:x}", session.id.get());
+    assert_eq!(
+        field(
+            &namespace,
+            &session_object,
+            "{.metadata.annotations.tenure\\.dev/ended}"
+        ),
+        "true",
+        "the takeover ended the session before taking the role"
+    );
+    assert_eq!(
+        member.keep_alive_session(session.id, TTL).await.unwrap(),
+        None
+    );
+    assert!(matches!(
+        member.acquire_in_session("g/1", session.id).await,
+        Err(Error::SessionEnded(id)) if id == session.id
+    ));
+}
+
+/// Waiting on a released role wakes from the watch, in well under a retry interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_wakes_a_waiter_in_another_process_at_once() {
+    let namespace = common::new_namespace("push");
+    let holder = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let waiter = Arc::new(KubeLeaseStore::new(common::tenant(&namespace).await));
+    let token = term(&holder, "r", "node-a").await;
+    let task = {
+        let waiter = Arc::clone(&waiter);
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            waiter
+                .wait_for_change("r", token, start + Duration::from_secs(30))
+                .await;
+            start
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = tokio::time::Instant::now();
+    release(&holder, "r", "node-a", token).await;
+    task.await.unwrap();
+    let woke = released.elapsed();
+    assert!(
+        woke < Duration::from_secs(2),
+        "woke {woke:?} after the release"
+    );
+    assert!(
+        waiter
+            .try_acquire_or_renew("r", "node-b", TTL)
+            .await
+            .unwrap()
+            .acquired
+    );
+}
+
+/// Wrong set-ups fail with what to fix: a sub-second TTL, a namespace without the
+/// Role, a namespace that does not exist, an API server nobody listens on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_setups_say_what_to_fix() {
+    let namespace = common::new_namespace("setup");
+    let store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let error = store
+        .try_acquire_or_renew("r", "a", Duration::from_millis(1500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidArgument { field: "ttl", reason } if reason.contains("whole number of seconds")),
+        "{error}"
+    );
+
+    // The tenant's token in a namespace where no RoleBinding grants it leases.
+    let unbound = common::server().tenant_kubeconfig("kube-public").unwrap();
+    let error = common::try_connect_kubeconfig(&unbound, "kube:kube-public")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("refused to get leases") && error.contains("kube-public"),
+        "{error}"
+    );
+    assert!(
+        error.contains("get, list, watch, create, update and patch"),
+        "{error}"
+    );
+
+    let admin = common::server().admin_kubeconfig().to_owned();
+    let error = common::try_connect_kubeconfig(&admin, "kube:no-such-namespace")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("namespace no-such-namespace does not exist"),
+        "{error}"
+    );
+
+    // A kubeconfig whose server nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let text = std::fs::read_to_string(&admin).unwrap();
+    let moved = text.replace(
+        &format!("127.0.0.1:{}", common::server().port()),
+        &format!("127.0.0.1:{port}"),
+    );
+    assert_ne!(moved, text, "the admin kubeconfig names the server's port");
+    let dir = std::env::temp_dir().join(format!("tenure-kube-closed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, moved).unwrap();
+    let error = common::try_connect_kubeconfig(&path, "kube:default")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("cannot reach the Kubernetes API server"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
