@@ -279,7 +279,7 @@ pub(crate) async fn throughput(
 
 /// The store goes first in even rounds, the raw side in odd ones.
 fn order(round: usize) -> [usize; 2] {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         [STORE, RAW]
     } else {
         [RAW, STORE]

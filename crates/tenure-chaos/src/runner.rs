@@ -661,7 +661,7 @@ impl Nemesis<'_> {
             }
             FaultKind::Kill => {
                 // Half the kills hit the leader, half anyone.
-                let Some(i) = self.pick(fault.pick, fault.pick % 2 == 0, false) else {
+                let Some(i) = self.pick(fault.pick, fault.pick.is_multiple_of(2), false) else {
                     self.skipped += 1;
                     return Ok(());
                 };
