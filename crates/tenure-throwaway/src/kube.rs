@@ -132,6 +132,7 @@ pub struct KubeServer {
     kubectl: PathBuf,
     port: u16,
     admin_kubeconfig: PathBuf,
+    ca_path: PathBuf,
     token: String,
     tenants: Mutex<HashMap<String, PathBuf>>,
 }
@@ -172,6 +173,7 @@ impl KubeServer {
         let mut server = KubeServer {
             apiserver: apiserver_process(&root, apiserver, &etcd.endpoint(), port),
             admin_kubeconfig: root.join("admin.kubeconfig"),
+            ca_path: root.join("pki/ca.crt"),
             root,
             etcd,
             kubectl,
@@ -264,8 +266,8 @@ rules:
     }
 
     /// The CA certificate (PEM) that signed the serving certificate.
-    pub fn ca_path(&self) -> PathBuf {
-        self.root.join("pki/ca.crt")
+    pub fn ca_path(&self) -> &Path {
+        &self.ca_path
     }
 
     /// A kubeconfig that authenticates with the admin client certificate
