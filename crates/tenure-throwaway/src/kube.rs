@@ -67,29 +67,6 @@ const BUILD: &str = "scripts/build-servers";
 /// Ten years: no certificate or key expires during any run.
 const CERT_DAYS: &str = "3650";
 
-/// What `kubectl create -f -` makes once the server is ready.
-const BOOTSTRAP: &str = "\
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: tenure-system
----
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: tenure-test
-  namespace: tenure-system
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: tenure-leases
-rules:
-- apiGroups: [coordination.k8s.io]
-  resources: [leases]
-  verbs: [get, list, watch, create, update, patch]
-";
-
 /// `$KUBE_APISERVER_BIN` when set (and only then), else `target/servers/kube-apiserver`,
 /// else `PATH`.
 pub fn apiserver_binary() -> Option<PathBuf> {
@@ -155,6 +132,7 @@ pub struct KubeServer {
     kubectl: PathBuf,
     port: u16,
     admin_kubeconfig: PathBuf,
+    ca_path: PathBuf,
     token: String,
     tenants: Mutex<HashMap<String, PathBuf>>,
 }
@@ -195,6 +173,7 @@ impl KubeServer {
         let mut server = KubeServer {
             apiserver: apiserver_process(&root, apiserver, &etcd.endpoint(), port),
             admin_kubeconfig: root.join("admin.kubeconfig"),
+            ca_path: root.join("pki/ca.crt"),
             root,
             etcd,
             kubectl,
@@ -226,11 +205,31 @@ impl KubeServer {
                 Err(failure) => return Err(failure),
             }
         }
-        server.kubectl_with(
-            &server.admin_kubeconfig,
-            &["create", "-f", "-"],
-            Some(BOOTSTRAP),
-        )?;
+        let bootstrap = format!(
+            "\
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {SYSTEM_NAMESPACE}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {SERVICE_ACCOUNT}
+  namespace: {SYSTEM_NAMESPACE}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {CLUSTER_ROLE}
+rules:
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, watch, create, update, patch]
+"
+        );
+        let admin = &server.admin_kubeconfig;
+        server.kubectl_with(admin, &["create", "-f", "-"], Some(&bootstrap))?;
         server.token = server.kubectl(&[
             "create",
             "token",
@@ -267,8 +266,8 @@ impl KubeServer {
     }
 
     /// The CA certificate (PEM) that signed the serving certificate.
-    pub fn ca_path(&self) -> PathBuf {
-        self.root.join("pki/ca.crt")
+    pub fn ca_path(&self) -> &Path {
+        &self.ca_path
     }
 
     /// A kubeconfig that authenticates with the admin client certificate
@@ -334,9 +333,13 @@ impl KubeServer {
             .spawn()
             .map_err(ThrowawayError::io(format!("running {}", what())))?;
         if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(input.as_bytes())
-                .map_err(ThrowawayError::io(format!("writing to {}", what())))?;
+            // A kubectl that fails before reading its input says why in its output.
+            match stdin.write_all(input.as_bytes()) {
+                Err(err) if err.kind() != io::ErrorKind::BrokenPipe => {
+                    return Err(ThrowawayError::io(format!("writing to {}", what()))(err));
+                }
+                _ => {}
+            }
         }
         let output = child
             .wait_with_output()
@@ -438,7 +441,8 @@ subjects:
     }
 
     /// Restarts etcd (same port, same data; stopping it first when it runs), waits until
-    /// it is healthy and, when the API server runs, until the API server is ready again.
+    /// it is healthy and, when the API server runs, until the API server is ready again
+    /// (a paused API server is running: resume it first, or this fails after a minute).
     pub fn restart_etcd(&self) -> Result<()> {
         self.etcd.restart()?;
         if self.apiserver.is_running() {
