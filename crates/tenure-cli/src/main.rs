@@ -259,6 +259,22 @@ enum Command {
     /// One `tenure chaos` worker process (started by `tenure chaos`).
     #[command(hide = true)]
     ChaosWorker(chaos::WorkerFlags),
+    /// Print a shell's completion script: `tenure completions bash > /etc/bash_completion.d/tenure`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the manual page (roff): `tenure man > tenure.1; man -l tenure.1`.
+    Man,
+}
+
+/// The shells `tenure completions` writes for.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 fn main() -> ExitCode {
@@ -446,6 +462,21 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Bench(args) => bench::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::ChaosWorker(flags) => chaos::worker(flags),
+        Command::Completions { shell } => {
+            let shell = match shell {
+                CompletionShell::Bash => clap_complete::Shell::Bash,
+                CompletionShell::Zsh => clap_complete::Shell::Zsh,
+                CompletionShell::Fish => clap_complete::Shell::Fish,
+            };
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "tenure", &mut std::io::stdout());
+            Ok(exit::OK)
+        }
+        Command::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            page.render(&mut std::io::stdout())?;
+            Ok(exit::OK)
+        }
     }
 }
 
