@@ -72,8 +72,9 @@
 //! fault every fraction of a TTL, most of these windows hold further faults (a server
 //! restart alone takes 0.2 s on PostgreSQL, about 1 s on etcd), so p99 over all samples
 //! measures fault bursts, not one fault; the `isolated` columns keep only samples no
-//! other fault struck into. Server restarts are spaced by at least two TTLs, or the
-//! store would do little but restart.
+//! other fault struck into. A restart runs beside the nemesis, which goes on pausing,
+//! killing and cutting meanwhile. Server restarts are spaced by at least two TTLs and by
+//! as long as the last one took, or the store would do little but restart.
 //!
 //! ## Shard mode
 //!

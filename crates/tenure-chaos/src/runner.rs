@@ -15,6 +15,7 @@ use tenure::LeaseStore;
 use tenure_throwaway::etcd::EtcdServer;
 use tenure_throwaway::postgres::PgServer;
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -355,6 +356,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         proxies: &proxies,
         cuts,
         blackhole: None,
+        restarting: None,
         restarted: None,
         clock_offset_ms: 0,
         holders,
@@ -440,6 +442,48 @@ fn stop_or_kill(crash: bool) -> &'static str {
     } else {
         "stop"
     }
+}
+
+/// The task restarting a server.
+type RestartTask = JoinHandle<Result<(), ChaosError>>;
+
+/// A server restart under way.
+struct Restarting {
+    /// Its fault record (healed when the task is done).
+    record: usize,
+    task: RestartTask,
+    began: Instant,
+}
+
+/// Starts restarting the owned server (`None` when there is none) the way `pick`
+/// chooses: half the restarts are clean shutdowns, half crashes.
+fn restart(owned: &Owned, pick: u64) -> Option<(&'static str, RestartTask)> {
+    let crash = pick % 2 == 1;
+    Some(match owned {
+        Owned::Postgres(server) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the PostgreSQL server", move || {
+                if crash {
+                    server.kill();
+                } else {
+                    server.stop();
+                }
+                server.start_again()
+            }));
+            (stop_or_kill(crash), task)
+        }
+        Owned::Etcd(server) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the etcd server", move || {
+                if crash {
+                    server.kill();
+                }
+                server.restart()
+            }));
+            (stop_or_kill(crash), task)
+        }
+        Owned::None => return None,
+    })
 }
 
 /// Runs a throwaway-server call off the runtime; its error says what failed.
@@ -531,8 +575,12 @@ struct Nemesis<'a> {
     cuts: Vec<CutFlavour>,
     /// When the current blackhole heals, and which fault record it is.
     blackhole: Option<(Instant, usize)>,
-    /// When the last server restart was done (the server serving again).
-    restarted: Option<Instant>,
+    /// A server restart under way. It runs beside the nemesis, which goes on injecting
+    /// faults meanwhile.
+    restarting: Option<Restarting>,
+    /// When the last server restart was done (the server serving again) and how long
+    /// it took.
+    restarted: Option<(Instant, Duration)>,
     /// The workers' wall clock offset from the real one, ms.
     clock_offset_ms: i64,
     /// The worker names holding a live lease, as last observed.
@@ -572,13 +620,41 @@ impl Nemesis<'_> {
             if self.blackhole.is_some_and(|(until, _)| until <= now) {
                 self.heal();
             }
+            self.finish_restart(false).await?;
             if fault_at.is_some_and(|at| at <= now) {
                 self.inject(&schedule[next]).await?;
                 next += 1;
             }
         }
+        self.finish_restart(true).await?;
         // Let the last faults heal and be measured before stopping.
         tokio::time::sleep(self.config.ttl * 2 + self.config.retry_every()).await;
+        Ok(())
+    }
+
+    /// Records the end of the server restart under way once it is done (`wait`: waits
+    /// for it); a restart that failed ends the run.
+    async fn finish_restart(&mut self, wait: bool) -> Result<(), ChaosError> {
+        if !wait
+            && !self
+                .restarting
+                .as_ref()
+                .is_some_and(|r| r.task.is_finished())
+        {
+            return Ok(());
+        }
+        let Some(Restarting {
+            record,
+            task,
+            began,
+        }) = self.restarting.take()
+        else {
+            return Ok(());
+        };
+        task.await
+            .map_err(|e| ChaosError::Setup(format!("a server restart panicked: {e}")))??;
+        self.faults[record].healed = mono_ns();
+        self.restarted = Some((Instant::now(), began.elapsed()));
         Ok(())
     }
 
@@ -667,48 +743,33 @@ impl Nemesis<'_> {
                 };
                 self.kill_and_replace(i, fault.kind, at).await?;
             }
-            // A server restart takes 0.2 s (PostgreSQL) to 1 s (etcd), longer than the
-            // gap between faults: back to back, the store would do nothing but restart
-            // and no restart's recovery could be seen. Restarts are spaced by two TTLs.
+            // A server restart takes 0.2 s (PostgreSQL), 1 s (etcd) or several seconds (a
+            // kube-apiserver), longer than the gap between faults: back to back, the
+            // store would do nothing but restart and no restart's recovery could be seen.
+            // Restarts are spaced by two TTLs, and by at least as long as the last one
+            // took, so the server serves at least half the time.
             FaultKind::Restart
                 if !matches!(self.owned, Owned::None)
-                    && self
-                        .restarted
-                        .is_some_and(|done| done.elapsed() < self.config.ttl * 2) =>
+                    && (self.restarting.is_some()
+                        || self.restarted.is_some_and(|(done, took)| {
+                            done.elapsed() < (self.config.ttl * 2).max(took)
+                        })) =>
             {
                 self.skipped += 1;
             }
-            FaultKind::Restart => match self.owned {
-                // Half the restarts are clean shutdowns, half crashes.
-                Owned::Postgres(server) => {
-                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
-                    blocking("restart the PostgreSQL server", move || {
-                        if crash {
-                            server.kill();
-                        } else {
-                            server.stop();
-                        }
-                        server.start_again()
-                    })
-                    .await?;
-                    self.restarted = Some(Instant::now());
-                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
-                }
-                Owned::Etcd(server) => {
-                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
-                    blocking("restart the etcd server", move || {
-                        if crash {
-                            server.kill();
-                        }
-                        server.restart()
-                    })
-                    .await?;
-                    self.restarted = Some(Instant::now());
-                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
+            // The restart runs beside the nemesis.
+            FaultKind::Restart => match restart(self.owned, fault.pick) {
+                Some((flavour, task)) => {
+                    self.restarting = Some(Restarting {
+                        record: self.faults.len(),
+                        task,
+                        began: Instant::now(),
+                    });
+                    self.record(fault.kind, Some(flavour), None, at, 0);
                 }
                 // SQLite has no server: kill the leader, which writes continuously and
                 // so is almost always inside a transaction.
-                Owned::None => {
+                None => {
                     let Some(i) = self.pick(fault.pick, true, false) else {
                         self.skipped += 1;
                         return Ok(());
