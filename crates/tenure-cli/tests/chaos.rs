@@ -1,6 +1,7 @@
 //! `tenure chaos` end to end: real worker processes, a seeded nemesis and the checker,
-//! on SQLite, on a throwaway PostgreSQL server and (feature `etcd`) on a throwaway etcd
-//! server, plus the negative controls that prove the checker can fail.
+//! on SQLite, on a throwaway PostgreSQL server, (feature `etcd`) on a throwaway etcd
+//! server and (feature `kube`) on a throwaway Kubernetes API server, plus the negative
+//! controls that prove the checker can fail.
 //!
 //! Sized for CI: TTL 1 s, a fault every 140-180 ms on average; each backend's passing
 //! round injects at least 200 faults (and the SQLite clock-step round 30 more). Each run
@@ -268,21 +269,22 @@ fn postgres_round_passes() {
     );
 }
 
-/// The stalled-leader plan of the PostgreSQL negative control, with the fence: paused
-/// leaders wake and write with their old token, the fence refuses them, and the run
-/// passes.
-#[test]
-fn postgres_paused_leaders_are_fenced_out() {
-    let (code, report) = chaos(
-        &pauses("postgres:throwaway", "12s", "5"),
-        Duration::from_secs(60),
-    );
+/// The stalled-leader plan of a negative control, with the fence: paused leaders wake
+/// and write with their old token, the fence refuses them, and the run passes.
+fn paused_leaders_are_fenced_out(store: &str) {
+    let (code, report) = chaos(&pauses(store, "12s", "5"), Duration::from_secs(60));
     assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
     assert_eq!(code, 0);
     assert!(
         report["writes"]["refused"].as_u64().unwrap() >= 1,
         "no stale write ever reached the fence"
     );
+}
+
+/// The stalled-leader plan of the PostgreSQL negative control, with the fence.
+#[test]
+fn postgres_paused_leaders_are_fenced_out() {
+    paused_leaders_are_fenced_out("postgres:throwaway");
 }
 
 /// The negative control on PostgreSQL, where unfenced writers do not even serialise.
@@ -322,6 +324,61 @@ fn etcd_round_passes() {
 #[test]
 fn etcd_without_the_fence_is_caught() {
     unfenced_is_caught(pauses("etcd:throwaway", "12s", "5"));
+}
+
+/// A throwaway Kubernetes API server owned by the run, the workers running as a service
+/// account allowed leases only: pauses, kills, restarts (of the API server and of its
+/// etcd, clean and crashed, beside the other faults), proxy cuts (resets and
+/// blackholes) and steps of the workers' wall clock, a fault every 170 ms. Leaders
+/// write through one conditional write of a log object that holds the fence.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "kube:throwaway",
+            "--fault-every",
+            "170ms",
+            "--faults",
+            "pause,kill,restart,cut,clock",
+            "--seed",
+            "37",
+        ],
+        Expect {
+            workers: "5",
+            kinds: &["pause", "kill", "restart", "cut", "clock"],
+            duration: "50s",
+            faults: 200,
+            admitted: 60,
+        },
+    );
+    let recovery = report["recovery"].as_object().unwrap();
+    for row in ["cut/drop", "cut/blackhole"] {
+        assert!(recovery.contains_key(row), "no {row}: {recovery:?}");
+    }
+    for server in ["restart/apiserver", "restart/etcd"] {
+        assert!(
+            recovery.keys().any(|row| row.starts_with(server)),
+            "no {server} restart: {recovery:?}"
+        );
+    }
+}
+
+/// The stalled-leader plan of the Kubernetes negative control, with the fence: the
+/// token check inside the log object's conditional write refuses the woken leaders.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_paused_leaders_are_fenced_out() {
+    paused_leaders_are_fenced_out("kube:throwaway");
+}
+
+/// The negative control on Kubernetes: leaders append to the log object without the
+/// token check (still one conditional write each, so they take turns).
+#[cfg(feature = "kube")]
+#[test]
+fn kube_without_the_fence_is_caught() {
+    unfenced_is_caught(pauses("kube:throwaway", "12s", "5"));
 }
 
 /// Checks a passing shard-mode round's own figures: the group is reported, shards
@@ -423,15 +480,15 @@ fn postgres_shard_round_passes() {
     shard_round_checks(&report, 16, false);
 }
 
-/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
-/// hold their shards under one etcd lease each; pauses, kills, restarts and cuts.
-#[cfg(feature = "etcd")]
-#[test]
-fn etcd_shard_round_passes() {
+/// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8
+/// shards under pauses, kills, server restarts and cuts, each owner writing to its
+/// shards' fenced logs every 50 ms.
+#[cfg(any(feature = "etcd", feature = "kube"))]
+fn server_shard_round_passes(store: &str, seed: &str) {
     let report = passing_round(
         &[
             "--store",
-            "etcd:throwaway",
+            store,
             "--shards",
             "8",
             "--fault-every",
@@ -441,7 +498,7 @@ fn etcd_shard_round_passes() {
             "--write-every",
             "50ms",
             "--seed",
-            "31",
+            seed,
         ],
         Expect {
             workers: "4",
@@ -452,6 +509,23 @@ fn etcd_shard_round_passes() {
         },
     );
     shard_round_checks(&report, 8, false);
+}
+
+/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
+/// hold their shards under one etcd lease each.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_shard_round_passes() {
+    server_shard_round_passes("etcd:throwaway", "31");
+}
+
+/// Shard mode on a throwaway Kubernetes API server: members heartbeat into member
+/// Lease objects and hold their shards under a session Lease each; restarts stop or
+/// kill the API server or its etcd.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_shard_round_passes() {
+    server_shard_round_passes("kube:throwaway", "41");
 }
 
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
@@ -465,6 +539,12 @@ fn bad_chaos_flags_are_usage_errors() {
         #[cfg(feature = "etcd")]
         &["--store", "etcd:throwaway", "--ttl", "1500ms"][..],
         &["--store", "etcd://user:secret@127.0.0.1:2379"],
+        // Kubernetes TTLs are whole seconds; a caller's cluster cannot be restarted.
+        #[cfg(feature = "kube")]
+        &["--store", "kube:throwaway", "--ttl", "1500ms"],
+        #[cfg(feature = "kube")]
+        &["--store", "kube:team-a", "--faults", "restart"],
+        &["--store", "kube:Not_A_Namespace"],
         &["--store", "sqlite:throwaway", "--faults", "pause,bogus"],
         &["--store", "sqlite:throwaway", "--faults", "cut"],
         &[
