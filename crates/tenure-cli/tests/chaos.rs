@@ -482,9 +482,9 @@ fn postgres_shard_round_passes() {
 
 /// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8
 /// shards under pauses, kills, server restarts and cuts, each owner writing to its
-/// shards' fenced logs every 50 ms.
+/// shards' fenced logs every 50 ms; at least `admitted` writes go through.
 #[cfg(any(feature = "etcd", feature = "kube"))]
-fn server_shard_round_passes(store: &str, seed: &str) {
+fn server_shard_round_passes(store: &str, seed: &str, admitted: u64) {
     let report = passing_round(
         &[
             "--store",
@@ -505,7 +505,7 @@ fn server_shard_round_passes(store: &str, seed: &str) {
             kinds: &["pause", "kill", "restart", "cut"],
             duration: "20s",
             faults: 30,
-            admitted: 500,
+            admitted,
         },
     );
     shard_round_checks(&report, 8, false);
@@ -516,16 +516,19 @@ fn server_shard_round_passes(store: &str, seed: &str) {
 #[cfg(feature = "etcd")]
 #[test]
 fn etcd_shard_round_passes() {
-    server_shard_round_passes("etcd:throwaway", "31");
+    server_shard_round_passes("etcd:throwaway", "31", 500);
 }
 
 /// Shard mode on a throwaway Kubernetes API server: members heartbeat into member
 /// Lease objects and hold their shards under a session Lease each; restarts stop or
-/// kill the API server or its etcd.
+/// kill the API server or its etcd. Fewer writes get through than on etcd, and how many
+/// depends on which restarts the timing lets through (286 to 824 in six trials): the API
+/// server is down for seconds per restart, and for up to its whole 15 s grace when
+/// stopped gracefully with watches open.
 #[cfg(feature = "kube")]
 #[test]
 fn kube_shard_round_passes() {
-    server_shard_round_passes("kube:throwaway", "41");
+    server_shard_round_passes("kube:throwaway", "41", 150);
 }
 
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
