@@ -558,6 +558,139 @@ mod tests {
         assert!(tenure_kube::names::role_of(&name).is_none());
     }
 
+    // The log on a real API server (the shared throwaway one, a fresh namespace per
+    // test, as the tenant service account): sealing, several writers, a writer that died
+    // between seal and create, and a 409 that answers a write already applied.
+
+    /// A log on a fresh namespace.
+    async fn fresh_log() -> KubeLog {
+        let (namespace, kubeconfig) = tokio::task::spawn_blocking(|| {
+            let server = tenure_throwaway::kube::KubeServer::shared()
+                .unwrap_or_else(|e| panic!("throwaway kube-apiserver: {e}"));
+            let namespace = server.new_namespace("chaos-log").expect("a namespace");
+            let kubeconfig = server.tenant_kubeconfig(&namespace).expect("a kubeconfig");
+            (namespace, kubeconfig)
+        })
+        .await
+        .unwrap();
+        another(&namespace, &kubeconfig).await
+    }
+
+    /// A second log on the same namespace: another process, with a cache of its own.
+    async fn another(namespace: &str, kubeconfig: &Path) -> KubeLog {
+        let connect = Connect {
+            app_name: "chaos-log-test",
+            ttl: Duration::from_secs(1),
+            sqlite_busy: Duration::from_secs(1),
+            via: &[],
+            kubeconfig: Some(kubeconfig),
+        };
+        KubeLog::open(&format!("kube:{namespace}"), connect)
+            .await
+            .expect("connect")
+    }
+
+    fn kubeconfig_of(log: &KubeLog) -> std::path::PathBuf {
+        let server = tenure_throwaway::kube::KubeServer::shared().unwrap();
+        server.tenant_kubeconfig(&log.conn.namespace).unwrap()
+    }
+
+    /// A worker name long enough that an object holds about 50 entries.
+    fn long_worker(tag: char) -> String {
+        std::iter::repeat_n(tag, 300).collect()
+    }
+
+    async fn append(log: &KubeLog, worker: &str, token: u64, seq: u64) -> WriteOutcome {
+        let entry = Entry {
+            role: "chaos-test/0",
+            worker,
+            token: tenure::FencingToken::from(token),
+            seq,
+        };
+        log.append(entry, false).await
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn two_writers_seal_and_chain_objects_in_commit_order() {
+        let a = fresh_log().await;
+        let b = another(&a.conn.namespace, &kubeconfig_of(&a)).await;
+        let (wa, wb) = (long_worker('a'), long_worker('b'));
+        for seq in 0..80 {
+            assert_eq!(append(&a, &wa, 5, seq).await, WriteOutcome::Ok, "{seq}");
+        }
+        // b's first append walks the chain from the first object.
+        for seq in 0..80 {
+            assert_eq!(append(&b, &wb, 7, seq).await, WriteOutcome::Ok, "{seq}");
+        }
+        // a's cached object is stale: its write loses, it reads, and the fence refuses.
+        assert_eq!(append(&a, &wa, 5, 80).await, WriteOutcome::Fenced);
+        assert_eq!(append(&a, &wa, 6, 81).await, WriteOutcome::Fenced);
+        let entry = Entry {
+            role: "chaos-test/0",
+            worker: &wa,
+            token: tenure::FencingToken::from(6),
+            seq: 82,
+        };
+        assert_eq!(a.append(entry, true).await, WriteOutcome::Ok, "unfenced");
+        let rows = a.read_log("chaos-test/0").await.unwrap();
+        assert_eq!(rows.len(), 161);
+        assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
+        assert!(rows[..80].iter().all(|r| r.worker == wa && r.token == 5));
+        assert!(rows[80..160].iter().all(|r| r.worker == wb && r.token == 7));
+        assert_eq!((rows[160].token, rows[160].seq), (6, 82));
+        let objects = rows.last().unwrap().id >> 32;
+        assert!(objects >= 2, "sealed only {objects} objects");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_sealed_object_without_successor_is_continued_with_its_highest_token() {
+        let log = fresh_log().await;
+        let worker = long_worker('c');
+        for seq in 0..3 {
+            assert_eq!(append(&log, &worker, 9, seq).await, WriteOutcome::Ok);
+        }
+        // A writer sealed object 0 and died before it created object 1.
+        let role = "chaos-test/0";
+        let current = log.read(role, 0).await.unwrap().unwrap();
+        let mut sealed = current.to_write();
+        annotate(&mut sealed, NEXT, "1".to_owned());
+        assert!(log.replace(role, 0, &sealed).await.is_ok());
+        assert!(log.read(role, 1).await.unwrap().is_none());
+        let other = another(&log.conn.namespace, &kubeconfig_of(&log)).await;
+        assert_eq!(append(&other, &worker, 8, 3).await, WriteOutcome::Fenced);
+        assert_eq!(append(&other, &worker, 9, 4).await, WriteOutcome::Ok);
+        assert_eq!(log.read(role, 1).await.unwrap().unwrap().highest, 9);
+        let seqs: Vec<u64> = log
+            .read_log(role)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, [0, 1, 2, 4]);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_entry_found_after_a_conflict_was_written_once() {
+        let log = fresh_log().await;
+        let role = "chaos-test/0";
+        assert_eq!(append(&log, "w0.0", 3, 1).await, WriteOutcome::Ok);
+        let before = log.read(role, 0).await.unwrap();
+        assert_eq!(append(&log, "w0.0", 3, 2).await, WriteOutcome::Ok);
+        // As if the write of seq 2 had been answered 504, applied, and retried: the
+        // retry loses on the version it carries; the entry is found, not added again.
+        log.keep(role, 0, before);
+        assert_eq!(append(&log, "w0.0", 3, 2).await, WriteOutcome::Ok);
+        let seqs: Vec<u64> = log
+            .read_log(role)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2]);
+    }
+
     #[test]
     fn a_proxy_takes_the_address_and_tls_keeps_the_host() {
         let mut config = kube::Config::new("https://api.example.com:6443/prefix".parse().unwrap());
