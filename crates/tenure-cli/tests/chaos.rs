@@ -7,6 +7,7 @@
 //! round injects at least 200 faults (and the SQLite clock-step round 30 more). Each run
 //! prints its report (visible with `--nocapture`).
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,12 +19,18 @@ const BIN: &str = env!("CARGO_BIN_EXE_tenure");
 /// Runs `tenure chaos --json ARGS`; returns the exit code and the report. Kills the run
 /// if it overstays its duration by far (a hang is a failure, not a wait).
 fn chaos(args: &[&str], limit: Duration) -> (i32, Value) {
+    chaos_with(args, limit, &[])
+}
+
+/// [`chaos`] with more environment (`KUBECONFIG` for a caller's cluster).
+fn chaos_with(args: &[&str], limit: Duration, env: &[(&str, &OsStr)]) -> (i32, Value) {
     let mut child = Command::new(BIN)
         .arg("chaos")
         .arg("--json")
         .args(args)
         .env_remove("TENURE_STORE")
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -92,6 +99,11 @@ struct Expect<'a> {
 /// but writes whose outcome their worker never learnt; and a write is admitted after
 /// every fault. Returns the report for the round's own checks.
 fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
+    passing_round_with(args, expect, &[])
+}
+
+/// [`passing_round`] with more environment, as [`chaos_with`].
+fn passing_round_with(args: &[&str], expect: Expect<'_>, env: &[(&str, &OsStr)]) -> Value {
     let mut all = vec![
         "--workers",
         expect.workers,
@@ -101,7 +113,7 @@ fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
         "1s",
     ];
     all.extend_from_slice(args);
-    let (code, report) = chaos(&all, Duration::from_secs(180));
+    let (code, report) = chaos_with(&all, Duration::from_secs(180), env);
     assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
     assert_eq!(code, 0);
     assert!(
@@ -363,6 +375,41 @@ fn kube_round_passes() {
             "no {server} restart: {recovery:?}"
         );
     }
+}
+
+/// `kube:NAMESPACE`, a cluster the run does not own, found as kubectl finds it (here a
+/// throwaway API server of the test's, through a tenant kubeconfig in `KUBECONFIG`):
+/// pauses, kills, proxy cuts (the proxy's upstream read from the kubeconfig) and clock
+/// steps; no restart.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_namespace_round_passes() {
+    let server = tenure_testkit::kube::KubeServer::shared().expect("throwaway kube-apiserver");
+    let namespace = server.new_namespace("chaos-caller").expect("a namespace");
+    let kubeconfig = server.tenant_kubeconfig(&namespace).expect("a kubeconfig");
+    let store = format!("kube:{namespace}");
+    let report = passing_round_with(
+        &[
+            "--store",
+            &store,
+            "--fault-every",
+            "250ms",
+            "--faults",
+            "pause,kill,cut,clock",
+            "--seed",
+            "43",
+        ],
+        Expect {
+            workers: "4",
+            kinds: &["pause", "kill", "cut", "clock"],
+            duration: "10s",
+            faults: 30,
+            admitted: 30,
+        },
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    assert_eq!(report["store"], "kubernetes");
+    assert_eq!(report["unavailable"], serde_json::json!([]));
 }
 
 /// The stalled-leader plan of the Kubernetes negative control, with the fence: the
