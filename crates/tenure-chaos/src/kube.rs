@@ -610,6 +610,12 @@ mod tests {
         log.append(entry, false).await
     }
 
+    /// The sequence numbers of the role's log, in commit order.
+    async fn logged_seqs(log: &KubeLog, role: &str) -> Vec<u64> {
+        let rows = log.read_log(role).await.unwrap();
+        rows.iter().map(|r| r.seq).collect()
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn two_writers_seal_and_chain_objects_in_commit_order() {
         let a = fresh_log().await;
@@ -660,13 +666,7 @@ mod tests {
         assert_eq!(append(&other, &worker, 8, 3).await, WriteOutcome::Fenced);
         assert_eq!(append(&other, &worker, 9, 4).await, WriteOutcome::Ok);
         assert_eq!(log.read(role, 1).await.unwrap().unwrap().highest, 9);
-        let seqs: Vec<u64> = log
-            .read_log(role)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let seqs = logged_seqs(&log, role).await;
         assert_eq!(seqs, [0, 1, 2, 4]);
     }
 
@@ -681,13 +681,7 @@ mod tests {
         // retry loses on the version it carries; the entry is found, not added again.
         log.keep(role, 0, before);
         assert_eq!(append(&log, "w0.0", 3, 2).await, WriteOutcome::Ok);
-        let seqs: Vec<u64> = log
-            .read_log(role)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let seqs = logged_seqs(&log, role).await;
         assert_eq!(seqs, [1, 2]);
     }
 
