@@ -10,8 +10,12 @@
 //!   serialises writers; on PostgreSQL id order is then only insert order.
 //! - etcd (feature `etcd`, [`crate::etcd`]): one key per entry, written in a transaction
 //!   guarded by the term's lease key; the etcd revision of the write is its commit order.
+//! - Kubernetes (feature `kube`, [`crate::kube`]): a chain of Lease objects holding the
+//!   highest admitted token and the entries; an append is one conditional write of the
+//!   current object, and (object, line) is its commit order.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +35,8 @@ use crate::ChaosError;
 /// One row of the fenced log, in commit order (`id`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LogRow {
-    /// Commit order: the table's id, or the etcd revision of the write.
+    /// Commit order: the table's id, the etcd revision of the write, or on Kubernetes
+    /// the log object's index and the entry's line in it (see [`crate::kube`]).
     pub id: i64,
     /// The worker incarnation that wrote it.
     pub worker: String,
@@ -78,11 +83,15 @@ pub struct Connect<'a> {
     /// [`Backend::open`]).
     pub sqlite_busy: Duration,
     /// Proxies to connect through instead of the URL's host(s) (PostgreSQL: the first;
-    /// etcd: all, as the endpoints); empty for a direct connection.
+    /// etcd: all, as the endpoints; Kubernetes: the first, as the server); empty for a
+    /// direct connection.
     pub via: &'a [SocketAddr],
+    /// Kubernetes: the kubeconfig to use; `None`: found as `kubectl` finds it
+    /// (`$KUBECONFIG`, `~/.kube/config`, the pod's service account).
+    pub kubeconfig: Option<&'a Path>,
 }
 
-/// An open store: SQLite file, PostgreSQL pool or etcd client.
+/// An open store: SQLite file, PostgreSQL pool, etcd client or Kubernetes client.
 #[derive(Clone)]
 pub enum Backend {
     /// A SQLite database file.
@@ -92,6 +101,9 @@ pub enum Backend {
     /// An etcd cluster.
     #[cfg(feature = "etcd")]
     Etcd(crate::etcd::EtcdLog),
+    /// A Kubernetes API server (one namespace); boxed, as its client is large.
+    #[cfg(feature = "kube")]
+    Kube(Box<crate::kube::KubeLog>),
 }
 
 impl std::fmt::Debug for Backend {
@@ -101,13 +113,15 @@ impl std::fmt::Debug for Backend {
             Backend::Postgres(_) => "Backend::Postgres",
             #[cfg(feature = "etcd")]
             Backend::Etcd(_) => "Backend::Etcd",
+            #[cfg(feature = "kube")]
+            Backend::Kube(_) => "Backend::Kube",
         })
     }
 }
 
 impl Backend {
     /// Opens `url` (`sqlite:PATH`, `postgres://...` or, with the `etcd` feature,
-    /// `etcd://...`).
+    /// `etcd://...`, with the `kube` feature `kube:[NAMESPACE]`).
     ///
     /// SQLite statements wait up to `sqlite_busy` for another process's write lock.
     /// Keep it below the elector's local window (about the TTL): the elector abandons an
@@ -132,6 +146,14 @@ impl Backend {
             #[cfg(not(feature = "etcd"))]
             return Err(ChaosError::Usage(crate::config::NO_ETCD.to_owned()));
         }
+        if url.starts_with("kube:") {
+            #[cfg(feature = "kube")]
+            return Ok(Backend::Kube(Box::new(
+                crate::kube::KubeLog::open(url, connect).await?,
+            )));
+            #[cfg(not(feature = "kube"))]
+            return Err(ChaosError::Usage(crate::config::NO_KUBE.to_owned()));
+        }
         PgLog::open(url, connect)
             .await
             .map(|log| Backend::Postgres(Sql(log)))
@@ -144,6 +166,8 @@ impl Backend {
             Backend::Postgres(sql) => Arc::new(sql.0.leases.clone()),
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => etcd.leases(),
+            #[cfg(feature = "kube")]
+            Backend::Kube(kube) => kube.leases(),
         }
     }
 
@@ -159,6 +183,8 @@ impl Backend {
             )?),
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => etcd.registry(ttl)?,
+            #[cfg(feature = "kube")]
+            Backend::Kube(kube) => kube.registry(ttl)?,
         })
     }
 
@@ -172,6 +198,8 @@ impl Backend {
             }
             #[cfg(feature = "etcd")]
             Backend::Etcd(_) => Ok(()),
+            #[cfg(feature = "kube")]
+            Backend::Kube(_) => Ok(()),
         }
     }
 
@@ -184,6 +212,8 @@ impl Backend {
             Backend::Postgres(sql) => sql.append(entry, unfenced).await,
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => etcd.append(entry, unfenced).await,
+            #[cfg(feature = "kube")]
+            Backend::Kube(kube) => kube.append(entry, unfenced).await,
         }
     }
 
@@ -194,6 +224,8 @@ impl Backend {
             Backend::Postgres(sql) => sql.read_log(role).await,
             #[cfg(feature = "etcd")]
             Backend::Etcd(etcd) => etcd.read_log(role).await,
+            #[cfg(feature = "kube")]
+            Backend::Kube(kube) => kube.read_log(role).await,
         }
     }
 

@@ -27,12 +27,26 @@ pub enum StoreSpec {
     /// `etcd://host:port[,...][/prefix]`: the caller's cluster; `restart` is not
     /// available (feature `etcd`).
     Etcd(String),
+    /// `kube:throwaway`: a kube-apiserver on its own etcd from the testkit, owned by the
+    /// run, so `restart` faults can stop or kill and start the API server or its etcd;
+    /// the workers run as a service account bound to tenure's documented Role (leases
+    /// only) in a fresh namespace (feature `kube`).
+    KubeThrowaway,
+    /// `kube:NAMESPACE` (or `kube:`, the configuration's namespace): the caller's cluster,
+    /// configured as `kubectl` is; `restart` is not available (feature `kube`). A
+    /// namespace named `throwaway` cannot be named this way.
+    Kube(String),
 }
 
 /// What `--store etcd...` says when this build has no etcd support.
 pub const NO_ETCD: &str = "this build of tenure chaos has no etcd support: build tenure with \
     `--features etcd` (its gRPC client needs protoc), or use sqlite:throwaway, \
     postgres:throwaway or postgres://USER@HOST/DB";
+
+/// What `--store kube...` says when this build has no Kubernetes support.
+pub const NO_KUBE: &str = "this build of tenure chaos has no Kubernetes support: build tenure \
+    with `--features kube` (a default feature), or use sqlite:throwaway, postgres:throwaway \
+    or postgres://USER@HOST/DB";
 
 impl fmt::Debug for StoreSpec {
     // The URL may hold a password: only the kind is ever printed.
@@ -67,10 +81,17 @@ impl StoreSpec {
                 tenure_etcd::EtcdUrl::parse(raw).map_err(|e| ChaosError::Usage(e.to_string()))?;
                 Ok(StoreSpec::Etcd(raw.to_owned()))
             }
+            ("kube", _) if !cfg!(feature = "kube") => Err(ChaosError::Usage(NO_KUBE.to_owned())),
+            ("kube", "throwaway") => Ok(StoreSpec::KubeThrowaway),
+            ("kube", _) => {
+                #[cfg(feature = "kube")]
+                tenure_kube::KubeUrl::parse(raw).map_err(|e| ChaosError::Usage(e.to_string()))?;
+                Ok(StoreSpec::Kube(raw.to_owned()))
+            }
             _ => Err(ChaosError::Usage(
                 "unknown store for tenure chaos; expected sqlite:throwaway, sqlite:PATH, \
-                 postgres:throwaway, postgres://USER@HOST/DB, etcd:throwaway or \
-                 etcd://HOST:PORT[/PREFIX]"
+                 postgres:throwaway, postgres://USER@HOST/DB, etcd:throwaway, \
+                 etcd://HOST:PORT[/PREFIX], kube:throwaway or kube:NAMESPACE"
                     .to_owned(),
             )),
         }
@@ -85,6 +106,8 @@ impl StoreSpec {
             StoreSpec::Postgres(_) => "postgres",
             StoreSpec::EtcdThrowaway => "etcd (throwaway server)",
             StoreSpec::Etcd(_) => "etcd",
+            StoreSpec::KubeThrowaway => "kubernetes (throwaway API server)",
+            StoreSpec::Kube(_) => "kubernetes",
         }
     }
 
@@ -98,12 +121,25 @@ impl StoreSpec {
         matches!(self, StoreSpec::EtcdThrowaway | StoreSpec::Etcd(_))
     }
 
+    /// True for Kubernetes stores.
+    pub fn is_kube(&self) -> bool {
+        matches!(self, StoreSpec::KubeThrowaway | StoreSpec::Kube(_))
+    }
+
     /// True when the run starts (and so can restart) the store's server.
     pub fn is_owned(&self) -> bool {
         matches!(
             self,
-            StoreSpec::PostgresThrowaway | StoreSpec::EtcdThrowaway
+            StoreSpec::PostgresThrowaway | StoreSpec::EtcdThrowaway | StoreSpec::KubeThrowaway
         )
+    }
+
+    /// True when nothing in the store reads the workers' wall clock as time, so a step
+    /// of it must change nothing: SQLite, whose store time is the host's monotonic
+    /// clock, and Kubernetes, where expiry is judged on each process's monotonic clock.
+    /// (PostgreSQL and etcd keep time on the server, which the steps do not reach.)
+    pub fn steps_wall_clock(&self) -> bool {
+        self.is_sqlite() || self.is_kube()
     }
 }
 
@@ -115,16 +151,17 @@ pub enum FaultKind {
     Pause,
     /// SIGKILL a worker and start a new incarnation in its slot.
     Kill,
-    /// Stop (or kill) and start the store server (owned PostgreSQL or etcd); on SQLite,
-    /// SIGKILL the leader, which writes continuously and so is almost always
-    /// mid-transaction.
+    /// Stop (or kill) and start the store server (owned PostgreSQL or etcd; on
+    /// Kubernetes the API server or its etcd); on SQLite, SIGKILL the leader, which
+    /// writes continuously and so is almost always mid-transaction.
     Restart,
     /// Sever the workers' connections to the store (see [`CutFlavour`]).
     Cut,
     /// Step the workers' wall clock by 2-4x the TTL, forward from an offset at or
     /// below zero and back from one above (workers run under libfaketime with one
-    /// offset file; their monotonic clock is untouched, as in an NTP step). SQLite only,
-    /// whose store time lives on the workers' host.
+    /// offset file; their monotonic clock is untouched, as in an NTP step). SQLite, whose
+    /// store time lives on the workers' host, and Kubernetes, whose expiry is judged on
+    /// the workers' monotonic clocks (see [`StoreSpec::steps_wall_clock`]).
     Clock,
 }
 
@@ -303,6 +340,12 @@ impl ChaosConfig {
         }
         if self.store.is_etcd() && (self.ttl.subsec_nanos() != 0 || self.ttl.is_zero()) {
             return usage("--ttl must be whole seconds on etcd (etcd leases count seconds)");
+        }
+        if self.store.is_kube() && (self.ttl.subsec_nanos() != 0 || self.ttl.is_zero()) {
+            return usage(
+                "--ttl must be whole seconds on Kubernetes (Lease objects count \
+                 leaseDurationSeconds)",
+            );
         }
         Ok(())
     }

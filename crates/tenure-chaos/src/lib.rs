@@ -3,7 +3,8 @@
 //! `tenure chaos` runs worker processes (the `tenure` binary as `tenure chaos-worker`)
 //! that contend for one role through [`tenure::LeaseLeaderElector`] and, while leading,
 //! append `(worker, token, seq)` entries to a log inside fenced transactions (SQL: a
-//! table; etcd: one key per entry, see [`backend`]). With `--shards N`
+//! table; etcd: one key per entry; Kubernetes: Lease objects, one conditional write per
+//! entry; see [`backend`]). With `--shards N`
 //! ([`ChaosConfig::shards`]) every worker is instead a member of one shard group
 //! ([`tenure::ShardElector`], node id = the incarnation's name, member TTL = lease TTL)
 //! and writes, per owned shard term, to that shard's log, fenced on the shard's own role
@@ -11,17 +12,20 @@
 //! re-own a struck member's shards. A seeded nemesis pauses (SIGSTOP)
 //! the leader, kills workers, restarts the store's server (when the run owns it),
 //! severs connections (through a [`proxy`] in front of the store, or
-//! `pg_terminate_backend`) and, on SQLite, steps the workers' wall clock (through
-//! [`faketime`]); afterwards the [`checker`] verifies the invariants of
+//! `pg_terminate_backend`) and, on SQLite and Kubernetes, steps the workers' wall clock
+//! (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
 //! incarnation, and a recovery chart per fault kind) for `tenure chaos --report DIR`.
 //!
-//! Stores: `sqlite:throwaway` (a fresh file), `sqlite:PATH`, `postgres:throwaway` and
-//! `etcd:throwaway` (throwaway servers the run owns, so `restart` can stop or kill and
-//! start them), `postgres://...` and `etcd://...` (no `restart`). etcd needs the `etcd`
-//! cargo feature (its gRPC client needs protoc); without it an etcd store is a usage
-//! error that names the feature.
+//! Stores: `sqlite:throwaway` (a fresh file), `sqlite:PATH`, `postgres:throwaway`,
+//! `etcd:throwaway` and `kube:throwaway` (throwaway servers the run owns, so `restart`
+//! can stop or kill and start them; on Kubernetes the API server or its etcd),
+//! `postgres://...`, `etcd://...` and `kube:NAMESPACE` (no `restart`). etcd needs the
+//! `etcd` cargo feature (its gRPC client needs protoc), Kubernetes the `kube` feature;
+//! without it such a store is a usage error that names the feature. On a throwaway API
+//! server the workers run as a service account holding only tenure's documented Role
+//! (leases) in a fresh namespace, so a passing run also shows that Role suffices.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tenure_chaos::ChaosError> {
@@ -70,10 +74,12 @@
 //! The report gives, per fault (and flavour: `cut/blackhole`, `restart/kill`), the time
 //! from the fault (restart and cut: from its heal) to the next admitted write. With a
 //! fault every fraction of a TTL, most of these windows hold further faults (a server
-//! restart alone takes 0.2 s on PostgreSQL, about 1 s on etcd), so p99 over all samples
-//! measures fault bursts, not one fault; the `isolated` columns keep only samples no
-//! other fault struck into. Server restarts are spaced by at least two TTLs, or the
-//! store would do little but restart.
+//! restart alone takes 0.2 s on PostgreSQL, about 1 s on etcd, seconds on a
+//! kube-apiserver), so p99 over all samples measures fault bursts, not one fault; the
+//! `isolated` columns keep only samples no other fault struck into. A restart runs beside
+//! the nemesis, which goes on pausing, killing and cutting meanwhile. Server restarts are
+//! spaced by at least two TTLs and by as long as the last one took, or the store would
+//! do little but restart.
 //!
 //! ## Shard mode
 //!
@@ -98,7 +104,7 @@
 //!
 //! ## Not yet
 //!
-//! A run against a caller's PostgreSQL or etcd cannot `restart` it;
+//! A run against a caller's PostgreSQL, etcd or Kubernetes cluster cannot `restart` it;
 //! a PostgreSQL URL on a Unix socket gets `pg_terminate_backend` cuts only (the proxy
 //! speaks TCP), and one that verifies the server's TLS host name cannot go through the
 //! proxy's loopback address.
@@ -111,6 +117,8 @@ pub mod config;
 pub mod etcd;
 pub mod faketime;
 pub mod history;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod proxy;
 pub mod report;
 mod runner;

@@ -3,8 +3,9 @@
 //! lease, then stops everything and checks.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,15 +14,17 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tenure::LeaseStore;
 use tenure_throwaway::etcd::EtcdServer;
+use tenure_throwaway::kube::KubeServer;
 use tenure_throwaway::postgres::PgServer;
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, Connect};
 use crate::checker::{check, check_shards, FaultRecord, Observation, ShardRecord};
-use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD};
+use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD, NO_KUBE};
 use crate::faketime::FakeTime;
 use crate::history::{mono_ns, read_histories};
 use crate::proxy::Proxy;
@@ -57,6 +60,8 @@ struct Spawner {
     via: Vec<SocketAddr>,
     /// The workers' wall clock, when the run steps it.
     fake_time: Option<FakeTime>,
+    /// More of the workers' environment (`KUBECONFIG` for a throwaway API server).
+    env: Vec<(&'static str, OsString)>,
 }
 
 impl Spawner {
@@ -93,6 +98,7 @@ impl Spawner {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .envs(self.fake_time.iter().flat_map(FakeTime::env))
+            .envs(self.env.iter().cloned())
             // Its own group, so a pause or kill takes everything it runs.
             .process_group(0)
             .kill_on_drop(true);
@@ -128,6 +134,7 @@ enum Owned {
     None,
     Postgres(Arc<PgServer>),
     Etcd(Arc<EtcdServer>),
+    Kube(Arc<KubeServer>),
 }
 
 impl Owned {
@@ -141,13 +148,17 @@ impl Owned {
             Owned::Etcd(server) => {
                 let _ = tokio::task::spawn_blocking(move || drop(server)).await;
             }
+            Owned::Kube(server) => {
+                let _ = tokio::task::spawn_blocking(move || drop(server)).await;
+            }
         }
     }
 }
 
 /// The addresses the store's clients connect to, for proxies to stand in front of;
 /// empty when there is nothing a TCP proxy can carry (SQLite, a Unix socket).
-async fn upstreams(url: &str, spec: &StoreSpec) -> Vec<SocketAddr> {
+/// `kubeconfig`: as [`Connect::kubeconfig`].
+async fn upstreams(url: &str, spec: &StoreSpec, kubeconfig: Option<&Path>) -> Vec<SocketAddr> {
     let hosts: Vec<String> = match spec {
         StoreSpec::SqliteThrowaway | StoreSpec::Sqlite(_) => Vec::new(),
         StoreSpec::PostgresThrowaway | StoreSpec::Postgres(_) => {
@@ -159,6 +170,7 @@ async fn upstreams(url: &str, spec: &StoreSpec) -> Vec<SocketAddr> {
             }
         }
         StoreSpec::EtcdThrowaway | StoreSpec::Etcd(_) => etcd_hosts(url),
+        StoreSpec::KubeThrowaway | StoreSpec::Kube(_) => kube_server(kubeconfig).await,
     };
     let mut addrs = Vec::new();
     for host in hosts {
@@ -187,28 +199,50 @@ fn etcd_hosts(_url: &str) -> Vec<String> {
     Vec::new()
 }
 
+#[cfg(feature = "kube")]
+async fn kube_server(kubeconfig: Option<&Path>) -> Vec<String> {
+    match crate::kube::server_address(kubeconfig).await {
+        Ok(server) => vec![server],
+        Err(error) => {
+            warn!(%error, "cannot find the Kubernetes server for the cut proxy");
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(not(feature = "kube"))]
+async fn kube_server(_kubeconfig: Option<&Path>) -> Vec<String> {
+    Vec::new()
+}
+
 /// Runs a whole chaos round and checks it.
 pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     config.validate()?;
     if config.store.is_etcd() && !cfg!(feature = "etcd") {
         return Err(ChaosError::Usage(NO_ETCD.to_owned()));
     }
+    if config.store.is_kube() && !cfg!(feature = "kube") {
+        return Err(ChaosError::Usage(NO_KUBE.to_owned()));
+    }
     let started = Instant::now();
     let mut kinds = Vec::new();
     let mut unavailable = Vec::new();
     for &kind in &config.faults {
         match (kind, &config.store) {
-            (FaultKind::Restart, StoreSpec::Postgres(_) | StoreSpec::Etcd(_)) => unavailable.push(
-                "restart: the server is not owned by this run (use --store postgres:throwaway \
-                 or etcd:throwaway)"
+            (
+                FaultKind::Restart,
+                StoreSpec::Postgres(_) | StoreSpec::Etcd(_) | StoreSpec::Kube(_),
+            ) => unavailable.push(
+                "restart: the server is not owned by this run (use --store postgres:throwaway, \
+                 etcd:throwaway or kube:throwaway)"
                     .to_owned(),
             ),
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
                 unavailable.push("cut: sqlite has no connections to sever".to_owned())
             }
-            (FaultKind::Clock, spec) if !spec.is_sqlite() => unavailable.push(
-                "clock: only sqlite keeps store time on the workers' host (the server's \
-                 clock decides on postgres and etcd)"
+            (FaultKind::Clock, spec) if !spec.steps_wall_clock() => unavailable.push(
+                "clock: only sqlite and kubernetes judge time on the workers' host (the \
+                 server's clock decides on postgres and etcd)"
                     .to_owned(),
             ),
             _ => kinds.push(kind),
@@ -237,14 +271,18 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     } else {
         None
     };
+    // On a throwaway API server everything runs as the tenant: the service account
+    // bound to tenure's documented Role (leases only) in a fresh namespace.
+    let mut kubeconfig = None;
     let (url, owned) = match &config.store {
         StoreSpec::SqliteThrowaway => (
             format!("sqlite:{}", dir.join("chaos.db").display()),
             Owned::None,
         ),
-        StoreSpec::Sqlite(url) | StoreSpec::Postgres(url) | StoreSpec::Etcd(url) => {
-            (url.clone(), Owned::None)
-        }
+        StoreSpec::Sqlite(url)
+        | StoreSpec::Postgres(url)
+        | StoreSpec::Etcd(url)
+        | StoreSpec::Kube(url) => (url.clone(), Owned::None),
         StoreSpec::PostgresThrowaway => {
             let server = blocking("start a throwaway PostgreSQL server", PgServer::start).await?;
             (server.url(), Owned::Postgres(Arc::new(server)))
@@ -256,12 +294,26 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
                 Owned::Etcd(Arc::new(server)),
             )
         }
+        StoreSpec::KubeThrowaway => {
+            let server = Arc::new(
+                blocking("start a throwaway Kubernetes API server", KubeServer::start).await?,
+            );
+            let tenant = server.clone();
+            let (namespace, path) = blocking("make the run's namespace", move || {
+                let namespace = tenant.new_namespace("tenure-chaos")?;
+                let path = tenant.tenant_kubeconfig(&namespace)?;
+                Ok((namespace, path))
+            })
+            .await?;
+            kubeconfig = Some(path);
+            (format!("kube:{namespace}"), Owned::Kube(server))
+        }
     };
     // Workers reach the store through proxies the nemesis can cut; the orchestrator
     // (observer, `pg_terminate_backend`, reading the log) goes straight to it.
     let mut proxies = Vec::new();
     if kinds.contains(&FaultKind::Cut) {
-        for upstream in upstreams(&url, &config.store).await {
+        for upstream in upstreams(&url, &config.store, kubeconfig.as_deref()).await {
             let proxy = Proxy::start(upstream)
                 .await
                 .map_err(|source| ChaosError::Io {
@@ -303,6 +355,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             ttl: config.ttl,
             sqlite_busy: config.sqlite_busy(),
             via: &[],
+            kubeconfig: kubeconfig.as_deref(),
         },
     )
     .await;
@@ -326,6 +379,10 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         dir: dir.clone(),
         via: proxies.iter().map(Proxy::local_addr).collect(),
         fake_time,
+        env: kubeconfig
+            .iter()
+            .map(|path| ("KUBECONFIG", path.clone().into_os_string()))
+            .collect(),
     };
     let origin = mono_ns();
     let mut slots = Vec::with_capacity(config.workers);
@@ -355,6 +412,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         proxies: &proxies,
         cuts,
         blackhole: None,
+        restarting: None,
         restarted: None,
         clock_offset_ms: 0,
         holders,
@@ -440,6 +498,76 @@ fn stop_or_kill(crash: bool) -> &'static str {
     } else {
         "stop"
     }
+}
+
+/// The task restarting a server.
+type RestartTask = JoinHandle<Result<(), ChaosError>>;
+
+/// A server restart under way.
+struct Restarting {
+    /// Its fault record (healed when the task is done).
+    record: usize,
+    task: RestartTask,
+    began: Instant,
+}
+
+/// Starts restarting the owned server (`None` when there is none) the way `pick`
+/// chooses: half the restarts are clean shutdowns, half crashes; on Kubernetes, half of
+/// the API server and half of its etcd.
+fn restart(owned: &Owned, pick: u64) -> Option<(&'static str, RestartTask)> {
+    let crash = pick % 2 == 1;
+    Some(match owned {
+        Owned::Postgres(server) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the PostgreSQL server", move || {
+                if crash {
+                    server.kill();
+                } else {
+                    server.stop();
+                }
+                server.start_again()
+            }));
+            (stop_or_kill(crash), task)
+        }
+        Owned::Etcd(server) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the etcd server", move || {
+                if crash {
+                    server.kill();
+                }
+                server.restart()
+            }));
+            (stop_or_kill(crash), task)
+        }
+        Owned::Kube(server) if (pick >> 1).is_multiple_of(2) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the Kubernetes API server", move || {
+                if crash {
+                    server.kill_apiserver();
+                }
+                server.restart_apiserver()
+            }));
+            (
+                if crash {
+                    "apiserver-kill"
+                } else {
+                    "apiserver-stop"
+                },
+                task,
+            )
+        }
+        Owned::Kube(server) => {
+            let server = server.clone();
+            let task = tokio::spawn(blocking("restart the API server's etcd", move || {
+                if crash {
+                    server.etcd().kill();
+                }
+                server.restart_etcd()
+            }));
+            (if crash { "etcd-kill" } else { "etcd-stop" }, task)
+        }
+        Owned::None => return None,
+    })
 }
 
 /// Runs a throwaway-server call off the runtime; its error says what failed.
@@ -531,8 +659,12 @@ struct Nemesis<'a> {
     cuts: Vec<CutFlavour>,
     /// When the current blackhole heals, and which fault record it is.
     blackhole: Option<(Instant, usize)>,
-    /// When the last server restart was done (the server serving again).
-    restarted: Option<Instant>,
+    /// A server restart under way. It runs beside the nemesis, which goes on injecting
+    /// faults meanwhile.
+    restarting: Option<Restarting>,
+    /// When the last server restart was done (the server serving again) and how long
+    /// it took.
+    restarted: Option<(Instant, Duration)>,
     /// The workers' wall clock offset from the real one, ms.
     clock_offset_ms: i64,
     /// The worker names holding a live lease, as last observed.
@@ -572,13 +704,41 @@ impl Nemesis<'_> {
             if self.blackhole.is_some_and(|(until, _)| until <= now) {
                 self.heal();
             }
+            self.finish_restart(false).await?;
             if fault_at.is_some_and(|at| at <= now) {
                 self.inject(&schedule[next]).await?;
                 next += 1;
             }
         }
+        self.finish_restart(true).await?;
         // Let the last faults heal and be measured before stopping.
         tokio::time::sleep(self.config.ttl * 2 + self.config.retry_every()).await;
+        Ok(())
+    }
+
+    /// Records the end of the server restart under way once it is done (`wait`: waits
+    /// for it); a restart that failed ends the run.
+    async fn finish_restart(&mut self, wait: bool) -> Result<(), ChaosError> {
+        if !wait
+            && !self
+                .restarting
+                .as_ref()
+                .is_some_and(|r| r.task.is_finished())
+        {
+            return Ok(());
+        }
+        let Some(Restarting {
+            record,
+            task,
+            began,
+        }) = self.restarting.take()
+        else {
+            return Ok(());
+        };
+        task.await
+            .map_err(|e| ChaosError::Setup(format!("a server restart panicked: {e}")))??;
+        self.faults[record].healed = mono_ns();
+        self.restarted = Some((Instant::now(), began.elapsed()));
         Ok(())
     }
 
@@ -667,48 +827,33 @@ impl Nemesis<'_> {
                 };
                 self.kill_and_replace(i, fault.kind, at).await?;
             }
-            // A server restart takes 0.2 s (PostgreSQL) to 1 s (etcd), longer than the
-            // gap between faults: back to back, the store would do nothing but restart
-            // and no restart's recovery could be seen. Restarts are spaced by two TTLs.
+            // A server restart takes 0.2 s (PostgreSQL), 1 s (etcd) or several seconds (a
+            // kube-apiserver), longer than the gap between faults: back to back, the
+            // store would do nothing but restart and no restart's recovery could be seen.
+            // Restarts are spaced by two TTLs, and by at least as long as the last one
+            // took, so the server serves at least half the time.
             FaultKind::Restart
                 if !matches!(self.owned, Owned::None)
-                    && self
-                        .restarted
-                        .is_some_and(|done| done.elapsed() < self.config.ttl * 2) =>
+                    && (self.restarting.is_some()
+                        || self.restarted.is_some_and(|(done, took)| {
+                            done.elapsed() < (self.config.ttl * 2).max(took)
+                        })) =>
             {
                 self.skipped += 1;
             }
-            FaultKind::Restart => match self.owned {
-                // Half the restarts are clean shutdowns, half crashes.
-                Owned::Postgres(server) => {
-                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
-                    blocking("restart the PostgreSQL server", move || {
-                        if crash {
-                            server.kill();
-                        } else {
-                            server.stop();
-                        }
-                        server.start_again()
-                    })
-                    .await?;
-                    self.restarted = Some(Instant::now());
-                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
-                }
-                Owned::Etcd(server) => {
-                    let (server, crash) = (server.clone(), fault.pick % 2 == 1);
-                    blocking("restart the etcd server", move || {
-                        if crash {
-                            server.kill();
-                        }
-                        server.restart()
-                    })
-                    .await?;
-                    self.restarted = Some(Instant::now());
-                    self.record(fault.kind, Some(stop_or_kill(crash)), None, at, mono_ns());
+            // The restart runs beside the nemesis.
+            FaultKind::Restart => match restart(self.owned, fault.pick) {
+                Some((flavour, task)) => {
+                    self.restarting = Some(Restarting {
+                        record: self.faults.len(),
+                        task,
+                        began: Instant::now(),
+                    });
+                    self.record(fault.kind, Some(flavour), None, at, 0);
                 }
                 // SQLite has no server: kill the leader, which writes continuously and
                 // so is almost always inside a transaction.
-                Owned::None => {
+                None => {
                     let Some(i) = self.pick(fault.pick, true, false) else {
                         self.skipped += 1;
                         return Ok(());

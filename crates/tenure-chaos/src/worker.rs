@@ -25,7 +25,8 @@ use crate::ChaosError;
 /// The settings of one worker process (the flags of `tenure chaos-worker`).
 #[derive(Clone, Debug)]
 pub struct WorkerArgs {
-    /// The store URL (passed in `TENURE_STORE`, never on the command line).
+    /// The store URL (passed in `TENURE_STORE`, never on the command line; a Kubernetes
+    /// worker finds its kubeconfig as `kubectl` does, in `KUBECONFIG`).
     pub store_url: String,
     /// The role to contend for; in shard mode, the group (shard `k` is `role/k`).
     pub role: String,
@@ -117,6 +118,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             ttl: args.ttl,
             sqlite_busy: args.sqlite_busy,
             via: &args.via,
+            // `KUBECONFIG` in the environment, as for `kubectl`.
+            kubeconfig: None,
         };
         match Backend::open(&args.store_url, connect).await {
             Ok(backend) => break backend,

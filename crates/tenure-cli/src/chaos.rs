@@ -1,7 +1,8 @@
 //! `tenure chaos` and its hidden worker mode: the CLI face of `tenure-chaos`.
 //!
 //! `tenure chaos` re-executes this binary as `tenure chaos-worker` for every worker
-//! process, with the store URL in `TENURE_STORE` (never on a command line).
+//! process, with the store URL in `TENURE_STORE` (never on a command line) and, for a
+//! throwaway Kubernetes API server, the tenant's kubeconfig in `KUBECONFIG`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,9 +15,13 @@ use crate::{exit, parse_duration, UsageError};
 /// `tenure chaos` flags.
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
-    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway or etcd:throwaway (a
-    /// server this run owns, so `restart` works), postgres://USER@HOST/DB or
-    /// etcd://HOST:PORT[/PREFIX] (etcd needs a build with `--features etcd`).
+    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway, etcd:throwaway or
+    /// kube:throwaway (a server this run owns, so `restart` works; on kube:throwaway a
+    /// kube-apiserver and its etcd, the workers running as a service account allowed
+    /// leases only, in a fresh namespace), postgres://USER@HOST/DB,
+    /// etcd://HOST:PORT[/PREFIX] or kube:NAMESPACE (the cluster of your kubeconfig, as
+    /// kubectl finds it) (etcd needs a build with `--features etcd`). TTLs are whole
+    /// seconds on etcd and Kubernetes.
     #[arg(long, env = "TENURE_STORE", hide_env_values = true)]
     store: String,
     /// Worker processes contending for the role (with --shards: members of the group).
@@ -35,8 +40,10 @@ pub struct ChaosArgs {
     ttl: Duration,
     /// Fault kinds to inject, comma-separated. `cut` goes through a loopback proxy in
     /// front of the store (connections reset or blackholed for 1-3x the TTL) and, on
-    /// PostgreSQL, also `pg_terminate_backend`. `clock` (SQLite) steps the workers' wall
-    /// clock by 2-4x the TTL, forward and back, through libfaketime.
+    /// PostgreSQL, also `pg_terminate_backend`. `clock` (SQLite and Kubernetes, where no
+    /// decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
+    /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
+    /// server or its etcd.
     #[arg(long, default_value = "pause,kill,restart,cut")]
     faults: String,
     /// Mean time between faults (default: TTL/4).

@@ -1,11 +1,13 @@
 //! `tenure chaos` end to end: real worker processes, a seeded nemesis and the checker,
-//! on SQLite, on a throwaway PostgreSQL server and (feature `etcd`) on a throwaway etcd
-//! server, plus the negative controls that prove the checker can fail.
+//! on SQLite, on a throwaway PostgreSQL server, (feature `etcd`) on a throwaway etcd
+//! server and (feature `kube`) on a throwaway Kubernetes API server, plus the negative
+//! controls that prove the checker can fail.
 //!
 //! Sized for CI: TTL 1 s, a fault every 140-180 ms on average; each backend's passing
 //! round injects at least 200 faults (and the SQLite clock-step round 30 more). Each run
 //! prints its report (visible with `--nocapture`).
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,12 +19,18 @@ const BIN: &str = env!("CARGO_BIN_EXE_tenure");
 /// Runs `tenure chaos --json ARGS`; returns the exit code and the report. Kills the run
 /// if it overstays its duration by far (a hang is a failure, not a wait).
 fn chaos(args: &[&str], limit: Duration) -> (i32, Value) {
+    chaos_with(args, limit, &[])
+}
+
+/// [`chaos`] with more environment (`KUBECONFIG` for a caller's cluster).
+fn chaos_with(args: &[&str], limit: Duration, env: &[(&str, &OsStr)]) -> (i32, Value) {
     let mut child = Command::new(BIN)
         .arg("chaos")
         .arg("--json")
         .args(args)
         .env_remove("TENURE_STORE")
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -91,6 +99,11 @@ struct Expect<'a> {
 /// but writes whose outcome their worker never learnt; and a write is admitted after
 /// every fault. Returns the report for the round's own checks.
 fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
+    passing_round_with(args, expect, &[])
+}
+
+/// [`passing_round`] with more environment, as [`chaos_with`].
+fn passing_round_with(args: &[&str], expect: Expect<'_>, env: &[(&str, &OsStr)]) -> Value {
     let mut all = vec![
         "--workers",
         expect.workers,
@@ -100,7 +113,7 @@ fn passing_round(args: &[&str], expect: Expect<'_>) -> Value {
         "1s",
     ];
     all.extend_from_slice(args);
-    let (code, report) = chaos(&all, Duration::from_secs(180));
+    let (code, report) = chaos_with(&all, Duration::from_secs(180), env);
     assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
     assert_eq!(code, 0);
     assert!(
@@ -268,21 +281,22 @@ fn postgres_round_passes() {
     );
 }
 
-/// The stalled-leader plan of the PostgreSQL negative control, with the fence: paused
-/// leaders wake and write with their old token, the fence refuses them, and the run
-/// passes.
-#[test]
-fn postgres_paused_leaders_are_fenced_out() {
-    let (code, report) = chaos(
-        &pauses("postgres:throwaway", "12s", "5"),
-        Duration::from_secs(60),
-    );
+/// The stalled-leader plan of a negative control, with the fence: paused leaders wake
+/// and write with their old token, the fence refuses them, and the run passes.
+fn paused_leaders_are_fenced_out(store: &str) {
+    let (code, report) = chaos(&pauses(store, "12s", "5"), Duration::from_secs(60));
     assert_eq!(violations(&report), 0, "{:?}", violation_kinds(&report));
     assert_eq!(code, 0);
     assert!(
         report["writes"]["refused"].as_u64().unwrap() >= 1,
         "no stale write ever reached the fence"
     );
+}
+
+/// The stalled-leader plan of the PostgreSQL negative control, with the fence.
+#[test]
+fn postgres_paused_leaders_are_fenced_out() {
+    paused_leaders_are_fenced_out("postgres:throwaway");
 }
 
 /// The negative control on PostgreSQL, where unfenced writers do not even serialise.
@@ -322,6 +336,96 @@ fn etcd_round_passes() {
 #[test]
 fn etcd_without_the_fence_is_caught() {
     unfenced_is_caught(pauses("etcd:throwaway", "12s", "5"));
+}
+
+/// A throwaway Kubernetes API server owned by the run, the workers running as a service
+/// account allowed leases only: pauses, kills, restarts (of the API server and of its
+/// etcd, clean and crashed, beside the other faults), proxy cuts (resets and
+/// blackholes) and steps of the workers' wall clock, a fault every 170 ms. Leaders
+/// write through one conditional write of a log object that holds the fence.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_round_passes() {
+    let report = passing_round(
+        &[
+            "--store",
+            "kube:throwaway",
+            "--fault-every",
+            "170ms",
+            "--faults",
+            "pause,kill,restart,cut,clock",
+            "--seed",
+            "37",
+        ],
+        Expect {
+            workers: "5",
+            kinds: &["pause", "kill", "restart", "cut", "clock"],
+            duration: "50s",
+            faults: 200,
+            admitted: 60,
+        },
+    );
+    let recovery = report["recovery"].as_object().unwrap();
+    for row in ["cut/drop", "cut/blackhole"] {
+        assert!(recovery.contains_key(row), "no {row}: {recovery:?}");
+    }
+    for server in ["restart/apiserver", "restart/etcd"] {
+        assert!(
+            recovery.keys().any(|row| row.starts_with(server)),
+            "no {server} restart: {recovery:?}"
+        );
+    }
+}
+
+/// `kube:NAMESPACE`, a cluster the run does not own, found as kubectl finds it (here a
+/// throwaway API server of the test's, through a tenant kubeconfig in `KUBECONFIG`):
+/// pauses, kills, proxy cuts (the proxy's upstream read from the kubeconfig) and clock
+/// steps; no restart.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_namespace_round_passes() {
+    let server = tenure_testkit::kube::KubeServer::shared().expect("throwaway kube-apiserver");
+    let namespace = server.new_namespace("chaos-caller").expect("a namespace");
+    let kubeconfig = server.tenant_kubeconfig(&namespace).expect("a kubeconfig");
+    let store = format!("kube:{namespace}");
+    let report = passing_round_with(
+        &[
+            "--store",
+            &store,
+            "--fault-every",
+            "250ms",
+            "--faults",
+            "pause,kill,cut,clock",
+            "--seed",
+            "43",
+        ],
+        Expect {
+            workers: "4",
+            kinds: &["pause", "kill", "cut", "clock"],
+            duration: "10s",
+            faults: 30,
+            admitted: 30,
+        },
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    assert_eq!(report["store"], "kubernetes");
+    assert_eq!(report["unavailable"], serde_json::json!([]));
+}
+
+/// The stalled-leader plan of the Kubernetes negative control, with the fence: the
+/// token check inside the log object's conditional write refuses the woken leaders.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_paused_leaders_are_fenced_out() {
+    paused_leaders_are_fenced_out("kube:throwaway");
+}
+
+/// The negative control on Kubernetes: leaders append to the log object without the
+/// token check (still one conditional write each, so they take turns).
+#[cfg(feature = "kube")]
+#[test]
+fn kube_without_the_fence_is_caught() {
+    unfenced_is_caught(pauses("kube:throwaway", "12s", "5"));
 }
 
 /// Checks a passing shard-mode round's own figures: the group is reported, shards
@@ -423,15 +527,15 @@ fn postgres_shard_round_passes() {
     shard_round_checks(&report, 16, false);
 }
 
-/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
-/// hold their shards under one etcd lease each; pauses, kills, restarts and cuts.
-#[cfg(feature = "etcd")]
-#[test]
-fn etcd_shard_round_passes() {
+/// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8
+/// shards under pauses, kills, server restarts and cuts, each owner writing to its
+/// shards' fenced logs every 50 ms; at least `admitted` writes go through.
+#[cfg(any(feature = "etcd", feature = "kube"))]
+fn server_shard_round_passes(store: &str, seed: &str, admitted: u64) {
     let report = passing_round(
         &[
             "--store",
-            "etcd:throwaway",
+            store,
             "--shards",
             "8",
             "--fault-every",
@@ -441,17 +545,37 @@ fn etcd_shard_round_passes() {
             "--write-every",
             "50ms",
             "--seed",
-            "31",
+            seed,
         ],
         Expect {
             workers: "4",
             kinds: &["pause", "kill", "restart", "cut"],
             duration: "20s",
             faults: 30,
-            admitted: 500,
+            admitted,
         },
     );
     shard_round_checks(&report, 8, false);
+}
+
+/// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
+/// hold their shards under one etcd lease each.
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_shard_round_passes() {
+    server_shard_round_passes("etcd:throwaway", "31", 500);
+}
+
+/// Shard mode on a throwaway Kubernetes API server: members heartbeat into member
+/// Lease objects and hold their shards under a session Lease each; restarts stop or
+/// kill the API server or its etcd. Fewer writes get through than on etcd, and how many
+/// depends on which restarts the timing lets through (286 to 824 in six trials): the API
+/// server is down for seconds per restart, and for up to its whole 15 s grace when
+/// stopped gracefully with watches open.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_shard_round_passes() {
+    server_shard_round_passes("kube:throwaway", "41", 150);
 }
 
 /// Stores and faults it cannot drive are usage errors (exit 2), before anything starts.
@@ -465,6 +589,12 @@ fn bad_chaos_flags_are_usage_errors() {
         #[cfg(feature = "etcd")]
         &["--store", "etcd:throwaway", "--ttl", "1500ms"][..],
         &["--store", "etcd://user:secret@127.0.0.1:2379"],
+        // Kubernetes TTLs are whole seconds; a caller's cluster cannot be restarted.
+        #[cfg(feature = "kube")]
+        &["--store", "kube:throwaway", "--ttl", "1500ms"],
+        #[cfg(feature = "kube")]
+        &["--store", "kube:team-a", "--faults", "restart"],
+        &["--store", "kube:Not_A_Namespace"],
         &["--store", "sqlite:throwaway", "--faults", "pause,bogus"],
         &["--store", "sqlite:throwaway", "--faults", "cut"],
         &[
