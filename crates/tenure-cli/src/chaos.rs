@@ -15,13 +15,13 @@ use crate::{exit, parse_duration, UsageError};
 /// `tenure chaos` flags.
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
-    /// The store: sqlite:throwaway, sqlite:PATH, postgres:throwaway, etcd:throwaway or
-    /// kube:throwaway (a server this run owns, so `restart` works; on kube:throwaway a
-    /// kube-apiserver and its etcd, the workers running as a service account allowed
-    /// leases only, in a fresh namespace), postgres://USER@HOST/DB,
-    /// etcd://HOST:PORT[/PREFIX] or kube:NAMESPACE (the cluster of your kubeconfig, as
-    /// kubectl finds it) (etcd needs a build with `--features etcd`). TTLs are whole
-    /// seconds on etcd and Kubernetes.
+    /// The store. Owned by the run, so `restart` works: sqlite:throwaway,
+    /// postgres:throwaway, etcd:throwaway, kube:throwaway (a kube-apiserver and its etcd;
+    /// the workers run as a service account allowed leases only, in a fresh namespace).
+    /// Not owned: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX],
+    /// kube:NAMESPACE (the cluster of your kubeconfig, found as kubectl finds it). etcd
+    /// needs a build with `--features etcd`; TTLs are whole seconds on etcd and
+    /// Kubernetes.
     #[arg(long, env = "TENURE_STORE", hide_env_values = true)]
     store: String,
     /// Worker processes contending for the role (with --shards: members of the group).
