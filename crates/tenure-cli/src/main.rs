@@ -3,6 +3,10 @@
 //! Every command picks its store with `--store URL` or `TENURE_STORE`; the default is a
 //! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
+// The doc comments of the clap definitions are the help text users read, so `[IPV6]:PORT`
+// and `kube:[NAMESPACE]` are usage notation there, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod bench;
 mod cgroup;
 mod chaos;
@@ -594,7 +598,9 @@ fn init_logging(
     say::install(stderr.clone());
     let default = match verbose {
         0 if quiet => "error",
-        0 => "warn",
+        // kube's client logs an error for every failed request, which tenure reports
+        // (and retries) itself, with the cause: shown from -v on.
+        0 => "warn,kube_client=off",
         1 => "debug",
         _ => "trace",
     };
