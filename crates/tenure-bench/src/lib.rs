@@ -42,6 +42,8 @@ mod driver;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod failover;
+#[cfg(any(feature = "etcd", feature = "kube"))]
+mod http;
 mod machine;
 mod memory;
 pub mod plot;
