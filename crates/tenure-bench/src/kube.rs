@@ -295,7 +295,10 @@ impl Kube {
         let body = timeout(STEP_TIMEOUT, client.request_text(request))
             .await
             .map_err(|_| format!("no answer within {STEP_TIMEOUT:?}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                kube::Error::Api(status) => format!("{} {}", status.code, status.message),
+                other => other.to_string(),
+            })?;
         let scrape = Scrape::parse(&body);
         if scrape.counts.is_empty() {
             return Err("no apiserver_request_total counters of leases".to_owned());
@@ -348,6 +351,12 @@ impl Kube {
             match api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => deleted += 1,
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(kube::Error::Api(status)) => {
+                    return Err(Error::store_msg(
+                        BACKEND,
+                        format!("deleting lease {name}: {} {}", status.code, status.message),
+                    ))
+                }
                 Err(error) => {
                     return Err(Error::store(BACKEND, "deleting the bench's leases", error))
                 }
