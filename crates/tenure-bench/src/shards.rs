@@ -42,7 +42,7 @@ use tenure::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::backend::{Backend, Counter};
 use crate::stats::{summarize, Latency};
@@ -159,6 +159,9 @@ pub struct ShardReport {
     /// On a server with requests of its own in its counters: the counters over an
     /// equally long window with nothing of the bench's running (absent elsewhere).
     pub quiet: Option<QuietWindow>,
+    /// The scenarios that failed (churn, leave), each with why; their sections are
+    /// absent. The run as a whole then fails too, after the report.
+    pub failed: Vec<String>,
 }
 
 /// The server's own traffic, per hold renew interval, with nothing of the bench's
@@ -488,6 +491,9 @@ struct RunningMember {
     state: watch::Receiver<ShardState>,
     shutdown: CancellationToken,
     task: JoinHandle<tenure::Result<()>>,
+    /// A member dropped without [`stop`](RunningMember::stop) (a scenario that failed
+    /// part-way) shuts down anyway, so it does not load the store for the next one.
+    _stop_on_drop: DropGuard,
 }
 
 impl RunningMember {
@@ -555,6 +561,7 @@ impl Scenario<'_> {
                 RunningMember {
                     node,
                     state,
+                    _stop_on_drop: shutdown.clone().drop_guard(),
                     shutdown,
                     task,
                 }
@@ -707,14 +714,19 @@ pub(crate) async fn measure(
     if bench.baseline {
         hold.push(hold_electors(backend, bench, run_id).await?);
     }
-    let (churn, leave) = if bench.churn {
-        (
-            Some(churn(backend, bench, run_id).await?),
-            Some(leave(backend, bench, run_id).await?),
-        )
-    } else {
-        (None, None)
-    };
+    let mut failed = Vec::new();
+    let (mut churned, mut left) = (None, None);
+    if bench.churn {
+        // A scenario that fails is reported as failed; the figures before it stand.
+        match churn(backend, bench, run_id).await {
+            Ok(found) => churned = Some(found),
+            Err(error) => failed.push(format!("churn: {error}")),
+        }
+        match leave(backend, bench, run_id).await {
+            Ok(found) => left = Some(found),
+            Err(error) => failed.push(format!("leave: {error}")),
+        }
+    }
     Ok(ShardReport {
         settings: ShardSettings {
             shards: bench.shards,
@@ -725,11 +737,12 @@ pub(crate) async fn measure(
             churn_ttl_ms: millis(bench.churn_ttl),
         },
         hold,
-        churn,
-        leave,
+        churn: churned,
+        leave: left,
         statements_counted: backend.requests_label().to_owned(),
         rows_counted: backend.rows_label().to_owned(),
         quiet,
+        failed,
     })
 }
 
@@ -1097,6 +1110,9 @@ async fn elector_leave(
     let role = format!("{run_id}-one-role");
     let ttl = bench.churn_ttl;
     let mut electors = Vec::new();
+    // However this ends, no elector outlives it.
+    let all = CancellationToken::new();
+    let _stop_all = all.clone().drop_guard();
     for i in 0..LEAVE_MEMBERS {
         let handles = backend.stores(MEMBER_POOL, ttl).await?;
         let store: Arc<dyn LeaseStore> =
@@ -1109,7 +1125,7 @@ async fn elector_leave(
             ..Default::default()
         };
         let elector = Arc::new(LeaseLeaderElector::new(store, options)?);
-        let shutdown = CancellationToken::new();
+        let shutdown = all.child_token();
         let (log, stop, role, name) = (
             Arc::clone(&log),
             shutdown.clone(),
@@ -1276,6 +1292,9 @@ impl ShardReport {
                 opt(e.statements),
                 opt(e.background_statements),
             );
+        }
+        for failure in &self.failed {
+            let _ = writeln!(out, "failed: {failure}");
         }
         out
     }

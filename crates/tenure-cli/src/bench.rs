@@ -158,5 +158,12 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
         .map_err(usage)?;
     let value = serde_json::json!({ "machine": machine, "shards": report });
     crate::output::print_report(&value, args.json, || report.render())?;
+    if !report.failed.is_empty() {
+        anyhow::bail!(
+            "{} of the shard scenarios failed (the report above has what was measured): {}",
+            report.failed.len(),
+            report.failed.join("; ")
+        );
+    }
     Ok(exit::OK)
 }
