@@ -43,6 +43,32 @@ pub(crate) struct Handles {
     pub registry: Arc<dyn NodeRegistry>,
 }
 
+/// Which operation an extra comparison measures (see [`ExtraCell`]).
+// Only the Kubernetes backend adds cells so far.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))]
+pub(crate) enum ExtraKind {
+    /// Renewal of a live term, as the `renew` row.
+    Renew,
+    /// Acquire of a role whose object exists and was released (a takeover), where the
+    /// `acquire` row takes fresh roles: each client cycles through a pool of its own
+    /// released roles, released again (untimed) after each turn.
+    Takeover,
+}
+
+/// A comparison a backend adds beside the four operations: the store against another
+/// raw client, in interleaved rounds like the others.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))]
+pub(crate) struct ExtraCell {
+    /// The operation.
+    pub kind: ExtraKind,
+    /// The row's `op` in the report (`renew`, `acquire (released role)`).
+    pub op: &'static str,
+    /// What the raw side is, for the row.
+    pub baseline: &'static str,
+    /// One raw client per store client.
+    pub raw: Vec<Box<dyn Client>>,
+}
+
 /// What the round-trip counter saw.
 pub(crate) enum Counter {
     /// A cumulative count of server requests (statements, RPCs).
@@ -62,6 +88,11 @@ pub(crate) trait Backend: Send + Sync {
 
     /// What the raw baseline is, for the report.
     fn raw_label(&self) -> &'static str;
+
+    /// More comparisons at `clients` clients, beside other raw baselines.
+    async fn extra_cells(&self, _clients: usize) -> Result<Vec<ExtraCell>> {
+        Ok(Vec::new())
+    }
 
     /// Two lease stores on separate connections for a handover (in-memory: one store).
     async fn pair(&self) -> Result<(Arc<dyn LeaseStore>, Arc<dyn LeaseStore>)>;
@@ -83,6 +114,34 @@ pub(crate) trait Backend: Send + Sync {
         Ok(Counter::NotMeasured(
             "this store has no count of rows written".to_owned(),
         ))
+    }
+
+    /// What [`rows_written`](Backend::rows_written) counts.
+    fn rows_label(&self) -> &'static str {
+        "row versions written (inserted, updated, deleted)"
+    }
+
+    /// Whether the server counts requests of its own in [`requests`](Backend::requests)
+    /// (a Kubernetes API server renews its identity lease): a shard run then also counts
+    /// an equally long window with nothing of the bench's running.
+    fn counts_own_traffic(&self) -> bool {
+        false
+    }
+
+    /// Whether creating many roles' objects at once contends on one object (Kubernetes:
+    /// each creation takes an epoch from the namespace's counter object with a
+    /// conditional write). A shard run then allows more time to settle, starts the group
+    /// once more with its objects in place, and creates the per-role electors' objects
+    /// one by one before they start.
+    fn creates_contend(&self) -> bool {
+        false
+    }
+
+    /// Whether expiry is judged by observation (Kubernetes): a contender counts a stalled
+    /// holder's TTL from its own first sighting of the term, not from the write. The
+    /// stall trials then also take when the successor's store first read the term.
+    fn observes_expiry(&self) -> bool {
+        false
     }
 
     /// The floor or bound of release -> successor running, measured in this run.

@@ -16,6 +16,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_millis(300);
 /// The default lease TTL of the failover trials on etcd (its minimum).
 pub const DEFAULT_ETCD_TTL: Duration = Duration::from_secs(1);
 
+/// The default lease TTL of the failover trials on Kubernetes (`leaseDurationSeconds` is
+/// whole seconds, at least one).
+pub const DEFAULT_KUBE_TTL: Duration = Duration::from_secs(1);
+
 /// Which store to measure.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreSpec {
@@ -34,6 +38,12 @@ pub enum StoreSpec {
     Etcd(String),
     /// `etcd:throwaway`: one etcd member the run starts and stops.
     EtcdThrowaway,
+    /// `kube:NAMESPACE`: a namespace of the cluster the kubeconfig (or the pod's service
+    /// account) reaches; the bench's Lease objects go there.
+    Kube(String),
+    /// `kube:throwaway`: a kube-apiserver on its own etcd the run starts and stops, used
+    /// as the tenant service account (the documented RBAC) in a fresh namespace.
+    KubeThrowaway,
 }
 
 impl std::fmt::Debug for StoreSpec {
@@ -44,7 +54,8 @@ impl std::fmt::Debug for StoreSpec {
 }
 
 const ACCEPTED: &str = "expected memory:, sqlite:PATH, sqlite:throwaway, postgres://USER@HOST/DB, \
-                        postgres:throwaway, etcd://HOST:PORT or etcd:throwaway";
+                        postgres:throwaway, etcd://HOST:PORT, etcd:throwaway, kube:NAMESPACE or \
+                        kube:throwaway";
 
 impl StoreSpec {
     /// Parses `--store`.
@@ -53,35 +64,41 @@ impl StoreSpec {
         let Some((scheme, rest)) = raw.split_once(':') else {
             return Err(usage(format!("--store has no scheme; {ACCEPTED}")));
         };
-        let spec = match (scheme, rest) {
-            ("memory", "") => StoreSpec::Memory,
-            ("sqlite", "throwaway") => StoreSpec::SqliteThrowaway,
-            ("sqlite", path) if !path.is_empty() => StoreSpec::Sqlite(raw.to_owned()),
-            ("postgres" | "postgresql", "throwaway") => StoreSpec::PostgresThrowaway,
-            ("postgres" | "postgresql", rest) if rest.starts_with("//") => {
-                StoreSpec::Postgres(raw.to_owned())
-            }
-            ("etcd", "throwaway") => StoreSpec::EtcdThrowaway,
-            ("etcd", rest) if rest.starts_with("//") => StoreSpec::Etcd(raw.to_owned()),
-            _ => {
-                // Nothing of the URL is shown: in a mangled one, even the text before the
-                // first colon may be the password.
-                return Err(usage(format!(
-                    "--store: unknown or incomplete store; {ACCEPTED}"
-                )));
-            }
-        };
+        let spec =
+            match (scheme, rest) {
+                ("memory", "") => StoreSpec::Memory,
+                ("sqlite", "throwaway") => StoreSpec::SqliteThrowaway,
+                ("sqlite", path) if !path.is_empty() => StoreSpec::Sqlite(raw.to_owned()),
+                ("postgres" | "postgresql", "throwaway") => StoreSpec::PostgresThrowaway,
+                ("postgres" | "postgresql", rest) if rest.starts_with("//") => {
+                    StoreSpec::Postgres(raw.to_owned())
+                }
+                ("etcd", "throwaway") => StoreSpec::EtcdThrowaway,
+                ("etcd", rest) if rest.starts_with("//") => StoreSpec::Etcd(raw.to_owned()),
+                ("kube", "throwaway") => StoreSpec::KubeThrowaway,
+                ("kube", "") => return Err(usage(
+                    "--store kube: names no namespace; the bench writes Lease objects, so name \
+                     the namespace they go to (kube:NAMESPACE, best one of their own) or use \
+                     kube:throwaway",
+                )),
+                ("kube", _) => StoreSpec::Kube(raw.to_owned()),
+                _ => {
+                    // Nothing of the URL is shown: in a mangled one, even the text before the
+                    // first colon may be the password.
+                    return Err(usage(format!(
+                        "--store: unknown or incomplete store; {ACCEPTED}"
+                    )));
+                }
+            };
         if spec.is_etcd() {
             check_etcd(&spec)?;
         }
+        if spec.is_kube() {
+            check_kube(&spec)?;
+        }
         if let StoreSpec::Postgres(url) = &spec {
             // Also keeps sqlx from logging a parameter it does not know, with its value.
-            tenure_postgres::connect_options(url).map_err(|error| match error {
-                tenure::Error::InvalidArgument { reason, .. } => {
-                    usage(format!("--store: {reason}"))
-                }
-                other => usage(format!("--store: {other}")),
-            })?;
+            tenure_postgres::connect_options(url).map_err(url_usage)?;
         }
         Ok(spec)
     }
@@ -96,6 +113,8 @@ impl StoreSpec {
             StoreSpec::PostgresThrowaway => "postgres (throwaway server)",
             StoreSpec::Etcd(_) => "etcd (cluster)",
             StoreSpec::EtcdThrowaway => "etcd (throwaway member)",
+            StoreSpec::Kube(_) => "kubernetes (namespace)",
+            StoreSpec::KubeThrowaway => "kubernetes (throwaway API server)",
         }
     }
 
@@ -103,9 +122,13 @@ impl StoreSpec {
         matches!(self, StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway)
     }
 
+    fn is_kube(&self) -> bool {
+        matches!(self, StoreSpec::Kube(_) | StoreSpec::KubeThrowaway)
+    }
+
     /// The smallest TTL the store honours, and whether it must be whole seconds.
     pub fn min_ttl(&self) -> (Duration, bool) {
-        if self.is_etcd() {
+        if self.is_etcd() || self.is_kube() {
             (Duration::from_secs(1), true)
         } else {
             (Duration::from_millis(1), false)
@@ -116,9 +139,20 @@ impl StoreSpec {
     pub fn default_ttl(&self) -> Duration {
         if self.is_etcd() {
             DEFAULT_ETCD_TTL
+        } else if self.is_kube() {
+            DEFAULT_KUBE_TTL
         } else {
             DEFAULT_TTL
         }
+    }
+}
+
+/// A URL the backend's own parser refused, as a usage error naming `--store` (its reason
+/// never echoes the URL).
+fn url_usage(error: tenure::Error) -> BenchError {
+    match error {
+        tenure::Error::InvalidArgument { reason, .. } => usage(format!("--store: {reason}")),
+        other => usage(format!("--store: {other}")),
     }
 }
 
@@ -127,10 +161,7 @@ impl StoreSpec {
 #[cfg(feature = "etcd")]
 fn check_etcd(spec: &StoreSpec) -> Result<(), BenchError> {
     if let StoreSpec::Etcd(url) = spec {
-        tenure_etcd::EtcdUrl::parse(url).map_err(|error| match error {
-            tenure::Error::InvalidArgument { reason, .. } => usage(format!("--store: {reason}")),
-            other => usage(format!("--store: {other}")),
-        })?;
+        tenure_etcd::EtcdUrl::parse(url).map_err(url_usage)?;
     }
     Ok(())
 }
@@ -138,6 +169,21 @@ fn check_etcd(spec: &StoreSpec) -> Result<(), BenchError> {
 #[cfg(not(feature = "etcd"))]
 fn check_etcd(_spec: &StoreSpec) -> Result<(), BenchError> {
     Err(usage(crate::ETCD_NOT_BUILT))
+}
+
+/// Checks a Kubernetes store before anything is started: the namespace's name, and that
+/// this build measures Kubernetes at all.
+#[cfg(feature = "kube")]
+fn check_kube(spec: &StoreSpec) -> Result<(), BenchError> {
+    if let StoreSpec::Kube(url) = spec {
+        tenure_kube::KubeUrl::parse(url).map_err(url_usage)?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "kube"))]
+fn check_kube(_spec: &StoreSpec) -> Result<(), BenchError> {
+    Err(usage(crate::KUBE_NOT_BUILT))
 }
 
 /// One bench run's settings.
@@ -321,6 +367,25 @@ mod tests {
                 StoreSpec::Etcd(_)
             ));
         }
+        #[cfg(not(feature = "kube"))]
+        assert!(usage_message(StoreSpec::parse("kube:throwaway")).contains("--features kube"));
+        #[cfg(feature = "kube")]
+        {
+            assert_eq!(
+                StoreSpec::parse("kube:throwaway").unwrap(),
+                StoreSpec::KubeThrowaway
+            );
+            assert_eq!(
+                StoreSpec::parse("kube:team-a").unwrap(),
+                StoreSpec::Kube("kube:team-a".into())
+            );
+            for bad in ["kube:Team", "kube:a_b", "kube://h:6443"] {
+                let message = usage_message(StoreSpec::parse(bad));
+                assert!(message.contains("--store"), "{bad}: {message}");
+            }
+        }
+        // Never the namespace the kubeconfig happens to point at.
+        assert!(usage_message(StoreSpec::parse("kube:")).contains("kube:NAMESPACE"));
         // Debug never shows the URL.
         let spec = StoreSpec::Postgres("postgres://u:secret@h/db".into());
         assert!(!format!("{spec:?}").contains("secret"));
@@ -351,6 +416,10 @@ mod tests {
         assert!(usage_message(etcd.validate()).contains("minimum"));
         etcd.ttl = Some(Duration::from_millis(1500));
         assert!(usage_message(etcd.validate()).contains("whole seconds"));
+        let mut kube = BenchConfig::new(StoreSpec::KubeThrowaway);
+        assert_eq!(kube.ttl(), Duration::from_secs(1));
+        kube.ttl = Some(Duration::from_millis(2500));
+        assert!(usage_message(kube.validate()).contains("whole seconds"));
     }
 
     #[test]

@@ -6,12 +6,17 @@
 //! round is kept. A noisy neighbour then hits both sides of a ratio alike; the report
 //! gives medians. Acquire and release share a cell: each side releases, in a timed
 //! release turn, exactly the roles it acquired in its acquire turn just before.
+//!
+//! A backend may add cells ([`ExtraCell`]): the store against another raw baseline
+//! (Kubernetes: renewal against a bare `PUT` on a cached `resourceVersion`), or an
+//! operation the four do not cover (a takeover: acquire of a role whose object exists and
+//! was released, where `acquire` always creates).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Client, Counter, StoreClient, REGISTRY_TTL};
+use crate::backend::{Backend, Client, Counter, ExtraCell, ExtraKind, StoreClient, REGISTRY_TTL};
 use crate::config::BenchConfig;
 use crate::report::{RoundTripRow, RoundTrips, ThroughputRow};
 use crate::stats::{median, Histogram};
@@ -34,6 +39,13 @@ enum Job {
     },
     Release {
         owner: String,
+        held: Vec<(String, u64)>,
+    },
+    /// Acquire the roles of `pool` in order (each released before), until the deadline
+    /// or the pool's end.
+    Takeover {
+        owner: String,
+        pool: Vec<String>,
         held: Vec<(String, u64)>,
     },
 }
@@ -85,6 +97,7 @@ impl Cell {
             raw: raw.latency.summary(),
             store_histogram: store.latency.clone(),
             raw_histogram: raw.latency.clone(),
+            baseline: None,
         }
     }
 }
@@ -178,6 +191,15 @@ async fn run_job(
                 tick(&mut ops);
             }
         }
+        Job::Takeover { owner, pool, held } => {
+            for role in pool.iter() {
+                let token = client.acquire(role, owner).await?;
+                held.push((role.clone(), token));
+                if !tick(&mut ops) {
+                    break;
+                }
+            }
+        }
     }
     Ok(ops)
 }
@@ -198,23 +220,7 @@ pub(crate) async fn throughput(
         let mut sides = [store, backend.raw(n).await?];
         let roles = config.roles.unwrap_or(n).min(n);
 
-        // Renew: client i renews role i % roles as its owner; the first client of each
-        // role takes it first.
-        let mut renew = Cell::default();
-        let mut jobs: [Vec<Job>; 2] = [Vec::new(), Vec::new()];
-        for (side, clients) in sides.iter_mut().enumerate() {
-            for (i, client) in clients.iter_mut().enumerate() {
-                let role = format!("{run_id}-{}{n}-renew-{}", SIDE_NAMES[side], i % roles);
-                if i < roles {
-                    client.acquire(&role, &role).await?;
-                }
-                jobs[side].push(Job::Renew {
-                    owner: role.clone(),
-                    role,
-                });
-            }
-        }
-        run_cell(&mut sides, &mut jobs, &mut renew, config.rounds(), slice).await?;
+        let renew = renew_cell(&mut sides, config, run_id, n, roles).await?;
         rows.push(renew.row("renew", n, Some(roles)));
 
         // Heartbeat: one node per client, registered before measuring.
@@ -253,14 +259,8 @@ pub(crate) async fn throughput(
                 if round > 0 {
                     acquire.sides[side].record(ops, elapsed, &latency);
                 }
-                let jobs = jobs
-                    .into_iter()
-                    .map(|job| match job {
-                        Job::Acquire { owner, held } => Job::Release { owner, held },
-                        other => other,
-                    })
-                    .collect();
-                let (_, ops, elapsed, latency) = turn(&mut sides[side], jobs, deadline).await?;
+                let (_, ops, elapsed, latency) =
+                    turn(&mut sides[side], releases(jobs), deadline).await?;
                 if round > 0 {
                     release.sides[side].record(ops, elapsed, &latency);
                 }
@@ -273,8 +273,132 @@ pub(crate) async fn throughput(
         rows.push(acquire.row("acquire", n, None));
         rows.push(release.row("release", n, None));
         rows.push(heartbeat.row("heartbeat", n, None));
+
+        for (e, extra) in backend.extra_cells(n).await?.into_iter().enumerate() {
+            let ExtraCell {
+                kind,
+                op,
+                baseline,
+                raw,
+            } = extra;
+            let mut pair = [std::mem::take(&mut sides[STORE]), raw];
+            let prefix = format!("{run_id}-x{e}");
+            let measured = match kind {
+                ExtraKind::Renew => renew_cell(&mut pair, config, &prefix, n, roles).await,
+                ExtraKind::Takeover => takeover_cell(&mut pair, config, &prefix, n).await,
+            };
+            sides[STORE] = std::mem::take(&mut pair[STORE]);
+            let row = measured?.row(op, n, matches!(kind, ExtraKind::Renew).then_some(roles));
+            rows.push(ThroughputRow {
+                baseline: Some(baseline.to_owned()),
+                ..row
+            });
+        }
     }
     Ok(rows)
+}
+
+/// Renew: client i renews role i % roles as its owner; the first client of each role
+/// takes it first.
+async fn renew_cell(
+    sides: &mut [Clients; 2],
+    config: &BenchConfig,
+    prefix: &str,
+    n: usize,
+    roles: usize,
+) -> Result<Cell, BenchError> {
+    let mut renew = Cell::default();
+    let mut jobs: [Vec<Job>; 2] = [Vec::new(), Vec::new()];
+    for (side, clients) in sides.iter_mut().enumerate() {
+        for (i, client) in clients.iter_mut().enumerate() {
+            let role = format!("{prefix}-{}{n}-renew-{}", SIDE_NAMES[side], i % roles);
+            if i < roles {
+                client.acquire(&role, &role).await?;
+            }
+            jobs[side].push(Job::Renew {
+                owner: role.clone(),
+                role,
+            });
+        }
+    }
+    run_cell(
+        sides,
+        &mut jobs,
+        &mut renew,
+        config.rounds(),
+        config.slice(),
+    )
+    .await?;
+    Ok(renew)
+}
+
+/// Roles in each client's takeover pool: enough that a turn rarely runs out (one that
+/// does ends early, and its rate is over the time it took).
+fn pool_size(clients: usize) -> usize {
+    (512 / clients).max(32)
+}
+
+/// Takeovers: each client first acquires and releases every role of its pool (untimed,
+/// so each object exists, released); then, per round, each side acquires from its
+/// pools until the slice ends (timed) and releases what it took (untimed).
+async fn takeover_cell(
+    sides: &mut [Clients; 2],
+    config: &BenchConfig,
+    prefix: &str,
+    n: usize,
+) -> Result<Cell, BenchError> {
+    let pools: [Vec<Vec<String>>; 2] = std::array::from_fn(|side| {
+        (0..n)
+            .map(|i| {
+                (0..pool_size(n))
+                    .map(|k| format!("{prefix}-{}{n}-c{i}-t{k}", SIDE_NAMES[side]))
+                    .collect()
+            })
+            .collect()
+    });
+    let mut cell = Cell::default();
+    // Round 0 makes the pools' objects (every role, no deadline), round 1 is a warm-up
+    // (one takeover per client); neither is recorded.
+    for round in 0..=config.rounds() + 1 {
+        for side in order(round) {
+            let jobs = pools[side]
+                .iter()
+                .enumerate()
+                .map(|(i, pool)| Job::Takeover {
+                    owner: format!("{prefix}-{}{n}-c{i}-o{round}", SIDE_NAMES[side]),
+                    pool: pool.clone(),
+                    held: Vec::new(),
+                })
+                .collect();
+            let deadline = Instant::now()
+                + match round {
+                    0 => Duration::from_secs(24 * 3600),
+                    1 => Duration::ZERO,
+                    _ => config.slice(),
+                };
+            let (jobs, ops, elapsed, latency) = turn(&mut sides[side], jobs, deadline).await?;
+            if round > 1 {
+                cell.sides[side].record(ops, elapsed, &latency);
+            }
+            turn(&mut sides[side], releases(jobs), Instant::now()).await?;
+        }
+        if round > 1 {
+            cell.close_round();
+        }
+    }
+    Ok(cell)
+}
+
+/// Each acquiring job as the job releasing what it acquired.
+fn releases(jobs: Vec<Job>) -> Vec<Job> {
+    jobs.into_iter()
+        .map(|job| match job {
+            Job::Acquire { owner, held } | Job::Takeover { owner, held, .. } => {
+                Job::Release { owner, held }
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// The store goes first in even rounds, the raw side in odd ones.

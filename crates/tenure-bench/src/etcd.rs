@@ -11,8 +11,8 @@
 //!
 //! Requests per operation come from the members' own `grpc_server_handled_total`
 //! (summed over members and gRPC methods), read with a plain HTTP/1.0 GET of
-//! `/metrics`. The release floor is etcd's election API in the same run: `resign`
-//! -> the contender's waiting `campaign` returns.
+//! `/metrics` ([`crate::http`]). The release floor is etcd's election API in the same
+//! run: `resign` -> the contender's waiting `campaign` returns.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,8 +27,6 @@ use tenure_etcd::etcd_client::{
 use tenure_etcd::requests::{self, Keys, NodeRecord, TermRecord};
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, EtcdUrl};
 use tenure_throwaway::etcd::EtcdServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
 use crate::backend::{
@@ -141,7 +139,7 @@ impl Etcd {
         let mut total = GrpcCounts::default();
         for (i, endpoint) in self.url.endpoints().iter().enumerate() {
             let host_port = endpoint.trim_start_matches("http://");
-            let body = timeout(STEP_TIMEOUT, metrics(host_port))
+            let body = timeout(STEP_TIMEOUT, crate::http::get(host_port, "/metrics"))
                 .await
                 .map_err(|_| format!("endpoint {}: no answer within {STEP_TIMEOUT:?}", i + 1))?
                 .map_err(|e| format!("endpoint {}: {e}", i + 1))?;
@@ -255,33 +253,6 @@ fn settled_pause() -> Duration {
         .unwrap_or_default()
         .subsec_nanos();
     Duration::from_micros(120_000 + u64::from(nanos) % 30_000)
-}
-
-/// `GET /metrics` over HTTP/1.0 (the server closes when done): the body.
-async fn metrics(host_port: &str) -> std::result::Result<String, String> {
-    let mut stream = TcpStream::connect(host_port)
-        .await
-        .map_err(|e| e.to_string())?;
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host_port}\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
-    let response = String::from_utf8_lossy(&response);
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| "not an HTTP response".to_owned())?;
-    let status = head.lines().next().unwrap_or_default();
-    if status.split(' ').nth(1) != Some("200") {
-        let shown: String = status.chars().take(60).collect();
-        return Err(format!("answered {shown:?}"));
-    }
-    Ok(body.to_owned())
 }
 
 /// gRPC calls by method: started, and handled (finished, any status code).

@@ -9,7 +9,8 @@
 //!   requests issued directly with etcd-client, or a bare locked map for the in-memory
 //!   store), reported as medians and a median per-round ratio;
 //! - **round trips per operation**: PostgreSQL statements from `pg_stat_statements`,
-//!   etcd gRPC requests from the servers' `grpc_server_handled_total`;
+//!   etcd gRPC requests from the servers' `grpc_server_handled_total`, Kubernetes Lease
+//!   requests from the API server's `apiserver_request_total`;
 //! - **failover**: release -> successor's work running (two electors, retry interval
 //!   60 s, so only the push path counts) beside the floor measured in the same run (for
 //!   etcd: its own election API, `resign` -> a waiting `campaign`), and stall ->
@@ -27,13 +28,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Throwaway stores (`sqlite:throwaway`, `postgres:throwaway`, `etcd:throwaway`) are
-//! created by the run and removed when it ends. On a store of the user's, the bench
-//! writes roles and nodes named `tb<run id>-...` (PostgreSQL: in schema `tenure_bench`;
-//! etcd: under the URL's prefix plus `/tenure-bench`, removed when the run ends).
+//! Throwaway stores (`sqlite:throwaway`, `postgres:throwaway`, `etcd:throwaway`,
+//! `kube:throwaway`) are created by the run and removed when it ends. On a store of the
+//! user's, the bench writes roles and nodes named `tb<run id>-...` (PostgreSQL: in schema
+//! `tenure_bench`; etcd: under the URL's prefix plus `/tenure-bench`, removed when the run
+//! ends; Kubernetes: Lease objects in the named namespace, deleted when the run ends if
+//! the account may delete them).
 //!
-//! etcd needs the `etcd` cargo feature (its gRPC client needs protoc to build); without
-//! it an etcd store is a usage error.
+//! etcd needs the `etcd` cargo feature (its gRPC client needs protoc to build), Kubernetes
+//! the `kube` feature; without them such a store is a usage error.
 #![deny(missing_docs)]
 
 mod backend;
@@ -42,6 +45,10 @@ mod driver;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod failover;
+#[cfg(any(feature = "etcd", feature = "kube"))]
+mod http;
+#[cfg(feature = "kube")]
+mod kube;
 mod machine;
 mod memory;
 pub mod plot;
@@ -64,6 +71,12 @@ use crate::backend::Backend;
 #[cfg(not(feature = "etcd"))]
 const ETCD_NOT_BUILT: &str = "--store etcd: this build of tenure bench has no etcd support; \
                               build it with `--features etcd` (needs protoc)";
+
+/// Without the `kube` feature, Kubernetes is parsed (so the message is specific) but
+/// refused.
+#[cfg(not(feature = "kube"))]
+const KUBE_NOT_BUILT: &str = "--store kube: this build of tenure bench has no Kubernetes \
+                              support; build it with `--features kube`";
 
 /// Why a bench run failed.
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +156,14 @@ async fn open(config: &BenchConfig, run_id: &str) -> Result<Box<dyn Backend>, Be
         #[cfg(not(feature = "etcd"))]
         StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => {
             return Err(BenchError::Usage(ETCD_NOT_BUILT.to_owned()))
+        }
+        #[cfg(feature = "kube")]
+        StoreSpec::Kube(url) => Box::new(kube::Kube::open(url, run_id).await?),
+        #[cfg(feature = "kube")]
+        StoreSpec::KubeThrowaway => Box::new(kube::Kube::throwaway(run_id).await?),
+        #[cfg(not(feature = "kube"))]
+        StoreSpec::Kube(_) | StoreSpec::KubeThrowaway => {
+            return Err(BenchError::Usage(KUBE_NOT_BUILT.to_owned()))
         }
     })
 }

@@ -70,6 +70,10 @@ pub struct ThroughputRow {
     /// Every raw latency sample, for the `--report` plot (not in the JSON).
     #[serde(skip)]
     pub raw_histogram: Histogram,
+    /// The raw side of this row when it is not the report's `raw_baseline` (a backend's
+    /// extra comparison); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
 }
 
 /// Server requests per operation.
@@ -152,6 +156,16 @@ pub struct StallFailover {
     pub bound_ms: f64,
     /// The goal for the p99 excess, in milliseconds.
     pub goal_excess_ms: f64,
+    /// On stores that judge expiry by observation (Kubernetes): from the stalled leader's
+    /// acquire being sent until the successor's store first read that term. The TTL
+    /// counts from that read, so the excess over the TTL cannot be below this; absent on
+    /// other stores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_sighting: Option<Latency>,
+    /// On those stores: the successor's start, less the first sighting plus the TTL (the
+    /// excess over the floor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub excess_over_sighting: Option<Latency>,
     /// The first few failures, if any.
     pub failures: Vec<String>,
 }
@@ -262,6 +276,15 @@ impl Report {
                 us(r.raw.max_us)
             );
         }
+        for r in self.throughput.iter().filter(|r| r.baseline.is_some()) {
+            let _ = writeln!(
+                out,
+                "  {} ({} clients): raw = {}",
+                r.op,
+                r.clients,
+                r.baseline.as_deref().unwrap_or_default()
+            );
+        }
         let rt = &self.round_trips;
         let _ = writeln!(out, "\n== round trips per operation: {} ==", rt.method);
         for row in &rt.ops {
@@ -325,6 +348,20 @@ impl Report {
             "  bound: ttl {:.0} ms + retry interval {:.0} ms = {:.0} ms; started before expiry: {}",
             st.ttl_ms, st.retry_ms, st.bound_ms, st.early
         );
+        if let (Some(seen), Some(over)) = (&st.first_sighting, &st.excess_over_sighting) {
+            let _ = writeln!(
+                out,
+                "{:<44} {}",
+                "  floor: acquire sent -> successor's first read",
+                latency_columns(seen.count.to_string(), seen)
+            );
+            let _ = writeln!(
+                out,
+                "{:<44} {}",
+                "  excess over first read + ttl",
+                latency_columns(over.count.to_string(), over)
+            );
+        }
         for failure in r.failures.iter().chain(&st.failures) {
             let _ = writeln!(out, "  failed trial: {failure}");
         }
@@ -392,6 +429,11 @@ impl Report {
         ops.into_iter()
             .map(|op| {
                 let mut series = Vec::new();
+                let raw_label = self
+                    .throughput
+                    .iter()
+                    .find_map(|r| (r.op == op).then_some(r.baseline.as_ref()).flatten())
+                    .unwrap_or(&self.raw_baseline);
                 let (mut lo, mut hi) = (f64::MAX, f64::MIN_POSITIVE);
                 for (i, row) in self.throughput.iter().filter(|r| r.op == op).enumerate() {
                     let colour = PALETTE[i % PALETTE.len()].to_owned();
@@ -431,7 +473,7 @@ impl Report {
                     subtitle: format!(
                         "solid: the store, dashed: raw; every sample of {} rounds of {:.0} ms\n\
                          raw: {}",
-                        self.settings.rounds, self.settings.duration_ms, self.raw_baseline
+                        self.settings.rounds, self.settings.duration_ms, raw_label
                     ),
                     x: Axis {
                         ticks: Some(ticks),

@@ -17,6 +17,10 @@
 //!   and statements each moved shard cost, beside 30 electors contending for one role
 //!   whose leader shuts down. Background traffic (renewals, heartbeats) is measured over
 //!   an equally long quiet window right after and subtracted.
+//! - **quiet** (servers with traffic of their own: a Kubernetes API server renews its
+//!   identity lease, which its request counters count with the bench's): the same
+//!   counters over a window as long as the hold's with nothing of the bench's running,
+//!   right after the group's hold, reported beside the hold rows.
 //!
 //! Every wait is bounded: a group that does not settle is an error, not a hang.
 
@@ -38,7 +42,7 @@ use tenure::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::backend::{Backend, Counter};
 use crate::stats::{summarize, Latency};
@@ -148,6 +152,28 @@ pub struct ShardReport {
     pub churn: Option<Churn>,
     /// A graceful leave among 30, when run.
     pub leave: Option<Leave>,
+    /// What `statements_per_interval` counts on this store.
+    pub statements_counted: String,
+    /// What `rows_written_per_interval` counts on this store.
+    pub rows_counted: String,
+    /// On a server with requests of its own in its counters: the counters over an
+    /// equally long window with nothing of the bench's running (absent elsewhere).
+    pub quiet: Option<QuietWindow>,
+    /// The scenarios that failed (churn, leave), each with why; their sections are
+    /// absent. The run as a whole then fails too, after the report.
+    pub failed: Vec<String>,
+}
+
+/// The server's own traffic, per hold renew interval, with nothing of the bench's
+/// running.
+#[derive(Clone, Debug, Serialize)]
+pub struct QuietWindow {
+    /// How long it was measured.
+    pub window_ms: f64,
+    /// Requests per renew interval (`None`: not countable on this store).
+    pub statements_per_interval: Option<f64>,
+    /// Writes per renew interval (`None`: not countable on this store).
+    pub rows_written_per_interval: Option<f64>,
 }
 
 /// The settings of a shard run, in milliseconds.
@@ -178,6 +204,11 @@ pub struct HoldRow {
     pub contenders: usize,
     /// From the start until every role ran (and, for a group, the shares were even).
     pub settle_ms: f64,
+    /// Where creating objects contends ([`Backend::creates_contend`]: Kubernetes), the
+    /// group's settle once more, started again after the window with its objects in
+    /// place (as after a deploy); `None` elsewhere. The per-role electors' objects are
+    /// created one by one before they start there, so their `settle_ms` has no creates.
+    pub restart_settle_ms: Option<f64>,
     /// Renew intervals in the window.
     pub intervals: f64,
     /// Lease-store calls per renew interval, by method.
@@ -460,6 +491,9 @@ struct RunningMember {
     state: watch::Receiver<ShardState>,
     shutdown: CancellationToken,
     task: JoinHandle<tenure::Result<()>>,
+    /// A member dropped without [`stop`](RunningMember::stop) (a scenario that failed
+    /// part-way) shuts down anyway, so it does not load the store for the next one.
+    _stop_on_drop: DropGuard,
 }
 
 impl RunningMember {
@@ -527,6 +561,7 @@ impl Scenario<'_> {
                 RunningMember {
                     node,
                     state,
+                    _stop_on_drop: shutdown.clone().drop_guard(),
                     shutdown,
                     task,
                 }
@@ -653,9 +688,15 @@ async fn hold_window(
 }
 
 /// How long a group of `shards` may take to settle: generous, as every member contends
-/// for its shares one by one on a loaded machine.
-fn settle_limit(shards: u32, ttl: Duration) -> Duration {
-    ttl * 4 + Duration::from_millis(u64::from(shards) * 5) + Duration::from_secs(10)
+/// for its shares one by one on a loaded machine; more so where creating a shard's
+/// object contends with every other creation ([`Backend::creates_contend`]).
+fn settle_limit(backend: &dyn Backend, shards: u32, ttl: Duration) -> Duration {
+    let per_shard = if backend.creates_contend() {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_millis(5)
+    };
+    ttl * 4 + per_shard * shards + Duration::from_secs(10)
 }
 
 /// Runs the shard scenarios.
@@ -665,17 +706,27 @@ pub(crate) async fn measure(
     run_id: &str,
 ) -> Result<ShardReport, BenchError> {
     let mut hold = vec![hold_group(backend, bench, run_id).await?];
+    let quiet = if backend.counts_own_traffic() {
+        Some(quiet_window(backend, bench).await?)
+    } else {
+        None
+    };
     if bench.baseline {
         hold.push(hold_electors(backend, bench, run_id).await?);
     }
-    let (churn, leave) = if bench.churn {
-        (
-            Some(churn(backend, bench, run_id).await?),
-            Some(leave(backend, bench, run_id).await?),
-        )
-    } else {
-        (None, None)
-    };
+    let mut failed = Vec::new();
+    let (mut churned, mut left) = (None, None);
+    if bench.churn {
+        // A scenario that fails is reported as failed; the figures before it stand.
+        match churn(backend, bench, run_id).await {
+            Ok(found) => churned = Some(found),
+            Err(error) => failed.push(format!("churn: {error}")),
+        }
+        match leave(backend, bench, run_id).await {
+            Ok(found) => left = Some(found),
+            Err(error) => failed.push(format!("leave: {error}")),
+        }
+    }
     Ok(ShardReport {
         settings: ShardSettings {
             shards: bench.shards,
@@ -686,8 +737,40 @@ pub(crate) async fn measure(
             churn_ttl_ms: millis(bench.churn_ttl),
         },
         hold,
-        churn,
-        leave,
+        churn: churned,
+        leave: left,
+        statements_counted: backend.requests_label().to_owned(),
+        rows_counted: backend.rows_label().to_owned(),
+        quiet,
+        failed,
+    })
+}
+
+/// The server's counters over `bench.window` with nothing of the bench's running.
+async fn quiet_window(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+) -> Result<QuietWindow, BenchError> {
+    tracing::info!(window = ?bench.window, "measuring the server's own traffic");
+    tokio::time::sleep(backend.counter_lag()).await;
+    let log = TermLog::default();
+    let counts = CallCounts::default();
+    let before = snapshot(backend, &counts, &log).await?;
+    tokio::time::sleep(bench.window).await;
+    let after = snapshot(backend, &counts, &log).await?;
+    let row = hold_row(
+        "quiet",
+        0,
+        0,
+        Duration::ZERO,
+        bench.renew_every,
+        &before,
+        &after,
+    );
+    Ok(QuietWindow {
+        window_ms: millis(after.at.duration_since(before.at)),
+        statements_per_interval: row.statements_per_interval,
+        rows_written_per_interval: row.rows_written_per_interval,
     })
 }
 
@@ -709,6 +792,7 @@ fn hold_row(
         roles,
         contenders,
         settle_ms: millis(settle),
+        restart_settle_ms: None,
         intervals,
         calls_per_interval: after
             .calls_since(before)
@@ -746,22 +830,35 @@ async fn hold_group(
         members = bench.members,
         "settling the shard group"
     );
-    let limit = settle_limit(bench.shards / bench.members as u32, bench.hold_ttl);
+    let limit = settle_limit(backend, bench.shards / bench.members as u32, bench.hold_ttl);
     let (members, settle) = scenario.start_settled(bench.members, limit).await?;
     tracing::info!(window = ?bench.window, "measuring the shard group's hold");
     let (before, after) = hold_window(backend, &scenario.counts, &scenario.log, bench).await?;
     for member in members {
         member.stop().await;
     }
-    Ok(hold_row(
-        "shard group",
-        bench.shards,
-        bench.members,
-        settle,
-        bench.renew_every,
-        &before,
-        &after,
-    ))
+    let restart_settle = if backend.creates_contend() {
+        tracing::info!("starting the shard group again, its objects in place");
+        let (members, settle) = scenario.start_settled(bench.members, limit).await?;
+        for member in members {
+            member.stop().await;
+        }
+        Some(millis(settle))
+    } else {
+        None
+    };
+    Ok(HoldRow {
+        restart_settle_ms: restart_settle,
+        ..hold_row(
+            "shard group",
+            bench.shards,
+            bench.members,
+            settle,
+            bench.renew_every,
+            &before,
+            &after,
+        )
+    })
 }
 
 async fn hold_electors(
@@ -774,6 +871,20 @@ async fn hold_electors(
     let handles = backend.stores(10, bench.hold_ttl).await?;
     let store: Arc<dyn LeaseStore> =
         Arc::new(InterceptStore::new(handles.leases).with(counts.clone()));
+    let role = |k: u32| format!("{run_id}-roles/{k}");
+    if backend.creates_contend() {
+        tracing::info!(
+            roles = bench.shards,
+            "creating the per-role electors' objects"
+        );
+        let owner = format!("{run_id}-elector-prep");
+        for k in 0..bench.shards {
+            let lease = store
+                .try_acquire_or_renew(&role(k), &owner, bench.hold_ttl)
+                .await?;
+            store.release(&role(k), &owner, lease.fencing_token).await?;
+        }
+    }
     let shutdown = CancellationToken::new();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(bench.shards as usize);
@@ -787,14 +898,13 @@ async fn hold_electors(
             ..Default::default()
         };
         let elector = LeaseLeaderElector::new(store.clone(), options)?;
-        let (log, stop) = (Arc::clone(&log), shutdown.clone());
-        let role = format!("{run_id}-roles/{k}");
+        let (log, stop, role) = (Arc::clone(&log), shutdown.clone(), role(k));
         tasks.push(tokio::spawn(async move {
             let work = |_token, leadership| log.term(k, "elector", leadership);
             elector.run(&role, work, stop).await
         }));
     }
-    let limit = settle_limit(bench.shards, bench.hold_ttl);
+    let limit = settle_limit(backend, bench.shards, bench.hold_ttl);
     let all_lead = || (log.started() >= u64::from(bench.shards)).then(|| start.elapsed());
     let some_wait = || {
         format!(
@@ -843,7 +953,7 @@ async fn churn(
     run_id: &str,
 ) -> Result<Churn, BenchError> {
     let scenario = churn_scenario(backend, bench, format!("{run_id}-churn"));
-    let limit = settle_limit(CHURN_SHARDS, scenario.ttl);
+    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
     tracing::info!("churn: a cold start of {CHURN_MEMBERS} members");
     let (mut members, cold) = scenario.start_settled(CHURN_MEMBERS, limit).await?;
     let cold_shares = members.iter().map(|m| m.owned().len()).collect();
@@ -929,7 +1039,7 @@ async fn leave(
     run_id: &str,
 ) -> Result<Leave, BenchError> {
     let scenario = churn_scenario(backend, bench, format!("{run_id}-leave"));
-    let limit = settle_limit(CHURN_SHARDS, scenario.ttl);
+    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
     tracing::info!("leave: {LEAVE_MEMBERS} members settle {CHURN_SHARDS} shards");
     let (mut members, _) = scenario.start_settled(LEAVE_MEMBERS, limit).await?;
     tokio::time::sleep(scenario.renew).await;
@@ -1000,6 +1110,9 @@ async fn elector_leave(
     let role = format!("{run_id}-one-role");
     let ttl = bench.churn_ttl;
     let mut electors = Vec::new();
+    // However this ends, no elector outlives it.
+    let all = CancellationToken::new();
+    let _stop_all = all.clone().drop_guard();
     for i in 0..LEAVE_MEMBERS {
         let handles = backend.stores(MEMBER_POOL, ttl).await?;
         let store: Arc<dyn LeaseStore> =
@@ -1012,7 +1125,7 @@ async fn elector_leave(
             ..Default::default()
         };
         let elector = Arc::new(LeaseLeaderElector::new(store, options)?);
-        let shutdown = CancellationToken::new();
+        let shutdown = all.child_token();
         let (log, stop, role, name) = (
             Arc::clone(&log),
             shutdown.clone(),
@@ -1025,7 +1138,7 @@ async fn elector_leave(
         });
         electors.push((format!("e{i}"), shutdown, task));
     }
-    let limit = settle_limit(1, ttl);
+    let limit = settle_limit(backend, 1, ttl);
     let start = Instant::now();
     let running = || {
         let terms = log.terms.lock();
@@ -1107,6 +1220,25 @@ impl ShardReport {
                 row.intervals,
                 calls.join(", ")
             );
+            if let Some(again) = row.restart_settle_ms {
+                let _ = writeln!(
+                    out,
+                    "  ({} started again, its objects in place: settled in {again:.0}ms)",
+                    row.holder
+                );
+            }
+        }
+        let _ = writeln!(out, "  stmts: {}", self.statements_counted);
+        let _ = writeln!(out, "  rows: {}", self.rows_counted);
+        if let Some(q) = &self.quiet {
+            let _ = writeln!(
+                out,
+                "  quiet window ({:.1}s, nothing of the bench running): stmts/intvl {}, \
+                 rows/intvl {} (the server's own, counted in the rows above too)",
+                q.window_ms / 1e3,
+                opt(q.statements_per_interval),
+                opt(q.rows_written_per_interval),
+            );
         }
         if let Some(c) = &self.churn {
             let _ = writeln!(out, "churn: {} shards, ttl {:.0}ms", c.shards, c.ttl_ms);
@@ -1160,6 +1292,9 @@ impl ShardReport {
                 opt(e.statements),
                 opt(e.background_statements),
             );
+        }
+        for failure in &self.failed {
+            let _ = writeln!(out, "failed: {failure}");
         }
         out
     }

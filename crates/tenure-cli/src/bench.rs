@@ -15,8 +15,12 @@ use crate::{exit, parse_duration, UsageError};
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// The store: memory:, sqlite:PATH, sqlite:throwaway, postgres://USER@HOST/DB,
-    /// postgres:throwaway, etcd://HOST:PORT[/PREFIX] or etcd:throwaway (etcd needs a build
-    /// with --features etcd; throwaway stores are created and removed by the run).
+    /// postgres:throwaway, etcd://HOST:PORT[/PREFIX], etcd:throwaway, kube:NAMESPACE or
+    /// kube:throwaway (etcd needs a build with --features etcd; throwaway stores are
+    /// created and removed by the run: kube:throwaway starts the kube-apiserver and etcd
+    /// that scripts/build-servers builds and measures as a service account holding only
+    /// the documented Role; kube:NAMESPACE writes Lease objects into that namespace of
+    /// the cluster the kubeconfig reaches, best a namespace of their own).
     #[arg(long)]
     store: String,
     /// Client counts (tokio tasks in this process), comma-separated.
@@ -31,7 +35,8 @@ pub struct BenchArgs {
     /// Failover trials of each kind (release, stall).
     #[arg(long, default_value_t = 100)]
     trials: usize,
-    /// Failover lease TTL (default 300ms; on etcd 1s, its smallest).
+    /// Failover lease TTL (default 300ms; on etcd and Kubernetes 1s, their smallest: they
+    /// take whole seconds).
     #[arg(long, value_parser = parse_duration)]
     ttl: Option<Duration>,
     /// Print the report as JSON.
@@ -48,7 +53,8 @@ pub struct BenchArgs {
     /// How long to measure the settled hold.
     #[arg(long, requires = "shards", default_value = "60s", value_parser = parse_duration)]
     window: Duration,
-    /// Renew interval of the hold (its TTL is three times this).
+    /// Renew interval of the hold (its TTL is three times this, which etcd and Kubernetes
+    /// take in whole seconds: 1s, 2s...).
     #[arg(long, requires = "shards", default_value = "2s", value_parser = parse_duration)]
     renew_every: Duration,
     /// Skip the per-role electors beside the shard group.
@@ -152,5 +158,12 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
         .map_err(usage)?;
     let value = serde_json::json!({ "machine": machine, "shards": report });
     crate::output::print_report(&value, args.json, || report.render())?;
+    if !report.failed.is_empty() {
+        anyhow::bail!(
+            "{} of the shard scenarios failed (the report above has what was measured): {}",
+            report.failed.len(),
+            report.failed.join("; ")
+        );
+    }
     Ok(exit::OK)
 }

@@ -163,7 +163,7 @@ fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
     let dir = tempdir();
     let proc = common::Proc::spawn(&mut bench_command(dir.path(), "etcd:throwaway", &[]));
     // The testkit names the member's data directory after the process that owns it.
-    let data_dir = format!("tenure-etcd-{}-", proc.pid());
+    let pid = proc.pid();
     let r = report(&proc.finish(Duration::from_secs(240)));
     check_report(&r, "etcd (throwaway member)");
     assert!(r["machine"]["backend_version"]
@@ -189,15 +189,99 @@ fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
     assert!(floor["label"].as_str().unwrap().contains("election"));
     assert_eq!(floor["latency"]["count"], 5, "{floor}");
     assert_eq!(r["failover"]["stall"]["ttl_ms"], 1000.0);
-    for base in [Path::new("/dev/shm"), dir.path()] {
-        let left: Vec<_> = std::fs::read_dir(base)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&data_dir))
-            .collect();
-        assert!(left.is_empty(), "left behind: {left:?}");
+    let left = left_behind(dir.path(), &["tenure-etcd-"], pid);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Throwaway-server directories named after the process `pid` that owns them (`PREFIX`
+/// `PID-`), left in /dev/shm or `dir`.
+#[cfg(any(feature = "etcd", feature = "kube"))]
+fn left_behind(
+    dir: &Path,
+    prefixes: &[&str],
+    pid: impl std::fmt::Display,
+) -> Vec<std::path::PathBuf> {
+    let owned: Vec<String> = prefixes.iter().map(|p| format!("{p}{pid}-")).collect();
+    [Path::new("/dev/shm"), dir]
+        .into_iter()
+        .flat_map(|base| std::fs::read_dir(base).into_iter().flatten().flatten())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            owned.iter().any(|p| name.starts_with(p.as_str()))
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Kubernetes: every section; the API server's own counters give the requests of each
+/// operation (an acquire that creates a role's object also takes an epoch from the
+/// namespace's counter object; a renewal or release by the store that wrote the term is
+/// one PUT with no read); the extra rows beside client-go's fast path and takeover; the
+/// release floor is a raw watch-woken handover from the same run; the stall trials run at
+/// the 1 s minimum TTL and report the successor's first sighting, which the TTL counts
+/// from.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
+    let dir = tempdir();
+    let proc = common::Proc::spawn(&mut bench_command(dir.path(), "kube:throwaway", &[]));
+    let pid = proc.pid();
+    let r = report(&proc.finish(Duration::from_secs(170)));
+    check_report(&r, "kubernetes (throwaway API server)");
+    let version = r["machine"]["backend_version"].as_str().unwrap_or_default();
+    assert!(
+        version.starts_with("Kubernetes v") && version.contains(" on etcd 3."),
+        "{version}"
+    );
+    let rt = &r["round_trips"];
+    assert_eq!(rt["measured"], true, "{rt}");
+    let ops = rt["ops"].as_array().unwrap();
+    let expected = [
+        // GET (404), GET and PUT of the epoch counter, POST.
+        ("acquire (new role)", 4.0),
+        ("renew", 1.0),
+        ("release", 1.0),
+        ("acquire (after release)", 2.0),
+        ("heartbeat (new node)", 2.0),
+        ("heartbeat (live node)", 2.0),
+    ];
+    assert_eq!(ops.len(), expected.len(), "{rt}");
+    for (name, requests) in expected {
+        let op = ops.iter().find(|op| op["op"] == name).unwrap();
+        // The API server's own identity-lease PUT (one per 10 s) may fall into a count.
+        assert!(
+            (num(op, "/per_op") - requests).abs() <= 0.02,
+            "{name}: {requests} requests expected: {op}"
+        );
     }
+    let rows = r["throughput"].as_array().unwrap();
+    for clients in [1, 3] {
+        for extra in ["renew-put", "takeover"] {
+            let row = rows
+                .iter()
+                .find(|row| row["op"] == extra && row["clients"] == clients)
+                .unwrap_or_else(|| panic!("no {extra} row for {clients} clients"));
+            assert!(num(row, "/ratio") > 0.0, "{row}");
+            assert!(row["baseline"].as_str().is_some_and(|b| b.contains("PUT")));
+            check_latency(&row["store"], extra);
+            check_latency(&row["raw"], extra);
+        }
+    }
+    let floor = &r["failover"]["release"]["floor"];
+    assert!(floor["label"].as_str().unwrap().contains("watch event"));
+    assert_eq!(floor["latency"]["count"], 5, "{floor}");
+    let stall = &r["failover"]["stall"];
+    assert_eq!(stall["ttl_ms"], 1000.0);
+    assert_eq!(stall["first_sighting"]["count"], 5, "{stall}");
+    assert_eq!(stall["excess_over_sighting"]["count"], 5, "{stall}");
+    // The excess over the TTL includes the time to the first sighting.
+    assert!(
+        num(stall, "/excess_over_ttl/p50_us") >= num(stall, "/first_sighting/p50_us"),
+        "{stall}"
+    );
+    let left = left_behind(dir.path(), &["tenure-kube-", "tenure-etcd-"], pid);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// Exit 2, the flag named on stderr, nothing on stdout, nothing created.
@@ -250,6 +334,28 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
     assert_usage(d, &with(&["--shards", "4", "--report", "out"]), "--report");
     #[cfg(not(feature = "etcd"))]
     assert_usage(d, &["--store", "etcd:throwaway"], "--features etcd");
+    #[cfg(feature = "kube")]
+    {
+        assert_usage(d, &["--store", "kube:No_Such"], "--store");
+        assert_usage(
+            d,
+            &["--store", "kube:throwaway", "--ttl", "1500ms"],
+            "--ttl",
+        );
+        assert_usage(
+            d,
+            &[
+                "--store",
+                "kube:throwaway",
+                "--shards",
+                "4",
+                "--renew-every",
+                "500ms",
+            ],
+            "--renew-every",
+        );
+    }
+    assert_usage(d, &["--store", "kube:"], "kube:NAMESPACE");
     #[cfg(feature = "etcd")]
     {
         assert_usage(d, &["--store", "etcd://h"], "--store");
@@ -388,4 +494,50 @@ fn shard_bench_on_etcd_keeps_every_shard_alive_with_one_keep_alive() {
     let extra = ["--no-churn", "--no-baseline", "--renew-every", "1s"];
     let r = shard_bench(dir.path(), "etcd:throwaway", &extra);
     check_hold(&r, false);
+}
+
+/// Kubernetes, 3 members: the group's shards cost each member one session keep-alive
+/// per renew interval however many it holds, and the API server counts, net of its own
+/// traffic in the quiet window, at most two writes per member per interval (that
+/// keep-alive and the membership heartbeat), none per shard; no term restarts.
+#[cfg(feature = "kube")]
+#[test]
+fn shard_bench_on_kube_writes_per_member_not_per_shard() {
+    let dir = tempdir();
+    // Whole seconds: renew every 1 s makes the shortest TTL, 3 s.
+    let extra = [
+        "--no-churn",
+        "--no-baseline",
+        "--renew-every",
+        "1s",
+        "--members",
+        "3",
+    ];
+    let r = shard_bench(dir.path(), "kube:throwaway", &extra);
+    let group = hold_row(&r, "shard group");
+    assert_eq!(group["terms_restarted"], 0, "{group}");
+    assert_eq!(group["contenders"], 3, "{group}");
+    let keep_alive = calls(group, "keep_alive_session");
+    assert!((1.8..=4.2).contains(&keep_alive), "{group}");
+    for per_shard in ["acquire_in_session", "try_acquire_or_renew", "release"] {
+        assert_eq!(calls(group, per_shard), 0.0, "{per_shard}: {group}");
+    }
+    let quiet = &r["shards"]["quiet"];
+    let own = num(quiet, "/rows_written_per_interval");
+    assert!(own < 1.0, "the API server's own writes: {quiet}");
+    let writes = num(group, "/rows_written_per_interval") - own;
+    // 200 shards written per interval would be 200; one keep-alive and one heartbeat a
+    // member is 6.
+    assert!(
+        (1.8..=8.0).contains(&writes),
+        "{writes} writes: {group} {quiet}"
+    );
+    // Reads are not per shard either, though each member's heartbeat wakes every member
+    // into a look at the group (about 26 requests per interval seen, 200 shards).
+    assert!(num(group, "/statements_per_interval") < 60.0, "{group}");
+    // Started again with its objects in place, the group settles without creates.
+    assert!(group["restart_settle_ms"].as_f64().is_some(), "{group}");
+    assert!(r["shards"]["rows_counted"]
+        .as_str()
+        .is_some_and(|s| s.contains("Lease objects written")));
 }
