@@ -338,6 +338,7 @@ mod tests {
             StoreSpec::parse("postgres://u:secret@h/db").unwrap(),
             StoreSpec::Postgres(_)
         ));
+        #[cfg_attr(not(feature = "etcd"), allow(unused_mut))]
         let mut bad = vec![
             "",
             "memory",
