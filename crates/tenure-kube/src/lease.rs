@@ -66,7 +66,8 @@ pub(crate) enum SessionView {
 #[derive(Clone, Debug)]
 struct Judged {
     seen: Seen,
-    token: FencingToken,
+    /// `None` on an object just created, before its first term.
+    token: Option<FencingToken>,
     session: Option<u64>,
     live: bool,
     expires_at: SystemTime,
@@ -89,7 +90,14 @@ pub struct KubeLeaseStore {
     /// owner is one conditional write on the version written, with no read first (a
     /// 409 means someone else wrote since, and the call reads as usual).
     own: Mutex<HashMap<String, OwnTerm>>,
+    /// A test's fail point, awaited after each epoch is taken and before the write that
+    /// uses it (see [`KubeLeaseStore::pause_after_epoch`]).
+    after_epoch: Option<EpochHook>,
 }
+
+/// What [`KubeLeaseStore::pause_after_epoch`] awaits.
+type EpochHook =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// A plain term as this store last wrote it.
 #[derive(Clone, Debug)]
@@ -122,7 +130,17 @@ impl KubeLeaseStore {
             )),
             sessions: Mutex::new(HashMap::new()),
             own: Mutex::new(HashMap::new()),
+            after_epoch: None,
         }
+    }
+
+    /// For tests: awaits `hook` after each epoch this store takes from the counter and
+    /// before the write that uses it, so a test can put an operator's delete, or another
+    /// contender, into that window.
+    #[doc(hidden)]
+    pub fn pause_after_epoch(mut self, hook: EpochHook) -> Self {
+        self.after_epoch = Some(hook);
+        self
     }
 
     /// The namespace the store's objects live in.
@@ -187,6 +205,12 @@ impl KubeLeaseStore {
     fn judge_with(&self, seen: Seen, view: Option<SessionView>) -> Result<Judged> {
         let token = seen.record.token()?;
         let session = seen.record.session()?;
+        if token.is_none() && seen.record.holder.is_some() {
+            return Err(crate::record::corrupt(format!(
+                "{} names a holder but has no {EPOCH} annotation",
+                seen.record.object
+            )));
+        }
         let (until, open_session) = match (&seen.record.holder, session) {
             (None, _) => (None, None),
             (Some(_), None) => (Some(seen.first + seen.record.duration), None),
@@ -219,10 +243,11 @@ impl KubeLeaseStore {
         })
     }
 
+    /// The answer to a caller refused by a live term (whose token is always set).
     fn refusal(&self, judged: &Judged) -> LeaseResult {
         LeaseResult {
             acquired: false,
-            fencing_token: judged.token,
+            fencing_token: judged.token.unwrap_or(FencingToken::from(0)),
             expires_at: judged.expires_at,
             holder: judged.seen.record.holder.clone().unwrap_or_default(),
             now: self.shared.observer.now(),
@@ -233,6 +258,14 @@ impl KubeLeaseStore {
     /// `next-epoch`, moved on by a conditional write. A missing counter starts above
     /// every epoch and session id still found in the namespace.
     pub(crate) async fn allocate_epoch(&self) -> Result<u64> {
+        let epoch = self.next_epoch().await?;
+        if let Some(hook) = &self.after_epoch {
+            hook().await;
+        }
+        Ok(epoch)
+    }
+
+    async fn next_epoch(&self) -> Result<u64> {
         for _ in 0..ATTEMPTS * 8 {
             match self.read(EPOCHS).await? {
                 Some((record, _)) => {
@@ -293,7 +326,7 @@ impl KubeLeaseStore {
                 .and_then(|labels| labels.get(KIND_LABEL))
                 .map(String::as_str);
             let value = match kind {
-                Some("role") => Some(record.epoch()?),
+                Some("role") => record.epoch()?,
                 Some("session") => record
                     .annotations
                     .get(NAME)
@@ -305,29 +338,31 @@ impl KubeLeaseStore {
         Ok(highest)
     }
 
-    /// Creates the role's object with the caller as first holder; `None` when another
-    /// writer created it first.
-    async fn create_term(
-        &self,
-        role: &str,
-        owner: &str,
-        secs: i32,
-        session: Option<u64>,
-    ) -> Result<Option<(FencingToken, Instant, Record)>> {
+    /// Creates the role's object empty: no holder and no epoch. The first term is then
+    /// started on it like any other, by a write conditional on reading it (the created
+    /// object is that read), with an epoch taken after it (see [`crate::record`]).
+    /// `None` when another writer created it first (read it).
+    async fn create_empty(&self, role: &str) -> Result<Option<Seen>> {
         let object = object_name(Kind::Role, role);
-        let epoch = self.allocate_epoch().await?;
-        let mut lease = new_object(&object, Kind::Role.label(), Some(role));
-        annotate(&mut lease, EPOCH, Some(epoch.to_string()));
-        set_session(&mut lease, session);
-        begin_term(&mut lease, owner, secs, Some(0));
-        let sent = self.instant();
+        let lease = new_object(&object, Kind::Role.label(), Some(role));
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(created) => {
-                self.wrote(&object, &created, sent);
-                Ok(Some((token(epoch, 0)?, sent, Record::read_any(created)?)))
+                let arrived = self.instant();
+                let record = Record::read_any(created)?;
+                let first = self.shared.observer.saw(&object, &record.version, arrived);
+                Ok(Some(Seen { record, first }))
             }
             Err(error) if is_conflict(&error) => Ok(None),
             Err(error) => Err(self.error("create", &object, error)),
+        }
+    }
+
+    /// The role's record, creating the object empty when there is none; `None` when a
+    /// create race was lost (read again).
+    async fn read_or_create(&self, role: &str) -> Result<Option<Seen>> {
+        match self.read_role(role).await? {
+            Some(seen) => Ok(Some(seen)),
+            None => self.create_empty(role).await,
         }
     }
 
@@ -346,9 +381,10 @@ impl KubeLeaseStore {
             }
         }
         let record = &judged.seen.record;
-        let (epoch, transitions) = match record.transitions.checked_add(1) {
-            Some(next) => (record.epoch()?, next),
-            None => (self.allocate_epoch().await?, 0),
+        let (epoch, transitions) = match (record.epoch()?, record.transitions.checked_add(1)) {
+            (Some(epoch), Some(next)) => (epoch, next),
+            // The first term on this object, or past i32::MAX changes of holder.
+            (None, _) | (Some(_), None) => (self.allocate_epoch().await?, 0),
         };
         let mut lease = record.to_write();
         annotate(&mut lease, EPOCH, Some(epoch.to_string()));
@@ -481,13 +517,8 @@ impl LeaseStore for KubeLeaseStore {
             }
         }
         for _ in 0..ATTEMPTS {
-            let Some(seen) = self.read_role(role).await? else {
-                match self.create_term(role, owner, secs, None).await? {
-                    Some((token, sent, record)) => {
-                        return Ok(self.hold(role, owner, token, sent, record, ttl))
-                    }
-                    None => continue,
-                }
+            let Some(seen) = self.read_or_create(role).await? else {
+                continue;
             };
             let judged = self.judge(seen).await?;
             let ours = judged.seen.record.holder.as_deref() == Some(owner);
@@ -506,7 +537,8 @@ impl LeaseStore for KubeLeaseStore {
                     .await?
                 {
                     Some((sent, record)) => {
-                        return Ok(self.hold(role, owner, judged.token, sent, record, ttl))
+                        let token = judged.token.unwrap_or(FencingToken::from(0));
+                        return Ok(self.hold(role, owner, token, sent, record, ttl));
                     }
                     None => continue,
                 }
@@ -536,7 +568,7 @@ impl LeaseStore for KubeLeaseStore {
             };
             let judged = self.judge(seen).await?;
             if judged.seen.record.holder.as_deref() != Some(owner)
-                || judged.token != token
+                || judged.token != Some(token)
                 || !judged.live
             {
                 return Ok(false);
@@ -563,7 +595,7 @@ impl LeaseStore for KubeLeaseStore {
             return Ok(None);
         };
         let judged = self.judge(seen).await?;
-        Ok(Some(self.info(role.to_owned(), &judged)))
+        Ok(self.info(role.to_owned(), &judged))
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
@@ -609,7 +641,7 @@ impl LeaseStore for KubeLeaseStore {
                     .map_or(SessionView::Ended, session_view_of)
             });
             let judged = self.judge_with(seen, view)?;
-            infos.push(self.info(role, &judged));
+            infos.extend(self.info(role, &judged));
         }
         infos.sort_by(|a, b| a.role.cmp(&b.role));
         Ok(infos)
@@ -635,7 +667,7 @@ impl LeaseStore for KubeLeaseStore {
                     tokio::time::sleep_until(deadline).await;
                     return;
                 };
-                if judged.token != observed || !judged.live {
+                if judged.token != Some(observed) || !judged.live {
                     return;
                 }
                 if let Some(id) = judged.session {
@@ -687,13 +719,14 @@ impl LeaseStore for KubeLeaseStore {
 }
 
 impl KubeLeaseStore {
-    fn info(&self, role: String, judged: &Judged) -> LeaseInfo {
-        LeaseInfo {
+    /// The read-only view of a role; `None` before its first term.
+    fn info(&self, role: String, judged: &Judged) -> Option<LeaseInfo> {
+        Some(LeaseInfo {
             role,
             holder: judged.seen.record.holder.clone(),
-            fencing_token: judged.token,
+            fencing_token: judged.token?,
             expires_at: judged.expires_at,
             now: self.shared.observer.now(),
-        }
+        })
     }
 }

@@ -13,11 +13,14 @@
 //! | annotation and label `tenure.dev/session` | the session the term is held under, if any |
 //!
 //! The fencing token is `epoch * 2^31 + leaseTransitions + 1`. Within one object it grows
-//! by one per change of holder. An object created anew (first use, or after an operator
-//! deleted it) takes a fresh epoch from the counter, above every epoch handed out
-//! before in the namespace, so its tokens are above every token of the deleted object;
-//! when `leaseTransitions` would pass `i32::MAX` the term takes a fresh epoch too and
-//! counts from zero again.
+//! by one per change of holder. An object is created empty (no holder, no epoch); its
+//! first term takes a fresh epoch from the counter *after* reading the empty object, and
+//! starts with a write conditional on that read. Every epoch a deleted incarnation of the
+//! object used was taken before it was deleted, so before this one was created: the new
+//! epoch is above them all, and so are its tokens. (An epoch taken before a delete can
+//! only be written on the incarnation it was read with, which is gone.) When
+//! `leaseTransitions` would pass `i32::MAX` the term takes a fresh epoch too and counts
+//! from zero again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -141,19 +144,23 @@ impl Record {
         })
     }
 
-    /// The `tenure.dev/epoch` annotation.
-    pub fn epoch(&self) -> Result<u64> {
-        let raw = self
-            .annotations
+    /// The `tenure.dev/epoch` annotation; `None` on an object just created, which no
+    /// term has started on yet.
+    pub fn epoch(&self) -> Result<Option<u64>> {
+        self.annotations
             .get(EPOCH)
-            .ok_or_else(|| corrupt(format!("{} has no {EPOCH} annotation", self.object)))?;
-        raw.parse()
-            .map_err(|_| corrupt(format!("{} has {EPOCH} {raw:?}", self.object)))
+            .map(|raw| {
+                raw.parse()
+                    .map_err(|_| corrupt(format!("{} has {EPOCH} {raw:?}", self.object)))
+            })
+            .transpose()
     }
 
-    /// The token of the latest term.
-    pub fn token(&self) -> Result<FencingToken> {
-        token(self.epoch()?, self.transitions)
+    /// The token of the latest term; `None` before the first.
+    pub fn token(&self) -> Result<Option<FencingToken>> {
+        self.epoch()?
+            .map(|epoch| token(epoch, self.transitions))
+            .transpose()
     }
 
     /// The session the term is held under, if any.

@@ -288,3 +288,48 @@ async fn wrong_setups_say_what_to_fix() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The race an operator's delete can open: contender X takes an epoch, then, before X
+/// writes with it, contender Y creates the role's object (with a later epoch), holds a
+/// term and releases it, and an operator deletes the object. X's term must still come
+/// out above Y's: an epoch taken before an incarnation of the object was deleted may
+/// never start a term on a later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_taken_before_a_delete_never_starts_a_term() {
+    let namespace = common::new_namespace("epoch-race");
+    let object = object_name(Kind::Role, "race");
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let hook: Arc<
+        dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+    > = {
+        let (paused, resume, first) = (paused.clone(), resume.clone(), first.clone());
+        Arc::new(move || {
+            let (paused, resume, first) = (paused.clone(), resume.clone(), first.clone());
+            Box::pin(async move {
+                if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    paused.notify_one();
+                    resume.notified().await;
+                }
+            })
+        })
+    };
+    let x = KubeLeaseStore::new(common::tenant(&namespace).await).pause_after_epoch(hook);
+    let y = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let x_task = tokio::spawn(async move { x.try_acquire_or_renew("race", "node-x", TTL).await });
+    paused.notified().await;
+
+    let y_token = term(&y, "race", "node-y").await;
+    release(&y, "race", "node-y", y_token).await;
+    kubectl(&["delete", "lease", "-n", &namespace, &object]);
+    resume.notify_one();
+
+    let x_result = x_task.await.unwrap().unwrap();
+    assert!(x_result.acquired, "{x_result:?}");
+    assert!(
+        x_result.fencing_token > y_token,
+        "token went back: node-y had {y_token}, then node-x got {}",
+        x_result.fencing_token
+    );
+}

@@ -166,15 +166,14 @@ impl KubeLeaseStore {
             now: self.shared.observer.now(),
         };
         for _ in 0..ATTEMPTS {
-            let Some(seen) = self.read_role(role).await? else {
-                match self.create_term(role, &state.owner, secs, Some(id)).await? {
-                    Some((token, ..)) => return Ok(held(token)),
-                    None => continue,
-                }
+            let Some(seen) = self.read_or_create(role).await? else {
+                continue;
             };
             let judged = self.judge(seen).await?;
-            if judged.session == Some(id) && judged.seen.record.holder.is_some() {
-                return Ok(held(judged.token));
+            if let (Some(token), true) = (judged.token, judged.session == Some(id)) {
+                if judged.seen.record.holder.is_some() {
+                    return Ok(held(token));
+                }
             }
             if judged.live {
                 return Ok(self.refusal(&judged));
