@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release};
 use tenure::{
@@ -33,8 +33,8 @@ use tokio::time::Instant;
 use crate::conn::{api_error, is_conflict, KubeConnection};
 use crate::names::{object_name, session_name, Kind, EPOCHS};
 use crate::record::{
-    annotate, begin_term, label, micro_now, new_object, spec, token, ttl_secs, Record, EPOCH,
-    KIND_LABEL, MANAGED_BY, NAME, NEXT_EPOCH, SESSION,
+    annotate, begin_term, label, micro_now, new_object, selector, spec, token, ttl_secs, Record,
+    EPOCH, NAME, NEXT_EPOCH, SESSION,
 };
 use crate::watch::{Shared, Watch};
 use crate::BACKEND;
@@ -124,10 +124,7 @@ impl KubeLeaseStore {
             conn,
             api,
             shared: Shared::new(),
-            watch: Watch::new(format!(
-                "{}={},{KIND_LABEL} in (role,session)",
-                MANAGED_BY.0, MANAGED_BY.1
-            )),
+            watch: Watch::new(selector(&[Kind::Role.label(), "session"])),
             sessions: Mutex::new(HashMap::new()),
             own: Mutex::new(HashMap::new()),
             after_epoch: None,
@@ -162,19 +159,11 @@ impl KubeLeaseStore {
 
     /// Reads an object, recording the sighting of its version.
     async fn read(&self, object: &str) -> Result<Option<(Record, Instant)>> {
-        let lease = self
-            .api
-            .get_opt(object)
-            .await
-            .map_err(|error| self.error("get", object, error))?;
-        let arrived = self.instant();
-        let Some(lease) = lease else {
-            self.shared.observer.forget(object);
-            return Ok(None);
-        };
-        let record = Record::read_any(lease)?;
-        let first = self.shared.observer.saw(object, &record.version, arrived);
-        Ok(Some((record, first)))
+        let read = self
+            .shared
+            .get(&self.api, &self.conn.namespace, object)
+            .await?;
+        Ok(read.map(|(record, first, _)| (record, first)))
     }
 
     async fn read_role(&self, role: &str) -> Result<Option<Seen>> {
@@ -310,21 +299,13 @@ impl KubeLeaseStore {
     }
 
     async fn highest_epoch_in_use(&self) -> Result<Option<u64>> {
-        let list = self
-            .api
-            .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
-            .await
-            .map_err(|error| self.error("list", "*", error))?;
+        let (records, _) = self
+            .shared
+            .list(&self.api, &self.conn.namespace, &selector(&[]))
+            .await?;
         let mut highest = None;
-        for lease in list {
-            let record = Record::read_any(lease)?;
-            let kind = record
-                .lease
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|labels| labels.get(KIND_LABEL))
-                .map(String::as_str);
+        for (record, _) in records {
+            let kind = record.kind();
             let value = match kind {
                 Some("role") => record.epoch()?,
                 Some("session") => record
@@ -599,30 +580,18 @@ impl LeaseStore for KubeLeaseStore {
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
-        let list = self
-            .api
-            .list(&ListParams::default().labels(&format!(
-                "{}={},{KIND_LABEL} in (role,session)",
-                MANAGED_BY.0, MANAGED_BY.1
-            )))
-            .await
-            .map_err(|error| self.error("list", "*", error))?;
-        let arrived = self.instant();
+        let (records, _) = self
+            .shared
+            .list(
+                &self.api,
+                &self.conn.namespace,
+                &selector(&[Kind::Role.label(), "session"]),
+            )
+            .await?;
         let mut sessions = HashMap::new();
         let mut roles = Vec::new();
-        for lease in list {
-            let record = Record::read_any(lease)?;
-            let first = self
-                .shared
-                .observer
-                .saw(&record.object, &record.version, arrived);
-            let kind = record
-                .lease
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|labels| labels.get(KIND_LABEL))
-                .cloned();
+        for (record, first) in records {
+            let kind = record.kind().map(str::to_owned);
             let seen = Seen { record, first };
             if kind.as_deref() == Some("session") {
                 sessions.insert(seen.record.object.clone(), seen);

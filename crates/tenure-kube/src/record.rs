@@ -174,6 +174,16 @@ impl Record {
             .transpose()
     }
 
+    /// The `tenure.dev/kind` label: what the object is for.
+    pub fn kind(&self) -> Option<&str> {
+        self.lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(KIND_LABEL))
+            .map(String::as_str)
+    }
+
     /// Whether a session object was marked ended.
     pub fn ended(&self) -> bool {
         self.annotations.contains_key(ENDED)
@@ -185,6 +195,17 @@ impl Record {
         let mut lease = self.lease.clone();
         lease.metadata.managed_fields = None;
         lease
+    }
+}
+
+/// The label selector for tenure's objects of the given kinds (all of tenure's objects
+/// for none).
+pub(crate) fn selector(kinds: &[&str]) -> String {
+    let managed = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+    match kinds {
+        [] => managed,
+        [kind] => format!("{managed},{KIND_LABEL}={kind}"),
+        kinds => format!("{managed},{KIND_LABEL} in ({})", kinds.join(",")),
     }
 }
 

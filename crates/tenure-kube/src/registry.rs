@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tenure::registry::validate_heartbeat;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
@@ -25,8 +25,7 @@ use tokio::time::Instant;
 use crate::conn::{api_error, is_conflict, KubeConnection};
 use crate::names::{object_name, Kind};
 use crate::record::{
-    annotate, corrupt, micro_now, new_object, spec, ttl_secs, Record, KIND_LABEL, MANAGED_BY,
-    METADATA, NAME,
+    annotate, corrupt, micro_now, new_object, spec, ttl_secs, Record, METADATA, NAME,
 };
 use crate::watch::{Shared, Watch};
 
@@ -54,12 +53,7 @@ impl std::fmt::Debug for KubeNodeRegistry {
 }
 
 fn selector() -> String {
-    format!(
-        "{}={},{KIND_LABEL}={}",
-        MANAGED_BY.0,
-        MANAGED_BY.1,
-        Kind::Member.label()
-    )
+    crate::record::selector(&[Kind::Member.label()])
 }
 
 impl KubeNodeRegistry {
@@ -101,11 +95,9 @@ impl KubeNodeRegistry {
             .transpose()?;
         for _ in 0..ATTEMPTS {
             let current = self
-                .api
-                .get_opt(&object)
-                .await
-                .map_err(|error| self.error("get", &object, error))?;
-            let arrived = self.shared.observer.instant();
+                .shared
+                .get(&self.api, &self.conn.namespace, &object)
+                .await?;
             let now = micro_now();
             let (mut lease, new_membership, create) = match current {
                 None => {
@@ -117,9 +109,8 @@ impl KubeNodeRegistry {
                     );
                     (lease, true, true)
                 }
-                Some(lease) => {
-                    let record = Record::read(lease, node_id)?;
-                    let first = self.shared.observer.saw(&object, &record.version, arrived);
+                Some((record, first, arrived)) => {
+                    let record = Record::read(record.lease, node_id)?;
                     let lapsed = record.holder.is_none() || arrived >= first + record.duration;
                     let mut lease = record.to_write();
                     if let Some(encoded) = &encoded {
@@ -189,20 +180,13 @@ impl NodeRegistry for KubeNodeRegistry {
     }
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {
-        let list = self
-            .api
-            .list(&ListParams::default().labels(&selector()))
-            .await
-            .map_err(|error| self.error("list", "*", error))?;
-        let arrived = self.shared.observer.instant();
+        let (records, arrived) = self
+            .shared
+            .list(&self.api, &self.conn.namespace, &selector())
+            .await?;
         let wall = |at: Instant| -> SystemTime { self.shared.observer.wall(at) };
         let mut members = Vec::new();
-        for lease in list {
-            let record = Record::read_any(lease)?;
-            let first = self
-                .shared
-                .observer
-                .saw(&record.object, &record.version, arrived);
+        for (record, first) in records {
             let (Some(node_id), Some(_)) = (record.annotations.get(NAME), &record.holder) else {
                 continue;
             };
@@ -242,17 +226,14 @@ impl NodeRegistry for KubeNodeRegistry {
         validate_heartbeat(node_id, None)?;
         let object = object_name(Kind::Member, node_id);
         for _ in 0..ATTEMPTS {
-            let Some(lease) = self
-                .api
-                .get_opt(&object)
-                .await
-                .map_err(|error| self.error("get", &object, error))?
+            let Some((record, first, arrived)) = self
+                .shared
+                .get(&self.api, &self.conn.namespace, &object)
+                .await?
             else {
                 return Ok(false);
             };
-            let arrived = self.shared.observer.instant();
-            let record = Record::read(lease, node_id)?;
-            let first = self.shared.observer.saw(&object, &record.version, arrived);
+            let record = Record::read(record.lease, node_id)?;
             if record.holder.is_none() {
                 return Ok(false);
             }

@@ -13,13 +13,18 @@ use std::sync::{Arc, OnceLock};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use tenure::Result;
+use tokio::time::Instant;
+
+use crate::conn::api_error;
 use crate::observe::Observer;
+use crate::record::Record;
 
 /// What a store and its watch share.
 #[derive(Debug)]
@@ -37,6 +42,50 @@ impl Shared {
             waiters: Mutex::new(HashMap::new()),
             any: Notify::new(),
         })
+    }
+
+    /// Reads `object`, recording the sighting of its version: the record, when its
+    /// version was first seen, and when this answer arrived.
+    pub async fn get(
+        &self,
+        api: &Api<Lease>,
+        namespace: &str,
+        object: &str,
+    ) -> Result<Option<(Record, Instant, Instant)>> {
+        let lease = api
+            .get_opt(object)
+            .await
+            .map_err(|error| api_error(namespace, "get", object, error))?;
+        let arrived = self.observer.instant();
+        let Some(lease) = lease else {
+            self.observer.forget(object);
+            return Ok(None);
+        };
+        let record = Record::read_any(lease)?;
+        let first = self.observer.saw(object, &record.version, arrived);
+        Ok(Some((record, first, arrived)))
+    }
+
+    /// Lists the objects `selector` picks, recording each sighting: each record with when
+    /// its version was first seen, and when the answer arrived.
+    pub async fn list(
+        &self,
+        api: &Api<Lease>,
+        namespace: &str,
+        selector: &str,
+    ) -> Result<(Vec<(Record, Instant)>, Instant)> {
+        let list = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(|error| api_error(namespace, "list", "*", error))?;
+        let arrived = self.observer.instant();
+        let mut records = Vec::new();
+        for lease in list {
+            let record = Record::read_any(lease)?;
+            let first = self.observer.saw(&record.object, &record.version, arrived);
+            records.push((record, first));
+        }
+        Ok((records, arrived))
     }
 
     /// The wake-up of `object`'s waiters.
