@@ -1131,6 +1131,7 @@ fn lease_info(
             fencing_token: holder.token(),
             expires_at: holder.expires_at(now),
             now,
+            value: None,
         }),
         Seen::Absent => record.map(|(r, mod_revision)| {
             let recorded = from_ns(r.expires_at_ns);
@@ -1142,6 +1143,7 @@ fn lease_info(
                 // The key is gone, so the term ended by now at the latest.
                 expires_at: recorded.min(now),
                 now,
+                value: None,
             }
         }),
     }

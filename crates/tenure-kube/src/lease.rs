@@ -696,6 +696,7 @@ impl KubeLeaseStore {
             fencing_token: judged.token?,
             expires_at: judged.expires_at,
             now: self.shared.observer.now(),
+            value: None,
         })
     }
 }

@@ -197,6 +197,7 @@ fn lease_info(row: &sqlx::postgres::PgRow) -> Result<LeaseInfo> {
         fencing_token: token_from_db(decode(row, "fencing_token")?)?,
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),
+        value: None,
     })
 }
 

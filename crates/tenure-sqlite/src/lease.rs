@@ -456,6 +456,7 @@ impl SqliteLeaseStore {
             fencing_token: token_from_db(token)?,
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
+            value: None,
         })
     }
 

@@ -14,6 +14,11 @@ use tenure::{Error, FencingToken, LeaseStore, Metadata};
 
 use crate::{LeaseBackend, RegistryBackend};
 
+pub use crate::observe::{
+    scenario_observe_bad_role, scenario_observe_pushes_changes, scenario_observe_sees_expiry,
+    scenario_value_bad_input, scenario_value_kept_with_term,
+};
+
 fn token(n: u64) -> FencingToken {
     FencingToken::from(n)
 }
@@ -667,6 +672,11 @@ pub async fn all_lease_scenarios(backend: &dyn LeaseBackend) {
     scenario_token_survives_reopen(backend).await;
     scenario_wait_wakes_on_release(backend).await;
     scenario_bad_input(backend).await;
+    scenario_value_kept_with_term(backend).await;
+    scenario_value_bad_input(backend).await;
+    scenario_observe_pushes_changes(backend).await;
+    scenario_observe_sees_expiry(backend).await;
+    scenario_observe_bad_role(backend).await;
 }
 
 /// The liveness TTL the registry scenarios use (etcd's minimum).
@@ -835,7 +845,12 @@ macro_rules! lease_scenarios {
             scenario_list_prefix,
             scenario_token_survives_reopen,
             scenario_wait_wakes_on_release,
-            scenario_bad_input);
+            scenario_bad_input,
+            scenario_value_kept_with_term,
+            scenario_value_bad_input,
+            scenario_observe_pushes_changes,
+            scenario_observe_sees_expiry,
+            scenario_observe_bad_role);
     };
     (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
         $( $crate::lease_scenarios!(@one $backend; $attrs; $name); )*

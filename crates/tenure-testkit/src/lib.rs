@@ -14,6 +14,7 @@ pub mod conformance;
 mod fixture;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+pub mod observe;
 pub mod sessions;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::error::BoxError;
-use crate::lease::validate_name;
+use crate::lease::{validate_name, validate_value};
 use crate::{Error, FencingToken, LeaseResult, LeaseStore, Result};
 
 /// How long after the holder's expiry a waiting contender tries again, so it does not
@@ -74,6 +74,11 @@ pub struct LeaseLeaderOptions {
     /// long to stop while the lease is still surely its own (`tenure run` sets it to the
     /// time it needs to kill its command). Default zero: cancel at the local deadline.
     pub work_grace: Duration,
+    /// A value each of this contender's terms advertises (where followers reach the
+    /// leader: a URL, `host:port`), kept in the store with the term and shown by
+    /// [`LeaseStore::get`] and [`crate::observe`]. At most
+    /// [`MAX_VALUE_LEN`](crate::lease::MAX_VALUE_LEN) bytes, no NUL. Default none.
+    pub advertise: Option<String>,
 }
 
 impl Default for LeaseLeaderOptions {
@@ -86,6 +91,7 @@ impl Default for LeaseLeaderOptions {
             retry_jitter: 0.2,
             max_clock_drift: 0.01,
             work_grace: Duration::ZERO,
+            advertise: None,
         }
     }
 }
@@ -147,7 +153,7 @@ impl LeaseLeaderOptions {
                 format!("{} must be in [0, 1]", self.retry_jitter),
             ));
         }
-        Ok(())
+        validate_value("advertise", self.advertise.as_deref())
     }
 
     /// How long after sending a successful request the elector still trusts its term
@@ -470,7 +476,12 @@ impl LeaseLeaderElector {
             let sent = Instant::now();
             let result = self
                 .store
-                .try_acquire_or_renew(role, &self.options.owner_id, self.options.lease_ttl)
+                .try_acquire_or_renew_with_value(
+                    role,
+                    &self.options.owner_id,
+                    self.options.lease_ttl,
+                    self.options.advertise.as_deref(),
+                )
                 .await;
             Attempt {
                 sent,

@@ -76,7 +76,8 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Call {
-    /// [`LeaseStore::try_acquire_or_renew`].
+    /// [`LeaseStore::try_acquire_or_renew`] and
+    /// [`LeaseStore::try_acquire_or_renew_with_value`].
     TryAcquireOrRenew {
         /// The role.
         role: String,
@@ -84,6 +85,8 @@ pub enum Call {
         owner: String,
         /// The TTL asked for.
         ttl: Duration,
+        /// The value a new term advertises.
+        value: Option<String>,
     },
     /// [`LeaseStore::release`].
     Release {
@@ -110,6 +113,15 @@ pub enum Call {
         role: String,
         /// The token of the term the caller saw.
         observed: FencingToken,
+        /// When the caller stops waiting.
+        deadline: Instant,
+    },
+    /// [`LeaseStore::wait_for_term`].
+    WaitForTerm {
+        /// The role.
+        role: String,
+        /// The token of the latest term the caller saw.
+        after: FencingToken,
         /// When the caller stops waiting.
         deadline: Instant,
     },
@@ -150,6 +162,7 @@ impl Call {
             Call::Get { .. } => "get",
             Call::List { .. } => "list",
             Call::WaitForChange { .. } => "wait_for_change",
+            Call::WaitForTerm { .. } => "wait_for_term",
             Call::OpenSession { .. } => "open_session",
             Call::KeepAliveSession { .. } => "keep_alive_session",
             Call::AcquireInSession { .. } => "acquire_in_session",
@@ -174,23 +187,23 @@ pub enum Reply {
     Info(Result<Option<LeaseInfo>>),
     /// From [`Call::List`].
     List(Result<Vec<LeaseInfo>>),
-    /// From [`Call::WaitForChange`]: the wait ended.
+    /// From [`Call::WaitForChange`] and [`Call::WaitForTerm`]: the wait ended.
     Changed,
 }
 
 impl Reply {
     /// The answer to `call` failing with `error`.
     ///
-    /// A wait for change cannot fail: its caller reads the store again when it returns,
-    /// and sees the failure there. So for [`Call::WaitForChange`] the error is dropped and
-    /// the wait ends at once.
+    /// A wait cannot fail: its caller reads the store again when it returns, and sees
+    /// the failure there. So for [`Call::WaitForChange`] and [`Call::WaitForTerm`] the
+    /// error is dropped and the wait ends at once.
     pub fn error(call: &Call, error: Error) -> Reply {
         match call {
             Call::TryAcquireOrRenew { .. } => Reply::Lease(Err(error)),
             Call::Release { .. } => Reply::Released(Err(error)),
             Call::Get { .. } => Reply::Info(Err(error)),
             Call::List { .. } => Reply::List(Err(error)),
-            Call::WaitForChange { .. } => Reply::Changed,
+            Call::WaitForChange { .. } | Call::WaitForTerm { .. } => Reply::Changed,
             Call::OpenSession { .. } => Reply::Session(Err(error)),
             Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
             Call::AcquireInSession { .. } => Reply::Lease(Err(error)),
@@ -293,9 +306,16 @@ impl Next {
 /// The one place a call reaches the store.
 async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
     match call {
-        Call::TryAcquireOrRenew { role, owner, ttl } => {
-            Reply::Lease(store.try_acquire_or_renew(&role, &owner, ttl).await)
-        }
+        Call::TryAcquireOrRenew {
+            role,
+            owner,
+            ttl,
+            value,
+        } => Reply::Lease(
+            store
+                .try_acquire_or_renew_with_value(&role, &owner, ttl, value.as_deref())
+                .await,
+        ),
         Call::Release { role, owner, token } => {
             Reply::Released(store.release(&role, &owner, token).await)
         }
@@ -307,6 +327,14 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             deadline,
         } => {
             store.wait_for_change(&role, observed, deadline).await;
+            Reply::Changed
+        }
+        Call::WaitForTerm {
+            role,
+            after,
+            deadline,
+        } => {
+            store.wait_for_term(&role, after, deadline).await;
             Reply::Changed
         }
         Call::OpenSession { owner, ttl } => Reply::Session(store.open_session(&owner, ttl).await),
@@ -363,10 +391,22 @@ impl LeaseStore for InterceptStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
         let call = Call::TryAcquireOrRenew {
             role: role.to_owned(),
             owner: owner.to_owned(),
             ttl,
+            value: value.map(str::to_owned),
         };
         self.call(call).await.into_lease()
     }
@@ -402,6 +442,15 @@ impl LeaseStore for InterceptStore {
             deadline,
         };
         // Any answer ends the wait: the caller reads the store again either way.
+        let _ = self.call(call).await;
+    }
+
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {
+        let call = Call::WaitForTerm {
+            role: role.to_owned(),
+            after,
+            deadline,
+        };
         let _ = self.call(call).await;
     }
 
@@ -594,11 +643,23 @@ mod tests {
         let inner = memory();
         let store = InterceptStore::new(inner.clone()).with(hook(|call, next| {
             Box::pin(async move {
-                let Call::TryAcquireOrRenew { role, owner, ttl } = call else {
+                let Call::TryAcquireOrRenew {
+                    role,
+                    owner,
+                    ttl,
+                    value,
+                } = call
+                else {
                     return next.run(call).await;
                 };
                 let ttl = ttl / 2;
-                let mut reply = next.run(Call::TryAcquireOrRenew { role, owner, ttl }).await;
+                let call = Call::TryAcquireOrRenew {
+                    role,
+                    owner,
+                    ttl,
+                    value,
+                };
+                let mut reply = next.run(call).await;
                 if let Reply::Lease(Ok(answer)) = &mut reply {
                     answer.fencing_token = FencingToken::from(answer.fencing_token.get() + 1);
                 }

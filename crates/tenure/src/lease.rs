@@ -15,6 +15,9 @@ use crate::{Error, FencingToken, Result};
 /// The longest role, owner or node id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
+/// The longest value a term can advertise (a URL, `host:port`), in bytes.
+pub const MAX_VALUE_LEN: usize = 1024;
+
 /// The answer to [`LeaseStore::try_acquire_or_renew`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseResult {
@@ -52,6 +55,11 @@ pub struct LeaseInfo {
     pub expires_at: SystemTime,
     /// The store time at which this view was read.
     pub now: SystemTime,
+    /// The value the latest term advertised when it began (see
+    /// [`LeaseStore::try_acquire_or_renew_with_value`]); `None` when it advertised none
+    /// or was released.
+    #[serde(default)]
+    pub value: Option<String>,
 }
 
 impl LeaseInfo {
@@ -100,6 +108,31 @@ pub trait LeaseStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<LeaseResult>;
 
+    /// [`try_acquire_or_renew`](Self::try_acquire_or_renew) that advertises `value`
+    /// with the term it starts: a new term keeps `value` beside its holder and token,
+    /// for [`get`](Self::get), [`list`](Self::list) and [`crate::observe`] to show. A
+    /// renewal keeps the value its term began with (a term's value never changes), and
+    /// a release drops it. `value` is at most [`MAX_VALUE_LEN`] bytes with no NUL.
+    ///
+    /// Every backend of this project keeps values; this default is for a store that
+    /// cannot: it refuses a value rather than drop it.
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        validate_value("value", value)?;
+        if value.is_some() {
+            return Err(Error::invalid(
+                "value",
+                "this store cannot keep an advertised value",
+            ));
+        }
+        self.try_acquire_or_renew(role, owner, ttl).await
+    }
+
     /// Ends the term `(role, owner, token)` at once so a successor need not wait out the
     /// TTL. Returns whether it did; releasing a term that is no longer live is a no-op
     /// returning `false`.
@@ -133,6 +166,19 @@ pub trait LeaseStore: Send + Sync + 'static {
         deadline: tokio::time::Instant,
     ) {
         let _ = (role, observed);
+        tokio::time::sleep_until(deadline).await;
+    }
+
+    /// Waits until a term with a token above `after` begins on `role`, or until
+    /// `deadline`. For observers of a role that has no live holder (see
+    /// [`crate::observe`]): [`wait_for_change`](Self::wait_for_change) waits for a
+    /// live term to end, this for the next one to begin.
+    ///
+    /// A backend that can push returns as soon as the term begins; it may return early
+    /// spuriously. This default sleeps to the deadline, so observers of a store that
+    /// cannot push poll.
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
+        let _ = (role, after);
         tokio::time::sleep_until(deadline).await;
     }
 
@@ -229,6 +275,27 @@ pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
     };
     if has_control {
         return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a term's advertised value: at most [`MAX_VALUE_LEN`] bytes, no NUL byte (SQL
+/// text cannot hold one). `field` names it in the error.
+pub fn validate_value(field: &'static str, value: Option<&str>) -> Result<()> {
+    let Some(value) = value else {
+        return Ok(());
+    };
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes long, at most {MAX_VALUE_LEN} allowed",
+                value.len()
+            ),
+        ));
+    }
+    if value.as_bytes().contains(&0) {
+        return Err(Error::invalid(field, "must not contain a NUL byte"));
     }
     Ok(())
 }

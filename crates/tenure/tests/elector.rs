@@ -251,6 +251,7 @@ impl Switches {
         role: String,
         owner: String,
         ttl: Duration,
+        value: Option<String>,
         next: Next,
     ) -> Result<LeaseResult> {
         if self.hang.load(Ordering::SeqCst) {
@@ -271,9 +272,13 @@ impl Switches {
                 let _ = gate.wait_for(|open| *open).await;
             }
             Self::twist(&inner, twist, &role, &owner, ttl).await?;
-            next.run(Call::TryAcquireOrRenew { role, owner, ttl })
-                .await
-                .into_lease()
+            let call = Call::TryAcquireOrRenew {
+                role,
+                owner,
+                ttl,
+                value,
+            };
+            next.run(call).await.into_lease()
         };
         let result = if detached {
             tokio::spawn(decide).await.expect("the call on the wire")?
@@ -294,9 +299,12 @@ impl Switches {
 impl Interceptor for Switches {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
         match call {
-            Call::TryAcquireOrRenew { role, owner, ttl } => {
-                Reply::Lease(self.acquire(role, owner, ttl, next).await)
-            }
+            Call::TryAcquireOrRenew {
+                role,
+                owner,
+                ttl,
+                value,
+            } => Reply::Lease(self.acquire(role, owner, ttl, value, next).await),
             Call::Release { token, .. } => {
                 let gate = self.releases_on_the_wire.lock().clone();
                 let reply = match gate {

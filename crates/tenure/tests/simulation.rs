@@ -646,9 +646,12 @@ impl Faults {
     /// Passes `call` on with its latency, hangs and pauses, and checks the answer.
     async fn apply(&self, call: Call, next: Next) -> Reply {
         match call {
-            Call::TryAcquireOrRenew { role, owner, ttl } => {
-                Reply::Lease(self.acquire(role, owner, ttl, next).await)
-            }
+            Call::TryAcquireOrRenew {
+                role,
+                owner,
+                ttl,
+                value,
+            } => Reply::Lease(self.acquire(role, owner, ttl, value, next).await),
             Call::Release {
                 ref owner, token, ..
             } => {
@@ -697,6 +700,7 @@ impl Faults {
         role: String,
         owner: String,
         ttl: Duration,
+        value: Option<String>,
         next: Next,
     ) -> Result<LeaseResult> {
         let plan = self.plan();
@@ -720,6 +724,7 @@ impl Faults {
             role,
             owner: owner.clone(),
             ttl: granted,
+            value,
         };
         let mut result = next.run(call).await.into_lease();
         if let Ok(answer) = &mut result {

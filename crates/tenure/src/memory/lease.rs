@@ -10,7 +10,9 @@ use parking_lot::Mutex;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
-use crate::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
+use crate::lease::{
+    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+};
 use crate::session::validate_open;
 use crate::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
@@ -28,6 +30,8 @@ struct Slot {
     expires_at: SystemTime,
     /// The session the term is held under, if any.
     session: Option<SessionId>,
+    /// The value the term advertised when it began.
+    value: Option<String>,
     /// Woken on every change of term (release or a new token), never on renewal.
     changed: Arc<Notify>,
 }
@@ -66,6 +70,7 @@ impl Sessions {
             fencing_token: slot.token,
             expires_at: self.expiry(slot),
             now,
+            value: slot.value.clone(),
         }
     }
 }
@@ -106,6 +111,9 @@ pub struct InMemoryLeaseStore {
     /// Locked after a shard, never before one.
     sessions: Mutex<Sessions>,
     next_session: AtomicU64,
+    /// Woken when a role gets its first term, for [`LeaseStore::wait_for_term`] on a
+    /// role that has no slot yet.
+    created: Notify,
 }
 
 impl Default for InMemoryLeaseStore {
@@ -130,6 +138,7 @@ impl InMemoryLeaseStore {
             shards,
             sessions: Mutex::new(Sessions::default()),
             next_session: AtomicU64::new(1),
+            created: Notify::new(),
         }
     }
 
@@ -156,10 +165,17 @@ impl InMemoryLeaseStore {
 }
 
 /// Starts a new term for `owner` in `slot` (token + 1) and wakes its waiters.
-fn new_term(slot: &mut Slot, owner: &str, expires_at: SystemTime, session: Option<SessionId>) {
+fn new_term(
+    slot: &mut Slot,
+    owner: &str,
+    expires_at: SystemTime,
+    session: Option<SessionId>,
+    value: Option<&str>,
+) {
     slot.token = slot.token.next();
     slot.expires_at = expires_at;
     slot.session = session;
+    slot.value = value.map(str::to_owned);
     match &mut slot.holder {
         Some(holder) => {
             holder.clear();
@@ -170,12 +186,18 @@ fn new_term(slot: &mut Slot, owner: &str, expires_at: SystemTime, session: Optio
     slot.changed.notify_waiters();
 }
 
-fn first_slot(owner: &str, expires_at: SystemTime, session: Option<SessionId>) -> Slot {
+fn first_slot(
+    owner: &str,
+    expires_at: SystemTime,
+    session: Option<SessionId>,
+    value: Option<&str>,
+) -> Slot {
     Slot {
         holder: Some(owner.to_owned()),
         token: FencingToken::from(1),
         expires_at,
         session,
+        value: value.map(str::to_owned),
         changed: Arc::new(Notify::new()),
     }
 }
@@ -188,8 +210,20 @@ impl LeaseStore for InMemoryLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
         let now = self.clock.now();
         let expires_at = validate_ttl(ttl, Duration::from_nanos(1), now)?;
+        validate_value("value", value)?;
         let mut shard = self.shard(role).lock();
         // Renewal fast path: a stored role and holder were validated when they were
         // stored, so a live holder equal to `owner` needs no further checks.
@@ -210,7 +244,8 @@ impl LeaseStore for InMemoryLeaseStore {
         }
         validate_acquire(role, owner, ttl, Duration::from_nanos(1), now)?;
         let Some(slot) = shard.get_mut(role) else {
-            shard.insert(role.to_owned(), first_slot(owner, expires_at, None));
+            shard.insert(role.to_owned(), first_slot(owner, expires_at, None, value));
+            self.created.notify_waiters();
             return Ok(LeaseResult {
                 acquired: true,
                 fencing_token: FencingToken::from(1),
@@ -237,7 +272,7 @@ impl LeaseStore for InMemoryLeaseStore {
                     holder: holder.to_owned(),
                 });
             }
-            _ => new_term(slot, owner, expires_at, None),
+            _ => new_term(slot, owner, expires_at, None, value),
         }
         Ok(LeaseResult {
             acquired: true,
@@ -260,6 +295,7 @@ impl LeaseStore for InMemoryLeaseStore {
         }
         slot.holder = None;
         slot.session = None;
+        slot.value = None;
         slot.expires_at = now;
         slot.changed.notify_waiters();
         Ok(true)
@@ -318,6 +354,31 @@ impl LeaseStore for InMemoryLeaseStore {
                 Some(slot) if self.is_live_term(slot, observed, self.clock.now()) => {}
                 _ => return,
             }
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
+        // The notify to wait on: the slot's once it exists, else the store's `created`.
+        let begun = |shard: &FxHashMap<String, Slot>| match shard.get(role) {
+            Some(slot) if slot.token > after => Err(()),
+            Some(slot) => Ok(Some(Arc::clone(&slot.changed))),
+            None => Ok(None),
+        };
+        let Ok(slot_changed) = begun(&self.shard(role).lock()) else {
+            return;
+        };
+        let notified = match &slot_changed {
+            Some(changed) => changed.notified(),
+            None => self.created.notified(),
+        };
+        tokio::pin!(notified);
+        // Register before re-checking, so a term begun in between is not missed.
+        notified.as_mut().enable();
+        match begun(&self.shard(role).lock()) {
+            Ok(now) if now.is_some() == slot_changed.is_some() => {}
+            // A term began, or the slot appeared in between: let the caller look.
+            _ => return,
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
@@ -386,8 +447,9 @@ impl LeaseStore for InMemoryLeaseStore {
             None => {
                 shard.insert(
                     role.to_owned(),
-                    first_slot(&owner, session_expiry, Some(session)),
+                    first_slot(&owner, session_expiry, Some(session), None),
                 );
+                self.created.notify_waiters();
                 FencingToken::from(1)
             }
             Some(slot) => {
@@ -405,7 +467,7 @@ impl LeaseStore for InMemoryLeaseStore {
                         holder: slot.holder.clone().unwrap_or_default(),
                     });
                 }
-                new_term(slot, &owner, session_expiry, Some(session));
+                new_term(slot, &owner, session_expiry, Some(session), None);
                 slot.token
             }
         };
