@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::lease::{validate_acquire, validate_name, validate_release, validate_value};
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
 };
@@ -34,7 +34,7 @@ use crate::conn::{api_error, is_conflict, KubeConnection};
 use crate::names::{object_name, session_name, Kind, EPOCHS};
 use crate::record::{
     annotate, begin_term, label, micro_now, new_object, selector, spec, token, ttl_secs, Record,
-    EPOCH, NAME, NEXT_EPOCH, SESSION,
+    EPOCH, NAME, NEXT_EPOCH, SESSION, VALUE,
 };
 use crate::watch::{Shared, Watch};
 use crate::BACKEND;
@@ -347,14 +347,15 @@ impl KubeLeaseStore {
         }
     }
 
-    /// Starts a new term for `owner` over a record that is not live; `None` when a
-    /// conditional write lost (read again).
+    /// Starts a new term for `owner` over a record that is not live, advertising
+    /// `value`; `None` when a conditional write lost (read again).
     async fn take(
         &self,
         judged: &Judged,
         owner: &str,
         secs: i32,
         session: Option<u64>,
+        value: Option<&str>,
     ) -> Result<Option<(FencingToken, Instant, Record)>> {
         if let Some(lapsed) = &judged.lapsed_session {
             if !self.end_session(lapsed).await? {
@@ -369,6 +370,7 @@ impl KubeLeaseStore {
         };
         let mut lease = record.to_write();
         annotate(&mut lease, EPOCH, Some(epoch.to_string()));
+        annotate(&mut lease, VALUE, value.map(str::to_owned));
         set_session(&mut lease, session);
         begin_term(&mut lease, owner, secs, Some(transitions));
         let token = token(epoch, transitions)?;
@@ -486,7 +488,19 @@ impl LeaseStore for KubeLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
         validate_acquire(role, owner, ttl, self.min_ttl(), self.shared.observer.now())?;
+        validate_value("value", value)?;
         let secs = ttl_secs("ttl", ttl)?;
         if let Some(own) = self.own_live(role, owner) {
             let mut lease = own.record.to_write();
@@ -524,7 +538,9 @@ impl LeaseStore for KubeLeaseStore {
                     None => continue,
                 }
             }
-            if let Some((token, sent, record)) = self.take(&judged, owner, secs, None).await? {
+            if let Some((token, sent, record)) =
+                self.take(&judged, owner, secs, None, value).await?
+            {
                 return Ok(self.hold(role, owner, token, sent, record, ttl));
             }
         }
@@ -535,6 +551,7 @@ impl LeaseStore for KubeLeaseStore {
         validate_release(role, owner)?;
         if let Some(own) = self.own_live(role, owner).filter(|own| own.token == token) {
             let mut lease = own.record.to_write();
+            annotate(&mut lease, VALUE, None);
             spec(&mut lease).holder_identity = None;
             spec(&mut lease).renew_time = Some(micro_now());
             self.own.lock().remove(role);
@@ -556,6 +573,7 @@ impl LeaseStore for KubeLeaseStore {
             }
             let mut lease = judged.seen.record.to_write();
             set_session(&mut lease, None);
+            annotate(&mut lease, VALUE, None);
             let spec = spec(&mut lease);
             spec.holder_identity = None;
             spec.renew_time = Some(micro_now());
@@ -662,6 +680,33 @@ impl LeaseStore for KubeLeaseStore {
         }
     }
 
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
+        self.watch.ensure(&self.api, &self.shared);
+        let notify = self.shared.notify_of(&object_name(Kind::Role, role));
+        let changed = notify.notified();
+        let mut changed = std::pin::pin!(changed);
+        // Registered before the read, so a term begun after it still wakes this wait.
+        changed.as_mut().enable();
+        match self.read_role(role).await {
+            Ok(Some(seen)) => match seen.record.token() {
+                Ok(Some(token)) if token > after => return,
+                Ok(_) => {}
+                Err(_) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return;
+                }
+            },
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(role, %error, "reading the role before waiting failed");
+            }
+        }
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+
     fn min_ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
@@ -696,7 +741,7 @@ impl KubeLeaseStore {
             fencing_token: judged.token?,
             expires_at: judged.expires_at,
             now: self.shared.observer.now(),
-            value: None,
+            value: judged.seen.record.annotations.get(VALUE).cloned(),
         })
     }
 }

@@ -11,6 +11,7 @@
 //! | annotation `tenure.dev/epoch` | the object's epoch, from the namespace's epoch counter |
 //! | annotation `tenure.dev/name` | the role, checked on every read |
 //! | annotation and label `tenure.dev/session` | the session the term is held under, if any |
+//! | annotation `tenure.dev/value` | the value the term advertised, if any; removed on release |
 //!
 //! The fencing token is `epoch * 2^31 + leaseTransitions + 1`. Within one object it grows
 //! by one per change of holder. An object is created empty (no holder, no epoch); its
@@ -41,6 +42,8 @@ pub(crate) const NAME: &str = "tenure.dev/name";
 pub(crate) const EPOCH: &str = "tenure.dev/epoch";
 /// The session a role is held under (annotation and label), hex.
 pub(crate) const SESSION: &str = "tenure.dev/session";
+/// On a role object: the value its term advertised.
+pub(crate) const VALUE: &str = "tenure.dev/value";
 /// On a session object: set once the session has ended; it is never revived.
 pub(crate) const ENDED: &str = "tenure.dev/ended";
 /// On the epoch counter: the next epoch to hand out.

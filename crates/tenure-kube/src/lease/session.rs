@@ -178,7 +178,10 @@ impl KubeLeaseStore {
             if judged.live {
                 return Ok(self.refusal(&judged));
             }
-            if let Some((token, ..)) = self.take(&judged, &state.owner, secs, Some(id)).await? {
+            if let Some((token, ..)) = self
+                .take(&judged, &state.owner, secs, Some(id), None)
+                .await?
+            {
                 return Ok(held(token));
             }
         }
