@@ -197,6 +197,8 @@ pub enum Subject {
         role: String,
         /// The elector's state.
         state: watch::Receiver<ElectionState>,
+        /// The store, to say who leads when this process does not.
+        leases: Arc<dyn tenure::LeaseStore>,
     },
     /// `--group G`: leading is owning at least one shard.
     Group {
@@ -252,6 +254,10 @@ struct RoleLeader<'a> {
     leader: bool,
     /// The term's token while leading.
     fencing_token: Option<u64>,
+    /// Who leads the role and what its term advertised, read from the store; `null`
+    /// when nobody does, absent when the store could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current: Option<Option<tenure::Leader>>,
 }
 
 /// `/leader`'s body for `--group`.
@@ -265,15 +271,27 @@ struct GroupLeader<'a> {
 
 async fn leader(State(shared): State<Arc<Shared>>) -> Response {
     match &shared.subject {
-        Subject::Role { role, state } => {
+        Subject::Role {
+            role,
+            state,
+            leases,
+        } => {
             let fencing_token = match &*state.borrow() {
                 ElectionState::Leader { fencing_token } => Some(fencing_token.get()),
                 _ => None,
+            };
+            let current = match leases.get(role).await {
+                Ok(info) => Some(info.as_ref().and_then(tenure::Leader::of)),
+                Err(error) => {
+                    warn!(%error, "/leader could not read the role's lease");
+                    None
+                }
             };
             let body = RoleLeader {
                 role,
                 leader: fencing_token.is_some(),
                 fencing_token,
+                current,
             };
             json(body.leader, &body)
         }

@@ -1,9 +1,10 @@
-//! `tenure status`, `tenure members` and `tenure fence`: look at and use a store.
+//! `tenure status`, `tenure leader`, `tenure members` and `tenure fence`: look at and
+//! use a store.
 
 use std::time::Duration;
 
 use serde::Serialize;
-use tenure::{Error, FencingToken, LeaseInfo, NodeInfo};
+use tenure::{Error, FencingToken, Leader, LeaseInfo, NodeInfo};
 
 use crate::output::{human, table};
 use crate::store::Stores;
@@ -16,6 +17,9 @@ struct LeaseRow<'a> {
     live: bool,
     fencing_token: u64,
     expires_in_ms: Option<u128>,
+    /// The live term's advertised value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
 }
 
 fn lease_rows(leases: &[LeaseInfo]) -> Vec<Vec<String>> {
@@ -134,6 +138,64 @@ pub async fn group_status(
     }
 }
 
+/// One line of `tenure leader --json`.
+#[derive(Serialize)]
+struct LeaderLine<'a> {
+    role: &'a str,
+    leader: Option<&'a Leader>,
+}
+
+/// Prints `role`'s live leader and its advertised value; with `watch`, then each change
+/// as the store pushes it, until interrupted. Reads only: it never contends.
+pub async fn leader(stores: &Stores, role: &str, json: bool, watch: bool) -> anyhow::Result<u8> {
+    let mut observer = tenure::observe(stores.leases.clone(), role)?;
+    loop {
+        let change = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(exit::OK),
+            change = observer.changed() => change,
+        };
+        match change {
+            Ok(leader) => print_leader(role, leader.as_ref(), json)?,
+            // A watcher outlives a store outage: say so and keep watching.
+            Err(error) if watch => {
+                tracing::warn!(%error, "reading the leader failed; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        }
+        if !watch {
+            return Ok(exit::OK);
+        }
+    }
+}
+
+fn print_leader(role: &str, leader: Option<&Leader>, json: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let line = if json {
+        serde_json::to_string(&LeaderLine { role, leader })?
+    } else {
+        match leader {
+            None => format!("{role}: no leader"),
+            Some(leader) => {
+                let value = leader
+                    .value
+                    .as_deref()
+                    .map_or(String::new(), |value| format!(" at {value}"));
+                format!(
+                    "{role}: {} (token {}){value}",
+                    leader.owner, leader.fencing_token
+                )
+            }
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    // A pipe reader (`tenure leader --watch | ...`) sees each change as it happens.
+    out.flush()?;
+    Ok(())
+}
+
 /// After one view: `false` to stop (not watching, or interrupted); `true` a second
 /// later, with a blank line between human-readable views.
 async fn again(watch: bool, json: bool) -> bool {
@@ -171,6 +233,7 @@ pub async fn status(
                     live: l.live_holder().is_some(),
                     fencing_token: l.fencing_token.get(),
                     expires_in_ms: l.live_holder().map(|_| l.remaining().as_millis()),
+                    value: l.live_holder().and(l.value.as_deref()),
                 })
                 .collect();
             println!("{}", serde_json::to_string(&rows)?);

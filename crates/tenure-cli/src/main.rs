@@ -197,6 +197,11 @@ enum Command {
         /// Also heartbeat membership as this node while running.
         #[arg(long)]
         node_id: Option<String>,
+        /// A value each of this instance's terms advertises, where followers reach the
+        /// leader (a URL, host:port; at most 1024 bytes): `tenure leader` and /leader
+        /// show it, and the command gets it as TENURE_LEADER_VALUE.
+        #[arg(long, value_name = "VALUE", conflicts_with = "group")]
+        advertise: Option<String>,
         /// Serve Prometheus /metrics, /healthz and /leader on this address: IP:PORT,
         /// [IPV6]:PORT, localhost:PORT, or :PORT / PORT for 127.0.0.1:PORT. Port 0 picks
         /// a free port; the address is printed on stderr ("tenure: metrics on http://...").
@@ -223,6 +228,22 @@ enum Command {
         /// Refresh every second until interrupted.
         #[arg(long)]
         watch: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Show who leads a role and the value its term advertised (`run --advertise`),
+    /// without contending: `ROLE: OWNER (token T) at VALUE`, or `ROLE: no leader`.
+    Leader {
+        /// The role.
+        #[arg(long)]
+        role: String,
+        /// Then print each change of leader as it happens, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// One JSON object per line: {"role", "leader": {"owner", "fencing_token",
+        /// "value"} or null}.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -373,6 +394,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             wait_timeout,
             kill_after,
             node_id,
+            advertise,
             metrics_addr,
             store,
             command,
@@ -391,6 +413,7 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                 wait_timeout,
                 kill_after,
                 node_id,
+                advertise,
                 store_url: raw,
                 command,
             };
@@ -435,6 +458,21 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
                     Some(group) => inspect::group_status(&stores, group, json, watch).await,
                     None => inspect::status(&stores, role.as_deref(), json, watch).await,
                 }
+            })
+        }
+        Command::Leader {
+            role,
+            watch,
+            json,
+            store: arg,
+        } => {
+            tenure::lease::validate_name("role", &role)
+                .map_err(|e| UsageError(format!("--role: {e}")))?;
+            let url = StoreUrl::parse(&arg.raw()?)?;
+            url.require_shared("leader")?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, arg.member_ttl()).await?;
+                inspect::leader(&stores, &role, json, watch).await
             })
         }
         Command::Members { json, store: arg } => {
@@ -521,6 +559,11 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
         {
             return Err(UsageError(format!("{flag} {value:?} {reason}")));
         }
+    }
+    if let Err(tenure::Error::InvalidArgument { reason, .. }) =
+        tenure::lease::validate_value("advertise", args.advertise.as_deref())
+    {
+        return Err(UsageError(format!("--advertise {reason}")));
     }
     if args.ttl.is_zero() {
         return Err(UsageError("--ttl must be greater than 0s".to_owned()));

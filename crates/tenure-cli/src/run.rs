@@ -111,6 +111,8 @@ pub struct RunArgs {
     pub kill_after: Option<Duration>,
     /// Heartbeat membership as this node while running.
     pub node_id: Option<String>,
+    /// The value each term advertises (`--advertise`).
+    pub advertise: Option<String>,
     /// The store URL, passed on to the command as `TENURE_STORE`.
     pub store_url: String,
     /// The command and its arguments.
@@ -153,6 +155,7 @@ impl RunArgs {
             renew_interval,
             retry_interval: self.retry_every,
             work_grace: self.work_grace(),
+            advertise: self.advertise.clone(),
             ..Default::default()
         }
     }
@@ -217,6 +220,7 @@ pub async fn run(
         exporter.serve(Subject::Role {
             role: args.role.clone(),
             state: elector.watch(),
+            leases: stores.leases.clone(),
         })?;
     }
     let shutdown = CancellationToken::new();
@@ -258,6 +262,11 @@ pub async fn run(
         let gate = gate.clone();
         let leases = stores.leases.clone();
         let ttl = args.ttl;
+        let advertised: Vec<(&'static str, String)> = args
+            .advertise
+            .iter()
+            .map(|value| ("TENURE_LEADER_VALUE", value.clone()))
+            .collect();
         tokio::spawn(async move {
             let role_name = role.clone();
             elector
@@ -272,7 +281,7 @@ pub async fn run(
                             store_url: store_url.clone(),
                             kill_after,
                             suspended: suspended.clone(),
-                            extra_env: Vec::new(),
+                            extra_env: advertised.clone(),
                             scope: ScopeKind::Descendants,
                             deadline: deadline.clone(),
                         };
@@ -1261,6 +1270,7 @@ mod tests {
             wait_timeout: None,
             kill_after: None,
             node_id: None,
+            advertise: None,
             store_url: "sqlite:unused".to_owned(),
             command: vec!["true".into()],
         }

@@ -20,6 +20,7 @@ macro_rules! sqlite_scenarios {
 
 sqlite_scenarios!(
     status_and_members,
+    leader_and_advertise,
     killed_leader_lease_expires,
     fence_admits_and_refuses,
 );

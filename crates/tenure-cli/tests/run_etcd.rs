@@ -39,6 +39,7 @@ etcd_scenarios!(
     env_overrides_inherited,
     fence_admits_and_refuses,
     status_and_members,
+    leader_and_advertise,
     killed_leader_lease_expires,
     same_owner_label_is_two_owners,
     every_ttl_alone_starts,

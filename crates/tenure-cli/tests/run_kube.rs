@@ -50,6 +50,7 @@ kube_scenarios!(
     env_overrides_inherited,
     fence_admits_and_refuses,
     status_and_members,
+    leader_and_advertise,
     same_owner_label_is_two_owners,
     every_ttl_alone_starts,
     killed_member_shards_move_within_the_ttl,

@@ -39,6 +39,7 @@ postgres_scenarios!(
     exit_codes_pass_through,
     env_overrides_inherited,
     status_and_members,
+    leader_and_advertise,
     killed_leader_lease_expires,
     fence_admits_and_refuses,
     same_owner_label_is_two_owners,

@@ -604,6 +604,98 @@ pub fn status_and_members(store: &str, dir: &Path) {
     assert_eq!((code, stdout.trim()), (0, "[]"), "the node left on exit");
 }
 
+/// `tenure run --advertise` publishes a value with each term: the command gets it as
+/// TENURE_LEADER_VALUE, `status --json` and `tenure leader` show it, and `tenure leader
+/// --watch --json` prints the new leader and then `null` when it exits. Bad values and
+/// roles are usage errors.
+pub fn leader_and_advertise(store: &str, dir: &Path) {
+    let (code, stdout, stderr) = tenure_on(store, &["leader", "--role", "web"]);
+    assert_eq!((code, stdout.as_str()), (0, "web: no leader\n"), "{stderr}");
+    let (code, stdout, _) = tenure_on(store, &["leader", "--role", "web", "--json"]);
+    let line: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (code, line),
+        (0, serde_json::json!({"role": "web", "leader": null}))
+    );
+
+    let mut watcher = tenure();
+    watcher.args([
+        "leader", "--role", "web", "--watch", "--json", "--store", store,
+    ]);
+    let mut watcher = Proc::spawn(&mut watcher);
+    let watched = |n: usize| {
+        wait_until(LONG, || watcher.stdout().lines().count() >= n);
+        let stdout = watcher.stdout();
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}")))
+            .collect();
+        assert!(lines.len() >= n, "{stdout}\n{}", watcher.stderr());
+        lines
+    };
+    assert_eq!(watched(1)[0]["leader"], serde_json::Value::Null);
+
+    let url = "http://10.1.2.3:8080/a b";
+    let value_file = dir.join("value");
+    let pid_file = dir.join("web.pid");
+    let script = format!(
+        "printf %s \"$TENURE_LEADER_VALUE\" > '{}'; echo $$ > '{}'; exec sleep 60",
+        value_file.display(),
+        pid_file.display()
+    );
+    let mut leader = Proc::spawn(&mut run_sh(
+        store,
+        "web",
+        &["--advertise", url, "--owner", "web-1"],
+        &script,
+    ));
+    let child = read_pid(&pid_file, LONG);
+    leader.own_group(child);
+    assert!(wait_until(LONG, || std::fs::read_to_string(&value_file)
+        .is_ok_and(|v| v == url)));
+
+    let rows = status_json(store, &["--role", "web"]);
+    assert_eq!(rows[0]["value"], url, "{rows}");
+    let token = rows[0]["fencing_token"].as_u64().expect("token");
+    let owner = rows[0]["holder"].as_str().expect("holder").to_owned();
+    let (code, stdout, _) = tenure_on(store, &["leader", "--role", "web"]);
+    assert_eq!(
+        (code, stdout),
+        (0, format!("web: {owner} (token {token}) at {url}\n"))
+    );
+    let seen = watched(2);
+    assert_eq!(
+        seen[1],
+        serde_json::json!({"role": "web", "leader":
+            {"owner": owner, "fencing_token": token, "value": url}}),
+    );
+
+    leader.signal(Signal::SIGTERM);
+    assert_eq!(leader.code_within(LONG), 128 + 15, "{}", leader.stderr());
+    let seen = watched(3);
+    assert_eq!(seen[2]["leader"], serde_json::Value::Null, "released");
+    watcher.signal(Signal::SIGINT);
+    assert_eq!(watcher.code_within(LONG), 0, "{}", watcher.stderr());
+    let rows = status_json(store, &["--role", "web"]);
+    assert_eq!(rows[0]["value"], serde_json::Value::Null, "{rows}");
+
+    let long = "v".repeat(1025);
+    let (code, _, stderr) = tenure_on(
+        store,
+        &["run", "--role", "web", "--advertise", &long, "--", "true"],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--advertise is 1025 bytes long, at most 1024"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = tenure_on(store, &["leader", "--role", ""]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--role"), "{stderr}");
+    let (code, _, stderr) = tenure_on(store, &["leader"]);
+    assert_eq!(code, 2, "{stderr}");
+}
+
 /// A leader killed with SIGKILL cannot release: its lease shows as expired (holder in
 /// parentheses) once the TTL passes, and its command died with it.
 pub fn killed_leader_lease_expires(store: &str, dir: &Path) {
