@@ -151,6 +151,9 @@ fn handover(store: &str, dir: &Path) {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["leader"], false, "{body}");
     assert_eq!(body["fencing_token"], serde_json::Value::Null, "{body}");
+    // B does not lead, and says who does.
+    assert_eq!(body["current"]["fencing_token"], first, "{body}");
+    assert!(body["current"]["owner"].is_string(), "{body}");
     assert_eq!(
         sample(b_addr, r#"tenure_is_leader{role="handover"}"#),
         Some(0.0)

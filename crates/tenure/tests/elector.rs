@@ -924,6 +924,45 @@ async fn work_returning_ok_releases_and_run_returns_ok() {
     assert_eq!(live_holder(&store).await, None);
 }
 
+/// Setup: an elector advertising a URL leads while an observer watches. Each term it
+/// starts carries the URL (the store shows it, the observer sees the leader with it);
+/// after the work returns and the lease is released, the observer sees no leader.
+#[tokio::test(start_paused = true)]
+async fn an_elector_advertises_its_value_with_each_term() {
+    let clock = clock();
+    let store = memory(&clock);
+    let url = "http://10.0.0.7:8080";
+    let a = elector(
+        store.clone(),
+        LeaseLeaderOptions {
+            advertise: Some(url.to_owned()),
+            ..standard("node-a")
+        },
+    );
+    let mut observer = tenure::observe(store.clone(), ROLE).unwrap();
+    assert_eq!(observer.changed().await.unwrap(), None);
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(
+        &a,
+        |_token, _leadership| async move {
+            tokio::time::sleep(secs(15)).await;
+            Ok::<(), std::io::Error>(())
+        },
+        &shutdown,
+    );
+    let leader = observer.changed().await.unwrap().expect("a leader");
+    assert_eq!(
+        (leader.owner.as_str(), leader.value.as_deref()),
+        ("node-a", Some(url))
+    );
+    assert_eq!(
+        store.get(ROLE).await.unwrap().unwrap().value.as_deref(),
+        Some(url)
+    );
+    join(run, "run").await.unwrap();
+    assert_eq!(observer.changed().await.unwrap(), None, "released");
+}
+
 /// Setup: one elector whose work returns an error. `run` returns `Error::Work` carrying
 /// the work's error, and the lease is released so a successor gets in at once.
 #[tokio::test(start_paused = true)]

@@ -232,6 +232,27 @@ fn bad_owner_ids_are_rejected() {
     }
 }
 
+/// Setup: none. An advertised value over 1024 bytes or with a NUL byte is rejected as
+/// `advertise`; the longest allowed is accepted.
+#[test]
+fn bad_advertised_values_are_rejected() {
+    for (value, mention) in [("v".repeat(1025), "1025"), ("a\0b".to_owned(), "NUL")] {
+        rejects(
+            LeaseLeaderOptions {
+                advertise: Some(value),
+                ..valid()
+            },
+            "advertise",
+            &[mention],
+        );
+    }
+    let longest = LeaseLeaderOptions {
+        advertise: Some("v".repeat(1024)),
+        ..valid()
+    };
+    assert!(longest.validate().is_ok());
+}
+
 /// A one-second minimum TTL, like etcd's, and a count of the calls that reach the store.
 #[derive(Default)]
 struct WholeSeconds {
