@@ -1,0 +1,402 @@
+//! One running member of a shard group: its terms, its loop over wake-ups, and how a
+//! term's work ends (returned, or wound down for a handover) and its shard is released.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::plan::start_handovers;
+use super::session::Session;
+use super::*;
+
+/// One shard term running here.
+pub(super) struct Term {
+    pub(super) token: FencingToken,
+    pub(super) leadership: CancellationToken,
+    pub(super) task: JoinHandle<Result<()>>,
+    /// Being handed over (its work was cancelled; it is released when the work ends).
+    pub(super) handing_over: bool,
+    /// Taken while targeted at another member (an orphan): handed to that member once it
+    /// owns some shard, or after [`RESCUE_HOLD`] TTLs, so a member that heartbeats but
+    /// never works cannot strand shards by having them handed to it, and a healthy one
+    /// that owns nothing yet still gets its targets.
+    pub(super) rescued: bool,
+    /// When the term began here.
+    pub(super) started: Instant,
+}
+
+/// One acquire call's answer, with what it was for.
+pub(super) struct Contended {
+    pub(super) shard: u32,
+    /// Taken as a rescue (targeted at another member).
+    pub(super) rescued: bool,
+    pub(super) role: String,
+    /// The store's answer, or `None` when the session ended first.
+    pub(super) answer: Option<Result<crate::LeaseResult>>,
+}
+
+/// What woke the member's loop.
+pub(super) enum Wake {
+    /// The work of a shard's term ended (returned, or wound down after a cancel); the
+    /// token tells a late wake of an earlier term from one of the current term.
+    WorkEnded(u32, FencingToken),
+    /// The store pushed a change of a shard held elsewhere that this member waits for.
+    ShardChanged(u32),
+}
+
+/// The mutable side of one running member.
+pub(super) struct Member<'a> {
+    pub(super) elector: &'a ShardElector,
+    pub(super) session: Option<Session>,
+    pub(super) terms: BTreeMap<u32, Term>,
+    /// Shards whose work returned on its own: not taken again before then.
+    pub(super) cooling: HashMap<u32, Instant>,
+    /// When this member first saw each shard with no live owner.
+    pub(super) orphaned_since: HashMap<u32, Instant>,
+    /// When each member was last seen live (for `rebalance_delay`).
+    pub(super) last_seen: HashMap<String, Instant>,
+    /// Shards held elsewhere whose store push one waiter task is waiting for (one per
+    /// shard: a waiter per reconcile would multiply with every wake).
+    pub(super) waiting: BTreeSet<u32>,
+    /// When the last read of the group showed the first change due (a member's
+    /// membership or a term targeted here lapsing), if any.
+    pub(super) next_look: Option<Instant>,
+    /// Releases that failed or timed out, by shard: the store may still apply each
+    /// one, so no work starts under its token (a late release would end that term under
+    /// it); each look releases the shard again until one answers.
+    pub(super) pending_releases: BTreeMap<u32, FencingToken>,
+    /// Shards whose acquire under the current session got an error: the store may have
+    /// granted it, then or later, with no term here. A live session would keep such a
+    /// shard from its target for good, so each look takes it (targeted here) or releases
+    /// it (targeted elsewhere) whenever the store shows it held by this member with no
+    /// term here. Kept for the session's life: the request may still be on its way.
+    pub(super) lost_acquires: BTreeSet<u32>,
+    /// The last look found nothing to do: every shard owned, none to take, hand over,
+    /// wait for or release here. Looks are then a TTL apart (each reads every shard of
+    /// the group); joins and leaves are pushed, and a lapse has its own look.
+    pub(super) settled: bool,
+}
+
+impl Drop for Member<'_> {
+    /// Shard work runs on tasks of its own: if `run` is dropped mid-term (the caller's
+    /// select! moved on, its task was aborted), nothing renews the session any more, so
+    /// every shard's work must be told it no longer leads.
+    fn drop(&mut self) {
+        for term in self.terms.values() {
+            term.leadership.cancel();
+        }
+    }
+}
+
+impl Member<'_> {
+    pub(super) fn options(&self) -> &ShardOptions {
+        &self.elector.options
+    }
+
+    pub(super) async fn run<W, Fut>(
+        &mut self,
+        work: &mut W,
+        shutdown: &CancellationToken,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+        wake_rx: &mut mpsc::UnboundedReceiver<Wake>,
+    ) -> Result<()>
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let mut observed: Vec<String> = Vec::new();
+        let mut look = true;
+        loop {
+            if self.session.is_none() {
+                self.open_session(shutdown).await;
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                look = true;
+            }
+            if look {
+                observed = match self.reconcile(work, wake_tx).await {
+                    Ok(members) => members,
+                    Err(error) => {
+                        warn!(group = %self.options().group, %error, "could not read the group; retrying");
+                        observed
+                    }
+                };
+            }
+            look = true;
+            let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
+                continue;
+            };
+            // Look again after the retry interval (a TTL once settled), or sooner when
+            // the last read showed something about to lapse (see `reconcile`).
+            let now = Instant::now();
+            let every = if self.settled {
+                self.options().retry_interval.max(self.options().lease_ttl)
+            } else {
+                self.options().retry_interval
+            };
+            let look_again = (now + every)
+                .min(self.next_look.unwrap_or(now + every))
+                .max(now + MIN_LOOK);
+            let registry = self.elector.registry.clone();
+            let members_changed = registry.wait_for_members_change(&observed, look_again);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = alive.cancelled() => self.lose_everything().await,
+                Some(wake) = wake_rx.recv() => {
+                    // Wakes come in bursts (a member handing several shards over): act
+                    // on all that are queued at once.
+                    let mut wakes = vec![wake];
+                    while let Ok(wake) = wake_rx.try_recv() {
+                        wakes.push(wake);
+                    }
+                    look = self.woken(wakes, work, wake_tx).await;
+                }
+                _ = members_changed => {}
+            }
+        }
+        self.stop_work().await;
+        Ok(())
+    }
+
+    /// Opens a session, retrying on store errors until shutdown.
+    pub(super) async fn open_session(&mut self, shutdown: &CancellationToken) {
+        let options = self.options().clone();
+        loop {
+            let sent = Instant::now();
+            let attempt = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                attempt = self.elector.store.open_session(&options.node_id, options.lease_ttl) => attempt,
+            };
+            match attempt {
+                Ok(grant) => {
+                    info!(group = %options.group, node = %options.node_id, session = %grant.id,
+                        "session opened");
+                    let (store, timing) = (self.elector.store.clone(), options.timing());
+                    let published = self.elector.deadline.clone();
+                    self.session = Some(Session::start(store, timing, sent, &grant, published));
+                    return;
+                }
+                Err(error) if !error.is_transient() => {
+                    warn!(%error, "cannot open a session; retrying");
+                }
+                Err(error) => warn!(%error, "opening a session failed; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(options.retry_interval) => {}
+            }
+        }
+    }
+
+    /// The session is gone: stop every shard's work, forget the session.
+    pub(super) async fn lose_everything(&mut self) {
+        self.stop_work().await;
+        // Whatever the session held frees as it ends, and a release still on its way
+        // cannot end a later term: those take new tokens.
+        self.pending_releases.clear();
+        self.lost_acquires.clear();
+        self.session = None;
+        self.elector.deadline.send_replace(None);
+    }
+
+    /// Cancels and awaits every shard's work (the session, if any, still holds them).
+    pub(super) async fn stop_work(&mut self) {
+        let terms = std::mem::take(&mut self.terms);
+        for term in terms.values() {
+            term.leadership.cancel();
+        }
+        for (shard, term) in terms {
+            if let Err(error) = work_outcome_of(term.task).await {
+                warn!(shard, %error, "shard work failed after its term ended");
+            }
+        }
+        self.publish_owned();
+    }
+
+    /// Acts on wakes; returns whether the group must be read again. Shards pushed free
+    /// while targeted here are contended for at once, without reading the whole group
+    /// first (that read grows with the group; this is one call per shard, all at once).
+    pub(super) async fn woken<W, Fut>(
+        &mut self,
+        wakes: Vec<Wake>,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> bool
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let mut look = false;
+        let mut pushed = Vec::new();
+        for wake in wakes {
+            match wake {
+                Wake::ShardChanged(shard) => {
+                    debug!(shard, "the store pushed a change of a shard held elsewhere");
+                    self.waiting.remove(&shard);
+                    let now = Instant::now();
+                    let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+                    if self.targeted_here(shard) && cooled && !self.terms.contains_key(&shard) {
+                        pushed.push((shard, false));
+                    } else {
+                        look = true;
+                    }
+                }
+                Wake::WorkEnded(shard, token) => look |= self.work_ended(shard, token).await,
+            }
+        }
+        if !pushed.is_empty() {
+            self.contend(pushed, work, wake_tx).await;
+        }
+        look
+    }
+
+    /// Whether the last look targeted `shard` at this member.
+    pub(super) fn targeted_here(&self, shard: u32) -> bool {
+        self.elector.state.borrow().target.get(&shard) == Some(&self.options().node_id)
+    }
+
+    /// A term's work ended: release the shard. Returns whether the group must be read
+    /// again: not after a handover when no other shard waits to be handed over.
+    pub(super) async fn work_ended(&mut self, shard: u32, token: FencingToken) -> bool {
+        if self
+            .terms
+            .get(&shard)
+            .is_none_or(|term| term.token != token)
+        {
+            return false;
+        }
+        let Some(term) = self.terms.remove(&shard) else {
+            return false;
+        };
+        let returned_on_its_own = !term.leadership.is_cancelled();
+        term.leadership.cancel();
+        if let Err(error) = work_outcome_of(term.task).await {
+            warn!(shard, %error, "shard work failed");
+        }
+        if returned_on_its_own {
+            self.cooling
+                .insert(shard, Instant::now() + self.options().retry_interval);
+        }
+        self.release(shard, term.token).await;
+        if term.handing_over {
+            // The next few, on the last look's targets: a look per wave would read the
+            // whole group once per `max_moves_in_flight` shards moved.
+            let state = self.elector.state.borrow();
+            let options = &self.elector.options;
+            start_handovers(
+                &mut self.terms,
+                options,
+                &state.target,
+                None,
+                Instant::now(),
+            );
+        }
+        self.publish_owned();
+        !term.handing_over
+    }
+
+    pub(super) async fn release(&mut self, shard: u32, token: FencingToken) {
+        let role = role(&self.options().group, shard);
+        let node = &self.options().node_id;
+        let deadline = self
+            .session
+            .as_ref()
+            .map_or_else(Instant::now, Session::deadline);
+        match tokio::time::timeout_at(deadline, self.elector.store.release(&role, node, token))
+            .await
+        {
+            Ok(Ok(_)) => {
+                debug!(shard, token = %token, "shard released");
+                self.pending_releases.remove(&shard);
+            }
+            Ok(Err(error)) => {
+                warn!(shard, token = %token, %error,
+                    "release failed and may still land; no work under this token, releasing again at the next look");
+                self.pending_releases.insert(shard, token);
+            }
+            Err(_) => {
+                warn!(shard, token = %token,
+                    "release timed out and may still land; no work under this token, releasing again at the next look");
+                self.pending_releases.insert(shard, token);
+            }
+        }
+    }
+
+    // The look at the group and what follows from it are in `plan.rs`.
+
+    pub(super) fn publish(&self, members: Vec<String>, target: BTreeMap<u32, String>) {
+        let owned = self.owned();
+        self.elector.state.send_if_modified(|state| {
+            let next = ShardState {
+                members,
+                owned,
+                target,
+            };
+            let changed = *state != next;
+            *state = next;
+            changed
+        });
+    }
+
+    pub(super) fn publish_owned(&self) {
+        let owned = self.owned();
+        let group = &self.elector.options.group;
+        metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned.len() as f64);
+        self.elector.state.send_if_modified(|state| {
+            let changed = state.owned != owned;
+            if changed {
+                // Per shard only on a change, so a large group costs nothing per pass.
+                for shard in state.owned.keys().filter(|k| !owned.contains_key(k)) {
+                    metrics::gauge!("tenure_is_leader", "role" => role(group, *shard)).set(0.0);
+                }
+                for (shard, token) in owned.iter().filter(|(k, t)| state.owned.get(k) != Some(t)) {
+                    let role = role(group, *shard);
+                    metrics::gauge!("tenure_is_leader", "role" => role.clone()).set(1.0);
+                    metrics::gauge!("tenure_fencing_token", "role" => role).set(token.get() as f64);
+                }
+            }
+            state.owned = owned;
+            changed
+        });
+    }
+
+    pub(super) fn owned(&self) -> BTreeMap<u32, FencingToken> {
+        self.terms
+            .iter()
+            .filter(|(_, t)| !t.handing_over)
+            .map(|(k, t)| (*k, t.token))
+            .collect()
+    }
+
+    /// Shutdown, after the member left the group: close the session, releasing every
+    /// shard at once (the others, having seen the leave, wait on them by now).
+    pub(super) async fn close_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.elector.deadline.send_replace(None);
+            let close = self.elector.store.close_session(session.id);
+            match tokio::time::timeout_at(session.deadline(), close).await {
+                Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),
+                Ok(Err(error)) => {
+                    warn!(%error, "closing the session failed; it expires on its own")
+                }
+                Err(_) => warn!("closing the session timed out; it expires on its own"),
+            }
+        }
+    }
+}
+
+pub(super) async fn work_outcome_of(task: JoinHandle<Result<()>>) -> Result<()> {
+    match task.await {
+        Ok(outcome) => outcome,
+        Err(join) => Err(Error::WorkPanicked(join.to_string())),
+    }
+}

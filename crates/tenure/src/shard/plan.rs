@@ -1,0 +1,375 @@
+//! A member's look at its group and what it does about it: read the live members and
+//! owners, place every shard, contend for the shards targeted here, hand the others
+//! over, rescue orphans, release strays.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::member::{Contended, Term, Wake};
+use super::session::Session;
+use super::*;
+
+impl Member<'_> {
+    /// Reads the group and acts on it: contend for the shards targeted here, hand over
+    /// the ones targeted elsewhere, rescue orphans. Returns the live members seen.
+    pub(super) async fn reconcile<W, Fut>(
+        &mut self,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> Result<Vec<String>>
+    where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let options = self.options().clone();
+        let now = Instant::now();
+        let (live, lapse) = self.group_members().await?;
+        for member in &live {
+            self.last_seen.insert(member.clone(), now);
+        }
+        self.last_seen
+            .retain(|_, seen| now.duration_since(*seen) < options.rebalance_delay);
+        let mut planned: BTreeSet<String> = live.iter().cloned().collect();
+        planned.extend(self.last_seen.keys().cloned());
+        planned.insert(options.node_id.clone());
+        let planned: Vec<String> = planned.into_iter().collect();
+
+        let held = self.live_owners().await?;
+        let owners: BTreeMap<u32, String> = held
+            .iter()
+            .map(|(shard, (holder, _, _))| (*shard, holder.clone()))
+            .collect();
+        let target = place(&options.group, options.shards, &planned, &owners);
+        // A crashed member's shards free when its session ends and its targets move when
+        // its membership lapses; neither is pushed, so look again right after the first
+        // of them rather than up to a retry interval later.
+        let expiry = held
+            .iter()
+            .filter(|(shard, (holder, _, _))| {
+                *holder != options.node_id && target.get(shard) == Some(&options.node_id)
+            })
+            .map(|(_, (_, left, _))| *left)
+            .min();
+        self.check_terms(&held);
+        self.release_strays(&held, &target).await;
+        self.next_look = lapse
+            .into_iter()
+            .chain(expiry)
+            .min()
+            .map(|soonest| now + soonest + LAPSE_NUDGE);
+
+        // Hand over what is targeted at another member, a few at a time.
+        let working: BTreeSet<&String> = owners.values().collect();
+        start_handovers(&mut self.terms, &options, &target, Some(&working), now);
+
+        // Contend for what is targeted here, and rescue long orphans.
+        let mut wanted = Vec::new();
+        for shard in 0..options.shards {
+            if self.terms.contains_key(&shard) {
+                continue;
+            }
+            let owner = owners.get(&shard);
+            let orphan_for = match owner {
+                Some(_) => {
+                    self.orphaned_since.remove(&shard);
+                    Duration::ZERO
+                }
+                None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),
+            };
+            let mine = target.get(&shard) == Some(&options.node_id);
+            let rescue = owner.is_none() && orphan_for > options.lease_ttl;
+            let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+            if (mine || rescue) && cooled {
+                wanted.push((shard, !mine));
+            }
+        }
+        self.settled = wanted.is_empty()
+            && owners.len() == options.shards as usize
+            && self.waiting.is_empty()
+            && self.pending_releases.is_empty()
+            && self
+                .terms
+                .keys()
+                .all(|k| target.get(k) == Some(&options.node_id));
+        self.contend(wanted, work, wake_tx).await;
+        self.publish(live.clone(), target);
+        Ok(live)
+    }
+
+    /// Cancels every term the store no longer shows as this member's under its token
+    /// (`held`, read after each of them began): a release or takeover this member did not
+    /// see (applied late, or answered with an error) ended it, and its work must not go on
+    /// while another member may take the shard.
+    pub(super) fn check_terms(&mut self, held: &BTreeMap<u32, (String, Duration, FencingToken)>) {
+        let node = &self.elector.options.node_id;
+        for (shard, term) in &self.terms {
+            let shown = held
+                .get(shard)
+                .is_some_and(|(holder, _, token)| holder == node && *token == term.token);
+            if !shown && !term.leadership.is_cancelled() {
+                warn!(shard, token = %term.token, store = ?held.get(shard),
+                    "the store no longer shows this term: cancelling its work");
+                term.leadership.cancel();
+            }
+        }
+    }
+
+    /// Acts on the shards the store may hold for this member with no work on them
+    /// (`held` and `target` from this look): a pending release is sent again, whatever
+    /// the target, so the next term takes a new token; a lost acquire that the store
+    /// granted is released when the shard is targeted elsewhere (targeted here, it is
+    /// taken like any other shard).
+    pub(super) async fn release_strays(
+        &mut self,
+        held: &BTreeMap<u32, (String, Duration, FencingToken)>,
+        target: &BTreeMap<u32, String>,
+    ) {
+        let node = self.elector.options.node_id.clone();
+        let held_here = |shard: &u32| {
+            held.get(shard)
+                .filter(|(holder, _, _)| *holder == node)
+                .map(|(_, _, token)| *token)
+        };
+        for (shard, token) in std::mem::take(&mut self.pending_releases) {
+            // Shown under another token (or not at all), that term is over: a late
+            // release of it is a no-op.
+            if held_here(&shard) == Some(token) && !self.terms.contains_key(&shard) {
+                self.release(shard, token).await;
+            }
+        }
+        let stranded: Vec<(u32, FencingToken)> = self
+            .lost_acquires
+            .iter()
+            .filter(|shard| !self.terms.contains_key(shard) && target.get(shard) != Some(&node))
+            .filter_map(|shard| Some((*shard, held_here(shard)?)))
+            .collect();
+        for (shard, token) in stranded {
+            info!(shard, token = %token, "releasing a shard an acquire took with no term here");
+            self.release(shard, token).await;
+        }
+    }
+
+    /// Contends for `wanted` (shard, taken as a rescue), up to [`CONTEND_AT_ONCE`] calls
+    /// in flight: a member winning many shards at once (a join, a cold start) waits one
+    /// round trip for them, not one per shard. Answers are acted on as they come.
+    pub(super) async fn contend<W, Fut>(
+        &mut self,
+        wanted: Vec<(u32, bool)>,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let Some(session) = &self.session else { return };
+        let (id, alive) = (session.id, session.alive.clone());
+        let (store, group) = (self.elector.store.clone(), self.options().group.clone());
+        let mut queue = wanted.into_iter();
+        let mut calls = JoinSet::new();
+        let send = |calls: &mut JoinSet<_>, (shard, rescued): (u32, bool)| {
+            let (store, role, alive) = (store.clone(), role(&group, shard), alive.clone());
+            calls.spawn(async move {
+                // Waits as long as the session lives, not to the deadline in force when
+                // the call was sent: a renewal may have moved it, and giving up on an
+                // answer that then grants the shard would leave it held by a live session
+                // with no work on it.
+                let answer = tokio::select! {
+                    answer = store.acquire_in_session(&role, id) => Some(answer),
+                    _ = alive.cancelled() => None,
+                };
+                Contended {
+                    shard,
+                    rescued,
+                    role,
+                    answer,
+                }
+            });
+        };
+        for next in queue.by_ref().take(CONTEND_AT_ONCE) {
+            send(&mut calls, next);
+        }
+        while let Some(joined) = calls.join_next().await {
+            if let Some(next) = queue.next() {
+                send(&mut calls, next);
+            }
+            if let Ok(contended) = joined {
+                self.answered(contended, &alive, work, wake_tx).await;
+            }
+        }
+    }
+
+    /// Acts on the answer to contending for a shard: start its term, wait for it, or
+    /// give up for now. `alive` is that of the session the call was sent under.
+    pub(super) async fn answered<W, Fut>(
+        &mut self,
+        contended: Contended,
+        alive: &CancellationToken,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let Contended {
+            shard,
+            rescued,
+            role,
+            answer,
+        } = contended;
+        match answer {
+            Some(Ok(result)) if result.acquired => {
+                // Never start work for a term whose deadline has passed.
+                let deadline = self.session.as_ref().map(Session::deadline);
+                if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
+                    return;
+                }
+                let token = result.fencing_token;
+                match self.pending_releases.get(&shard) {
+                    // The session still holds the term whose release may yet land and end
+                    // it: released again at the next look, then taken under a new token.
+                    Some(pending) if *pending == token => {
+                        debug!(shard, token = %token,
+                            "not working under a token whose release may still land");
+                        return;
+                    }
+                    // A newer term: the late release of an older one cannot end it.
+                    Some(_) => {
+                        self.pending_releases.remove(&shard);
+                    }
+                    None => {}
+                }
+                let leadership = alive.child_token();
+                let future = work(shard, token, leadership.clone());
+                let wake = wake_tx.clone();
+                let task = tokio::spawn(async move {
+                    let outcome = work_outcome(tokio::spawn(future).await);
+                    let _ = wake.send(Wake::WorkEnded(shard, token));
+                    outcome
+                });
+                info!(shard, token = %result.fencing_token, "shard term started");
+                self.orphaned_since.remove(&shard);
+                self.terms.insert(
+                    shard,
+                    Term {
+                        token: result.fencing_token,
+                        leadership,
+                        task,
+                        handing_over: false,
+                        rescued,
+                        started: Instant::now(),
+                    },
+                );
+                self.publish_owned();
+            }
+            Some(Ok(result)) => {
+                // Held elsewhere (a handover in progress): wake on the store's push. A
+                // bounded number of waiters: each costs the store a read before it
+                // waits, and thousands at once (a member joining a large group) would
+                // starve the session's own renewals; the rest wait for the next look.
+                if self.waiting.len() < MAX_WAITERS && self.waiting.insert(shard) {
+                    let store = self.elector.store.clone();
+                    let wake = wake_tx.clone();
+                    let until = Instant::now() + self.options().lease_ttl;
+                    let observed = result.fencing_token;
+                    tokio::spawn(async move {
+                        store.wait_for_change(&role, observed, until).await;
+                        let _ = wake.send(Wake::ShardChanged(shard));
+                    });
+                }
+            }
+            Some(Err(Error::SessionEnded(_))) => {
+                if self.session.is_some() {
+                    warn!(shard, "the session ended while contending");
+                    self.lose_everything().await;
+                }
+            }
+            Some(Err(error)) => {
+                warn!(shard, %error, "could not contend for the shard; retrying");
+                // It may have been granted all the same, now or later (the request may
+                // still be on its way).
+                self.lost_acquires.insert(shard);
+            }
+            None => debug!(shard, "the session ended while contending"),
+        }
+    }
+
+    /// The live members of this group, sorted, and how soon the first other member's
+    /// membership lapses unless it heartbeats (on store time).
+    pub(super) async fn group_members(&self) -> Result<(Vec<String>, Option<Duration>)> {
+        let options = self.options();
+        let ttl = self.elector.registry.ttl();
+        let members = self.elector.registry.members().await?;
+        let mine: Vec<_> = members
+            .into_iter()
+            .filter(|m| m.metadata.get(GROUP_KEY) == Some(&options.group))
+            .collect();
+        let lapse = mine
+            .iter()
+            .filter(|m| m.node_id != options.node_id)
+            .map(|m| ttl.saturating_sub(m.heartbeat_age()))
+            .min();
+        Ok((mine.into_iter().map(|m| m.node_id).collect(), lapse))
+    }
+
+    /// The live owner of each shard, from the store, how long its term has left unless
+    /// renewed (on store time), and its token.
+    pub(super) async fn live_owners(
+        &self,
+    ) -> Result<BTreeMap<u32, (String, Duration, FencingToken)>> {
+        let prefix = format!("{}/", self.options().group);
+        let leases = self.elector.store.list_prefix(&prefix).await?;
+        Ok(leases
+            .into_iter()
+            .filter_map(|lease| {
+                let shard: u32 = lease.role.strip_prefix(&prefix)?.parse().ok()?;
+                let holder = lease.live_holder()?.to_owned();
+                let left = lease
+                    .expires_at
+                    .duration_since(lease.now)
+                    .unwrap_or_default();
+                let held = (holder, left, lease.fencing_token);
+                (shard < self.options().shards).then_some((shard, held))
+            })
+            .collect())
+    }
+}
+
+/// Starts handing over shards targeted at other members, as many as
+/// `max_moves_in_flight` leaves room for. A rescued shard goes only once its target
+/// works on some shard (`working`, when known) or after [`RESCUE_HOLD`] TTLs.
+pub(super) fn start_handovers(
+    terms: &mut BTreeMap<u32, Term>,
+    options: &ShardOptions,
+    target: &BTreeMap<u32, String>,
+    working: Option<&BTreeSet<&String>>,
+    now: Instant,
+) {
+    let moving = terms.values().filter(|t| t.handing_over).count();
+    let mut room = options.max_moves_in_flight.saturating_sub(moving);
+    for (shard, term) in terms.iter_mut() {
+        if room == 0 {
+            break;
+        }
+        let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+            continue;
+        };
+        let to_is_working = working.is_some_and(|working| working.contains(to));
+        let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
+        if !term.handing_over && (!term.rescued || to_is_working || held_long) {
+            info!(shard, to = %to, "handing the shard over");
+            term.handing_over = true;
+            term.leadership.cancel();
+            room -= 1;
+        }
+    }
+}
