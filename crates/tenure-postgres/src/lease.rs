@@ -19,8 +19,17 @@
 //! **Release** clears the holder and keeps the token; a lease row is never deleted, so
 //! the counter survives release, expiry, server restarts and new store instances.
 //!
-//! Release and every change of term `NOTIFY` the schema's channel from inside the same
-//! statement; [`LeaseStore::wait_for_change`] listens through one shared connection.
+//! **Values.** A new term's advertised value is written by the same upsert, into
+//! `value`, with `value_token` set to the new token; a renewal keeps both and a release
+//! clears the value. Reads show `value` only while `value_token` is the row's token, so
+//! a term started by an older tenure (whose statement knows neither column) never shows
+//! the value of the term before it. A call without a value runs the statement with a
+//! `NULL` literal in place of the parameter, so it binds the four parameters it always
+//! did (and is the statement `tenure bench` issues).
+//!
+//! Release and every change of term (a takeover, or a role's first term) `NOTIFY` the
+//! schema's channel from inside the same statement; [`LeaseStore::wait_for_change`] and
+//! [`LeaseStore::wait_for_term`] listen through one shared connection.
 //!
 //! **Sessions** (see `session.rs`) are rows of `tenure_sessions`; a lease row held under
 //! one names it in `session_id` and lives exactly while it does. Every statement here
@@ -36,7 +45,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
-use tenure::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
+use tenure::lease::{
+    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+};
 use tenure::session::validate_open;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
@@ -66,7 +77,8 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// the pool's `max_connections` from it, as many as calls run at once, because sqlx pings
 /// every connection returned to a pool (a second round trip per call). The listener
 /// holds one more pool connection while anyone waits in
-/// [`wait_for_change`](LeaseStore::wait_for_change).
+/// [`wait_for_change`](LeaseStore::wait_for_change) or
+/// [`wait_for_term`](LeaseStore::wait_for_term).
 ///
 /// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` and
 /// `<schema>.tenure_sessions` (and `CREATE` for the migration). Runs at READ COMMITTED:
@@ -85,7 +97,10 @@ struct Inner {
     direct: DirectConnections,
     schema: Schema,
     notifier: Notifier,
+    /// Acquire-or-renew advertising no value: `(role, owner, ttl, channel)`.
     acquire_sql: String,
+    /// Acquire-or-renew advertising `$5`.
+    acquire_value_sql: String,
     release_sql: String,
     get_sql: String,
     list_sql: String,
@@ -98,6 +113,7 @@ impl PgLeaseStore {
         let t = schema.table("tenure_leases");
         let sessions = schema.table("tenure_sessions");
         let acquire_sql = acquire_statement(&t, &sessions);
+        let acquire_value_sql = acquire_statement_with(&t, &sessions, "$5");
         let release_sql = release_statement(&t, &sessions);
         // A session-held row shows its session's expiry; one whose session row is
         // missing (forgotten once it ended, see `session.rs`) reads as expired.
@@ -105,7 +121,9 @@ impl PgLeaseStore {
             "SELECT l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
                 THEN l.expires_at
                 ELSE COALESCE(s.expires_at, LEAST(l.expires_at, statement_timestamp())) END
-                AS expires_at, statement_timestamp() AS now
+                AS expires_at, statement_timestamp() AS now,
+                CASE WHEN l.holder IS NOT NULL AND l.value_token = l.fencing_token
+                THEN l.value END AS value
              FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id"
         );
         let get_sql = format!("{read} WHERE l.role = $1");
@@ -120,6 +138,7 @@ impl PgLeaseStore {
                 schema,
                 notifier,
                 acquire_sql,
+                acquire_value_sql,
                 release_sql,
                 get_sql,
                 list_sql,
@@ -143,20 +162,26 @@ impl PgLeaseStore {
         &self.inner.schema
     }
 
-    /// The acquire or release statement: `(role, owner, ttl or token, channel)`, one row.
+    /// The acquire or release statement: `(role, owner, ttl or token, channel)`, and
+    /// `advertised` as `$5` when given, one row.
     async fn term_statement(
         &self,
         what: &str,
         sql: &str,
         role: &str,
         owner: &str,
-        value: i64,
+        number: i64,
+        advertised: Option<&str>,
     ) -> Result<sqlx::postgres::PgRow> {
         let query = sqlx::query(sql)
             .bind(role)
             .bind(owner)
-            .bind(value)
+            .bind(number)
             .bind(self.inner.schema.channel());
+        let query = match advertised {
+            Some(value) => query.bind(value),
+            None => query,
+        };
         self.inner.direct.fetch_one(what, query).await
     }
 
@@ -197,7 +222,7 @@ fn lease_info(row: &sqlx::postgres::PgRow) -> Result<LeaseInfo> {
         fencing_token: token_from_db(decode(row, "fencing_token")?)?,
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),
-        value: None,
+        value: decode(row, "value")?,
     })
 }
 
@@ -221,17 +246,34 @@ impl LeaseStore for PgLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
         // The overflow check needs some "now"; the host's is close enough to the
         // database's for a bound measured in centuries.
         validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
+        validate_value("value", value)?;
         let micros = ttl_micros(ttl)?;
+        let sql = match value {
+            Some(_) => &self.inner.acquire_value_sql,
+            None => &self.inner.acquire_sql,
+        };
         let row = self
             .term_statement(
                 "could not acquire or renew the lease",
-                &self.inner.acquire_sql,
+                sql,
                 role,
                 owner,
                 micros,
+                value,
             )
             .await?;
         let holder: Option<String> = decode(&row, "holder")?;
@@ -260,6 +302,7 @@ impl LeaseStore for PgLeaseStore {
                 role,
                 owner,
                 token,
+                None,
             )
             .await?;
         let released: i64 = row
@@ -287,6 +330,23 @@ impl LeaseStore for PgLeaseStore {
             let info = self.fetch_info(role).await?;
             Ok(info
                 .is_some_and(|info| info.fencing_token == observed && info.live_holder().is_some()))
+        };
+        self.inner
+            .notifier
+            .wait(deadline, unchanged, |payload| payload == role)
+            .await;
+    }
+
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        // Every new term notifies, a role's first one (its row's insert) included, so
+        // a role that does not exist yet is waited for like any other.
+        let unchanged = async {
+            let info = self.fetch_info(role).await?;
+            Ok(info.is_none_or(|info| info.fencing_token <= after))
         };
         self.inner
             .notifier
@@ -348,14 +408,25 @@ impl LeaseStore for PgLeaseStore {
 /// (`sessions`, the session table), read only for such a role; any acquire by the
 /// holder makes it a plain lease again. Public only so the benchmark issues exactly the
 /// store's statement.
+///
+/// This is the statement of a call advertising no value; see [`acquire_statement_with`].
 #[doc(hidden)]
 pub fn acquire_statement(t: &str, sessions: &str) -> String {
+    acquire_statement_with(t, sessions, "NULL")
+}
+
+/// [`acquire_statement`] whose new term advertises `value`: an SQL expression, `NULL` or
+/// a parameter. The value and `value_token` (the new token) are written only when a
+/// term starts; a renewal or a refusal keeps them.
+fn acquire_statement_with(t: &str, sessions: &str, value: &str) -> String {
     let end = session::term_end(sessions, true);
     let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
     format!(
             "WITH up AS (
-                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid)
-                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current())
+                INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid,
+                    value, value_token)
+                VALUES ($1, $2, 1, statement_timestamp() + $3 * interval '1 microsecond', txid_current(),
+                    {value}, 1)
                 ON CONFLICT (role) DO UPDATE SET
                     holder = CASE WHEN {free} OR l.holder = EXCLUDED.holder
                         THEN EXCLUDED.holder ELSE l.holder END,
@@ -369,7 +440,10 @@ pub fn acquire_statement(t: &str, sessions: &str) -> String {
                     term_txid = CASE WHEN {free}
                         THEN EXCLUDED.term_txid ELSE l.term_txid END,
                     session_id = CASE WHEN {free} OR l.holder = EXCLUDED.holder
-                        THEN NULL ELSE l.session_id END
+                        THEN NULL ELSE l.session_id END,
+                    value = CASE WHEN {free} THEN EXCLUDED.value ELSE l.value END,
+                    value_token = CASE WHEN {free}
+                        THEN l.fencing_token + 1 ELSE l.value_token END
                 RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
             )
             SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
@@ -387,7 +461,7 @@ pub fn release_statement(t: &str, sessions: &str) -> String {
     let end = session::term_end(sessions, false);
     format!(
         "WITH rel AS (
-                UPDATE {t} AS l SET holder = NULL, session_id = NULL,
+                UPDATE {t} AS l SET holder = NULL, session_id = NULL, value = NULL,
                     expires_at = statement_timestamp()
                 WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
                     AND {end} > statement_timestamp()

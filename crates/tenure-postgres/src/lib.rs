@@ -5,7 +5,9 @@
 //!
 //! - [`PgLeaseStore`]: the [`LeaseStore`](tenure::LeaseStore) contract, one autocommit
 //!   statement per operation, expiry on `statement_timestamp()`, push-based takeover
-//!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter),
+//!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter,
+//!   observers of a role with no live holder too), a term's advertised value written
+//!   by the statement that starts the term (the `value` column of `tenure_leases`),
 //!   and sessions: many roles held under one row kept alive with one `UPDATE`.
 //! - [`PgNodeRegistry`]: heartbeat membership on database time, metadata as `jsonb`.
 //! - [`PgFence`]: fenced transactions inside the caller's own transaction, and the

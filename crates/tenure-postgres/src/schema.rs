@@ -93,7 +93,8 @@ pub(crate) fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// Creates the schema and tenure's tables if they do not exist.
+/// Creates the schema and tenure's tables if they do not exist, and adds the columns a
+/// schema made by an earlier tenure lacks (`session_id`, `value`, `value_token`).
 ///
 /// Needs `CREATE` on the database (for the schema) or an existing schema the role may
 /// create tables in. Safe to call from many processes at once, and on every start.
@@ -164,10 +165,28 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
             .map_err(|e| pg_error("migrate: could not create the tenure schema and tables (the role needs CREATE on the database, or on an existing schema)", e))?;
     }
     add_session_column(&mut tx, &leases).await?;
+    add_value_columns(&mut tx, &leases).await?;
     tx.commit()
         .await
         .map_err(|e| pg_error("migrate: could not commit", e))?;
     Ok(())
+}
+
+/// Whether lease table `leases` has the column `column`.
+async fn has_column(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    leases: &str,
+    column: &str,
+) -> Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+         WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(leases)
+    .bind(column)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(|e| pg_error("migrate: could not inspect the lease table", e))
 }
 
 /// Gives a lease table made before sessions existed its `session_id` column (the
@@ -179,15 +198,7 @@ async fn add_session_column(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     leases: &str,
 ) -> Result<()> {
-    let present: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute
-         WHERE attrelid = $1::regclass AND attname = 'session_id' AND NOT attisdropped)",
-    )
-    .bind(leases)
-    .fetch_one(&mut **tx)
-    .await
-    .map_err(|e| pg_error("migrate: could not inspect the lease table", e))?;
-    if present {
+    if has_column(tx, leases, "session_id").await? {
         return Ok(());
     }
     for statement in [
@@ -204,5 +215,32 @@ async fn add_session_column(
             .await
             .map_err(|e| pg_error("migrate: could not add sessions to the lease table", e))?;
     }
+    Ok(())
+}
+
+/// Gives a lease table made before advertised values existed its `value` column (what
+/// the term advertised when it began; NULL for nothing, and after a release) and
+/// `value_token` (the token of the term that wrote `value`: readers show the value
+/// only while that term is the row's, so a term an older tenure starts, knowing neither
+/// column, never shows its predecessor's value). Existing rows advertised nothing.
+/// Checked first, as [`add_session_column`] is, to take no exclusive lock on every
+/// start; `value_token` is added last, so its presence means both are there.
+async fn add_value_columns(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    leases: &str,
+) -> Result<()> {
+    if has_column(tx, leases, "value_token").await? {
+        return Ok(());
+    }
+    // One statement, so the columns come together; `IF NOT EXISTS` for a table that
+    // has one of them already (a hand-made one).
+    let statement = format!(
+        "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS value text,
+            ADD COLUMN IF NOT EXISTS value_token bigint"
+    );
+    sqlx::query(&statement)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| pg_error("migrate: could not add values to the lease table", e))?;
     Ok(())
 }

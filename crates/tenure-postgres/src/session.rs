@@ -244,7 +244,8 @@ pub fn keep_alive_statement(sessions: &str) -> String {
     )
 }
 
-/// Acquires a role under a session: `(role, session id, channel)`, one row.
+/// Acquires a role under a session: `(role, session id, channel)`, one row. A term
+/// it starts advertises no value (`value` NULL).
 ///
 /// `me` is the session if it is live. The upsert starts a new term under it when the
 /// role is free, rewrites a live holder's row unchanged (so the answer names the latest
@@ -270,7 +271,8 @@ fn acquire_statement(t: &str, sessions: &str) -> String {
                     THEN l.fencing_token + 1 ELSE l.fencing_token END,
                 expires_at = CASE WHEN {free} THEN EXCLUDED.expires_at ELSE {end} END,
                 term_txid = CASE WHEN {free} THEN EXCLUDED.term_txid ELSE l.term_txid END,
-                session_id = CASE WHEN {free} THEN EXCLUDED.session_id ELSE l.session_id END
+                session_id = CASE WHEN {free} THEN EXCLUDED.session_id ELSE l.session_id END,
+                value = CASE WHEN {free} THEN NULL ELSE l.value END
             WHERE l.session_id IS DISTINCT FROM EXCLUDED.session_id
             RETURNING l.holder, l.fencing_token, l.expires_at, l.session_id,
                 l.term_txid = txid_current() AS new_term
@@ -294,7 +296,8 @@ fn acquire_statement(t: &str, sessions: &str) -> String {
 fn close_statement(t: &str, sessions: &str) -> String {
     format!(
         "WITH rel AS (
-            UPDATE {t} SET holder = NULL, session_id = NULL, expires_at = statement_timestamp()
+            UPDATE {t} SET holder = NULL, session_id = NULL, value = NULL,
+                expires_at = statement_timestamp()
             WHERE session_id = $1
             RETURNING role
         ),

@@ -12,18 +12,7 @@ use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
 use tokio::time::Instant;
 
-async fn setup(app: &str) -> (PgPool, Schema) {
-    common::init_tracing();
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let pool = common::pool(server, 4, app).await;
-    let schema = common::fresh_schema();
-    migrate(&pool, &schema).await.expect("migrate");
-    (pool, schema)
-}
-
-fn table(schema: &Schema, name: &str) -> String {
-    format!("\"{}\".\"{name}\"", schema.name())
-}
+use common::{migrated as setup, table};
 
 /// Every lease row's current version: a row rewritten in any way gets a new `xmin`
 /// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
@@ -328,18 +317,9 @@ async fn migrate_adds_sessions_to_an_existing_lease_table() {
     let server = PgServer::shared().expect("shared PostgreSQL server");
     let pool = common::pool(server, 4, "sessions-migrate").await;
     let schema = common::fresh_schema();
-    let leases = table(&schema, "tenure_leases");
+    let leases = common::first_lease_table(&pool, &schema).await;
     sqlx::raw_sql(&format!(
-        "CREATE SCHEMA \"{}\";
-         CREATE TABLE {leases} (
-             role text PRIMARY KEY,
-             holder text,
-             fencing_token bigint NOT NULL CHECK (fencing_token > 0),
-             expires_at timestamptz NOT NULL,
-             term_txid bigint NOT NULL
-         );
-         INSERT INTO {leases} VALUES ('old', 'node-a', 7, now() + interval '30 seconds', 1);",
-        schema.name()
+        "INSERT INTO {leases} VALUES ('old', 'node-a', 7, now() + interval '30 seconds', 1);"
     ))
     .execute(&pool)
     .await

@@ -6,6 +6,10 @@
 //! never deleted; release clears the holder and keeps the token, so the counter survives
 //! everything.
 //!
+//! A term's advertised value is written by the statement that starts the term, beside
+//! its token (`value`, and `value_token` naming the term it belongs to); a renewal
+//! leaves both alone and a release clears the value.
+//!
 //! A session is one row of `tenure_sessions`; a role held under it names it in its
 //! `session_id` and ends when it does (the `tenure_terms` view reads each term's end),
 //! so keeping a session alive writes that one row however many roles it holds.
@@ -16,7 +20,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Sqlite, Transaction};
-use tenure::lease::{validate_acquire, validate_name, validate_release, validate_ttl};
+use tenure::lease::{
+    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+};
 use tenure::session::validate_open;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
@@ -37,22 +43,23 @@ use crate::BACKEND;
 const READ_LEASE: &str =
     "SELECT holder, token, expires_at, session_id FROM tenure_terms WHERE role = ?1";
 /// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`, under
-/// session `?4` (NULL for a plain lease).
+/// session `?4` (NULL for a plain lease), advertising `?5` (NULL for none).
 const INSERT_LEASE: &str =
-    "INSERT INTO tenure_leases (role, holder, token, expires_at, session_id) \
-     VALUES (?1, ?2, 1, ?3, ?4)";
+    "INSERT INTO tenure_leases (role, holder, token, expires_at, session_id, value, value_token) \
+     VALUES (?1, ?2, 1, ?3, ?4, ?5, 1)";
 /// Renews role `?1`'s live plain term to expire at `?2`.
 const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
 /// Renews role `?1`'s live term held under a session as a plain lease expiring at `?2`.
 const DETACH_LEASE: &str =
     "UPDATE tenure_leases SET expires_at = ?2, session_id = NULL WHERE role = ?1";
 /// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`, under
-/// session `?5` (NULL for a plain lease).
+/// session `?5` (NULL for a plain lease), advertising `?6` (NULL for none).
 const TAKE_OVER_LEASE: &str = "UPDATE tenure_leases \
-     SET holder = ?2, token = ?3, expires_at = ?4, session_id = ?5 WHERE role = ?1";
-/// Ends role `?1`'s term at store time `?2`, keeping the token.
-const RELEASE_LEASE: &str =
-    "UPDATE tenure_leases SET holder = NULL, expires_at = ?2, session_id = NULL WHERE role = ?1";
+     SET holder = ?2, token = ?3, expires_at = ?4, session_id = ?5, value = ?6, value_token = ?3 \
+     WHERE role = ?1";
+/// Ends role `?1`'s term at store time `?2`, keeping the token and dropping the value.
+const RELEASE_LEASE: &str = "UPDATE tenure_leases \
+     SET holder = NULL, expires_at = ?2, session_id = NULL, value = NULL WHERE role = ?1";
 
 /// Forgets the sessions that ended before store time `?1` (their terms read as ended
 /// through their own `expires_at`, see the schema).
@@ -71,8 +78,10 @@ const CLOSE_SESSION: &str = "DELETE FROM tenure_sessions WHERE id = ?1 RETURNING
 /// Releases every role held under session `?1` at store time `?2` (the session expiring
 /// at `?3`, if known), keeping the tokens; returns the roles.
 const RELEASE_SESSION_ROLES: &str = "UPDATE tenure_leases \
-     SET holder = NULL, session_id = NULL, expires_at = min(?2, coalesce(?3, expires_at)) \
-     WHERE session_id = ?1 RETURNING role";
+     SET holder = NULL, session_id = NULL, expires_at = min(?2, coalesce(?3, expires_at)), \
+     value = NULL WHERE session_id = ?1 RETURNING role";
+/// Reads role `?1`'s latest token, for [`LeaseStore::wait_for_term`].
+const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 
 /// The term of one role.
 struct LeaseRow {
@@ -110,10 +119,15 @@ async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<Leas
 #[derive(Clone, Copy, Debug)]
 enum Claim<'a> {
     /// `try_acquire_or_renew`: `owner`'s own live term is renewed, as a plain lease
-    /// ending at `expires_at`.
-    Lease { owner: &'a str, expires_at: i64 },
+    /// ending at `expires_at` and keeping its value; a new term advertises `value`.
+    Lease {
+        owner: &'a str,
+        expires_at: i64,
+        value: Option<&'a str>,
+    },
     /// `acquire_in_session`: a live term under `session` is kept as it is; a new term
-    /// is `owner`'s under `session`, ending at `expires_at` (the session's).
+    /// is `owner`'s under `session`, ending at `expires_at` (the session's), with no
+    /// value.
     Session {
         session: i64,
         owner: &'a str,
@@ -155,7 +169,7 @@ pub enum LeaseWrite {
 
 /// The lease step of `try_acquire_or_renew` inside an open `BEGIN IMMEDIATE`
 /// transaction at store time `now`: reads the role's row, decides, writes the term
-/// ending at `expires_at`. The caller commits.
+/// ending at `expires_at`, advertising no value. The caller commits.
 pub async fn write_lease(
     conn: &mut SqliteConnection,
     role: &str,
@@ -163,7 +177,25 @@ pub async fn write_lease(
     now: i64,
     expires_at: i64,
 ) -> Result<LeaseWrite> {
-    write_term(conn, role, now, Claim::Lease { owner, expires_at }).await
+    write_lease_with_value(conn, role, owner, now, expires_at, None).await
+}
+
+/// [`write_lease`] whose new term advertises `value` (already validated); a renewal
+/// keeps the value its term began with.
+pub(crate) async fn write_lease_with_value(
+    conn: &mut SqliteConnection,
+    role: &str,
+    owner: &str,
+    now: i64,
+    expires_at: i64,
+    value: Option<&str>,
+) -> Result<LeaseWrite> {
+    let claim = Claim::Lease {
+        owner,
+        expires_at,
+        value,
+    };
+    write_term(conn, role, now, claim).await
 }
 
 /// The one decision of both acquire paths (see [`write_lease`]): reads the role's term,
@@ -175,13 +207,17 @@ async fn write_term(
     now: i64,
     claim: Claim<'_>,
 ) -> Result<LeaseWrite> {
-    let (owner, expires_at, session) = match claim {
-        Claim::Lease { owner, expires_at } => (owner, expires_at, None),
+    let (owner, expires_at, session, value) = match claim {
+        Claim::Lease {
+            owner,
+            expires_at,
+            value,
+        } => (owner, expires_at, None, value),
         Claim::Session {
             session,
             owner,
             expires_at,
-        } => (owner, expires_at, Some(session)),
+        } => (owner, expires_at, Some(session), None),
     };
     let (token, new_term) = match read_row(conn, role).await? {
         None => {
@@ -190,6 +226,7 @@ async fn write_term(
                 .bind(owner)
                 .bind(expires_at)
                 .bind(session)
+                .bind(value)
                 .execute(conn)
                 .await
                 .map_err(store_error("cannot write the lease"))?;
@@ -237,6 +274,7 @@ async fn write_term(
                 .bind(next)
                 .bind(expires_at)
                 .bind(session)
+                .bind(value)
                 .execute(conn)
                 .await
                 .map_err(store_error("cannot write the lease"))?;
@@ -274,9 +312,10 @@ pub async fn release_lease(
 /// opens the same file.
 ///
 /// Store time is the host's monotonic clock under its boot id (see [`SqliteDatabase`]).
-/// [`wait_for_change`](LeaseStore::wait_for_change) wakes at once for a release or
-/// takeover written through the same [`SqliteDatabase`], and within the polling
-/// interval (10 ms by default) for one written by another process.
+/// [`wait_for_change`](LeaseStore::wait_for_change) and
+/// [`wait_for_term`](LeaseStore::wait_for_term) wake at once for a release or new term
+/// written through the same [`SqliteDatabase`], and within the polling interval (10 ms
+/// by default) for one written by another process.
 ///
 /// Sessions are durable rows too, with ids that are never handed out twice. Keeping one
 /// alive writes its row alone, whatever the number of roles held under it; closing one
@@ -443,6 +482,17 @@ impl SqliteLeaseStore {
         Ok(this_boot && current.is_live_term(observed, now.mono))
     }
 
+    /// Whether `role` has no term with a token above `after` yet. Tokens survive a new
+    /// boot, so no boot check is needed.
+    async fn no_term_after(&self, role: &str, after: i64) -> Result<bool> {
+        let token: Option<i64> = sqlx::query_scalar(READ_TOKEN)
+            .bind(role)
+            .fetch_optional(self.db.pool())
+            .await
+            .map_err(store_error("cannot read the lease"))?;
+        Ok(token.is_none_or(|token| token <= after))
+    }
+
     fn info_from(&self, row: &sqlx::sqlite::SqliteRow, now: &StoreNow) -> Result<LeaseInfo> {
         let role: String = column(row, 0)?;
         let holder: Option<String> = column(row, 1)?;
@@ -456,7 +506,7 @@ impl SqliteLeaseStore {
             fencing_token: token_from_db(token)?,
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
-            value: None,
+            value: column(row, 5)?,
         })
     }
 
@@ -466,7 +516,7 @@ impl SqliteLeaseStore {
         // One statement, so the leases and the boot they belong to come from one snapshot.
         let rows = sqlx::query(
             "SELECT role, holder, token, expires_at, \
-             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
+             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0), value \
              FROM tenure_terms WHERE (?1 IS NULL OR role = ?1) \
              AND substr(role, 1, length(?3)) = ?3 ORDER BY role",
         )
@@ -486,17 +536,30 @@ impl LeaseStore for SqliteLeaseStore {
         &self,
         role: &str,
         owner: &str,
-        ttl: std::time::Duration,
+        ttl: Duration,
+    ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
     ) -> Result<LeaseResult> {
         // Bad input is refused before the store is touched.
         validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        validate_value("value", value)?;
         let ttl_nanos = ttl_nanos(ttl)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
         let store_now = self.db.write_now(&mut tx).await?;
         // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
         let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
         let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
-        let write = write_lease(&mut tx, role, owner, store_now.mono, expires_at).await?;
+        let write =
+            write_lease_with_value(&mut tx, role, owner, store_now.mono, expires_at, value).await?;
         self.answer(tx, role, owner, write, &store_now, expires_time)
             .await
     }
@@ -537,6 +600,24 @@ impl LeaseStore for SqliteLeaseStore {
         let poll = self.db.poll_interval();
         self.db
             .wait_polling(role, poll, deadline, || self.is_live_term(role, observed))
+            .await;
+    }
+
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {
+        let Ok(after) = token_to_db(after) else {
+            // No token above `i64::MAX` is ever handed out.
+            tokio::time::sleep_until(deadline).await;
+            return;
+        };
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        // A new term through this database signals the role at once (as a release
+        // does); one written by another process is seen within the poll interval.
+        let poll = self.db.poll_interval();
+        self.db
+            .wait_polling(role, poll, deadline, || self.no_term_after(role, after))
             .await;
     }
 

@@ -20,8 +20,13 @@
 //! default) and created with mode 0600.
 //!
 //! A contender waiting on [`LeaseStore::wait_for_change`](tenure::LeaseStore::wait_for_change)
-//! is woken at once by a release through the same [`SqliteDatabase`], and by polling the
-//! role's row (every 10 ms by default) for a release by another process.
+//! (or an observer on [`LeaseStore::wait_for_term`](tenure::LeaseStore::wait_for_term))
+//! is woken at once by a release (or a new term) through the same [`SqliteDatabase`],
+//! and by polling the role's row (every 10 ms by default) for one by another process.
+//!
+//! A lease row holds `role`, `holder`, `token`, `expires_at`, `session_id` (the session
+//! a term is held under, if any), and the value the term advertised when it began
+//! (`value`, with `value_token`, the token of the term that wrote it).
 //!
 //! ## The elector over a file
 //!

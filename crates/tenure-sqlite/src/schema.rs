@@ -1,6 +1,7 @@
 //! The file's tables and their versions: creating them, migrating a schema-1 file (wall
-//! clock) to monotonic time and a schema-2 file to sessions, and starting a new boot
-//! (every lease and session ends, every token stays).
+//! clock) to monotonic time, a schema-2 file to sessions and a schema-3 file to
+//! advertised values, and starting a new boot (every lease and session ends, every
+//! token stays).
 
 use std::time::{Duration, SystemTime};
 
@@ -12,9 +13,9 @@ use crate::database::store_error;
 use crate::BACKEND;
 
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
-/// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions.
-/// Opening an older file migrates it.
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+/// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions;
+/// version 3 no advertised values. Opening an older file migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
@@ -28,6 +29,13 @@ pub(crate) const SCHEMA_VERSION: i64 = 3;
 /// taken, which the session only ever passes, so once the session row is gone (closed,
 /// or a new boot) the term reads as ended. `AUTOINCREMENT` keeps session ids from ever
 /// being handed out twice, even after the newest one was deleted.
+///
+/// A term's advertised value is in `value`, written by the statement that starts the
+/// term (NULL for none) and cleared by a release; `value_token` is the token of the
+/// term that wrote it. Readers show `value` only while that term is the row's (see
+/// [`SESSION_OBJECTS`]): a schema-3 tenure still running on a migrated file starts
+/// terms without touching either column, and its holder must not be shown the address
+/// of the term before it.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY NOT NULL,
@@ -42,7 +50,9 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
     holder     TEXT,
     token      INTEGER NOT NULL CHECK (token >= 1),
     expires_at INTEGER NOT NULL,
-    session_id INTEGER
+    session_id INTEGER,
+    value      TEXT,
+    value_token INTEGER
 );
 CREATE TABLE IF NOT EXISTS tenure_sessions (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -62,15 +72,19 @@ CREATE TABLE IF NOT EXISTS tenure_fences (
 );
 ";
 
-/// What needs the `session_id` column, created once it exists (a schema-2 file gains it
-/// in [`add_sessions`]). The index is partial so plain leases never touch it; the view
-/// is the one place that says when a term ends.
+/// What needs the `session_id` and `value` columns, created once they exist (a schema-2
+/// file gains the first in [`add_sessions`], a schema-3 file the second in
+/// [`add_values`], which drops the older view). The index is partial so plain leases
+/// never touch it; the view is the one place that says when a term ends and which
+/// value it shows.
 const SESSION_OBJECTS: &str = "
 CREATE INDEX IF NOT EXISTS tenure_leases_session ON tenure_leases (session_id)
     WHERE session_id IS NOT NULL;
 CREATE VIEW IF NOT EXISTS tenure_terms AS
     SELECT l.role, l.holder, l.token, coalesce(s.expires_at, l.expires_at) AS expires_at,
-           l.session_id
+           l.session_id,
+           CASE WHEN l.holder IS NOT NULL AND l.value_token = l.token THEN l.value END
+               AS value
     FROM tenure_leases l LEFT JOIN tenure_sessions s ON s.id = l.session_id
 ";
 
@@ -273,8 +287,13 @@ pub(crate) async fn create_schema_at(
         Some(1) => {
             migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await?;
             add_sessions(conn).await?;
+            add_values(conn).await?;
         }
-        Some(2) => add_sessions(conn).await?,
+        Some(2) => {
+            add_sessions(conn).await?;
+            add_values(conn).await?;
+        }
+        Some(3) => add_values(conn).await?,
         Some(other) => {
             return Err(Error::store_msg(
                 BACKEND,
@@ -324,8 +343,28 @@ async fn add_sessions(conn: &mut SqliteConnection) -> Result<()> {
         .execute(&mut *conn)
         .await
         .map_err(store_error("cannot add sessions to the leases"))?;
-    record_version(conn, SCHEMA_VERSION).await?;
-    tracing::info!("migrated the sqlite store to schema {SCHEMA_VERSION}: sessions");
+    record_version(conn, 3).await?;
+    tracing::info!("migrated the sqlite store to schema 3: sessions");
+    Ok(())
+}
+
+/// Migrates a schema-3 file to advertised values: every existing term advertised
+/// none. The `tenure_terms` view is dropped so [`SESSION_OBJECTS`] creates it again
+/// with the `value` column (schema-3 readers name their columns, so they read it as
+/// before).
+async fn add_values(conn: &mut SqliteConnection) -> Result<()> {
+    for statement in [
+        "ALTER TABLE tenure_leases ADD COLUMN value TEXT",
+        "ALTER TABLE tenure_leases ADD COLUMN value_token INTEGER",
+        "DROP VIEW IF EXISTS tenure_terms",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(store_error("cannot add values to the leases"))?;
+    }
+    record_version(conn, 4).await?;
+    tracing::info!("migrated the sqlite store to schema 4: advertised values");
     Ok(())
 }
 

@@ -265,3 +265,36 @@ async fn a_schema_2_takeover_of_a_session_term_fails() {
     let info = store.get("g/0").await.unwrap().unwrap();
     assert_eq!(info.fencing_token, held.fencing_token, "{info:?}");
 }
+
+/// A term started under a session advertises nothing, also when it takes over a lapsed
+/// term that advertised a value; the holder's own later acquire (which makes it a plain
+/// lease) keeps its term's value, none.
+#[tokio::test]
+async fn a_session_term_shows_no_value() {
+    let (_dir, clock, db) = manual_db(SqliteOptions::new()).await;
+    let store = db.lease_store();
+    let url = "http://10.0.0.7:8080";
+    let a = store
+        .try_acquire_or_renew_with_value("r", "node-a", TTL, Some(url))
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    assert_eq!(
+        store.get("r").await.unwrap().unwrap().value.as_deref(),
+        Some(url)
+    );
+    clock.advance(TTL + Duration::from_secs(1));
+    let session = store.open_session("node-b", TTL).await.unwrap();
+    let b = store.acquire_in_session("r", session.id).await.unwrap();
+    assert!(
+        b.acquired && b.fencing_token == a.fencing_token.next(),
+        "{b:?}"
+    );
+    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
+    let detached = store
+        .try_acquire_or_renew_with_value("r", "node-b", TTL, Some(url))
+        .await
+        .unwrap();
+    assert!(detached.acquired && detached.fencing_token == b.fencing_token);
+    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
+}

@@ -48,3 +48,41 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// Creates `schema` with the lease table as the first `migrate` made it (no sessions,
+/// no values), for tests of upgrading it; returns its quoted name.
+pub async fn first_lease_table(pool: &PgPool, schema: &Schema) -> String {
+    let leases = table(schema, "tenure_leases");
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{}\";
+         CREATE TABLE {leases} (
+             role text PRIMARY KEY,
+             holder text,
+             fencing_token bigint NOT NULL CHECK (fencing_token > 0),
+             expires_at timestamptz NOT NULL,
+             term_txid bigint NOT NULL
+         );",
+        schema.name()
+    ))
+    .execute(pool)
+    .await
+    .expect("create the first lease table");
+    leases
+}
+
+/// A pool of 4 on the shared server, tagged `app`, and a fresh migrated schema.
+pub async fn migrated(app: &str) -> (PgPool, Schema) {
+    init_tracing();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let pool = pool(server, 4, app).await;
+    let schema = fresh_schema();
+    tenure_postgres::migrate(&pool, &schema)
+        .await
+        .expect("migrate");
+    (pool, schema)
+}
+
+/// `"schema"."name"`, quoted.
+pub fn table(schema: &Schema, name: &str) -> String {
+    format!("\"{}\".\"{name}\"", schema.name())
+}
