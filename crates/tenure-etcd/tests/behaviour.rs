@@ -564,3 +564,122 @@ async fn connect_tunes_renewals_to_the_server_version() {
     assert!(first.acquired && renewed.acquired);
     assert_eq!(renewed.fencing_token, first.fencing_token);
 }
+
+/// A fresh prefix on the shared etcd, its keys, and a client to read and write them
+/// directly.
+async fn raw_prefix(tag: &str) -> (String, tenure_etcd::requests::Keys, etcd_client::Client) {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix(tag);
+    let keys = tenure_etcd::requests::Keys::new(&prefix).unwrap();
+    (prefix, keys, common::client(&[endpoint]).await)
+}
+
+/// The raw value and mod revision of `key`, if it exists.
+async fn raw_get(client: &mut etcd_client::Client, key: &str) -> Option<(Vec<u8>, i64)> {
+    let response = client.get(key, None).await.unwrap();
+    response
+        .kvs()
+        .first()
+        .map(|kv| (kv.value().to_vec(), kv.mod_revision()))
+}
+
+/// A term's value is written once, by the transaction that starts the term (`values/R`'s
+/// mod revision is the token), and neither a renewal offering another value nor a change
+/// of TTL writes it again, though both rewrite the term record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_leaves_the_value_alone() {
+    let (prefix, keys, mut raw) = raw_prefix("value-renewal").await;
+    let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let ttl = Duration::from_secs(4);
+    let a = store
+        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://a"))
+        .await
+        .unwrap();
+    assert!(a.acquired, "{a:?}");
+    let token = i64::try_from(a.fencing_token.get()).unwrap();
+    let (_, written_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
+    assert_eq!(written_at, token);
+
+    let renewed = store
+        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://b"))
+        .await
+        .unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
+    // Another instance renews through a read, and a new TTL moves the term to a new
+    // etcd lease: neither is a new term.
+    let other = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let moved = other
+        .try_acquire_or_renew_with_value("job", "a", Duration::from_secs(5), Some("http://c"))
+        .await
+        .unwrap();
+    assert!(moved.acquired && moved.fencing_token == a.fencing_token);
+
+    let (_, record_at) = raw_get(&mut raw, &keys.term("job")).await.expect("record");
+    assert!(record_at > token, "renewals rewrite the term record");
+    let (_, still_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
+    assert_eq!(still_at, token, "no renewal rewrote the value");
+    let info = other.get("job").await.unwrap().unwrap();
+    assert_eq!(info.value.as_deref(), Some("http://a"));
+
+    assert!(other.release("job", "a", a.fencing_token).await.unwrap());
+    assert_eq!(raw_get(&mut raw, &keys.value("job")).await, None);
+}
+
+/// Setup: a role's keys as a tenure from before values wrote them: a `values/R` left by
+/// an earlier term (as if a newer tenure's term advertised it), then a term started
+/// without touching it, its record in the old encoding. The term reads (get and list) as
+/// one that advertised nothing, renews and releases as any other, and a renewal offering
+/// a value does not add one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_from_before_values_read_as_advertising_nothing() {
+    use etcd_client::{PutOptions, Txn};
+
+    let (prefix, keys, mut raw) = raw_prefix("old-layout").await;
+    raw.put(keys.value("job"), r#"{"value":"http://stale"}"#, None)
+        .await
+        .unwrap();
+    let lease = raw.lease_grant(4, None).await.unwrap().id();
+    let expires_at_ns = tenure_etcd::requests::to_ns(std::time::SystemTime::now() + 4 * SECOND);
+    let record = format!(
+        r#"{{"owner":"old","expires_at_ns":{expires_at_ns},"ttl_secs":4,"lease_secs":4,"released":false}}"#
+    );
+    let started = raw
+        .txn(Txn::new().and_then([
+            TxnOp::put(
+                keys.lease("job"),
+                "old",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(keys.term("job"), record, None),
+        ]))
+        .await
+        .unwrap();
+    let token = FencingToken::from(u64::try_from(started.header().unwrap().revision()).unwrap());
+
+    let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let info = store.get("job").await.unwrap().unwrap();
+    assert_eq!(
+        (info.holder.as_deref(), info.fencing_token, info.value),
+        (Some("old"), token, None)
+    );
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].fencing_token, listed[0].value.as_deref()),
+        (token, None)
+    );
+
+    let renewed = store
+        .try_acquire_or_renew_with_value("job", "old", 4 * SECOND, Some("http://new"))
+        .await
+        .unwrap();
+    assert!(
+        renewed.acquired && renewed.fencing_token == token,
+        "{renewed:?}"
+    );
+    assert_eq!(store.get("job").await.unwrap().unwrap().value, None);
+    assert!(store.release("job", "old", token).await.unwrap());
+    let info = store.get("job").await.unwrap().unwrap();
+    assert_eq!((info.holder, info.value), (None, None));
+}
