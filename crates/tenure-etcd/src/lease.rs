@@ -52,8 +52,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, Event, EventType, GetOptions, KeyValue, PutOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_release, validate_value};
@@ -944,18 +944,16 @@ impl LeaseStore for EtcdLeaseStore {
         observed: FencingToken,
         deadline: tokio::time::Instant,
     ) {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
-            return;
-        }
-        let watched = tokio::time::timeout_at(deadline, self.watch_term(role, observed)).await;
-        match watched {
-            Ok(Ok(())) | Err(_) => {}
-            Ok(Err(error)) => {
-                tracing::debug!(role, %error, "lease watch failed; waiting for the deadline");
-                tokio::time::sleep_until(deadline).await;
-            }
-        }
+        until_watched(role, deadline, self.watch_term(role, observed)).await;
+    }
+
+    /// Watches the role's lease key from the revision after a fresh read, and returns
+    /// when it is put with a create revision above `after` (a term that began since),
+    /// including the first term of a role whose key never existed; at once when the read
+    /// shows such a term already. Sleeps to the deadline when the watch cannot be set up
+    /// or breaks.
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
+        until_watched(role, deadline, self.watch_for_term(role, after)).await;
     }
 
     fn min_ttl(&self) -> Duration {
@@ -984,12 +982,60 @@ impl LeaseStore for EtcdLeaseStore {
 }
 
 impl EtcdLeaseStore {
-    /// Returns once the term `observed` is no longer the role's live term.
+    /// Returns once the term `observed` is no longer the role's live term: the read
+    /// shows another term or none, or the key is deleted or put by another term.
     async fn watch_term(&self, role: &str, observed: FencingToken) -> Result<()> {
-        let (seen, _, revision) = self.read_role(role).await?;
-        match seen {
-            Seen::Held(holder) if holder.token() == observed => {}
-            _ => return Ok(()),
+        let is_observed = |token: i64| u64::try_from(token).ok() == Some(observed.get());
+        self.watch_role(
+            role,
+            |seen, _| !matches!(seen, Seen::Held(holder) if is_observed(holder.token)),
+            |event| match event.event_type() {
+                EventType::Delete => true,
+                EventType::Put => event
+                    .kv()
+                    .is_some_and(|kv| !is_observed(kv.create_revision())),
+            },
+        )
+        .await
+    }
+
+    /// Returns once a term with a token above `after` has begun on `role`: the read
+    /// shows one (live, or ended already), or the key is put with a create revision
+    /// above `after`. A delete, or a put keeping the create revision (a change of TTL),
+    /// is no new term; renewals put nothing.
+    async fn watch_for_term(&self, role: &str, after: FencingToken) -> Result<()> {
+        let above = |token: u64| token > after.get();
+        self.watch_role(
+            role,
+            |seen, record| match (seen, record) {
+                (Seen::Held(holder), _) => above(holder.token().get()),
+                (Seen::Absent, Some((record, mod_revision))) => {
+                    above(record.token_at(*mod_revision))
+                }
+                (Seen::Absent, None) => false,
+            },
+            |event| {
+                event.event_type() == EventType::Put
+                    && event
+                        .kv()
+                        .is_some_and(|kv| u64::try_from(kv.create_revision()).is_ok_and(above))
+            },
+        )
+        .await
+    }
+
+    /// Reads `role`, and returns at once if `settled` says the read answers already;
+    /// otherwise watches the role's lease key from right after the read and returns on
+    /// the first event `news` says answers.
+    async fn watch_role(
+        &self,
+        role: &str,
+        settled: impl FnOnce(&Seen, Option<&(TermRecord, i64)>) -> bool,
+        news: impl Fn(&Event) -> bool,
+    ) -> Result<()> {
+        let (seen, record, revision) = self.read_role(role).await?;
+        if settled(&seen, record.as_ref()) {
+            return Ok(());
         }
         // Start right after the read: a watch from a past revision joins etcd's live set
         // only on a 100 ms background loop, which would delay the push by that much.
@@ -1002,18 +1048,29 @@ impl EtcdLeaseStore {
             let Some(response) = next_response(&mut stream, "lease").await? else {
                 return Err(Error::store_msg(BACKEND, "the lease watch ended"));
             };
-            for event in response.events() {
-                let ended = match event.event_type() {
-                    EventType::Delete => true,
-                    EventType::Put => event.kv().is_some_and(|kv| {
-                        u64::try_from(kv.create_revision()).ok() != Some(observed.get())
-                    }),
-                };
-                if ended {
-                    return Ok(());
-                }
+            if response.events().iter().any(&news) {
+                return Ok(());
             }
         }
+    }
+}
+
+/// Runs `watch` (of `role`'s key) until it returns or `deadline` passes. When it fails,
+/// or `role` is no valid name, sleeps to the deadline instead: the waits return early
+/// only on news, so a caller that loops on them never spins.
+async fn until_watched(
+    role: &str,
+    deadline: tokio::time::Instant,
+    watch: impl std::future::Future<Output = Result<()>>,
+) {
+    // `watch` is lazy: nothing is sent for a bad role.
+    let watched = match validate_name("role", role) {
+        Ok(()) => tokio::time::timeout_at(deadline, watch).await,
+        Err(error) => Ok(Err(error)),
+    };
+    if let Ok(Err(error)) = watched {
+        tracing::debug!(role, %error, "lease watch failed; waiting for the deadline");
+        tokio::time::sleep_until(deadline).await;
     }
 }
 

@@ -17,7 +17,9 @@
 //!   have their keys attached to it, so one keep-alive (one etcd keep-alive plus one key
 //!   written) renews them all however many there are, and closing it releases them all;
 //! - push takeover: [`wait_for_change`](tenure::LeaseStore::wait_for_change) watches the
-//!   role's key, so a released lease is taken over in one notification round trip;
+//!   role's key, so a released lease is taken over in one notification round trip, and
+//!   [`wait_for_term`](tenure::LeaseStore::wait_for_term) watches it for the next term,
+//!   so [`tenure::observe()`] sees a new leader by push too;
 //! - fenced etcd writes: [`EtcdLeaseStore::fenced_txn`] and
 //!   [`EtcdLeaseStore::commit_fenced`] build transactions guarded by
 //!   `create_revision(lease key) == token`, so writes to etcd itself commit only while the

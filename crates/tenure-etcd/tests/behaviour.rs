@@ -683,3 +683,103 @@ async fn records_from_before_values_read_as_advertising_nothing() {
     let info = store.get("job").await.unwrap().unwrap();
     assert_eq!((info.holder, info.value), (None, None));
 }
+
+/// `wait_for_term` returns when a term above the token it was given begins: the first
+/// term of a role whose key never existed, and the next term after a release; a
+/// renewal, a change of TTL or a release is no new term. It returns at once when such a
+/// term began before the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_term_returns_when_a_term_begins() {
+    let (prefix, _, client) = raw_prefix("wait-for-term").await;
+    let store = EtcdLeaseStore::new(client.clone(), &prefix).unwrap();
+    let watcher = Arc::new(EtcdLeaseStore::new(client, &prefix).unwrap());
+    let ttl = Duration::from_secs(4);
+    let wait = |after: FencingToken| {
+        let watcher = watcher.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            watcher.wait_for_term("job", after, deadline).await;
+            Instant::now()
+        })
+    };
+    let push = Duration::from_secs(2);
+
+    let waiting = wait(FencingToken::from(0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "no term yet");
+    let a = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    timeout(push, waiting)
+        .await
+        .expect("woken by the first term")
+        .unwrap();
+
+    let waiting = wait(a.fencing_token);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    store
+        .try_acquire_or_renew("job", "a", ttl + SECOND)
+        .await
+        .unwrap();
+    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a renewal, a new TTL and a release are no new term"
+    );
+    let b = store.try_acquire_or_renew("job", "b", ttl).await.unwrap();
+    assert!(b.acquired && b.fencing_token > a.fencing_token);
+    timeout(push, waiting)
+        .await
+        .expect("woken by the next term")
+        .unwrap();
+
+    let asked = Instant::now();
+    timeout(push, wait(a.fencing_token))
+        .await
+        .expect("a term above the token began already")
+        .unwrap();
+    assert!(asked.elapsed() < push);
+}
+
+/// Setup: a private etcd, stopped while a `wait_for_term` watches, and down when the
+/// next one starts. Neither returns before its deadline: a broken watch sleeps to it
+/// rather than letting an observer read (and fail) in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_term_sleeps_to_the_deadline_when_the_watch_fails() {
+    common::init_tracing();
+    let server = EtcdServer::start().expect("start etcd");
+    let store = Arc::new(
+        EtcdLeaseStore::new(common::client(&[server.endpoint()]).await, "/broken")
+            .unwrap()
+            .with_request_timeout(Duration::from_millis(500))
+            .unwrap(),
+    );
+    for phase in ["watch broken", "etcd down"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .wait_for_term("job", FencingToken::from(0), deadline)
+                    .await;
+                tokio::time::Instant::now()
+            })
+        };
+        if phase == "watch broken" {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            server.stop();
+        }
+        let returned = timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("returns by the deadline")
+            .unwrap();
+        assert!(
+            returned >= deadline,
+            "{phase}: returned before the deadline"
+        );
+        assert!(
+            returned < deadline + Duration::from_secs(1),
+            "{phase}: returned long after the deadline"
+        );
+    }
+}
