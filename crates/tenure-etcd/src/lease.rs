@@ -6,6 +6,18 @@
 //! new one, so tokens strictly increase per role (they are not consecutive). Expiry is
 //! etcd's: the term ends when etcd expires or revokes the lease and deletes the key.
 //!
+//! # Records
+//!
+//! Beside the lease key, `<prefix>/terms/R` records the latest term (owner, token,
+//! expiry, whether released; rewritten by every renewal, kept after expiry), and
+//! `<prefix>/values/R` the value it advertised
+//! ([`try_acquire_or_renew_with_value`](LeaseStore::try_acquire_or_renew_with_value)):
+//! put (or, for a term advertising nothing, deleted) by the transaction that starts the
+//! term, deleted by release, never touched by a renewal, so a term keeps the value it
+//! began with and a renewal costs nothing more for it. Neither is on the etcd lease, so
+//! a term that lapses unreleased keeps its holder and value for readers. See
+//! the crate's `schema.rs` for the layout.
+//!
 //! # Time
 //!
 //! etcd has no wall clock in its answers. `expires_at` is this host's wall clock read
@@ -40,11 +52,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, DeleteOptions, Event, EventType, GetOptions, KeyValue, PutOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
-use tenure::lease::{validate_acquire, validate_name, validate_release};
+use tenure::lease::{validate_acquire, validate_name, validate_release, validate_value};
 use tenure::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
     SessionId, SystemClock,
@@ -52,7 +64,8 @@ use tenure::{
 
 use crate::conn::{next_response, Conn, BACKEND};
 use crate::schema::{
-    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionMark, TermRecord,
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionMark,
+    TermRecord, ValueRecord,
 };
 use crate::version::EtcdVersion;
 
@@ -85,7 +98,8 @@ const MAX_SPARE_LEASES: usize = 8;
 ///
 /// Tokens are the lease key's create revision: strictly increasing per role and durable
 /// across etcd restarts, but not consecutive. `get` and `list` also show terms that
-/// ended (released or expired), from the `terms/R` record.
+/// ended (released or expired), from the `terms/R` record, and the value the latest
+/// term advertised, from `values/R` (see the module docs).
 ///
 /// # Examples
 ///
@@ -350,6 +364,26 @@ impl EtcdLeaseStore {
         Ok((seen, record, revision))
     }
 
+    /// [`read_role`](Self::read_role) that also reads the role's advertised value (see
+    /// [`advertised`]), in the same transaction.
+    async fn read_role_and_value(
+        &self,
+        role: &str,
+    ) -> Result<(Seen, Option<(TermRecord, i64)>, Option<(String, i64)>)> {
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.keys.lease(role), None),
+            TxnOp::get(self.keys.term(role), None),
+            TxnOp::get(self.keys.value(role), None),
+        ]);
+        let response = self.conn.txn("reading a lease", txn).await?;
+        let mut gets = first_kvs(&response).into_iter();
+        let lease_kv = gets.next().flatten();
+        let term_kv = gets.next().flatten();
+        let value = gets.next().flatten().as_ref().and_then(parse_value);
+        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+        Ok((seen, record, value))
+    }
+
     /// A spare or freshly granted etcd lease for `ttl_secs`: its id, the TTL etcd
     /// granted, and the clocks just before the request that last started it was sent
     /// (it ends no earlier than that plus the granted TTL).
@@ -383,9 +417,17 @@ impl EtcdLeaseStore {
         }
     }
 
-    /// Starts a new term: one transaction `key absent => put`, with the etcd lease kept
-    /// alive concurrently (so the term's TTL counts from this round trip).
-    async fn acquire(&self, role: &str, owner: &str, ttl: Duration, secs: i64) -> Result<Step> {
+    /// Starts a new term advertising `value`: one transaction `key absent => put` (the
+    /// lease key, the term record and the value), with the etcd lease kept alive
+    /// concurrently (so the term's TTL counts from this round trip).
+    async fn acquire(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        secs: i64,
+        value: Option<&str>,
+    ) -> Result<Step> {
         let (lease, lease_secs, started) = self.lease_for(secs).await?;
         let lease_ttl = lease_duration(ttl, secs, lease_secs);
         let sent = self.sent();
@@ -397,7 +439,15 @@ impl EtcdLeaseStore {
             lease_secs,
             released: false,
         };
-        let txn = acquire_txn(&self.keys, role, owner, lease, &record)?;
+        let txn = acquire_txn_with(
+            &self.keys,
+            role,
+            owner,
+            lease,
+            encode(&record)?,
+            encode_value(value)?,
+            None,
+        );
         let (txn_result, alive) = tokio::join!(
             self.conn.txn("acquiring a lease", txn),
             self.conn.keep_alive_once(lease),
@@ -659,7 +709,22 @@ impl LeaseStore for EtcdLeaseStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
+
+    /// A new term writes `value` to `values/R` in the transaction that starts it; a
+    /// renewal (and a change of TTL) leaves `values/R` alone, so the term keeps the
+    /// value it began with whatever a renewal offers.
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
         validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
+        validate_value("value", value)?;
         let secs = ttl_secs(ttl)?;
         let cached = self
             .terms
@@ -672,7 +737,7 @@ impl LeaseStore for EtcdLeaseStore {
             // No read first: the acquire transaction answers with the current term when
             // it fails, and a contender that lost keeps its etcd lease as a spare, so a
             // woken contender takes a released role in one round trip.
-            _ => self.acquire(role, owner, ttl, secs).await?,
+            _ => self.acquire(role, owner, ttl, secs, value).await?,
         };
         for _ in 0..MAX_ATTEMPTS {
             let seen = match step {
@@ -689,7 +754,7 @@ impl LeaseStore for EtcdLeaseStore {
                 }
             };
             step = match seen {
-                Seen::Absent => self.acquire(role, owner, ttl, secs).await?,
+                Seen::Absent => self.acquire(role, owner, ttl, secs, value).await?,
                 Seen::Held(holder) if holder.owner == owner => {
                     let (ttl_secs, lease_secs) = holder.ttl_secs.unwrap_or((secs, secs));
                     let term = OwnTerm {
@@ -752,8 +817,12 @@ impl LeaseStore for EtcdLeaseStore {
         let mut session = None;
         for op in response.op_responses() {
             match op {
+                // Only the lease key's delete asks for its previous key (the value's
+                // does not), so this is the term's etcd lease.
                 TxnOpResponse::Delete(delete) => {
-                    lease = delete.prev_kvs().first().map_or(0, KeyValue::lease);
+                    if let Some(kv) = delete.prev_kvs().first() {
+                        lease = kv.lease();
+                    }
                 }
                 TxnOpResponse::Put(put) => {
                     session = put
@@ -774,12 +843,18 @@ impl LeaseStore for EtcdLeaseStore {
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
         validate_name("role", role)?;
-        let (seen, record, _) = self.read_role(role).await?;
+        let (seen, record, value) = self.read_role_and_value(role).await?;
         let seen = match seen {
             Seen::Held(holder) => Seen::Held(self.with_session_expiry(holder).await?),
             absent => absent,
         };
-        Ok(lease_info(role, &seen, record.as_ref(), self.wall()))
+        Ok(lease_info(
+            role,
+            &seen,
+            record.as_ref(),
+            value.as_ref(),
+            self.wall(),
+        ))
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
@@ -797,6 +872,10 @@ impl LeaseStore for EtcdLeaseStore {
                 self.keys.sessions_dir(),
                 Some(GetOptions::new().with_prefix()),
             ),
+            TxnOp::get(
+                format!("{}{prefix}", self.keys.values_dir()),
+                Some(GetOptions::new().with_prefix()),
+            ),
         ]);
         let response = self.conn.txn("listing leases", txn).await?;
         let mut ranges = response
@@ -811,6 +890,19 @@ impl LeaseStore for EtcdLeaseStore {
         let sessions: HashMap<i64, SystemTime> = ranges
             .next()
             .map(|g| g.kvs().iter().filter_map(session::expiry_of).collect())
+            .unwrap_or_default();
+        let values_dir = self.keys.values_dir();
+        let mut values: HashMap<String, (String, i64)> = ranges
+            .next()
+            .map(|g| {
+                g.kvs()
+                    .iter()
+                    .filter_map(|kv| {
+                        let role = name_under(kv.key(), &values_dir)?;
+                        Some((role.to_owned(), parse_value(kv)?))
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         let mut roles: BTreeMap<String, (Option<KeyValue>, Option<KeyValue>)> = BTreeMap::new();
         for kv in leases {
@@ -837,7 +929,8 @@ impl LeaseStore for EtcdLeaseStore {
                     }
                     absent => absent,
                 };
-                lease_info(&role, &seen, record.as_ref(), now)
+                let value = values.remove(&role);
+                lease_info(&role, &seen, record.as_ref(), value.as_ref(), now)
             })
             .collect())
     }
@@ -851,18 +944,16 @@ impl LeaseStore for EtcdLeaseStore {
         observed: FencingToken,
         deadline: tokio::time::Instant,
     ) {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
-            return;
-        }
-        let watched = tokio::time::timeout_at(deadline, self.watch_term(role, observed)).await;
-        match watched {
-            Ok(Ok(())) | Err(_) => {}
-            Ok(Err(error)) => {
-                tracing::debug!(role, %error, "lease watch failed; waiting for the deadline");
-                tokio::time::sleep_until(deadline).await;
-            }
-        }
+        until_watched(role, deadline, self.watch_term(role, observed)).await;
+    }
+
+    /// Watches the role's lease key from the revision after a fresh read, and returns
+    /// when it is put with a create revision above `after` (a term that began since),
+    /// including the first term of a role whose key never existed; at once when the read
+    /// shows such a term already. Sleeps to the deadline when the watch cannot be set up
+    /// or breaks.
+    async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
+        until_watched(role, deadline, self.watch_for_term(role, after)).await;
     }
 
     fn min_ttl(&self) -> Duration {
@@ -891,12 +982,60 @@ impl LeaseStore for EtcdLeaseStore {
 }
 
 impl EtcdLeaseStore {
-    /// Returns once the term `observed` is no longer the role's live term.
+    /// Returns once the term `observed` is no longer the role's live term: the read
+    /// shows another term or none, or the key is deleted or put by another term.
     async fn watch_term(&self, role: &str, observed: FencingToken) -> Result<()> {
-        let (seen, _, revision) = self.read_role(role).await?;
-        match seen {
-            Seen::Held(holder) if holder.token() == observed => {}
-            _ => return Ok(()),
+        let is_observed = |token: i64| u64::try_from(token).ok() == Some(observed.get());
+        self.watch_role(
+            role,
+            |seen, _| !matches!(seen, Seen::Held(holder) if is_observed(holder.token)),
+            |event| match event.event_type() {
+                EventType::Delete => true,
+                EventType::Put => event
+                    .kv()
+                    .is_some_and(|kv| !is_observed(kv.create_revision())),
+            },
+        )
+        .await
+    }
+
+    /// Returns once a term with a token above `after` has begun on `role`: the read
+    /// shows one (live, or ended already), or the key is put with a create revision
+    /// above `after`. A delete, or a put keeping the create revision (a change of TTL),
+    /// is no new term; renewals put nothing.
+    async fn watch_for_term(&self, role: &str, after: FencingToken) -> Result<()> {
+        let above = |token: u64| token > after.get();
+        self.watch_role(
+            role,
+            |seen, record| match (seen, record) {
+                (Seen::Held(holder), _) => above(holder.token().get()),
+                (Seen::Absent, Some((record, mod_revision))) => {
+                    above(record.token_at(*mod_revision))
+                }
+                (Seen::Absent, None) => false,
+            },
+            |event| {
+                event.event_type() == EventType::Put
+                    && event
+                        .kv()
+                        .is_some_and(|kv| u64::try_from(kv.create_revision()).is_ok_and(above))
+            },
+        )
+        .await
+    }
+
+    /// Reads `role`, and returns at once if `settled` says the read answers already;
+    /// otherwise watches the role's lease key from right after the read and returns on
+    /// the first event `news` says answers.
+    async fn watch_role(
+        &self,
+        role: &str,
+        settled: impl FnOnce(&Seen, Option<&(TermRecord, i64)>) -> bool,
+        news: impl Fn(&Event) -> bool,
+    ) -> Result<()> {
+        let (seen, record, revision) = self.read_role(role).await?;
+        if settled(&seen, record.as_ref()) {
+            return Ok(());
         }
         // Start right after the read: a watch from a past revision joins etcd's live set
         // only on a 100 ms background loop, which would delay the push by that much.
@@ -909,18 +1048,29 @@ impl EtcdLeaseStore {
             let Some(response) = next_response(&mut stream, "lease").await? else {
                 return Err(Error::store_msg(BACKEND, "the lease watch ended"));
             };
-            for event in response.events() {
-                let ended = match event.event_type() {
-                    EventType::Delete => true,
-                    EventType::Put => event.kv().is_some_and(|kv| {
-                        u64::try_from(kv.create_revision()).ok() != Some(observed.get())
-                    }),
-                };
-                if ended {
-                    return Ok(());
-                }
+            if response.events().iter().any(&news) {
+                return Ok(());
             }
         }
+    }
+}
+
+/// Runs `watch` (of `role`'s key) until it returns or `deadline` passes. When it fails,
+/// or `role` is no valid name, sleeps to the deadline instead: the waits return early
+/// only on news, so a caller that loops on them never spins.
+async fn until_watched(
+    role: &str,
+    deadline: tokio::time::Instant,
+    watch: impl std::future::Future<Output = Result<()>>,
+) {
+    // `watch` is lazy: nothing is sent for a bad role.
+    let watched = match validate_name("role", role) {
+        Ok(()) => tokio::time::timeout_at(deadline, watch).await,
+        Err(error) => Ok(Err(error)),
+    };
+    if let Ok(Err(error)) = watched {
+        tracing::debug!(role, %error, "lease watch failed; waiting for the deadline");
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
@@ -954,18 +1104,22 @@ pub fn acquire_txn(
         lease,
         encode(record)?,
         None,
+        None,
     ))
 }
 
-/// [`acquire_txn`] with the encoded term record; with `session` (a compare that holds
-/// while the session lives, and a read of its key), the transaction also requires the
-/// session to live and reads its key in either branch.
+/// [`acquire_txn`] with the encoded term record and the encoded value the term
+/// advertises (`None`: it advertises none, and a previous term's value is deleted);
+/// with `session` (a compare that holds while the session lives, and a read of its
+/// key), the transaction also requires the session to live and reads its key in either
+/// branch.
 fn acquire_txn_with(
     keys: &Keys,
     role: &str,
     owner: &str,
     lease: i64,
     record: Vec<u8>,
+    value: Option<Vec<u8>>,
     session: Option<(Compare, TxnOp)>,
 ) -> Txn {
     let lease_key = keys.lease(role);
@@ -982,6 +1136,11 @@ fn acquire_txn_with(
             Some(PutOptions::new().with_lease(lease)),
         ),
         TxnOp::put(term_key.clone(), record, None),
+        // Not on the etcd lease: a lapsed term keeps its value, as its record.
+        match value {
+            Some(value) => TxnOp::put(keys.value(role), value, None),
+            None => TxnOp::delete(keys.value(role), None),
+        },
     ];
     let mut otherwise = vec![TxnOp::get(lease_key, None), TxnOp::get(term_key, None)];
     if let Some((compare, read)) = session {
@@ -1014,8 +1173,9 @@ pub fn renew_txn(
 }
 
 /// The release transaction of the live term `(owner, token)`: delete the lease key
-/// (returning it, for its etcd lease to revoke next) and put the released `record`
-/// (returning the previous one, which says whether that lease is a session's).
+/// (returning it, for its etcd lease to revoke next), put the released `record`
+/// (returning the previous one, which says whether that lease is a session's) and
+/// delete the term's value.
 #[doc(hidden)]
 pub fn release_txn(
     keys: &Keys,
@@ -1034,6 +1194,7 @@ pub fn release_txn(
                 encode(record)?,
                 Some(PutOptions::new().with_prev_key()),
             ),
+            TxnOp::delete(keys.value(role), None),
         ]))
 }
 
@@ -1072,6 +1233,31 @@ fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
 
 fn parse_term(kv: &KeyValue) -> Option<(TermRecord, i64)> {
     decode::<TermRecord>(kv.value()).map(|record| (record, kv.mod_revision()))
+}
+
+/// The value of a `values/R` key and its mod revision (the token of the term that
+/// wrote it); `None` for bytes that are no value record.
+fn parse_value(kv: &KeyValue) -> Option<(String, i64)> {
+    decode::<ValueRecord>(kv.value()).map(|record| (record.value, kv.mod_revision()))
+}
+
+/// The `values/R` record of a term advertising `value`, if it does.
+fn encode_value(value: Option<&str>) -> Result<Option<Vec<u8>>> {
+    value
+        .map(|value| {
+            encode(&ValueRecord {
+                value: value.to_owned(),
+            })
+        })
+        .transpose()
+}
+
+/// The value term `token` advertised, from the role's `values/R` as read: only when
+/// that term wrote it (see `schema.rs`).
+fn advertised(value: Option<&(String, i64)>, token: u64) -> Option<String> {
+    value
+        .filter(|(_, written_at)| u64::try_from(*written_at).ok() == Some(token))
+        .map(|(value, _)| value.clone())
 }
 
 /// Whether an error says the etcd lease named in a put does not exist (a spare that
@@ -1118,10 +1304,13 @@ fn seen_from(
     })
 }
 
+/// What `get` and `list` show of a role: its live term, else the latest term's record;
+/// with the value of `values/R` when that term wrote it.
 fn lease_info(
     role: &str,
     seen: &Seen,
     record: Option<&(TermRecord, i64)>,
+    value: Option<&(String, i64)>,
     now: SystemTime,
 ) -> Option<LeaseInfo> {
     match seen {
@@ -1131,19 +1320,21 @@ fn lease_info(
             fencing_token: holder.token(),
             expires_at: holder.expires_at(now),
             now,
-            value: None,
+            value: advertised(value, holder.token().get()),
         }),
         Seen::Absent => record.map(|(r, mod_revision)| {
             let recorded = from_ns(r.expires_at_ns);
+            let token = r.token_at(*mod_revision);
             LeaseInfo {
                 role: role.to_owned(),
-                // A released term has no holder; a lapsed one keeps its last owner.
+                // A released term has no holder and no value (release deletes it, but
+                // an older tenure's release may not have); a lapsed one keeps both.
                 holder: (!r.released).then(|| r.owner.clone()),
-                fencing_token: FencingToken::from(r.token_at(*mod_revision)),
+                fencing_token: FencingToken::from(token),
                 // The key is gone, so the term ended by now at the latest.
                 expires_at: recorded.min(now),
                 now,
-                value: None,
+                value: advertised(value, token).filter(|_| !r.released),
             }
         }),
     }
@@ -1205,6 +1396,57 @@ mod tests {
         EtcdLeaseStore::new(client, prefix)
             .unwrap()
             .with_wall_clock(clock)
+    }
+
+    /// `get` and `list` show a `values/R` only with the term that wrote it (its mod
+    /// revision is that term's token), never after a release, and keep it for a term
+    /// that lapsed unreleased.
+    #[test]
+    fn a_value_shows_only_with_the_term_that_wrote_it() {
+        let now = SystemTime::now();
+        let record = |token: Option<u64>, released: bool| TermRecord {
+            owner: "a".into(),
+            token,
+            expires_at_ns: to_ns(now),
+            ttl_secs: 4,
+            lease_secs: 4,
+            released,
+        };
+        let held = |token: i64| {
+            Seen::Held(Holder {
+                owner: "a".into(),
+                token,
+                lease: 1,
+                ttl_secs: None,
+                expires_at: None,
+                session: None,
+            })
+        };
+        let value = ("http://a".to_owned(), 7);
+        let shown = |seen: &Seen, record: Option<&(TermRecord, i64)>| {
+            lease_info("r", seen, record, Some(&value), now).and_then(|info| info.value)
+        };
+        let live = (record(None, false), 7);
+        assert_eq!(shown(&held(7), Some(&live)).as_deref(), Some("http://a"));
+        // A later term an older tenure started, which left `values/R` alone.
+        assert_eq!(shown(&held(9), Some(&(record(None, false), 9))), None);
+        // Lapsed unreleased: the record (rewritten by renewals) names the token.
+        let lapsed = (record(Some(7), false), 12);
+        assert_eq!(
+            shown(&Seen::Absent, Some(&lapsed)).as_deref(),
+            Some("http://a")
+        );
+        let released = (record(Some(7), true), 12);
+        assert_eq!(shown(&Seen::Absent, Some(&released)), None);
+        // The record as the acquire wrote it: the token is its mod revision.
+        assert_eq!(
+            shown(&Seen::Absent, Some(&live)).as_deref(),
+            Some("http://a")
+        );
+        assert_eq!(
+            lease_info("r", &held(7), Some(&live), None, now).and_then(|i| i.value),
+            None
+        );
     }
 
     /// Setup: `b` loses a race for a role (its etcd lease, kept alive beside the attempt,

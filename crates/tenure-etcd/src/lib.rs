@@ -8,13 +8,18 @@
 //! - [`EtcdLeaseStore`]: the term of role R is the key `<prefix>/leases/R` (value: the
 //!   owner) attached to an etcd lease of the term's TTL; the fencing token is the key's
 //!   create revision (strictly increasing per role, durable, not consecutive). TTLs are
-//!   whole seconds, at least one.
+//!   whole seconds, at least one. A term's advertised value
+//!   ([`try_acquire_or_renew_with_value`](tenure::LeaseStore::try_acquire_or_renew_with_value))
+//!   is written to `<prefix>/values/R` by the transaction that starts it, and left alone
+//!   by renewals;
 //! - sessions ([`open_session`](tenure::LeaseStore::open_session) and the calls after
 //!   it): a session is an etcd lease and its id the etcd lease id; roles acquired under it
 //!   have their keys attached to it, so one keep-alive (one etcd keep-alive plus one key
 //!   written) renews them all however many there are, and closing it releases them all;
 //! - push takeover: [`wait_for_change`](tenure::LeaseStore::wait_for_change) watches the
-//!   role's key, so a released lease is taken over in one notification round trip;
+//!   role's key, so a released lease is taken over in one notification round trip, and
+//!   [`wait_for_term`](tenure::LeaseStore::wait_for_term) watches it for the next term,
+//!   so [`tenure::observe()`] sees a new leader by push too;
 //! - fenced etcd writes: [`EtcdLeaseStore::fenced_txn`] and
 //!   [`EtcdLeaseStore::commit_fenced`] build transactions guarded by
 //!   `create_revision(lease key) == token`, so writes to etcd itself commit only while the

@@ -7,6 +7,16 @@
 //! | --- | --- | --- | --- |
 //! | `leases/R` | owner | the term's lease | the live term of role R; token = create revision |
 //! | `terms/R` | [`TermRecord`] (JSON), plus `session` for a term held under one | none | latest term's token, expiry, release; survives expiry |
+//! | `values/R` | [`ValueRecord`] (JSON) | none | the value the latest term advertised; absent when it advertised none or was released |
+//!
+//! `values/R` is written only by the transaction that starts a term (put with a value,
+//! deleted without one) and deleted by release, never by a renewal: `terms/R` is
+//! rewritten by every renewal, and a value kept there would be sent again each time.
+//! It belongs to the term whose token is its mod revision (the starting transaction's
+//! revision, which is the lease key's create revision); readers ignore it otherwise, so
+//! a `values/R` left by a term that an older tenure (which knows no `values/R`) followed
+//! is never shown with the wrong term. A layout from before `values/R` existed reads as
+//! terms that advertised nothing.
 //! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
 //! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
 
@@ -106,6 +116,11 @@ impl Keys {
         format!("{}/terms/{role}", self.prefix)
     }
 
+    /// `<prefix>/values/<role>`: the value the latest term advertised, if any.
+    pub fn value(&self, role: &str) -> String {
+        format!("{}/values/{role}", self.prefix)
+    }
+
     /// `<prefix>/nodes/<node_id>`: the node's membership.
     pub fn node(&self, node_id: &str) -> String {
         format!("{}/nodes/{node_id}", self.prefix)
@@ -126,6 +141,10 @@ impl Keys {
 
     pub(crate) fn terms_dir(&self) -> String {
         format!("{}/terms/", self.prefix)
+    }
+
+    pub(crate) fn values_dir(&self) -> String {
+        format!("{}/values/", self.prefix)
     }
 
     pub(crate) fn nodes_dir(&self) -> String {
@@ -188,6 +207,14 @@ pub(crate) struct SessionTermRecord<'a> {
 pub(crate) struct SessionMark {
     #[serde(default)]
     pub(crate) session: Option<i64>,
+}
+
+/// The value a term advertised, at `values/R` (see the [module](self) docs): written by
+/// the transaction that starts the term, so its mod revision is the term's token.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ValueRecord {
+    /// The value, as the holder gave it.
+    pub(crate) value: String,
 }
 
 /// A live session's record, at `sessions/L` on the session's own etcd lease `L`: written
@@ -275,6 +302,35 @@ mod tests {
         assert!(ttl_secs(Duration::from_secs(MAX_TTL_SECS + 1)).is_err());
     }
 
+    /// Records as releases before `values/R` wrote them still decode (a value is never
+    /// in `terms/R`, so the term record's encoding is unchanged), and a value record is
+    /// only what it says.
+    #[test]
+    fn records_written_before_values_decode() {
+        let acquired = br#"{"owner":"a","expires_at_ns":1700000000000000000,"ttl_secs":4,"lease_secs":4,"released":false}"#;
+        let record = decode::<TermRecord>(acquired).expect("an acquire's record");
+        assert_eq!((record.owner.as_str(), record.token), ("a", None));
+        assert_eq!(record.token_at(42), 42);
+        let released = br#"{"owner":"a","token":42,"expires_at_ns":1700000000000000000,"ttl_secs":4,"lease_secs":4,"released":true}"#;
+        let record = decode::<TermRecord>(released).expect("a release's record");
+        assert!(record.released && record.token_at(50) == 42);
+        // The oldest records had neither `lease_secs` nor `released`.
+        let oldest = br#"{"owner":"a","expires_at_ns":1,"ttl_secs":4}"#;
+        assert!(decode::<TermRecord>(oldest).is_some_and(|r| !r.released));
+
+        let value = encode(&ValueRecord {
+            value: "grpc://[fd00::3]:7443/ünïcode".into(),
+        })
+        .unwrap();
+        assert_eq!(
+            decode::<ValueRecord>(&value).map(|v| v.value).as_deref(),
+            Some("grpc://[fd00::3]:7443/ünïcode")
+        );
+        for junk in [&b"http://a"[..], b"", br#"{"value":7}"#, br#"{}"#] {
+            assert!(decode::<ValueRecord>(junk).is_none(), "{junk:?}");
+        }
+    }
+
     #[test]
     fn names_and_times() {
         let keys = Keys::new("/p").unwrap();
@@ -284,6 +340,11 @@ mod tests {
             Some("a/b")
         );
         assert_eq!(name_under(b"/p/terms/a", &keys.leases_dir()), None);
+        assert_eq!(keys.value("a/b"), "/p/values/a/b");
+        assert_eq!(
+            name_under(b"/p/values/a/b", &keys.values_dir()),
+            Some("a/b")
+        );
         let t = SystemTime::now();
         assert_eq!(round_trip(t), from_ns(to_ns(t)));
         assert_eq!(round_trip(round_trip(t)), round_trip(t));

@@ -564,3 +564,222 @@ async fn connect_tunes_renewals_to_the_server_version() {
     assert!(first.acquired && renewed.acquired);
     assert_eq!(renewed.fencing_token, first.fencing_token);
 }
+
+/// A fresh prefix on the shared etcd, its keys, and a client to read and write them
+/// directly.
+async fn raw_prefix(tag: &str) -> (String, tenure_etcd::requests::Keys, etcd_client::Client) {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix(tag);
+    let keys = tenure_etcd::requests::Keys::new(&prefix).unwrap();
+    (prefix, keys, common::client(&[endpoint]).await)
+}
+
+/// The raw value and mod revision of `key`, if it exists.
+async fn raw_get(client: &mut etcd_client::Client, key: &str) -> Option<(Vec<u8>, i64)> {
+    let response = client.get(key, None).await.unwrap();
+    response
+        .kvs()
+        .first()
+        .map(|kv| (kv.value().to_vec(), kv.mod_revision()))
+}
+
+/// A term's value is written once, by the transaction that starts the term (`values/R`'s
+/// mod revision is the token), and neither a renewal offering another value nor a change
+/// of TTL writes it again, though both rewrite the term record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_leaves_the_value_alone() {
+    let (prefix, keys, mut raw) = raw_prefix("value-renewal").await;
+    let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let ttl = Duration::from_secs(4);
+    let a = store
+        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://a"))
+        .await
+        .unwrap();
+    assert!(a.acquired, "{a:?}");
+    let token = i64::try_from(a.fencing_token.get()).unwrap();
+    let (_, written_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
+    assert_eq!(written_at, token);
+
+    let renewed = store
+        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://b"))
+        .await
+        .unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
+    // Another instance renews through a read, and a new TTL moves the term to a new
+    // etcd lease: neither is a new term.
+    let other = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let moved = other
+        .try_acquire_or_renew_with_value("job", "a", Duration::from_secs(5), Some("http://c"))
+        .await
+        .unwrap();
+    assert!(moved.acquired && moved.fencing_token == a.fencing_token);
+
+    let (_, record_at) = raw_get(&mut raw, &keys.term("job")).await.expect("record");
+    assert!(record_at > token, "renewals rewrite the term record");
+    let (_, still_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
+    assert_eq!(still_at, token, "no renewal rewrote the value");
+    let info = other.get("job").await.unwrap().unwrap();
+    assert_eq!(info.value.as_deref(), Some("http://a"));
+
+    assert!(other.release("job", "a", a.fencing_token).await.unwrap());
+    assert_eq!(raw_get(&mut raw, &keys.value("job")).await, None);
+}
+
+/// Setup: a role's keys as a tenure from before values wrote them: a `values/R` left by
+/// an earlier term (as if a newer tenure's term advertised it), then a term started
+/// without touching it, its record in the old encoding. The term reads (get and list) as
+/// one that advertised nothing, renews and releases as any other, and a renewal offering
+/// a value does not add one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_from_before_values_read_as_advertising_nothing() {
+    use etcd_client::{PutOptions, Txn};
+
+    let (prefix, keys, mut raw) = raw_prefix("old-layout").await;
+    raw.put(keys.value("job"), r#"{"value":"http://stale"}"#, None)
+        .await
+        .unwrap();
+    let lease = raw.lease_grant(4, None).await.unwrap().id();
+    let expires_at_ns = tenure_etcd::requests::to_ns(std::time::SystemTime::now() + 4 * SECOND);
+    let record = format!(
+        r#"{{"owner":"old","expires_at_ns":{expires_at_ns},"ttl_secs":4,"lease_secs":4,"released":false}}"#
+    );
+    let started = raw
+        .txn(Txn::new().and_then([
+            TxnOp::put(
+                keys.lease("job"),
+                "old",
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(keys.term("job"), record, None),
+        ]))
+        .await
+        .unwrap();
+    let token = FencingToken::from(u64::try_from(started.header().unwrap().revision()).unwrap());
+
+    let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
+    let info = store.get("job").await.unwrap().unwrap();
+    assert_eq!(
+        (info.holder.as_deref(), info.fencing_token, info.value),
+        (Some("old"), token, None)
+    );
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].fencing_token, listed[0].value.as_deref()),
+        (token, None)
+    );
+
+    let renewed = store
+        .try_acquire_or_renew_with_value("job", "old", 4 * SECOND, Some("http://new"))
+        .await
+        .unwrap();
+    assert!(
+        renewed.acquired && renewed.fencing_token == token,
+        "{renewed:?}"
+    );
+    assert_eq!(store.get("job").await.unwrap().unwrap().value, None);
+    assert!(store.release("job", "old", token).await.unwrap());
+    let info = store.get("job").await.unwrap().unwrap();
+    assert_eq!((info.holder, info.value), (None, None));
+}
+
+/// `wait_for_term` returns when a term above the token it was given begins: the first
+/// term of a role whose key never existed, and the next term after a release; a
+/// renewal, a change of TTL or a release is no new term. It returns at once when such a
+/// term began before the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_term_returns_when_a_term_begins() {
+    let (prefix, _, client) = raw_prefix("wait-for-term").await;
+    let store = EtcdLeaseStore::new(client.clone(), &prefix).unwrap();
+    let watcher = Arc::new(EtcdLeaseStore::new(client, &prefix).unwrap());
+    let ttl = Duration::from_secs(4);
+    let wait = |after: FencingToken| {
+        let watcher = watcher.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            watcher.wait_for_term("job", after, deadline).await;
+            Instant::now()
+        })
+    };
+    let push = Duration::from_secs(2);
+
+    let waiting = wait(FencingToken::from(0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "no term yet");
+    let a = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    timeout(push, waiting)
+        .await
+        .expect("woken by the first term")
+        .unwrap();
+
+    let waiting = wait(a.fencing_token);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    store
+        .try_acquire_or_renew("job", "a", ttl + SECOND)
+        .await
+        .unwrap();
+    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a renewal, a new TTL and a release are no new term"
+    );
+    let b = store.try_acquire_or_renew("job", "b", ttl).await.unwrap();
+    assert!(b.acquired && b.fencing_token > a.fencing_token);
+    timeout(push, waiting)
+        .await
+        .expect("woken by the next term")
+        .unwrap();
+
+    let asked = Instant::now();
+    timeout(push, wait(a.fencing_token))
+        .await
+        .expect("a term above the token began already")
+        .unwrap();
+    assert!(asked.elapsed() < push);
+}
+
+/// Setup: a private etcd, stopped while a `wait_for_term` watches, and down when the
+/// next one starts. Neither returns before its deadline: a broken watch sleeps to it
+/// rather than letting an observer read (and fail) in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_term_sleeps_to_the_deadline_when_the_watch_fails() {
+    common::init_tracing();
+    let server = EtcdServer::start().expect("start etcd");
+    let store = Arc::new(
+        EtcdLeaseStore::new(common::client(&[server.endpoint()]).await, "/broken")
+            .unwrap()
+            .with_request_timeout(Duration::from_millis(500))
+            .unwrap(),
+    );
+    for phase in ["watch broken", "etcd down"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .wait_for_term("job", FencingToken::from(0), deadline)
+                    .await;
+                tokio::time::Instant::now()
+            })
+        };
+        if phase == "watch broken" {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            server.stop();
+        }
+        let returned = timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("returns by the deadline")
+            .unwrap();
+        assert!(
+            returned >= deadline,
+            "{phase}: returned before the deadline"
+        );
+        assert!(
+            returned < deadline + Duration::from_secs(1),
+            "{phase}: returned long after the deadline"
+        );
+    }
+}

@@ -158,6 +158,8 @@ fn acquire_under_txn(
         owner,
         lease,
         encode(&stored)?,
+        // A term under a session advertises nothing.
+        None,
         Some(guard),
     ))
 }
