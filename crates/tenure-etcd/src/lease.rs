@@ -703,16 +703,6 @@ impl EtcdLeaseStore {
 
 #[async_trait]
 impl LeaseStore for EtcdLeaseStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
-            .await
-    }
-
     /// A new term writes `value` to `values/R` in the transaction that starts it; a
     /// renewal (and a change of TTL) leaves `values/R` alone, so the term keeps the
     /// value it began with whatever a renewal offers.

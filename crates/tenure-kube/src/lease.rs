@@ -482,16 +482,6 @@ fn set_session(lease: &mut Lease, session: Option<u64>) {
 
 #[async_trait]
 impl LeaseStore for KubeLeaseStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
-            .await
-    }
-
     async fn try_acquire_or_renew_with_value(
         &self,
         role: &str,

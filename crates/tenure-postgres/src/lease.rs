@@ -240,16 +240,6 @@ fn ttl_micros(ttl: Duration) -> Result<i64> {
 
 #[async_trait]
 impl LeaseStore for PgLeaseStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
-            .await
-    }
-
     async fn try_acquire_or_renew_with_value(
         &self,
         role: &str,

@@ -385,16 +385,6 @@ impl InterceptStore {
 
 #[async_trait]
 impl LeaseStore for InterceptStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
-            .await
-    }
-
     async fn try_acquire_or_renew_with_value(
         &self,
         role: &str,

@@ -101,37 +101,31 @@ impl LeaseInfo {
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Renews the caller's live term, or starts a new one, or reports the live holder.
+    /// A term it starts advertises no value; see
+    /// [`try_acquire_or_renew_with_value`](Self::try_acquire_or_renew_with_value).
     async fn try_acquire_or_renew(
         &self,
         role: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<LeaseResult>;
+    ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
+            .await
+    }
 
     /// [`try_acquire_or_renew`](Self::try_acquire_or_renew) that advertises `value`
     /// with the term it starts: a new term keeps `value` beside its holder and token,
     /// for [`get`](Self::get), [`list`](Self::list) and [`crate::observe`] to show. A
     /// renewal keeps the value its term began with (a term's value never changes), and
-    /// a release drops it. `value` is at most [`MAX_VALUE_LEN`] bytes with no NUL.
-    ///
-    /// Every backend of this project keeps values; this default is for a store that
-    /// cannot: it refuses a value rather than drop it.
+    /// a release drops it. `value` is at most [`MAX_VALUE_LEN`] bytes with no NUL
+    /// ([`validate_value`]); a bad one is refused before anything is written.
     async fn try_acquire_or_renew_with_value(
         &self,
         role: &str,
         owner: &str,
         ttl: Duration,
         value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        validate_value("value", value)?;
-        if value.is_some() {
-            return Err(Error::invalid(
-                "value",
-                "this store cannot keep an advertised value",
-            ));
-        }
-        self.try_acquire_or_renew(role, owner, ttl).await
-    }
+    ) -> Result<LeaseResult>;
 
     /// Ends the term `(role, owner, token)` at once so a successor need not wait out the
     /// TTL. Returns whether it did; releasing a term that is no longer live is a no-op

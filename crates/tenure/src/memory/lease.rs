@@ -204,16 +204,6 @@ fn first_slot(
 
 #[async_trait]
 impl LeaseStore for InMemoryLeaseStore {
-    async fn try_acquire_or_renew(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, None)
-            .await
-    }
-
     async fn try_acquire_or_renew_with_value(
         &self,
         role: &str,
