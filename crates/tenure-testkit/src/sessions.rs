@@ -187,7 +187,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
 /// A role held by someone else (a plain lease, or another session) is refused with the
 /// holder's term; the holder renewing a session's role on its own keeps the token and
 /// makes it a plain lease; a session opened through another instance of the store is
-/// the same session.
+/// the same session; a term taken in a session advertises no value.
 pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
@@ -237,6 +237,19 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
         !after.acquired,
         "g/1 became node-a's own lease, which outlives its old session: {after:?}"
     );
+
+    // A term taken in a session advertises nothing, also over a lapsed term that did.
+    let valued = store
+        .try_acquire_or_renew_with_value("g/2", "node-b", ttl, Some("http://b:1"))
+        .await
+        .unwrap();
+    assert!(valued.acquired);
+    fx.pass_time(ttl + ttl / 4).await;
+    let d = open(store.as_ref(), "node-d", ttl).await;
+    let taken = store.acquire_in_session("g/2", d.id).await.unwrap();
+    assert!(taken.acquired && taken.fencing_token > valued.fencing_token);
+    let info = store.get("g/2").await.unwrap().expect("g/2");
+    assert_eq!(info.value, None, "{info:?}");
 }
 
 /// Many sessions race for the same roles: each role has exactly one winner, and no
