@@ -273,10 +273,10 @@ impl Kube {
     }
 
     fn connection(&self) -> Result<KubeConnection> {
-        Ok(KubeConnection {
-            client: client(&self.config)?,
-            namespace: self.namespace.clone(),
-        })
+        Ok(KubeConnection::new(
+            client(&self.config)?,
+            self.namespace.clone(),
+        ))
     }
 
     fn raw_clients(&self, clients: usize, bare: bool) -> Result<Vec<Box<dyn Client>>> {

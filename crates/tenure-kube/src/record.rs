@@ -47,6 +47,9 @@ pub(crate) const ENDED: &str = "tenure.dev/ended";
 pub(crate) const NEXT_EPOCH: &str = "tenure.dev/next-epoch";
 /// On a fence object: the highest admitted token.
 pub(crate) const HIGHEST: &str = "tenure.dev/highest-token";
+/// On a member object: the session (hex id) whose keep-alives count as the member's
+/// heartbeats while it is open and held by the member (see `links`).
+pub(crate) const HEARTBEAT_SESSION: &str = "tenure.dev/heartbeat-session";
 /// On a member object: its metadata, as a JSON object of strings.
 pub(crate) const METADATA: &str = "tenure.dev/metadata";
 
