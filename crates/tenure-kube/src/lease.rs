@@ -8,9 +8,12 @@
 //!
 //! One call, as the contract's single atomic step:
 //!
-//! 1. read the role's object (and the session object it is held under, if any);
+//! 1. read the role's object (and the session object it is held under, if any); a
+//!    contender woken by the watch first tries a takeover written on the event's copy,
+//!    and a store renewing or releasing its own term writes on the version it wrote;
 //! 2. held by the caller and live: write a renewal (new `renewTime`), token unchanged;
-//! 3. absent: take a fresh epoch and create the object (a lost create race reads again);
+//! 3. absent: create the object empty (a lost create race reads again), then start the
+//!    first term on it with an epoch taken after that read ([`epochs`]);
 //! 4. released, expired, or held under a session that ended or lapsed: end that lapsed
 //!    session first (a conditional write on the session object, so its late keep-alive
 //!    fails), then write the caller in as holder with `leaseTransitions + 1`;
