@@ -338,27 +338,50 @@ type AllocationHook = Arc<
     dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
 >;
 
-/// A hook that records each allocation's batch size and holds the first allocation
-/// until `resume` is notified (after telling `paused`).
-fn hold_first_allocation(
+/// A store whose epoch allocations are recorded (each one's batch size) and whose first
+/// allocation is held, after it took its callers and before it writes, until `resume`
+/// is notified (it tells `paused` first).
+struct HeldStore {
+    store: Arc<KubeLeaseStore>,
     batches: Arc<parking_lot::Mutex<Vec<usize>>>,
     paused: Arc<tokio::sync::Notify>,
     resume: Arc<tokio::sync::Notify>,
-) -> AllocationHook {
-    Arc::new(move |batch| {
+}
+
+async fn store_holding_first_allocation(namespace: &str) -> HeldStore {
+    let batches = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let hook: AllocationHook = {
         let (batches, paused, resume) = (batches.clone(), paused.clone(), resume.clone());
-        Box::pin(async move {
-            let first = {
-                let mut batches = batches.lock();
-                batches.push(batch);
-                batches.len() == 1
-            };
-            if first {
-                paused.notify_one();
-                resume.notified().await;
-            }
+        Arc::new(move |batch| {
+            let (batches, paused, resume) = (batches.clone(), paused.clone(), resume.clone());
+            Box::pin(async move {
+                let first = {
+                    let mut batches = batches.lock();
+                    batches.push(batch);
+                    batches.len() == 1
+                };
+                if first {
+                    paused.notify_one();
+                    resume.notified().await;
+                }
+            })
         })
-    })
+    };
+    let store = KubeLeaseStore::new(common::tenant(namespace).await).pause_in_allocation(hook);
+    HeldStore {
+        store: Arc::new(store),
+        batches,
+        paused,
+        resume,
+    }
+}
+
+/// Takes an epoch on a task of its own.
+fn take_epoch(store: &Arc<KubeLeaseStore>) -> tokio::task::JoinHandle<u64> {
+    let store = store.clone();
+    tokio::spawn(async move { store.take_epoch().await.unwrap() })
 }
 
 /// Callers of one store that arrive while an allocation is in flight are served
@@ -367,27 +390,15 @@ fn hold_first_allocation(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_get_distinct_epochs_from_one_write() {
     let namespace = common::new_namespace("epoch-batch");
-    let batches = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let (paused, resume) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let store = Arc::new(
-        KubeLeaseStore::new(common::tenant(&namespace).await).pause_in_allocation(
-            hold_first_allocation(batches.clone(), paused.clone(), resume.clone()),
-        ),
-    );
-    let first = {
-        let store = store.clone();
-        tokio::spawn(async move { store.take_epoch().await.unwrap() })
-    };
+    let HeldStore {
+        store,
+        batches,
+        paused,
+        resume,
+    } = store_holding_first_allocation(&namespace).await;
+    let first = take_epoch(&store);
     paused.notified().await;
-    let queued: Vec<_> = (0..15)
-        .map(|_| {
-            let store = store.clone();
-            tokio::spawn(async move { store.take_epoch().await.unwrap() })
-        })
-        .collect();
+    let queued: Vec<_> = (0..15).map(|_| take_epoch(&store)).collect();
     // Let every queued caller join before the first allocation goes on.
     tokio::time::sleep(Duration::from_millis(200)).await;
     resume.notify_one();
@@ -414,12 +425,7 @@ async fn concurrent_callers_get_distinct_epochs_from_one_write() {
             common::tenant(&namespace).await,
         )));
     }
-    let tasks: Vec<_> = (0..48)
-        .map(|i| {
-            let store = stores[i % 3].clone();
-            tokio::spawn(async move { store.take_epoch().await.unwrap() })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..48).map(|i| take_epoch(&stores[i % 3])).collect();
     let mut epochs = Vec::new();
     for task in tasks {
         epochs.push(task.await.unwrap());
@@ -441,29 +447,19 @@ async fn concurrent_callers_get_distinct_epochs_from_one_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_epoch_is_reserved_after_its_caller_asked() {
     let namespace = common::new_namespace("epoch-after");
-    let batches = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let (paused, resume) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let x = Arc::new(
-        KubeLeaseStore::new(common::tenant(&namespace).await).pause_in_allocation(
-            hold_first_allocation(batches.clone(), paused.clone(), resume.clone()),
-        ),
-    );
+    let HeldStore {
+        store: x,
+        batches,
+        paused,
+        resume,
+    } = store_holding_first_allocation(&namespace).await;
     let y = KubeLeaseStore::new(common::tenant(&namespace).await);
     // X's first allocation is held before its write (X has not read the counter yet).
-    let x1 = {
-        let x = x.clone();
-        tokio::spawn(async move { x.take_epoch().await.unwrap() })
-    };
+    let x1 = take_epoch(&x);
     paused.notified().await;
     // Meanwhile Y takes an epoch, and only then does X's second caller ask.
     let from_y = y.take_epoch().await.unwrap();
-    let x2 = {
-        let x = x.clone();
-        tokio::spawn(async move { x.take_epoch().await.unwrap() })
-    };
+    let x2 = take_epoch(&x);
     tokio::time::sleep(Duration::from_millis(200)).await;
     resume.notify_one();
     let (x1, x2) = (x1.await.unwrap(), x2.await.unwrap());
