@@ -12,11 +12,13 @@
 //!   fast path, a bare `PUT` on the object it last wrote, is an extra row (`renew-put`):
 //!   it is what the store does too when it wrote the term itself;
 //! - release: `GET`, then `PUT` clearing `holderIdentity`, as client-go's `release`;
-//! - heartbeat: `GET`, then `PUT` (or `POST`) of a member's object, the registry's own
-//!   requests (client-go has no membership);
+//! - heartbeat: `GET`, then `PUT` (or `POST`) of a member's object, as a client with no
+//!   cached object renews a Lease (client-go has no membership). The registry itself
+//!   sends one `PUT` on the object it last wrote (a `GET` only after a 409);
 //! - takeover (extra row): acquire of a role whose object exists, released: `GET`, then
 //!   `PUT`, where the `acquire` row always creates (the store then also takes an epoch
-//!   from the namespace's counter object, two more requests).
+//!   from the namespace's counter object: one more request, a `PUT` of the counter as the
+//!   store last wrote it, shared by every acquire waiting at that moment).
 //!
 //! Store and raw clients each share one `kube::Client` (a connection pool), as a
 //! process's stores do. `kube:throwaway` starts a kube-apiserver on its own etcd
@@ -273,10 +275,10 @@ impl Kube {
     }
 
     fn connection(&self) -> Result<KubeConnection> {
-        Ok(KubeConnection {
-            client: client(&self.config)?,
-            namespace: self.namespace.clone(),
-        })
+        Ok(KubeConnection::new(
+            client(&self.config)?,
+            self.namespace.clone(),
+        ))
     }
 
     fn raw_clients(&self, clients: usize, bare: bool) -> Result<Vec<Box<dyn Client>>> {
@@ -649,7 +651,8 @@ impl Backend for Kube {
          (one kube::Client shared by the clients, as the store's are): acquire = GET, then \
          POST; renew = GET, then PUT on the resourceVersion read (client-go's slow path; the \
          bare PUT of its fast path is row renew-put); release = GET, then PUT clearing the \
-         holder; heartbeat = GET, then PUT of a member's object (the registry's own requests)"
+         holder; heartbeat = GET, then PUT of a member's object (the registry: one PUT on the \
+         object it last wrote)"
     }
 
     async fn extra_cells(&self, clients: usize) -> Result<Vec<ExtraCell>> {

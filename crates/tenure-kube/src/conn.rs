@@ -6,10 +6,13 @@
 //! `kubectl` finds it ([`kube::Config::infer`]): `$KUBECONFIG` or `~/.kube/config`, else
 //! the pod's service account.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use tenure::{Error, Result};
 
+use crate::links::SessionLinks;
 use crate::record::new_object;
 use crate::BACKEND;
 
@@ -73,12 +76,18 @@ fn validate_namespace(namespace: &str) -> std::result::Result<(), String> {
 }
 
 /// A client and the namespace tenure's objects live in.
+///
+/// Clones share one client, and what the stores made from them tell each other: a
+/// [`KubeLeaseStore`](crate::KubeLeaseStore) and a
+/// [`KubeNodeRegistry`](crate::KubeNodeRegistry) made from one connection let a
+/// member's session keep-alive serve as its membership heartbeat.
 #[derive(Clone)]
 pub struct KubeConnection {
     /// The client (shared by every store made from this connection).
     pub client: kube::Client,
     /// The namespace.
     pub namespace: String,
+    pub(crate) links: Arc<SessionLinks>,
 }
 
 impl std::fmt::Debug for KubeConnection {
@@ -113,12 +122,21 @@ pub async fn connect_with(config: kube::Config, url: &KubeUrl) -> Result<KubeCon
     let client = kube::Client::try_from(config).map_err(|error| {
         Error::store(BACKEND, format!("cannot make a client for {server}"), error)
     })?;
-    let connection = KubeConnection { client, namespace };
+    let connection = KubeConnection::new(client, namespace);
     connection.check().await?;
     Ok(connection)
 }
 
 impl KubeConnection {
+    /// A connection from a client the caller made, with no checks (see [`connect`]).
+    pub fn new(client: kube::Client, namespace: impl Into<String>) -> KubeConnection {
+        KubeConnection {
+            client,
+            namespace: namespace.into(),
+            links: Arc::new(SessionLinks::default()),
+        }
+    }
+
     /// The namespace's Lease API.
     pub(crate) fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.namespace)

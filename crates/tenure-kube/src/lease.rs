@@ -8,9 +8,12 @@
 //!
 //! One call, as the contract's single atomic step:
 //!
-//! 1. read the role's object (and the session object it is held under, if any);
+//! 1. read the role's object (and the session object it is held under, if any); a
+//!    contender woken by the watch first tries a takeover written on the event's copy,
+//!    and a store renewing or releasing its own term writes on the version it wrote;
 //! 2. held by the caller and live: write a renewal (new `renewTime`), token unchanged;
-//! 3. absent: take a fresh epoch and create the object (a lost create race reads again);
+//! 3. absent: create the object empty (a lost create race reads again), then start the
+//!    first term on it with an epoch taken after that read ([`epochs`]);
 //! 4. released, expired, or held under a session that ended or lapsed: end that lapsed
 //!    session first (a conditional write on the session object, so its late keep-alive
 //!    fails), then write the caller in as holder with `leaseTransitions + 1`;
@@ -31,16 +34,18 @@ use tenure::{
 use tokio::time::Instant;
 
 use crate::conn::{api_error, is_conflict, KubeConnection};
-use crate::names::{object_name, session_name, Kind, EPOCHS};
+use crate::names::{object_name, session_name, Kind};
 use crate::record::{
     annotate, begin_term, label, micro_now, new_object, selector, spec, token, ttl_secs, Record,
-    EPOCH, NAME, NEXT_EPOCH, SESSION, VALUE,
+    EPOCH, NAME, SESSION, VALUE,
 };
 use crate::watch::{Shared, Watch};
 use crate::BACKEND;
 
+mod epochs;
 mod session;
 
+use epochs::{AllocationHook, Epochs};
 use session::SessionState;
 
 /// How many conditional writes one call may lose before it reports an error.
@@ -86,6 +91,8 @@ pub struct KubeLeaseStore {
     shared: Arc<Shared>,
     watch: Watch,
     sessions: Mutex<HashMap<u64, SessionState>>,
+    /// Fresh epochs and session ids, one counter write per batch of callers.
+    epochs: Arc<Epochs>,
     /// The plain terms this store wrote last, per role: a renewal or release by their
     /// owner is one conditional write on the version written, with no read first (a
     /// 409 means someone else wrote since, and the call reads as usual).
@@ -120,12 +127,15 @@ impl KubeLeaseStore {
     /// A store on the connection's namespace.
     pub fn new(conn: KubeConnection) -> KubeLeaseStore {
         let api = conn.leases();
+        let shared = Shared::new();
+        let epochs = Epochs::new(api.clone(), conn.namespace.clone(), shared.clone(), None);
         KubeLeaseStore {
             conn,
             api,
-            shared: Shared::new(),
+            shared,
             watch: Watch::new(selector(&[Kind::Role.label(), "session"])),
             sessions: Mutex::new(HashMap::new()),
+            epochs,
             own: Mutex::new(HashMap::new()),
             after_epoch: None,
         }
@@ -138,6 +148,27 @@ impl KubeLeaseStore {
     pub fn pause_after_epoch(mut self, hook: EpochHook) -> Self {
         self.after_epoch = Some(hook);
         self
+    }
+
+    /// For tests: awaits `hook` in each epoch allocation of this store, given how many
+    /// callers it serves, after it took them and before it writes the counter, so a test
+    /// can queue another caller while an allocation is in flight.
+    #[doc(hidden)]
+    pub fn pause_in_allocation(mut self, hook: AllocationHook) -> Self {
+        self.epochs = Epochs::new(
+            self.api.clone(),
+            self.conn.namespace.clone(),
+            self.shared.clone(),
+            Some(hook),
+        );
+        self
+    }
+
+    /// For tests: a fresh epoch from this store's allocator, as a role's first term or
+    /// a session id takes one.
+    #[doc(hidden)]
+    pub async fn take_epoch(&self) -> Result<u64> {
+        self.allocate_epoch().await
     }
 
     /// The namespace the store's objects live in.
@@ -173,6 +204,42 @@ impl KubeLeaseStore {
         };
         let record = Record::read(record.lease, role)?;
         Ok(Some(Seen { record, first }))
+    }
+
+    /// The role's object as the namespace watch last delivered it (see
+    /// [`Shared::watched`]), if the watch runs and that is the newest version known here.
+    fn watched_role(&self, role: &str) -> Result<Option<Seen>> {
+        if !self.watch.running() {
+            return Ok(None);
+        }
+        let object = object_name(Kind::Role, role);
+        let Some((record, first)) = self.shared.watched(&object) else {
+            return Ok(None);
+        };
+        let record = Record::read(record.lease, role)?;
+        Ok(Some(Seen { record, first }))
+    }
+
+    /// A takeover written on the watch's copy of the role, with no read first: the
+    /// successor woken by a release (or waiting out an expiry) saves a round trip. Only
+    /// ever a write conditional on that copy's version; a copy showing a live term is not
+    /// trusted (it may be older than a release), so `None` sends the caller to read.
+    async fn take_watched(
+        &self,
+        role: &str,
+        owner: &str,
+        secs: i32,
+        session: Option<u64>,
+        value: Option<&str>,
+    ) -> Result<Option<(FencingToken, Instant, Record)>> {
+        let Some(seen) = self.watched_role(role)? else {
+            return Ok(None);
+        };
+        let judged = self.judge(seen).await?;
+        if judged.live {
+            return Ok(None);
+        }
+        self.take(&judged, owner, secs, session, value).await
     }
 
     pub(crate) async fn session_view(&self, id: u64) -> Result<SessionView> {
@@ -243,80 +310,15 @@ impl KubeLeaseStore {
         }
     }
 
-    /// Hands out an epoch no object of this namespace had before: the counter object's
-    /// `next-epoch`, moved on by a conditional write. A missing counter starts above
-    /// every epoch and session id still found in the namespace.
+    /// Hands out an epoch no object of this namespace had before, reserved by a counter
+    /// write sent after this call began (see [`epochs`]): a caller that read a role's
+    /// empty object first gets an epoch above every one an earlier incarnation used.
     pub(crate) async fn allocate_epoch(&self) -> Result<u64> {
-        let epoch = self.next_epoch().await?;
+        let epoch = self.epochs.take().await?;
         if let Some(hook) = &self.after_epoch {
             hook().await;
         }
         Ok(epoch)
-    }
-
-    async fn next_epoch(&self) -> Result<u64> {
-        for _ in 0..ATTEMPTS * 8 {
-            match self.read(EPOCHS).await? {
-                Some((record, _)) => {
-                    let raw = record.annotations.get(NEXT_EPOCH).cloned();
-                    let next: u64 =
-                        raw.as_deref()
-                            .and_then(|raw| raw.parse().ok())
-                            .ok_or_else(|| {
-                                crate::record::corrupt(format!("{EPOCHS} has {NEXT_EPOCH} {raw:?}"))
-                            })?;
-                    let mut lease = record.to_write();
-                    annotate(&mut lease, NEXT_EPOCH, Some((next + 1).to_string()));
-                    match self
-                        .api
-                        .replace(EPOCHS, &PostParams::default(), &lease)
-                        .await
-                    {
-                        Ok(_) => return Ok(next),
-                        Err(error) if is_conflict(&error) => continue,
-                        Err(error) => return Err(self.error("update", EPOCHS, error)),
-                    }
-                }
-                None => {
-                    let floor = self.highest_epoch_in_use().await?.map_or(0, |e| e + 1);
-                    let mut lease = new_object(EPOCHS, "epochs", None);
-                    annotate(&mut lease, NEXT_EPOCH, Some((floor + 1).to_string()));
-                    match self.api.create(&PostParams::default(), &lease).await {
-                        Ok(_) => return Ok(floor),
-                        Err(error) if is_conflict(&error) => continue,
-                        Err(error) => return Err(self.error("create", EPOCHS, error)),
-                    }
-                }
-            }
-        }
-        Err(Error::store_msg(
-            BACKEND,
-            format!(
-                "the epoch counter {EPOCHS} kept changing under {} tries",
-                ATTEMPTS * 8
-            ),
-        ))
-    }
-
-    async fn highest_epoch_in_use(&self) -> Result<Option<u64>> {
-        let (records, _) = self
-            .shared
-            .list(&self.api, &self.conn.namespace, &selector(&[]))
-            .await?;
-        let mut highest = None;
-        for (record, _) in records {
-            let kind = record.kind();
-            let value = match kind {
-                Some("role") => record.epoch()?,
-                Some("session") => record
-                    .annotations
-                    .get(NAME)
-                    .and_then(|id| u64::from_str_radix(id, 16).ok()),
-                _ => None,
-            };
-            highest = highest.max(value);
-        }
-        Ok(highest)
     }
 
     /// Creates the role's object empty: no holder and no epoch. The first term is then
@@ -500,6 +502,10 @@ impl LeaseStore for KubeLeaseStore {
             if let Some((sent, record)) = self.replace_read(&own.record.object, &lease).await? {
                 return Ok(self.hold(role, owner, own.token, sent, record, ttl));
             }
+        } else if let Some((token, sent, record)) =
+            self.take_watched(role, owner, secs, None, value).await?
+        {
+            return Ok(self.hold(role, owner, token, sent, record, ttl));
         }
         for _ in 0..ATTEMPTS {
             let Some(seen) = self.read_or_create(role).await? else {

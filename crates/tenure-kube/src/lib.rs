@@ -39,6 +39,7 @@
 mod conn;
 mod fence;
 mod lease;
+mod links;
 pub mod names;
 mod observe;
 mod record;

@@ -76,6 +76,17 @@ impl Observer {
             .insert(object.to_owned(), (version.to_owned(), sent));
     }
 
+    /// When `version` of `object` was first seen, if it is the newest version seen.
+    pub fn first_sighting(&self, object: &str, version: &str) -> Option<Instant> {
+        self.latest(object)
+            .and_then(|(known, first)| (known == version).then_some(first))
+    }
+
+    /// The newest version of `object` seen, and when it was first seen.
+    pub fn latest(&self, object: &str) -> Option<(String, Instant)> {
+        self.seen.lock().get(object).cloned()
+    }
+
     /// Forgets `object` (deleted).
     pub fn forget(&self, object: &str) {
         self.seen.lock().remove(object);

@@ -13,9 +13,14 @@
 //! | annotation and label `tenure.dev/session` | the session the term is held under, if any |
 //! | annotation `tenure.dev/value` | the value the term advertised, if any; removed on release |
 //!
+//! A member's Lease also carries `tenure.dev/metadata` (its metadata) and
+//! `tenure.dev/heartbeat-session` (the session whose keep-alives count as its heartbeats,
+//! see `links`).
+//!
 //! The fencing token is `epoch * 2^31 + leaseTransitions + 1`. Within one object it grows
 //! by one per change of holder. An object is created empty (no holder, no epoch); its
-//! first term takes a fresh epoch from the counter *after* reading the empty object, and
+//! first term takes a fresh epoch from the counter *after* reading the empty object (from
+//! a block reserved by a counter write sent after that read, see `lease::epochs`), and
 //! starts with a write conditional on that read. Every epoch a deleted incarnation of the
 //! object used was taken before it was deleted, so before this one was created: the new
 //! epoch is above them all, and so are its tokens. (An epoch taken before a delete can
@@ -50,6 +55,9 @@ pub(crate) const ENDED: &str = "tenure.dev/ended";
 pub(crate) const NEXT_EPOCH: &str = "tenure.dev/next-epoch";
 /// On a fence object: the highest admitted token.
 pub(crate) const HIGHEST: &str = "tenure.dev/highest-token";
+/// On a member object: the session (hex id) whose keep-alives count as the member's
+/// heartbeats while it is open and held by the member (see `links`).
+pub(crate) const HEARTBEAT_SESSION: &str = "tenure.dev/heartbeat-session";
 /// On a member object: its metadata, as a JSON object of strings.
 pub(crate) const METADATA: &str = "tenure.dev/metadata";
 

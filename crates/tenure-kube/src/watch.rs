@@ -24,15 +24,23 @@ use tokio::time::Instant;
 
 use crate::conn::api_error;
 use crate::observe::Observer;
-use crate::record::Record;
+use crate::record::{Record, ENDED, METADATA};
 
 /// What a store and its watch share.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub observer: Observer,
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
-    /// Woken by every event (membership waiters).
+    /// Woken when an object appears, goes, or changes what membership reads of it
+    /// (holder, `acquireTime`, metadata, ended), or comes back after this process judged
+    /// it lapsed: membership waiters. A heartbeat or keep-alive that only moves
+    /// `renewTime` wakes nobody here.
     pub any: Notify,
+    /// What membership reads of each object as the watch last delivered it.
+    marks: Mutex<HashMap<String, Mark>>,
+    /// Each object as the watch last delivered it: a contender woken by an event writes
+    /// on the event's version instead of reading the object again.
+    latest: Mutex<HashMap<String, Lease>>,
 }
 
 impl Shared {
@@ -41,6 +49,8 @@ impl Shared {
             observer: Observer::new(),
             waiters: Mutex::new(HashMap::new()),
             any: Notify::new(),
+            marks: Mutex::new(HashMap::new()),
+            latest: Mutex::new(HashMap::new()),
         })
     }
 
@@ -88,6 +98,17 @@ impl Shared {
         Ok((records, arrived))
     }
 
+    /// `object` as the watch last delivered it, with when its version was first seen,
+    /// if that is still the newest version this process knows of (no read or write of
+    /// it since). Only good for a conditional write: the object may have changed since,
+    /// and then the write loses with 409 Conflict.
+    pub fn watched(&self, object: &str) -> Option<(Record, Instant)> {
+        let lease = self.latest.lock().get(object).cloned()?;
+        let record = Record::read_any(lease).ok()?;
+        let first = self.observer.first_sighting(object, &record.version)?;
+        Some((record, first))
+    }
+
     /// The wake-up of `object`'s waiters.
     pub fn notify_of(&self, object: &str) -> Arc<Notify> {
         self.waiters
@@ -101,16 +122,62 @@ impl Shared {
         let Some(name) = lease.metadata.name.as_deref() else {
             return;
         };
+        let now = self.observer.instant();
+        let mark = Mark::of(lease);
+        let previous = if deleted {
+            self.marks.lock().remove(name)
+        } else {
+            self.marks.lock().insert(name.to_owned(), mark.clone())
+        };
+        // Back after this process last saw it longer ago than its duration: a member
+        // (or session) judged gone here has come back.
+        let lapsed = match (&previous, self.observer.latest(name)) {
+            (Some(previous), Some((_, first))) => now >= first + previous.duration,
+            _ => false,
+        };
+        let membership_changed =
+            deleted || lapsed || previous.is_none_or(|previous| previous != mark);
         if deleted {
             self.observer.forget(name);
+            self.latest.lock().remove(name);
         } else if let Some(version) = lease.metadata.resource_version.as_deref() {
-            self.observer.saw(name, version, self.observer.instant());
+            self.observer.saw(name, version, now);
+            self.latest.lock().insert(name.to_owned(), lease.clone());
         }
         let notify = self.waiters.lock().get(name).cloned();
         if let Some(notify) = notify {
             notify.notify_waiters();
         }
-        self.any.notify_waiters();
+        if membership_changed {
+            self.any.notify_waiters();
+        }
+    }
+}
+
+/// What membership reads of an object, beyond its version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Mark {
+    holder: Option<String>,
+    acquired: Option<String>,
+    metadata: Option<String>,
+    ended: bool,
+    duration: std::time::Duration,
+}
+
+impl Mark {
+    fn of(lease: &Lease) -> Mark {
+        let spec = lease.spec.as_ref();
+        let annotations = lease.metadata.annotations.as_ref();
+        let secs = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+        Mark {
+            holder: spec.and_then(|s| s.holder_identity.clone()),
+            acquired: spec
+                .and_then(|s| s.acquire_time.as_ref())
+                .map(|t| t.0.to_string()),
+            metadata: annotations.and_then(|a| a.get(METADATA).cloned()),
+            ended: annotations.is_some_and(|a| a.contains_key(ENDED)),
+            duration: std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)),
+        }
     }
 }
 
@@ -160,6 +227,13 @@ impl Watch {
                 }
             }
         });
+    }
+}
+
+impl Watch {
+    /// Whether the watch was started (it may be between reconnects).
+    pub fn running(&self) -> bool {
+        self.started.get().is_some()
     }
 }
 

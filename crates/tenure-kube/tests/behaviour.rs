@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Error, FencingToken, LeaseStore};
+use tenure::{Error, FencingToken, LeaseStore, NodeRegistry};
 use tenure_kube::names::{object_name, Kind};
-use tenure_kube::KubeLeaseStore;
+use tenure_kube::{KubeLeaseStore, KubeNodeRegistry};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -332,4 +332,200 @@ async fn an_epoch_taken_before_a_delete_never_starts_a_term() {
         "token went back: node-y had {y_token}, then node-x got {}",
         x_result.fencing_token
     );
+}
+
+type AllocationHook = Arc<
+    dyn Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
+
+/// A store whose epoch allocations are recorded (each one's batch size) and whose first
+/// allocation is held, after it took its callers and before it writes, until `resume`
+/// is notified (it tells `paused` first).
+struct HeldStore {
+    store: Arc<KubeLeaseStore>,
+    batches: Arc<parking_lot::Mutex<Vec<usize>>>,
+    paused: Arc<tokio::sync::Notify>,
+    resume: Arc<tokio::sync::Notify>,
+}
+
+async fn store_holding_first_allocation(namespace: &str) -> HeldStore {
+    let batches = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let hook: AllocationHook = {
+        let (batches, paused, resume) = (batches.clone(), paused.clone(), resume.clone());
+        Arc::new(move |batch| {
+            let (batches, paused, resume) = (batches.clone(), paused.clone(), resume.clone());
+            Box::pin(async move {
+                let first = {
+                    let mut batches = batches.lock();
+                    batches.push(batch);
+                    batches.len() == 1
+                };
+                if first {
+                    paused.notify_one();
+                    resume.notified().await;
+                }
+            })
+        })
+    };
+    let store = KubeLeaseStore::new(common::tenant(namespace).await).pause_in_allocation(hook);
+    HeldStore {
+        store: Arc::new(store),
+        batches,
+        paused,
+        resume,
+    }
+}
+
+/// Takes an epoch on a task of its own.
+fn take_epoch(store: &Arc<KubeLeaseStore>) -> tokio::task::JoinHandle<u64> {
+    let store = store.clone();
+    tokio::spawn(async move { store.take_epoch().await.unwrap() })
+}
+
+/// Callers of one store that arrive while an allocation is in flight are served
+/// together by the next one, one counter write for all of them, each with its own
+/// epoch; callers of several stores at once never share an epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_get_distinct_epochs_from_one_write() {
+    let namespace = common::new_namespace("epoch-batch");
+    let HeldStore {
+        store,
+        batches,
+        paused,
+        resume,
+    } = store_holding_first_allocation(&namespace).await;
+    let first = take_epoch(&store);
+    paused.notified().await;
+    let queued: Vec<_> = (0..15).map(|_| take_epoch(&store)).collect();
+    // Let every queued caller join before the first allocation goes on.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    resume.notify_one();
+    let first = first.await.unwrap();
+    let mut rest = Vec::new();
+    for task in queued {
+        rest.push(task.await.unwrap());
+    }
+    assert_eq!(
+        *batches.lock(),
+        vec![1, 15],
+        "the 15 that arrived during the first allocation share the next one"
+    );
+    assert!(rest.iter().all(|&epoch| epoch > first), "{first} {rest:?}");
+    let mut all: Vec<u64> = rest.iter().copied().chain([first]).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 16, "distinct: {all:?}");
+
+    // Three stores, 16 callers each, all at once.
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(Arc::new(KubeLeaseStore::new(
+            common::tenant(&namespace).await,
+        )));
+    }
+    let tasks: Vec<_> = (0..48).map(|i| take_epoch(&stores[i % 3])).collect();
+    let mut epochs = Vec::new();
+    for task in tasks {
+        epochs.push(task.await.unwrap());
+    }
+    assert!(epochs.iter().all(|&epoch| epoch > all[15]));
+    epochs.sort_unstable();
+    epochs.dedup();
+    assert_eq!(epochs.len(), 48, "distinct across stores: {epochs:?}");
+    // One store's calls one after another grow.
+    let a = stores[0].take_epoch().await.unwrap();
+    let b = stores[0].take_epoch().await.unwrap();
+    assert!(a > epochs[47] && b > a, "{a} then {b}");
+}
+
+/// An epoch is reserved by a counter write sent after its caller asked: a caller that
+/// arrives while an allocation is in flight is not served from that allocation's block,
+/// so its epoch passes one another store took before it asked (as a role's first term
+/// must pass every epoch a deleted incarnation used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_is_reserved_after_its_caller_asked() {
+    let namespace = common::new_namespace("epoch-after");
+    let HeldStore {
+        store: x,
+        batches,
+        paused,
+        resume,
+    } = store_holding_first_allocation(&namespace).await;
+    let y = KubeLeaseStore::new(common::tenant(&namespace).await);
+    // X's first allocation is held before its write (X has not read the counter yet).
+    let x1 = take_epoch(&x);
+    paused.notified().await;
+    // Meanwhile Y takes an epoch, and only then does X's second caller ask.
+    let from_y = y.take_epoch().await.unwrap();
+    let x2 = take_epoch(&x);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    resume.notify_one();
+    let (x1, x2) = (x1.await.unwrap(), x2.await.unwrap());
+    assert!(x2 > from_y, "asked after Y's {from_y}, got {x2}");
+    assert!(x2 > x1 && x1 != from_y, "{x1} {x2} {from_y}");
+    assert_eq!(
+        *batches.lock(),
+        vec![1, 1],
+        "x2 waited for its own allocation"
+    );
+
+    // X now knows the counter as it wrote it; Y moves it on; X's next write on the stale
+    // version loses and reads again, still above Y's.
+    let from_y = y.take_epoch().await.unwrap();
+    let x3 = x.take_epoch().await.unwrap();
+    assert!(x3 > from_y && x3 > x2, "{x3} after {from_y} and {x2}");
+}
+
+/// A member whose store keeps its session alive is heard of through the session: its
+/// registry writes no heartbeat of its own meanwhile (one write per member per interval,
+/// the keep-alive), another process still sees it live for as long as it lasts, and once
+/// the session ends its own heartbeats come back; with neither it lapses after its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keep_alive_is_its_members_heartbeat() {
+    let namespace = common::new_namespace("session-beat");
+    let conn = common::tenant(&namespace).await;
+    let store = KubeLeaseStore::new(conn.clone());
+    let registry = KubeNodeRegistry::new(conn, TTL).unwrap();
+    let reader = KubeNodeRegistry::new(common::tenant(&namespace).await, TTL).unwrap();
+    let session = store.open_session("node-a", TTL).await.unwrap();
+    registry.heartbeat("node-a").await.unwrap();
+    let object = object_name(Kind::Member, "node-a");
+    let version = field(&namespace, &object, "{.metadata.resourceVersion}");
+    assert_eq!(reader.live_nodes().await.unwrap(), vec!["node-a"]);
+    let first_seen = reader.members().await.unwrap()[0].first_seen;
+    for _ in 0..9 {
+        tokio::time::sleep(TTL / 3).await;
+        assert!(store
+            .keep_alive_session(session.id, TTL)
+            .await
+            .unwrap()
+            .is_some());
+        registry.heartbeat("node-a").await.unwrap();
+        let members = reader.members().await.unwrap();
+        assert_eq!(members.len(), 1, "{members:?}");
+        assert_eq!(
+            members[0].first_seen, first_seen,
+            "one membership throughout"
+        );
+        assert!(members[0].heartbeat_age() < TTL / 2, "{members:?}");
+    }
+    assert_eq!(
+        field(&namespace, &object, "{.metadata.resourceVersion}"),
+        version,
+        "no heartbeat write of its own while the session was kept alive"
+    );
+
+    assert!(store.close_session(session.id).await.unwrap());
+    registry.heartbeat("node-a").await.unwrap();
+    assert_ne!(
+        field(&namespace, &object, "{.metadata.resourceVersion}"),
+        version,
+        "the session ended: the member heartbeats itself"
+    );
+    assert_eq!(reader.live_nodes().await.unwrap(), vec!["node-a"]);
+    assert_eq!(reader.members().await.unwrap()[0].first_seen, first_seen);
+    tokio::time::sleep(TTL + common::EXPIRY_MARGIN).await;
+    assert!(reader.live_nodes().await.unwrap().is_empty());
 }

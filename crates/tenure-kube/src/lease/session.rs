@@ -55,6 +55,7 @@ impl KubeLeaseStore {
             ended: false,
         };
         self.sessions.lock().insert(id, state);
+        self.conn.links.kept(owner, id, sent);
         Ok(self.grant(id, owner, sent + ttl, sent))
     }
 
@@ -90,6 +91,7 @@ impl KubeLeaseStore {
         if let Some(state) = self.sessions.lock().get_mut(&id) {
             state.ended = true;
         }
+        self.conn.links.ended(id);
     }
 
     /// The live session `id` on this process's clock, or [`Error::SessionEnded`] (ending
@@ -127,6 +129,7 @@ impl KubeLeaseStore {
                     state.record = written;
                     state.expires = state.expires.max(sent + ttl);
                     let grant = self.grant(id, &state.owner, state.expires, sent);
+                    self.conn.links.kept(&state.owner, id, sent);
                     self.sessions.lock().insert(id, state);
                     return Ok(Some(grant));
                 }
@@ -165,6 +168,12 @@ impl KubeLeaseStore {
             holder: state.owner.clone(),
             now: self.shared.observer.now(),
         };
+        if let Some((token, ..)) = self
+            .take_watched(role, &state.owner, secs, Some(id), None)
+            .await?
+        {
+            return Ok(held(token));
+        }
         for _ in 0..ATTEMPTS {
             let Some(seen) = self.read_or_create(role).await? else {
                 continue;
