@@ -204,7 +204,7 @@ pub struct HoldRow {
     pub contenders: usize,
     /// From the start until every role ran (and, for a group, the shares were even).
     pub settle_ms: f64,
-    /// Where creating objects contends ([`Backend::creates_contend`]: Kubernetes), the
+    /// Where creating objects contends (`Backend::creates_contend`: Kubernetes), the
     /// group's settle once more, started again after the window with its objects in
     /// place (as after a deploy); `None` elsewhere. The per-role electors' objects are
     /// created one by one before they start there, so their `settle_ms` has no creates.

@@ -3,10 +3,6 @@
 //! Every command picks its store with `--store URL` or `TENURE_STORE`; the default is a
 //! SQLite file under the user's state directory. Exit codes are in [`exit`] and the README.
 
-// The doc comments of the clap definitions are the help text users read, so `[IPV6]:PORT`
-// and `kube:[NAMESPACE]` are usage notation there, not links.
-#![allow(rustdoc::broken_intra_doc_links)]
-
 mod bench;
 mod cgroup;
 mod chaos;
@@ -86,9 +82,18 @@ enum LogFormat {
 /// `--store`, shared by every command that talks to a store.
 #[derive(Args, Debug, Clone)]
 struct StoreArg {
-    /// Store URL: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX], kube:[NAMESPACE], memory:.
-    /// Default: sqlite under $XDG_STATE_HOME (or ~/.local/state)/tenure/tenure.db.
-    #[arg(long = "store", env = "TENURE_STORE", hide_env_values = true)]
+    // The help text is an attribute, not a doc comment: rustdoc would read the usage
+    // notation `kube:[NAMESPACE]` as a link. clap drops a one-paragraph help's final period.
+    #[arg(
+        long = "store",
+        env = "TENURE_STORE",
+        hide_env_values = true,
+        help = concat!(
+            "Store URL: sqlite:PATH, postgres://USER@HOST/DB, etcd://HOST:PORT[/PREFIX], ",
+            "kube:[NAMESPACE], memory:. ",
+            "Default: sqlite under $XDG_STATE_HOME (or ~/.local/state)/tenure/tenure.db"
+        )
+    )]
     url: Option<String>,
     /// Membership liveness TTL: a node is live this long after its last heartbeat.
     /// Default: 15s; with `run --group`, --ttl (a longer one is refused: a killed member
@@ -202,10 +207,17 @@ enum Command {
         /// show it, and the command gets it as TENURE_LEADER_VALUE.
         #[arg(long, value_name = "VALUE", conflicts_with = "group")]
         advertise: Option<String>,
-        /// Serve Prometheus /metrics, /healthz and /leader on this address: IP:PORT,
-        /// [IPV6]:PORT, localhost:PORT, or :PORT / PORT for 127.0.0.1:PORT. Port 0 picks
-        /// a free port; the address is printed on stderr ("tenure: metrics on http://...").
-        #[arg(long, value_name = "ADDR", value_parser = exporter::parse_addr)]
+        // An attribute, not a doc comment: rustdoc would read `[IPV6]:PORT` as a link.
+        #[arg(
+            long,
+            value_name = "ADDR",
+            value_parser = exporter::parse_addr,
+            help = concat!(
+                "Serve Prometheus /metrics, /healthz and /leader on this address: IP:PORT, ",
+                "[IPV6]:PORT, localhost:PORT, or :PORT / PORT for 127.0.0.1:PORT. Port 0 picks ",
+                "a free port; the address is printed on stderr (\"tenure: metrics on http://...\")"
+            )
+        )]
         metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
         store: StoreArg,

@@ -9,7 +9,7 @@
 //!   `holderIdentity`, `leaseDurationSeconds`, `acquireTime`, `renewTime` and
 //!   `leaseTransitions` set as client-go sets them, so `kubectl get lease` reads them.
 //!   Every write is conditional on the `resourceVersion` just read. The fencing token is
-//!   `epoch * 2^31 + leaseTransitions + 1` ([`record`](crate::record)), never repeating,
+//!   `epoch * 2^31 + leaseTransitions + 1` (module `record`), never repeating,
 //!   also when an operator deletes the object.
 //! - sessions: one Lease per session, kept alive with one write per interval however
 //!   many roles are held under it.
@@ -21,7 +21,7 @@
 //! ## What it guarantees, and what it does not
 //!
 //! The API server keeps no timers. Expiry is judged by observation, as client-go's
-//! elector judges it ([`observe`](crate::observe)): a contender takes a term over only
+//! elector judges it (module `observe`): a contender takes a term over only
 //! after it saw the record unchanged for its whole duration on its own monotonic clock,
 //! so only clock *rates* must agree. Two consequences the other backends do not have: a
 //! reader that starts late (a new process, `tenure status`) counts a dead holder's time

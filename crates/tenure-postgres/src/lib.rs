@@ -1,6 +1,6 @@
 //! # tenure-postgres: durable shared leases, membership and fenced transactions
 //!
-//! The PostgreSQL backend of [tenure](tenure): leadership across machines with the
+//! The PostgreSQL backend of [tenure]: leadership across machines with the
 //! database clock as the single arbiter.
 //!
 //! - [`PgLeaseStore`]: the [`LeaseStore`](tenure::LeaseStore) contract, one autocommit

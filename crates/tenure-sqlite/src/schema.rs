@@ -260,6 +260,9 @@ async fn record_boot(conn: &mut SqliteConnection, boot_id: &str) -> Result<()> {
 /// migrates older ones (run it inside a write transaction). [`SqliteDatabase::open`]
 /// and [`SqliteDatabase::from_pool`] call it; call it yourself only when you fence
 /// writes in a database you open some other way.
+///
+/// [`SqliteDatabase::open`]: crate::SqliteDatabase::open
+/// [`SqliteDatabase::from_pool`]: crate::SqliteDatabase::from_pool
 pub async fn create_schema(conn: &mut SqliteConnection) -> Result<()> {
     create_schema_at(conn, &SystemHostClock).await
 }

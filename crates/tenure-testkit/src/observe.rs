@@ -1,5 +1,5 @@
 //! Conformance scenarios for a term's advertised value and for observers: the value is
-//! kept with the term that published it, and [`tenure::observe`] sees each change of
+//! kept with the term that published it, and [`tenure::observe()`] sees each change of
 //! leader by push, without contending. Part of
 //! [`lease_scenarios!`](crate::lease_scenarios).
 

@@ -76,7 +76,7 @@ pub struct LeaseLeaderOptions {
     pub work_grace: Duration,
     /// A value each of this contender's terms advertises (where followers reach the
     /// leader: a URL, `host:port`), kept in the store with the term and shown by
-    /// [`LeaseStore::get`] and [`crate::observe`]. At most
+    /// [`LeaseStore::get`] and [`crate::observe()`]. At most
     /// [`MAX_VALUE_LEN`](crate::lease::MAX_VALUE_LEN) bytes, no NUL. Default none.
     pub advertise: Option<String>,
 }

@@ -115,7 +115,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// [`try_acquire_or_renew`](Self::try_acquire_or_renew) that advertises `value`
     /// with the term it starts: a new term keeps `value` beside its holder and token,
-    /// for [`get`](Self::get), [`list`](Self::list) and [`crate::observe`] to show. A
+    /// for [`get`](Self::get), [`list`](Self::list) and [`crate::observe()`] to show. A
     /// renewal keeps the value its term began with (a term's value never changes), and
     /// a release drops it. `value` is at most [`MAX_VALUE_LEN`] bytes with no NUL
     /// ([`validate_value`]); a bad one is refused before anything is written.
@@ -165,7 +165,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Waits until a term with a token above `after` begins on `role`, or until
     /// `deadline`. For observers of a role that has no live holder (see
-    /// [`crate::observe`]): [`wait_for_change`](Self::wait_for_change) waits for a
+    /// [`crate::observe()`]): [`wait_for_change`](Self::wait_for_change) waits for a
     /// live term to end, this for the next one to begin.
     ///
     /// A backend that can push returns as soon as the term begins; it may return early
