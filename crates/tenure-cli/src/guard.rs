@@ -289,6 +289,16 @@ fn detach(pipe: &OwnedFd) {
 /// tenure (what left the group is still tenure's, a subreaper's). A few rounds, for
 /// processes that forked meanwhile.
 fn kill_command(tenure: Option<Pid>, groups: &[Pid], cgroup: Option<&std::path::Path>) {
+    if tenure.is_none() && groups.is_empty() {
+        // Nothing a scan of `/proc` could match (every command was stopped and reaped;
+        // tenure is gone): only the cgroup may hold a straggler, and one `cgroup.kill`
+        // takes every member, forking ones included. This is every normal exit of
+        // tenure, so it must not cost rounds of full `/proc` scans.
+        if let Some(cgroup) = cgroup {
+            crate::cgroup::kill(cgroup);
+        }
+        return;
+    }
     let me = Pid::this();
     for round in 0..KILL_ROUNDS {
         if let Some(cgroup) = cgroup {

@@ -635,6 +635,9 @@ fn check_run_flags(args: &run::RunArgs) -> Result<(), UsageError> {
     Ok(())
 }
 
+/// Log lines buffered for stderr before more are dropped.
+const LOG_BUFFER_LINES: usize = 4096;
+
 /// Logs to stderr through a buffer that a thread of its own drains, dropping lines when
 /// it is full: a stderr nobody reads (a wedged log shipper, a stopped terminal) must
 /// never block the runtime thread that renews the lease and stops the command in time.
@@ -647,6 +650,10 @@ fn init_logging(
 ) -> tracing_appender::non_blocking::WorkerGuard {
     use tracing_subscriber::EnvFilter;
     let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        // The default buffer (128,000 lines) is a channel allocated and written in full
+        // up front: about 4 MB of page faults, the largest single cost of a short `tenure
+        // run` (a profile of `run -- true`). tenure logs a few lines per term.
+        .buffered_lines_limit(LOG_BUFFER_LINES)
         .lossy(true)
         .thread_name("tenure-logs")
         .finish(std::io::stderr());
