@@ -1,0 +1,284 @@
+//! The requests the store sends and how it reads their answers: the transactions that
+//! acquire, renew and release a term, and the records, values and views parsed back.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+
+/// The compares that hold exactly while `(owner, token)` is role's live term.
+pub(super) fn own_term_compares(keys: &Keys, role: &str, owner: &str, token: i64) -> Vec<Compare> {
+    let lease_key = keys.lease(role);
+    vec![
+        Compare::create_revision(lease_key.clone(), CompareOp::Equal, token),
+        Compare::value(lease_key, CompareOp::Equal, owner),
+    ]
+}
+
+/// The acquire transaction: when role's lease key is absent, put it (value `owner`, on
+/// etcd lease `lease`) and `record`; otherwise read the lease key and term record.
+/// The token of a new term is the answer's header revision.
+#[doc(hidden)]
+pub fn acquire_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    lease: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    Ok(acquire_txn_with(
+        keys,
+        role,
+        owner,
+        lease,
+        encode(record)?,
+        None,
+        None,
+    ))
+}
+
+/// [`acquire_txn`] with the encoded term record and the encoded value the term
+/// advertises (`None`: it advertises none, and a previous term's value is deleted);
+/// with `session` (a compare that holds while the session lives, and a read of its
+/// key), the transaction also requires the session to live and reads its key in either
+/// branch.
+pub(super) fn acquire_txn_with(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    lease: i64,
+    record: Vec<u8>,
+    value: Option<Vec<u8>>,
+    session: Option<(Compare, TxnOp)>,
+) -> Txn {
+    let lease_key = keys.lease(role);
+    let term_key = keys.term(role);
+    let mut compares = vec![Compare::create_revision(
+        lease_key.clone(),
+        CompareOp::Equal,
+        0,
+    )];
+    let mut then = vec![
+        TxnOp::put(
+            lease_key.clone(),
+            owner,
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+        TxnOp::put(term_key.clone(), record, None),
+        // Not on the etcd lease: a lapsed term keeps its value, as its record.
+        match value {
+            Some(value) => TxnOp::put(keys.value(role), value, None),
+            None => TxnOp::delete(keys.value(role), None),
+        },
+    ];
+    let mut otherwise = vec![TxnOp::get(lease_key, None), TxnOp::get(term_key, None)];
+    if let Some((compare, read)) = session {
+        compares.push(compare);
+        then.push(read.clone());
+        otherwise.push(read);
+    }
+    Txn::new().when(compares).and_then(then).or_else(otherwise)
+}
+
+/// The renewal transaction of the live term `(owner, token)`: put `record`; otherwise
+/// read the lease key and term record. Sent together with a keep-alive of the term's
+/// etcd lease.
+#[doc(hidden)]
+pub fn renew_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    token: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    let term_key = keys.term(role);
+    Ok(Txn::new()
+        .when(own_term_compares(keys, role, owner, token))
+        .and_then([TxnOp::put(term_key.clone(), encode(record)?, None)])
+        .or_else([
+            TxnOp::get(keys.lease(role), None),
+            TxnOp::get(term_key, None),
+        ]))
+}
+
+/// The release transaction of the live term `(owner, token)`: delete the lease key
+/// (returning it, for its etcd lease to revoke next), put the released `record`
+/// (returning the previous one, which says whether that lease is a session's) and
+/// delete the term's value.
+#[doc(hidden)]
+pub fn release_txn(
+    keys: &Keys,
+    role: &str,
+    owner: &str,
+    token: i64,
+    record: &TermRecord,
+) -> Result<Txn> {
+    Ok(Txn::new()
+        .when(own_term_compares(keys, role, owner, token))
+        .and_then([
+            TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
+            // The previous record says whether the term was held under a session.
+            TxnOp::put(
+                keys.term(role),
+                encode(record)?,
+                Some(PutOptions::new().with_prev_key()),
+            ),
+            TxnOp::delete(keys.value(role), None),
+        ]))
+}
+
+/// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
+pub(super) fn held(owner: &str, token: i64, expires_at: SystemTime, now: SystemTime) -> Step {
+    Step::Done(held_result(owner, token, expires_at, now))
+}
+
+pub(super) fn held_result(
+    owner: &str,
+    token: i64,
+    expires_at: SystemTime,
+    now: SystemTime,
+) -> LeaseResult {
+    LeaseResult {
+        acquired: true,
+        // Create revisions are positive; 0 is never a live term's token.
+        fencing_token: FencingToken::from(u64::try_from(token).unwrap_or(0)),
+        expires_at,
+        holder: owner.to_owned(),
+        now,
+    }
+}
+
+/// The first key of each range read in a transaction's answer, in order.
+pub(super) fn first_kvs(response: &TxnResponse) -> Vec<Option<KeyValue>> {
+    response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(super) fn two_gets(response: &TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
+    let mut gets = first_kvs(response).into_iter();
+    (gets.next().flatten(), gets.next().flatten())
+}
+
+pub(super) fn parse_term(kv: &KeyValue) -> Option<(TermRecord, i64)> {
+    decode::<TermRecord>(kv.value()).map(|record| (record, kv.mod_revision()))
+}
+
+/// The value of a `values/R` key and its mod revision (the token of the term that
+/// wrote it); `None` for bytes that are no value record.
+pub(super) fn parse_value(kv: &KeyValue) -> Option<(String, i64)> {
+    decode::<ValueRecord>(kv.value()).map(|record| (record.value, kv.mod_revision()))
+}
+
+/// The `values/R` record of a term advertising `value`, if it does.
+pub(super) fn encode_value(value: Option<&str>) -> Result<Option<Vec<u8>>> {
+    value
+        .map(|value| {
+            encode(&ValueRecord {
+                value: value.to_owned(),
+            })
+        })
+        .transpose()
+}
+
+/// The value term `token` advertised, from the role's `values/R` as read: only when
+/// that term wrote it (see `schema.rs`).
+pub(super) fn advertised(value: Option<&(String, i64)>, token: u64) -> Option<String> {
+    value
+        .filter(|(_, written_at)| u64::try_from(*written_at).ok() == Some(token))
+        .map(|(value, _)| value.clone())
+}
+
+/// Whether an error says the etcd lease named in a put does not exist (a spare that
+/// expired): retry with a fresh lease.
+pub(super) fn lease_missing(error: &Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<etcd_client::Error>())
+        .is_some_and(crate::conn::is_lease_not_found)
+}
+
+/// The role as a read of its lease key and term record saw it, and the parsed record.
+pub(super) fn seen_in(
+    lease_kv: Option<&KeyValue>,
+    term_kv: Option<&KeyValue>,
+) -> (Seen, Option<(TermRecord, i64)>) {
+    let record = term_kv.and_then(parse_term);
+    let session = term_kv
+        .and_then(|kv| decode::<SessionMark>(kv.value()))
+        .and_then(|mark| mark.session);
+    (seen_from(lease_kv, record.as_ref(), session), record)
+}
+
+pub(super) fn seen_from(
+    lease_kv: Option<&KeyValue>,
+    record: Option<&(TermRecord, i64)>,
+    session: Option<i64>,
+) -> Seen {
+    let Some(kv) = lease_kv else {
+        return Seen::Absent;
+    };
+    let owner = String::from_utf8_lossy(kv.value()).into_owned();
+    let token = kv.create_revision();
+    let this_term = record.filter(|(r, mod_revision)| {
+        i64::try_from(r.token_at(*mod_revision)).ok() == Some(token) && r.owner == owner
+    });
+    Seen::Held(Holder {
+        owner,
+        token,
+        lease: kv.lease(),
+        ttl_secs: this_term.map(|(r, _)| (r.ttl_secs, r.lease_secs.max(r.ttl_secs))),
+        expires_at: this_term.map(|(r, _)| from_ns(r.expires_at_ns)),
+        // Held under the session only while the key is still on the session's lease.
+        session: this_term.and(session).filter(|&s| s == kv.lease()),
+    })
+}
+
+/// What `get` and `list` show of a role: its live term, else the latest term's record;
+/// with the value of `values/R` when that term wrote it.
+pub(super) fn lease_info(
+    role: &str,
+    seen: &Seen,
+    record: Option<&(TermRecord, i64)>,
+    value: Option<&(String, i64)>,
+    now: SystemTime,
+) -> Option<LeaseInfo> {
+    match seen {
+        Seen::Held(holder) => Some(LeaseInfo {
+            role: role.to_owned(),
+            holder: Some(holder.owner.clone()),
+            fencing_token: holder.token(),
+            expires_at: holder.expires_at(now),
+            now,
+            value: advertised(value, holder.token().get()),
+        }),
+        Seen::Absent => record.map(|(r, mod_revision)| {
+            let recorded = from_ns(r.expires_at_ns);
+            let token = r.token_at(*mod_revision);
+            LeaseInfo {
+                role: role.to_owned(),
+                // A released term has no holder and no value (release deletes it, but
+                // an older tenure's release may not have); a lapsed one keeps both.
+                holder: (!r.released).then(|| r.owner.clone()),
+                fencing_token: FencingToken::from(token),
+                // The key is gone, so the term ended by now at the latest.
+                expires_at: recorded.min(now),
+                now,
+                value: advertised(value, token).filter(|_| !r.released),
+            }
+        }),
+    }
+}
+
+/// How long an etcd lease granted `lease_secs` for a request of `ttl` (`ttl_secs`) lasts:
+/// the request, unless etcd raised it to its minimum (1.5 election timeouts).
+pub(super) fn lease_duration(ttl: Duration, ttl_secs: i64, lease_secs: i64) -> Duration {
+    if lease_secs > ttl_secs {
+        Duration::from_secs(u64::try_from(lease_secs).unwrap_or(0))
+    } else {
+        ttl
+    }
+}
