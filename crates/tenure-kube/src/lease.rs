@@ -81,6 +81,20 @@ struct Judged {
     lapsed_session: Option<Record>,
 }
 
+impl Judged {
+    /// The token of a live term. A live term always has one ([`KubeLeaseStore::judge`]
+    /// refuses a record that names a holder without an epoch); should that ever not
+    /// hold, the call fails rather than answer with a made-up token.
+    fn live_token(&self) -> Result<FencingToken> {
+        self.token.ok_or_else(|| {
+            crate::record::corrupt(format!(
+                "{} has a live term without a token",
+                self.seen.record.object
+            ))
+        })
+    }
+}
+
 /// Tenure's lease store on the Kubernetes API: one Lease object per role in one
 /// namespace, sessions for shard groups, push wake-ups from a watch.
 ///
@@ -299,15 +313,15 @@ impl KubeLeaseStore {
         })
     }
 
-    /// The answer to a caller refused by a live term (whose token is always set).
-    fn refusal(&self, judged: &Judged) -> LeaseResult {
-        LeaseResult {
+    /// The answer to a caller refused by a live term.
+    fn refusal(&self, judged: &Judged) -> Result<LeaseResult> {
+        Ok(LeaseResult {
             acquired: false,
-            fencing_token: judged.token.unwrap_or(FencingToken::from(0)),
+            fencing_token: judged.live_token()?,
             expires_at: judged.expires_at,
             holder: judged.seen.record.holder.clone().unwrap_or_default(),
             now: self.shared.observer.now(),
-        }
+        })
     }
 
     /// Hands out an epoch no object of this namespace had before, reserved by a counter
@@ -514,7 +528,7 @@ impl LeaseStore for KubeLeaseStore {
             let judged = self.judge(seen).await?;
             let ours = judged.seen.record.holder.as_deref() == Some(owner);
             if judged.live && !ours {
-                return Ok(self.refusal(&judged));
+                return self.refusal(&judged);
             }
             if judged.live {
                 // Renew (a term held under a session becomes a plain lease of its own).
@@ -528,7 +542,7 @@ impl LeaseStore for KubeLeaseStore {
                     .await?
                 {
                     Some((sent, record)) => {
-                        let token = judged.token.unwrap_or(FencingToken::from(0));
+                        let token = judged.live_token()?;
                         return Ok(self.hold(role, owner, token, sent, record, ttl));
                     }
                     None => continue,

@@ -185,7 +185,7 @@ impl KubeLeaseStore {
                 }
             }
             if judged.live {
-                return Ok(self.refusal(&judged));
+                return self.refusal(&judged);
             }
             if let Some((token, ..)) = self
                 .take(&judged, &state.owner, secs, Some(id), None)
