@@ -5,6 +5,7 @@
 //!   scenario with its own
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - [`sessions`]: the session scenarios (many roles held under one renewable session).
+//! - [`queue`]: the queue of candidates, handoff and `wait_for_successor`.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
@@ -15,6 +16,7 @@ mod fixture;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod observe;
+pub mod queue;
 pub mod sessions;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

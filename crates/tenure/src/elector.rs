@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::BoxError;
 use crate::lease::{validate_name, validate_value};
-use crate::{Error, FencingToken, LeaseResult, LeaseStore, Result};
+use crate::{Error, FencingToken, LeaseResult, LeaseStore, Result, TermChange};
 
 /// How long after the holder's expiry a waiting contender tries again, so it does not
 /// arrive a hair before the store considers the lease expired.
@@ -264,6 +264,10 @@ pub struct LeaseLeaderElector {
     pending_releases: Mutex<HashMap<String, FencingToken>>,
     /// The current term's local deadline, `None` while not leading.
     deadline: watch::Sender<Option<Instant>>,
+    /// A planned handoff waiting for the leader loop to act on it.
+    handoff: Mutex<Option<HandoffRequest>>,
+    /// Wakes the leader loop for `handoff`.
+    handoff_requested: Notify,
 }
 
 impl std::fmt::Debug for LeaseLeaderElector {
@@ -292,9 +296,21 @@ struct Answer {
     received: Instant,
 }
 
+/// A request from [`LeaseLeaderElector::hand_off`] to the leader loop.
+struct HandoffRequest {
+    /// The term the caller saw leading; a request for another term is refused.
+    token: FencingToken,
+    /// The candidate to hand to; `None` for the oldest waiting one.
+    successor: Option<String>,
+    /// Whether the term passed to a successor.
+    answer: oneshot::Sender<Result<bool>>,
+}
+
 /// How one term ended.
 enum TermEnd {
     Shutdown,
+    /// Work was stopped for a planned handoff; the term goes on until handed over.
+    HandOff(HandoffRequest),
     WorkReturned(Result<()>),
     /// Lost; the answer that told us so (if any) decides what to do next.
     Lost(Option<Answer>),
@@ -371,6 +387,8 @@ impl LeaseLeaderElector {
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             pending_releases: Mutex::new(HashMap::new()),
             deadline: watch::Sender::new(None),
+            handoff: Mutex::new(None),
+            handoff_requested: Notify::new(),
         })
     }
 
@@ -396,6 +414,40 @@ impl LeaseLeaderElector {
     /// same deadline even when this process stops running.
     pub fn deadline(&self) -> watch::Receiver<Option<Instant>> {
         self.deadline.subscribe()
+    }
+
+    /// Hands the term this elector leads to a successor, as planned (a deploy, a
+    /// drain): the work's `leadership` is cancelled and the work awaited, then one store
+    /// step ends the term and begins the successor's (token + 1), so nobody contends
+    /// and the successor starts as soon as it hears of it. `successor` names a
+    /// contender waiting in the role's queue (its owner id); `None` hands to the
+    /// oldest waiting one.
+    ///
+    /// Returns `Ok(true)` once the term passed to a successor; this elector then waits
+    /// in the queue as any contender. `Ok(false)` when this elector does not lead, or
+    /// when nobody (or not the named successor) was waiting: then the elector goes on
+    /// leading (it renews, and `work` is called again with the same token). A store
+    /// error is returned as is; the term then runs out or is taken back as after any
+    /// failed release.
+    pub async fn hand_off(&self, successor: Option<&str>) -> Result<bool> {
+        if let Some(successor) = successor {
+            validate_name("successor", successor)?;
+        }
+        let ElectionState::Leader { fencing_token } = *self.state.borrow() else {
+            return Ok(false);
+        };
+        let (answer, answered) = oneshot::channel();
+        let request = HandoffRequest {
+            token: fencing_token,
+            successor: successor.map(str::to_owned),
+            answer,
+        };
+        if let Some(earlier) = self.handoff.lock().replace(request) {
+            let _ = earlier.answer.send(Ok(false));
+        }
+        self.handoff_requested.notify_one();
+        // The leader loop drops the request unanswered only when `run` ends first.
+        answered.await.unwrap_or(Ok(false))
     }
 
     /// Contends for `role` until `shutdown` fires or `work` returns while leader.
@@ -466,6 +518,8 @@ impl LeaseLeaderElector {
                 TermEnd::Shutdown => return Ok(()),
                 TermEnd::WorkReturned(outcome) => return outcome,
                 TermEnd::Lost(answer) => last = answer,
+                // `end_term` answers a handoff and reports it as `Lost(None)`.
+                TermEnd::HandOff(_) => {}
             }
         }
     }
@@ -474,9 +528,11 @@ impl LeaseLeaderElector {
     fn attempt<'a>(&'a self, role: &'a str) -> AttemptFuture<'a> {
         Box::pin(async move {
             let sent = Instant::now();
+            // Queued: a release hands the role to the oldest waiting contender, so a
+            // handover is one write however many wait.
             let result = self
                 .store
-                .try_acquire_or_renew_with_value(
+                .try_acquire_or_queue(
                     role,
                     &self.options.owner_id,
                     self.options.lease_ttl,
@@ -513,11 +569,9 @@ impl LeaseLeaderElector {
         loop {
             if let Some(answer) = observed.take() {
                 self.publish_follower(&answer.result);
-                let deadline = self.follower_deadline(&answer);
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = self.store.wait_for_change(role, answer.result.fencing_token, deadline) => {}
+                if !self.wait_turn(role, &answer, shutdown).await {
+                    self.leave_queue(role).await;
+                    return Ok(None);
                 }
             }
             // An answer arriving after the local window could not start a usable term
@@ -526,7 +580,10 @@ impl LeaseLeaderElector {
             let window = self.options.leadership_window();
             let attempt = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return Ok(None),
+                _ = shutdown.cancelled() => {
+                    self.leave_queue(role).await;
+                    return Ok(None);
+                }
                 attempt = tokio::time::timeout(window, self.attempt(role)) => attempt,
             };
             let Ok(Attempt {
@@ -588,16 +645,79 @@ impl LeaseLeaderElector {
         }
     }
 
-    /// Wake at the holder's expiry (plus a margin) or after a jittered retry interval,
-    /// whichever is first; a push from the store may wake us sooner.
-    fn follower_deadline(&self, answer: &Answer) -> Instant {
-        let retry = answer.received + self.jittered(self.options.retry_interval);
+    /// Waits for this contender's turn after `answer` named another holder: a push that
+    /// the term ended or was handed to us, the holder's expiry (plus a margin), or the
+    /// retry interval (which refreshes our place in the queue), whichever is first.
+    /// A push that the term went to another candidate is followed without asking the
+    /// store: we keep our place and wait for the next change. Returns `false` on
+    /// shutdown.
+    async fn wait_turn(&self, role: &str, answer: &Answer, shutdown: &CancellationToken) -> bool {
+        // The candidacy lasts `lease_ttl`; the renew interval is well inside it.
+        let retry = self
+            .jittered(self.options.retry_interval)
+            .min(self.options.renew_interval);
+        let retry = answer.received + retry;
         let expiry = answer.received + answer.result.remaining() + EXPIRY_MARGIN;
-        retry.min(expiry)
+        let mut deadline = retry.min(expiry);
+        let mut observed = answer.result.fencing_token;
+        loop {
+            let change = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return false,
+                change = self.store.wait_for_successor(role, observed, deadline) => change,
+            };
+            match change {
+                TermChange::Began {
+                    holder,
+                    fencing_token,
+                } if holder != self.options.owner_id && Instant::now() < retry => {
+                    debug!(role, owner = %self.options.owner_id, %holder, token = %fencing_token,
+                        "the term passed to another contender; keeping our place");
+                    self.publish_holder(Some((holder, fencing_token)));
+                    // The new term's expiry is unknown until our next attempt reads it.
+                    observed = fencing_token;
+                    deadline = retry;
+                }
+                _ => return true,
+            }
+        }
+    }
+
+    /// Leaves the queue when this contender stops waiting, so no release hands the role
+    /// to it; a term a release handed it meanwhile (nobody would lead it) is released.
+    /// Bounded by the leadership window: a store that does not answer by then leaves a
+    /// candidacy that lapses on its own.
+    async fn leave_queue(&self, role: &str) {
+        let owner = self.options.owner_id.as_str();
+        let left = tokio::time::timeout(self.options.leadership_window(), async {
+            self.store.withdraw(role, owner).await?;
+            if let Some(info) = self.store.get(role).await? {
+                if info.live_holder() == Some(owner) {
+                    self.store.release(role, owner, info.fencing_token).await?;
+                }
+            }
+            Ok::<(), Error>(())
+        })
+        .await;
+        match left {
+            Ok(Ok(())) => debug!(role, owner, "left the queue"),
+            Ok(Err(error)) => {
+                warn!(role, owner, %error, "leaving the queue failed; the candidacy lapses on its own")
+            }
+            Err(_) => {
+                warn!(
+                    role,
+                    owner, "leaving the queue timed out; the candidacy lapses on its own"
+                )
+            }
+        }
     }
 
     fn publish_follower(&self, result: &LeaseResult) {
-        let holder = Some((result.holder.clone(), result.fencing_token));
+        self.publish_holder(Some((result.holder.clone(), result.fencing_token)));
+    }
+
+    fn publish_holder(&self, holder: Option<(String, FencingToken)>) {
         self.state.send_if_modified(|state| {
             let next = ElectionState::Follower {
                 holder: holder.clone(),
@@ -648,6 +768,11 @@ impl LeaseLeaderElector {
                 biased;
                 _ = shutdown.cancelled() => break TermEnd::Shutdown,
                 joined = &mut task => break TermEnd::WorkReturned(work_outcome(joined)),
+                _ = self.handoff_requested.notified() => {
+                    if let Some(request) = self.take_handoff(term.token) {
+                        break TermEnd::HandOff(request);
+                    }
+                }
                 _ = tokio::time::sleep_until(term.deadline()) => {
                     warn!(role, owner, token = %term.token,
                         reason = "local deadline passed without a successful renewal", "leadership lost");
@@ -767,17 +892,31 @@ impl LeaseLeaderElector {
                     self.await_work(role, term.token, task),
                     self.settle(term, renewal)
                 );
-                if let Some(held) = held {
-                    self.release(role, &held).await;
-                }
+                self.give_up(role, held).await;
                 TermEnd::Shutdown
             }
             TermEnd::WorkReturned(outcome) => {
                 // The work has returned: `task` is finished, nothing to wait for.
-                if let Some(held) = self.settle(term, renewal).await {
-                    self.release(role, &held).await;
-                }
+                let held = self.settle(term, renewal).await;
+                self.give_up(role, held).await;
                 TermEnd::WorkReturned(outcome)
+            }
+            TermEnd::HandOff(request) => {
+                let ((), held) = tokio::join!(
+                    self.await_work(role, term.token, task),
+                    self.settle(term, renewal)
+                );
+                let handed = match held {
+                    Some(held) => {
+                        self.hand_over(role, &held, request.successor.as_deref())
+                            .await
+                    }
+                    None => Ok(false),
+                };
+                let _ = request.answer.send(handed);
+                // Contend again: queued behind the successor, or renewing the term when
+                // nobody took it.
+                TermEnd::Lost(None)
             }
         }
     }
@@ -823,6 +962,58 @@ impl LeaseLeaderElector {
             Ok(Attempt { result: Err(_), .. }) | Err(_) => {}
         }
         Some(held)
+    }
+
+    /// Gives up for good what `settle` left: releases the term, or, when the store
+    /// answered that another owner holds it (and so queued us), leaves the queue.
+    async fn give_up(&self, role: &str, held: Option<Term>) {
+        match held {
+            Some(held) => {
+                self.release(role, &held).await;
+            }
+            None => self.leave_queue(role).await,
+        }
+    }
+
+    /// Takes the waiting handoff request if it is for the term `token`; one for another
+    /// term (the caller saw an earlier one) is answered `false`.
+    fn take_handoff(&self, token: FencingToken) -> Option<HandoffRequest> {
+        let request = self.handoff.lock().take()?;
+        if request.token == token {
+            return Some(request);
+        }
+        let _ = request.answer.send(Ok(false));
+        None
+    }
+
+    /// Ends the term in one store step that begins the successor's: the named one, or
+    /// the oldest waiting. Bounded by the term's local deadline. Whether it
+    /// passed; when it did not, the term is still ours and contending renews it.
+    async fn hand_over(&self, role: &str, term: &Term, successor: Option<&str>) -> Result<bool> {
+        let owner = self.options.owner_id.as_str();
+        let token = term.token;
+        let step = self.store.hand_over(role, owner, token, successor);
+        match tokio::time::timeout_at(term.deadline(), step).await {
+            Ok(Ok(handed)) => {
+                if handed {
+                    info!(role, owner, token = %token, ?successor, "handed over");
+                } else {
+                    info!(role, owner, token = %token, ?successor, "no successor waiting; leading on");
+                }
+                Ok(handed)
+            }
+            Ok(Err(error)) => {
+                self.pending_releases.lock().insert(role.to_owned(), token);
+                Err(error)
+            }
+            Err(_) => {
+                self.pending_releases.lock().insert(role.to_owned(), token);
+                Err(Error::store_msg(
+                    "elector",
+                    "the handoff got no answer before the term's local deadline",
+                ))
+            }
+        }
     }
 
     /// Releases the term, giving up at its local deadline (the lease is gone by then).

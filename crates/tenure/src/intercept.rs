@@ -66,6 +66,7 @@ use tokio::time::Instant;
 
 use crate::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    TermChange,
 };
 
 /// One call to a [`LeaseStore`], with its arguments, as an [`Interceptor`] sees it.
@@ -76,8 +77,9 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Call {
-    /// [`LeaseStore::try_acquire_or_renew`] and
-    /// [`LeaseStore::try_acquire_or_renew_with_value`].
+    /// [`LeaseStore::try_acquire_or_renew`],
+    /// [`LeaseStore::try_acquire_or_renew_with_value`] and (with `queue` set)
+    /// [`LeaseStore::try_acquire_or_queue`].
     TryAcquireOrRenew {
         /// The role.
         role: String,
@@ -87,6 +89,26 @@ pub enum Call {
         ttl: Duration,
         /// The value a new term advertises.
         value: Option<String>,
+        /// Whether a caller that does not acquire is queued as a candidate.
+        queue: bool,
+    },
+    /// [`LeaseStore::withdraw`].
+    Withdraw {
+        /// The role.
+        role: String,
+        /// The candidate leaving the queue.
+        owner: String,
+    },
+    /// [`LeaseStore::hand_over`].
+    HandOver {
+        /// The role.
+        role: String,
+        /// The holder handing over.
+        owner: String,
+        /// The token of the term to end.
+        token: FencingToken,
+        /// The candidate to begin the next term; `None` for the oldest.
+        successor: Option<String>,
     },
     /// [`LeaseStore::release`].
     Release {
@@ -109,6 +131,15 @@ pub enum Call {
     },
     /// [`LeaseStore::wait_for_change`].
     WaitForChange {
+        /// The role.
+        role: String,
+        /// The token of the term the caller saw.
+        observed: FencingToken,
+        /// When the caller stops waiting.
+        deadline: Instant,
+    },
+    /// [`LeaseStore::wait_for_successor`].
+    WaitForSuccessor {
         /// The role.
         role: String,
         /// The token of the term the caller saw.
@@ -157,11 +188,15 @@ impl Call {
     /// The name of the store method this call is for (`"release"`, ...), for logs.
     pub fn method(&self) -> &'static str {
         match self {
-            Call::TryAcquireOrRenew { .. } => "try_acquire_or_renew",
+            Call::TryAcquireOrRenew { queue: false, .. } => "try_acquire_or_renew",
+            Call::TryAcquireOrRenew { queue: true, .. } => "try_acquire_or_queue",
+            Call::Withdraw { .. } => "withdraw",
+            Call::HandOver { .. } => "hand_over",
             Call::Release { .. } => "release",
             Call::Get { .. } => "get",
             Call::List { .. } => "list",
             Call::WaitForChange { .. } => "wait_for_change",
+            Call::WaitForSuccessor { .. } => "wait_for_successor",
             Call::WaitForTerm { .. } => "wait_for_term",
             Call::OpenSession { .. } => "open_session",
             Call::KeepAliveSession { .. } => "keep_alive_session",
@@ -177,7 +212,8 @@ impl Call {
 pub enum Reply {
     /// From [`Call::TryAcquireOrRenew`] and [`Call::AcquireInSession`].
     Lease(Result<LeaseResult>),
-    /// From [`Call::Release`] and [`Call::CloseSession`].
+    /// From [`Call::Release`], [`Call::HandOver`], [`Call::Withdraw`] and
+    /// [`Call::CloseSession`].
     Released(Result<bool>),
     /// From [`Call::OpenSession`].
     Session(Result<SessionGrant>),
@@ -189,6 +225,8 @@ pub enum Reply {
     List(Result<Vec<LeaseInfo>>),
     /// From [`Call::WaitForChange`] and [`Call::WaitForTerm`]: the wait ended.
     Changed,
+    /// From [`Call::WaitForSuccessor`]: the wait ended with what it learned.
+    Succession(TermChange),
 }
 
 impl Reply {
@@ -196,14 +234,18 @@ impl Reply {
     ///
     /// A wait cannot fail: its caller reads the store again when it returns, and sees
     /// the failure there. So for [`Call::WaitForChange`] and [`Call::WaitForTerm`] the
-    /// error is dropped and the wait ends at once.
+    /// error is dropped and the wait ends at once ([`Call::WaitForSuccessor`]: having
+    /// learned nothing, [`TermChange::Unknown`]).
     pub fn error(call: &Call, error: Error) -> Reply {
         match call {
             Call::TryAcquireOrRenew { .. } => Reply::Lease(Err(error)),
-            Call::Release { .. } => Reply::Released(Err(error)),
+            Call::Release { .. } | Call::HandOver { .. } | Call::Withdraw { .. } => {
+                Reply::Released(Err(error))
+            }
             Call::Get { .. } => Reply::Info(Err(error)),
             Call::List { .. } => Reply::List(Err(error)),
             Call::WaitForChange { .. } | Call::WaitForTerm { .. } => Reply::Changed,
+            Call::WaitForSuccessor { .. } => Reply::Succession(TermChange::Unknown),
             Call::OpenSession { .. } => Reply::Session(Err(error)),
             Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
             Call::AcquireInSession { .. } => Reply::Lease(Err(error)),
@@ -225,6 +267,15 @@ impl Reply {
         match self {
             Reply::Released(result) => result,
             other => Err(other.mismatch("release")),
+        }
+    }
+
+    /// The answer of a [`Call::WaitForSuccessor`]; [`TermChange::Unknown`] if an
+    /// interceptor answered it with the reply to another method (a wait cannot fail).
+    pub fn into_succession(self) -> TermChange {
+        match self {
+            Reply::Succession(change) => change,
+            _ => TermChange::Unknown,
         }
     }
 
@@ -253,6 +304,7 @@ impl Reply {
             Reply::Info(_) => "get",
             Reply::List(_) => "list",
             Reply::Changed => "wait_for_change",
+            Reply::Succession(_) => "wait_for_successor",
             Reply::Session(_) => "open_session",
             Reply::KeptAlive(_) => "keep_alive_session",
         };
@@ -311,9 +363,32 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             owner,
             ttl,
             value,
+            queue: false,
         } => Reply::Lease(
             store
                 .try_acquire_or_renew_with_value(&role, &owner, ttl, value.as_deref())
+                .await,
+        ),
+        Call::TryAcquireOrRenew {
+            role,
+            owner,
+            ttl,
+            value,
+            queue: true,
+        } => Reply::Lease(
+            store
+                .try_acquire_or_queue(&role, &owner, ttl, value.as_deref())
+                .await,
+        ),
+        Call::Withdraw { role, owner } => Reply::Released(store.withdraw(&role, &owner).await),
+        Call::HandOver {
+            role,
+            owner,
+            token,
+            successor,
+        } => Reply::Released(
+            store
+                .hand_over(&role, &owner, token, successor.as_deref())
                 .await,
         ),
         Call::Release { role, owner, token } => {
@@ -329,6 +404,11 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             store.wait_for_change(&role, observed, deadline).await;
             Reply::Changed
         }
+        Call::WaitForSuccessor {
+            role,
+            observed,
+            deadline,
+        } => Reply::Succession(store.wait_for_successor(&role, observed, deadline).await),
         Call::WaitForTerm {
             role,
             after,
@@ -397,8 +477,64 @@ impl LeaseStore for InterceptStore {
             owner: owner.to_owned(),
             ttl,
             value: value.map(str::to_owned),
+            queue: false,
         };
         self.call(call).await.into_lease()
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        let call = Call::TryAcquireOrRenew {
+            role: role.to_owned(),
+            owner: owner.to_owned(),
+            ttl,
+            value: value.map(str::to_owned),
+            queue: true,
+        };
+        self.call(call).await.into_lease()
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        let call = Call::Withdraw {
+            role: role.to_owned(),
+            owner: owner.to_owned(),
+        };
+        self.call(call).await.into_released()
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        let call = Call::HandOver {
+            role: role.to_owned(),
+            owner: owner.to_owned(),
+            token,
+            successor: successor.map(str::to_owned),
+        };
+        self.call(call).await.into_released()
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: Instant,
+    ) -> TermChange {
+        let call = Call::WaitForSuccessor {
+            role: role.to_owned(),
+            observed,
+            deadline,
+        };
+        self.call(call).await.into_succession()
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
@@ -638,6 +774,7 @@ mod tests {
                     owner,
                     ttl,
                     value,
+                    queue,
                 } = call
                 else {
                     return next.run(call).await;
@@ -648,6 +785,7 @@ mod tests {
                     owner,
                     ttl,
                     value,
+                    queue,
                 };
                 let mut reply = next.run(call).await;
                 if let Reply::Lease(Ok(answer)) = &mut reply {

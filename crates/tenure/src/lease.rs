@@ -82,6 +82,24 @@ impl LeaseInfo {
     }
 }
 
+/// What a waiter learned of a role's term from [`LeaseStore::wait_for_successor`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TermChange {
+    /// Nothing known: the deadline passed, the wake was spurious, or the backend's push
+    /// does not say. The caller asks the store.
+    Unknown,
+    /// The observed term ended and no term is live.
+    Ended,
+    /// The observed term ended and a term of `holder` under `fencing_token` began (a
+    /// release handed it over, or a contender acquired it).
+    Began {
+        /// The new term's holder.
+        holder: String,
+        /// The new term's token.
+        fencing_token: FencingToken,
+    },
+}
+
 /// A store of renewable, fenced leases, one per role.
 ///
 /// Every call is one atomic step decided on *store time* (the injected clock for
@@ -132,6 +150,68 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// returning `false`.
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool>;
 
+    /// [`try_acquire_or_renew_with_value`](Self::try_acquire_or_renew_with_value) for a
+    /// contender that waits its turn in line: when another owner holds the live term,
+    /// the caller is also queued as a **candidate** for `role` until `now + ttl` (a
+    /// candidate already queued and still live keeps its place and is refreshed; a
+    /// lapsed one joins again at the back). The same atomic step decides the lease and
+    /// the queue.
+    ///
+    /// A [`release`](Self::release) hands the role to the oldest live candidate in the
+    /// step that ends the term, so a handover needs no contest: the new term has token
+    /// + 1, the candidate as holder, the value it queued with, and lasts until the
+    /// candidacy would have lapsed (so a candidate that died in the queue holds the role
+    /// no longer than it would have stayed queued). The candidate learns of it from
+    /// [`wait_for_successor`](Self::wait_for_successor) and renews. Acquiring by any
+    /// call removes the caller's candidacy. Order is kept for releases only: a term that
+    /// lapses without release goes to whichever contender asks first, as in
+    /// [`try_acquire_or_renew`](Self::try_acquire_or_renew).
+    ///
+    /// The default does not queue (it is `try_acquire_or_renew_with_value`), so a
+    /// release on such a store leaves the role free for the waiters to contend.
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, value)
+            .await
+    }
+
+    /// Removes `owner` from `role`'s queue of candidates (see
+    /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)); returns whether it was
+    /// queued and live. A contender that stops waiting withdraws, so no release hands
+    /// the role to it. The default queues nobody and so withdraws nobody.
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
+        Ok(false)
+    }
+
+    /// Ends the live term `(role, owner, token)` and, in the same atomic step, begins
+    /// the next one for a live candidate of the role (see
+    /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)): `successor`, or the
+    /// oldest for `None`. A planned handoff to a chosen member: the successor's term is
+    /// as a release would have handed it (token + 1, its queued value, lasting as long
+    /// as its candidacy). Returns whether it did; when the term is not live, or there is
+    /// no such candidate, nothing changes (the term goes on) and the answer is `false`.
+    /// The default queues nobody and so hands over nothing.
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        let _ = token;
+        validate_release(role, owner)?;
+        if let Some(successor) = successor {
+            validate_name("successor", successor)?;
+        }
+        Ok(false)
+    }
+
     /// Reads a role's lease without changing it; `None` if the role never had one.
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>>;
 
@@ -161,6 +241,25 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) {
         let _ = (role, observed);
         tokio::time::sleep_until(deadline).await;
+    }
+
+    /// [`wait_for_change`](Self::wait_for_change) that also says what the change was,
+    /// when the backend's push carries it: a queued candidate learns from the push alone
+    /// that a release handed the role to it (or to another candidate, and then it keeps
+    /// waiting without asking the store), so a handover costs the store the same work
+    /// however many candidates wait.
+    ///
+    /// [`TermChange::Unknown`] (the default's only answer) tells the caller to ask the
+    /// store; a backend answers [`TermChange::Began`] or [`TermChange::Ended`] only for
+    /// a term other than `observed`.
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) -> TermChange {
+        self.wait_for_change(role, observed, deadline).await;
+        TermChange::Unknown
     }
 
     /// Waits until a term with a token above `after` begins on `role`, or until

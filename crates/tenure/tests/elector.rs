@@ -252,6 +252,7 @@ impl Switches {
         owner: String,
         ttl: Duration,
         value: Option<String>,
+        queue: bool,
         next: Next,
     ) -> Result<LeaseResult> {
         if self.hang.load(Ordering::SeqCst) {
@@ -277,6 +278,7 @@ impl Switches {
                 owner,
                 ttl,
                 value,
+                queue,
             };
             next.run(call).await.into_lease()
         };
@@ -304,7 +306,8 @@ impl Interceptor for Switches {
                 owner,
                 ttl,
                 value,
-            } => Reply::Lease(self.acquire(role, owner, ttl, value, next).await),
+                queue,
+            } => Reply::Lease(self.acquire(role, owner, ttl, value, queue, next).await),
             Call::Release { token, .. } => {
                 let gate = self.releases_on_the_wire.lock().clone();
                 let reply = match gate {
@@ -1086,8 +1089,9 @@ async fn transient_store_errors_never_end_run() {
 /// Setup: ttl 10 s, renew 3 s, retry 1 s. node-b leads on the plain store; node-a
 /// follows through Switches whose calls made while `hang` is set never answer.
 /// One of node-a's acquire attempts is swallowed that way; then the store heals and
-/// node-b shuts down. node-a must give up on the lost call (its answer could no longer
-/// start a usable term after the local window) and lead, not wait forever.
+/// node-b shuts down, handing the role to node-a, queued before the hang. node-a must
+/// give up on the lost call (its answer could no longer start a usable term after the
+/// local window) and lead, not wait forever.
 #[tokio::test(start_paused = true)]
 async fn a_hung_acquire_does_not_block_the_contender_forever() {
     let clock = clock();
@@ -1115,7 +1119,9 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
     let left = Instant::now();
     shutdown_b.cancel();
     join(run_b, "node-b run").await.unwrap();
-    assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 2);
+    // node-b's release handed term 2 to node-a, queued from before the hang; it lapsed
+    // unrenewed while node-a's call hung, so node-a leads under a new term.
+    assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 3);
     assert!(
         left.elapsed() <= secs(10),
         "took over {:?} after node-b left",

@@ -82,3 +82,4 @@ impl RegistryFixture for MemoryRegistryFixture {
 tenure_testkit::lease_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::registry_scenarios!(Memory);
 tenure_testkit::session_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::queue_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);

@@ -217,6 +217,10 @@ struct Stats {
     late_calls: u64,
     /// `run` called again on an elector whose work returned.
     reruns: u64,
+    /// Terms a release or handoff handed to a queued candidate.
+    handovers: u64,
+    /// Planned handoffs asked of a leading elector.
+    handoffs_asked: u64,
 }
 
 /// The outcome of one schedule.
@@ -253,6 +257,8 @@ struct ElectorView {
     /// The term its work runs for: (owner, token, leadership).
     term: Option<(String, FencingToken, CancellationToken)>,
     shutdown: Option<CancellationToken>,
+    /// The running elector, for planned handoffs.
+    elector: Option<Arc<LeaseLeaderElector>>,
 }
 
 #[derive(Debug, Default)]
@@ -273,6 +279,46 @@ impl Checker {
         if self.violations.len() < MAX_VIOLATIONS {
             self.violations.push(violation);
         }
+    }
+
+    /// A term the store began: checks invariants 1 and 2 against the model, then
+    /// models it.
+    fn begin_term(&mut self, owner: &str, token: u64, expires_at: SystemTime, now: SystemTime) {
+        let at_ms = now.duration_since(start()).unwrap_or_default().as_millis() as u64;
+        if token <= self.highest_token {
+            let highest = self.highest_token;
+            self.violate(Violation::TokenNotIncreasing {
+                at_ms,
+                token,
+                highest,
+            });
+        }
+        if let Some(first) = self.handed.get(&token).cloned() {
+            self.violate(Violation::TokenReused {
+                at_ms,
+                token,
+                owner: owner.to_owned(),
+                first_owner: first,
+            });
+        }
+        if let Some(previous) = self.term.clone().filter(|t| t.live_at(now)) {
+            self.violate(Violation::TwoLiveHolders {
+                at_ms,
+                holder: previous.owner,
+                holder_token: previous.token,
+                newcomer: owner.to_owned(),
+                newcomer_token: token,
+            });
+        }
+        self.handed.insert(token, owner.to_owned());
+        self.highest_token = self.highest_token.max(token);
+        self.stats.terms += 1;
+        self.term = Some(Term {
+            owner: owner.to_owned(),
+            token,
+            expires_at,
+            released: false,
+        });
     }
 
     fn trace(&mut self, value: u64) {
@@ -420,42 +466,7 @@ impl Sim {
                             term.expires_at = answer.expires_at;
                         }
                     }
-                    previous => {
-                        if token <= checker.highest_token {
-                            let highest = checker.highest_token;
-                            checker.violate(Violation::TokenNotIncreasing {
-                                at_ms,
-                                token,
-                                highest,
-                            });
-                        }
-                        if let Some(first) = checker.handed.get(&token).cloned() {
-                            checker.violate(Violation::TokenReused {
-                                at_ms,
-                                token,
-                                owner: owner.to_owned(),
-                                first_owner: first,
-                            });
-                        }
-                        if let Some(previous) = previous.filter(|t| t.live_at(answer.now)) {
-                            checker.violate(Violation::TwoLiveHolders {
-                                at_ms,
-                                holder: previous.owner,
-                                holder_token: previous.token,
-                                newcomer: owner.to_owned(),
-                                newcomer_token: token,
-                            });
-                        }
-                        checker.handed.insert(token, owner.to_owned());
-                        checker.highest_token = checker.highest_token.max(token);
-                        checker.stats.terms += 1;
-                        checker.term = Some(Term {
-                            owner: owner.to_owned(),
-                            token,
-                            expires_at: answer.expires_at,
-                            released: false,
-                        });
-                    }
+                    _ => checker.begin_term(owner, token, answer.expires_at, answer.now),
                 }
             } else {
                 let modelled = checker.term.clone().filter(|t| t.live_at(answer.now));
@@ -479,7 +490,10 @@ impl Sim {
         self.check().await;
     }
 
-    async fn on_release(&self, owner: &str, token: FencingToken, released: bool) {
+    /// A release (or, with `handoff`, a `hand_over`) of `owner`'s term `token` landed
+    /// and answered `released`. A handoff may answer `false` for a live term (nobody
+    /// to hand to); a release may not.
+    async fn on_release(&self, owner: &str, token: FencingToken, released: bool, handoff: bool) {
         {
             let now = self.clock.now();
             let at_ms = self.at_ms(now);
@@ -488,7 +502,9 @@ impl Sim {
                 .term
                 .as_ref()
                 .is_some_and(|t| t.live_at(now) && t.owner == owner && t.token == token.get());
-            if released != live_match {
+            // A handoff that found nobody to hand to leaves a live term: no disagreement.
+            let refused_handoff = handoff && !released;
+            if released != live_match && !refused_handoff {
                 checker.violate(Violation::StoreDisagrees {
                     at_ms,
                     detail: format!("release of {owner} {token} returned {released}"),
@@ -501,7 +517,27 @@ impl Sim {
                 }
             }
         }
+        if released {
+            self.on_handed().await;
+        }
         self.check().await;
+    }
+
+    /// After a release or handoff landed: the store may have begun a queued
+    /// candidate's term in the same step. The in-memory `get` never yields, so this is
+    /// the store right after that step.
+    async fn on_handed(&self) {
+        let (view, now) = self.view().await;
+        let Some(view) = view else {
+            return;
+        };
+        let mut checker = self.checker.lock();
+        if let Some(holder) = view.live_holder() {
+            if view.fencing_token.get() > checker.highest_token {
+                checker.stats.handovers += 1;
+                checker.begin_term(holder, view.fencing_token.get(), view.expires_at, now);
+            }
+        }
     }
 
     /// One write through the fence, checked by an independent record (invariant 3).
@@ -599,7 +635,7 @@ impl Faults {
     /// Whether `call` reaches the store late this time, and how its caller is answered.
     fn late(&self, call: &Call) -> Option<Late> {
         let odds = match call {
-            Call::Release { .. } => 0.3,
+            Call::Release { .. } | Call::HandOver { .. } => 0.3,
             Call::TryAcquireOrRenew { .. } => 0.02,
             _ => return None,
         };
@@ -651,7 +687,8 @@ impl Faults {
                 owner,
                 ttl,
                 value,
-            } => Reply::Lease(self.acquire(role, owner, ttl, value, next).await),
+                queue,
+            } => Reply::Lease(self.acquire(role, owner, ttl, value, queue, next).await),
             Call::Release {
                 ref owner, token, ..
             } => {
@@ -663,11 +700,22 @@ impl Faults {
                 tokio::time::sleep(latency).await;
                 let reply = next.run(call).await;
                 if let Reply::Released(Ok(released)) = reply {
-                    self.sim.on_release(&owner, token, released).await;
+                    self.sim.on_release(&owner, token, released, false).await;
                 }
                 reply
             }
-            Call::WaitForChange { .. } => {
+            Call::HandOver {
+                ref owner, token, ..
+            } => {
+                let owner = owner.clone();
+                self.wait_out_pause().await;
+                let reply = next.run(call).await;
+                if let Reply::Released(Ok(handed)) = reply {
+                    self.sim.on_release(&owner, token, handed, true).await;
+                }
+                reply
+            }
+            Call::WaitForChange { .. } | Call::WaitForSuccessor { .. } => {
                 let reply = next.run(call).await;
                 self.wait_out_pause().await;
                 reply
@@ -701,6 +749,7 @@ impl Faults {
         owner: String,
         ttl: Duration,
         value: Option<String>,
+        queue: bool,
         next: Next,
     ) -> Result<LeaseResult> {
         let plan = self.plan();
@@ -725,6 +774,7 @@ impl Faults {
             owner: owner.clone(),
             ttl: granted,
             value,
+            queue,
         };
         let mut result = next.run(call).await.into_lease();
         if let Ok(answer) = &mut result {
@@ -814,7 +864,7 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
         });
         let store = Arc::new(InterceptStore::new(sim.store.clone()).with(faults));
         let elector = match LeaseLeaderElector::new(store, options) {
-            Ok(elector) => elector,
+            Ok(elector) => Arc::new(elector),
             Err(error) => {
                 sim.checker
                     .lock()
@@ -827,6 +877,7 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
             let mut electors = sim.electors.lock();
             electors[index].owner = owner.clone();
             electors[index].shutdown = Some(shutdown.clone());
+            electors[index].elector = Some(elector.clone());
         }
         loop {
             let work_sim = sim.clone();
@@ -865,7 +916,7 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
 /// Pauses random electors and shuts random ones down (they restart as new owners).
 async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
     loop {
-        let (wait, at_leader, victim, pause, restart, step) = sim.random(|rng| {
+        let (wait, at_leader, victim, pause, restart, step, handoff) = sim.random(|rng| {
             (
                 TTL.mul_f64(rng.random_range(0.5..2.5)),
                 rng.random_bool(0.6),
@@ -874,6 +925,10 @@ async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
                 rng.random_bool(0.3),
                 rng.random_bool(0.3)
                     .then(|| TTL.mul_f64(rng.random_range(0.3..1.5))),
+                // A planned handoff: to the oldest candidate, or to a chosen elector
+                // (which may not be waiting, or may be the leader itself).
+                rng.random_bool(0.2)
+                    .then(|| rng.random_bool(0.5).then(|| rng.random_range(0..count))),
             )
         });
         tokio::select! {
@@ -893,6 +948,23 @@ async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
                 .as_ref()
                 .is_some_and(|(_, _, leadership)| !leadership.is_cancelled())
         });
+        if let (Some(successor), Some(leader)) = (handoff, leader) {
+            let to = successor.map(|index| electors[index].owner.clone());
+            if let Some(elector) = electors[leader].elector.clone() {
+                sim.checker.lock().stats.handoffs_asked += 1;
+                let sim = sim.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = elector.hand_off(to.as_deref()).await {
+                        if !error.is_transient() {
+                            sim.checker
+                                .lock()
+                                .violate(Violation::Unexpected(format!("hand_off: {error}")));
+                        }
+                    }
+                });
+            }
+            continue;
+        }
         let victim = match leader {
             Some(leader) if at_leader => leader,
             _ => victim,
@@ -933,6 +1005,7 @@ async fn simulate(seed: u64, config: SimConfig) -> Report {
                     paused_until: Instant::now(),
                     term: None,
                     shutdown: None,
+                    elector: None,
                 })
                 .collect(),
         ),
@@ -1055,6 +1128,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
         total.clock_steps += s.clock_steps;
         total.late_calls += s.late_calls;
         total.reruns += s.reruns;
+        total.handovers += s.handovers;
+        total.handoffs_asked += s.handoffs_asked;
         if !report.violations.is_empty() {
             eprintln!(
                 "schedule {schedule} failed: rerun with TENURE_SIM_SEED={seed}\n{:#?}",
@@ -1085,6 +1160,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
     assert!(total.clock_steps >= schedules, "{total:?}");
     assert!(total.late_calls >= schedules, "{total:?}");
     assert!(total.reruns >= schedules / 4, "{total:?}");
+    assert!(total.handovers >= schedules / 2, "{total:?}");
+    assert!(total.handoffs_asked >= schedules / 4, "{total:?}");
 }
 
 /// Runs the first 200 schedules under `config` until one breaks invariant 4 with

@@ -16,7 +16,7 @@ use crate::lease::{
 use crate::session::validate_open;
 use crate::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
-    SessionId, SystemClock,
+    SessionId, SystemClock, TermChange,
 };
 
 const SHARDS: usize = 16;
@@ -34,6 +34,73 @@ struct Slot {
     value: Option<String>,
     /// Woken on every change of term (release or a new token), never on renewal.
     changed: Arc<Notify>,
+    /// The candidates queued for the role, oldest first (lapsed ones are dropped when
+    /// next seen).
+    queue: Vec<Candidate>,
+}
+
+/// One queued contender (see [`LeaseStore::try_acquire_or_queue`]).
+#[derive(Debug)]
+struct Candidate {
+    owner: String,
+    expires_at: SystemTime,
+    value: Option<String>,
+}
+
+impl Slot {
+    /// Queues `owner` until `expires_at`, keeping the place of a live candidacy.
+    fn enqueue(
+        &mut self,
+        owner: &str,
+        expires_at: SystemTime,
+        value: Option<&str>,
+        now: SystemTime,
+    ) {
+        self.queue.retain(|c| now < c.expires_at);
+        let value = value.map(str::to_owned);
+        match self.queue.iter_mut().find(|c| c.owner == owner) {
+            Some(candidate) => {
+                candidate.expires_at = expires_at;
+                candidate.value = value;
+            }
+            None => self.queue.push(Candidate {
+                owner: owner.to_owned(),
+                expires_at,
+                value,
+            }),
+        }
+    }
+
+    /// Removes `owner`'s candidacy; whether it was live.
+    fn dequeue(&mut self, owner: &str, now: SystemTime) -> bool {
+        let position = self.queue.iter().position(|c| c.owner == owner);
+        position.is_some_and(|at| now < self.queue.remove(at).expires_at)
+    }
+
+    /// Takes the oldest live candidate, or `successor` only when it is given.
+    fn take_candidate(&mut self, successor: Option<&str>, now: SystemTime) -> Option<Candidate> {
+        self.queue.retain(|c| now < c.expires_at);
+        let at = match successor {
+            Some(owner) => self.queue.iter().position(|c| c.owner == owner)?,
+            None if self.queue.is_empty() => return None,
+            None => 0,
+        };
+        Some(self.queue.remove(at))
+    }
+
+    /// Ends the live term and begins the candidate's, or frees the role.
+    fn hand_to(&mut self, next: Option<Candidate>, now: SystemTime) {
+        match next {
+            Some(c) => new_term(self, &c.owner, c.expires_at, None, c.value.as_deref()),
+            None => {
+                self.holder = None;
+                self.session = None;
+                self.value = None;
+                self.expires_at = now;
+                self.changed.notify_waiters();
+            }
+        }
+    }
 }
 
 /// A live or expired session; closed ones are removed.
@@ -199,17 +266,20 @@ fn first_slot(
         session,
         value: value.map(str::to_owned),
         changed: Arc::new(Notify::new()),
+        queue: Vec::new(),
     }
 }
 
-#[async_trait]
-impl LeaseStore for InMemoryLeaseStore {
-    async fn try_acquire_or_renew_with_value(
+impl InMemoryLeaseStore {
+    /// [`LeaseStore::try_acquire_or_renew_with_value`], queueing the caller when `queue`
+    /// is set and another owner holds the live term.
+    fn acquire(
         &self,
         role: &str,
         owner: &str,
         ttl: Duration,
         value: Option<&str>,
+        queue: bool,
     ) -> Result<LeaseResult> {
         let now = self.clock.now();
         let expires_at = validate_ttl(ttl, Duration::from_nanos(1), now)?;
@@ -254,15 +324,22 @@ impl LeaseStore for InMemoryLeaseStore {
                 slot.expires_at = expires_at;
             }
             Some(holder) if live => {
+                let holder = holder.to_owned();
+                if queue {
+                    slot.enqueue(owner, expires_at, value, now);
+                }
                 return Ok(LeaseResult {
                     acquired: false,
                     fencing_token: slot.token,
                     expires_at: current_expiry,
                     now,
-                    holder: holder.to_owned(),
+                    holder,
                 });
             }
-            _ => new_term(slot, owner, expires_at, None, value),
+            _ => {
+                slot.dequeue(owner, now);
+                new_term(slot, owner, expires_at, None, value);
+            }
         }
         Ok(LeaseResult {
             acquired: true,
@@ -273,8 +350,18 @@ impl LeaseStore for InMemoryLeaseStore {
         })
     }
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+    /// Ends the live term `(role, owner, token)` as `how` says.
+    fn end_term(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        how: Handover<'_>,
+    ) -> Result<bool> {
         validate_release(role, owner)?;
+        if let Handover::To(Some(successor)) = how {
+            validate_name("successor", successor)?;
+        }
         let now = self.clock.now();
         let mut shard = self.shard(role).lock();
         let Some(slot) = shard.get_mut(role) else {
@@ -283,12 +370,70 @@ impl LeaseStore for InMemoryLeaseStore {
         if !self.is_live_term(slot, token, now) || slot.holder.as_deref() != Some(owner) {
             return Ok(false);
         }
-        slot.holder = None;
-        slot.session = None;
-        slot.value = None;
-        slot.expires_at = now;
-        slot.changed.notify_waiters();
+        let next = match how {
+            Handover::Release => slot.take_candidate(None, now),
+            Handover::To(successor) => match slot.take_candidate(successor, now) {
+                Some(next) => Some(next),
+                None => return Ok(false),
+            },
+        };
+        slot.hand_to(next, now);
         Ok(true)
+    }
+}
+
+/// How a holder ends its term.
+#[derive(Clone, Copy)]
+enum Handover<'a> {
+    /// [`LeaseStore::release`]: to the oldest live candidate, or free.
+    Release,
+    /// [`LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or not at all.
+    To(Option<&'a str>),
+}
+
+#[async_trait]
+impl LeaseStore for InMemoryLeaseStore {
+    async fn try_acquire_or_renew_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, false)
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, true)
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
+        let now = self.clock.now();
+        let mut shard = self.shard(role).lock();
+        Ok(shard
+            .get_mut(role)
+            .is_some_and(|slot| slot.dequeue(owner, now)))
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        self.end_term(role, owner, token, Handover::To(successor))
+    }
+
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        self.end_term(role, owner, token, Handover::Release)
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -346,6 +491,29 @@ impl LeaseStore for InMemoryLeaseStore {
             }
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) -> TermChange {
+        self.wait_for_change(role, observed, deadline).await;
+        // In one process the store is the push: read what the change left.
+        let now = self.clock.now();
+        let shard = self.shard(role).lock();
+        let Some(slot) = shard.get(role) else {
+            return TermChange::Unknown;
+        };
+        match &slot.holder {
+            _ if self.is_live_term(slot, observed, now) => TermChange::Unknown,
+            Some(holder) if now < self.expiry(slot) => TermChange::Began {
+                holder: holder.clone(),
+                fencing_token: slot.token,
+            },
+            _ => TermChange::Ended,
+        }
     }
 
     async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {

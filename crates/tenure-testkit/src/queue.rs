@@ -1,0 +1,440 @@
+//! Conformance scenarios for the queue of candidates: a contender that waits with
+//! [`LeaseStore::try_acquire_or_queue`] is handed the role by the release that ends the
+//! term before it, in queue order, skipping candidates that lapsed or withdrew; a
+//! planned [`LeaseStore::hand_over`] picks a named one; and
+//! [`LeaseStore::wait_for_successor`] tells each waiter from the push alone who leads
+//! next. Generated per backend by [`queue_scenarios!`](crate::queue_scenarios).
+
+use std::time::Duration;
+
+use tenure::lease::MAX_VALUE_LEN;
+use tenure::{FencingToken, LeaseStore, TermChange};
+use tokio::time::Instant;
+
+use crate::conformance::assert_invalid;
+use crate::LeaseBackend;
+
+const ROLE: &str = "queued";
+
+/// The live holder of `role` and its token, as `get` shows them.
+async fn holder(store: &dyn LeaseStore, role: &str) -> Option<(String, FencingToken)> {
+    let info = store.get(role).await.unwrap()?;
+    let token = info.fencing_token;
+    info.live_holder().map(|holder| (holder.to_owned(), token))
+}
+
+/// Queues `owner`, asserting it does not acquire.
+async fn queue(store: &dyn LeaseStore, owner: &str, ttl: Duration, value: Option<&str>) {
+    let answer = store
+        .try_acquire_or_queue(ROLE, owner, ttl, value)
+        .await
+        .unwrap();
+    assert!(
+        !answer.acquired,
+        "{owner} queues behind {}: {answer:?}",
+        answer.holder
+    );
+}
+
+/// A release hands the role to the oldest live candidate in the same step: token + 1,
+/// the candidate's value, a live term the candidate then renews under the same token;
+/// the next release hands it to the next candidate; with nobody queued a release frees
+/// the role.
+pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    assert!(a.acquired, "the first contender acquires: {a:?}");
+    queue(&*store, "node-b", ttl, Some("http://b:80")).await;
+    queue(&*store, "node-c", ttl, Some("http://c:80")).await;
+
+    assert!(store
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (b_holder, b_token) = holder(&*store, ROLE)
+        .await
+        .expect("the release handed the role to the oldest candidate");
+    assert_eq!(b_holder, "node-b", "node-b queued first");
+    assert!(b_token > a.fencing_token, "a handover is a new term");
+    let info = store.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(
+        info.value.as_deref(),
+        Some("http://b:80"),
+        "the candidate's value"
+    );
+    let other = fx.reopen().await;
+    assert_eq!(
+        holder(&*other, ROLE).await,
+        Some(("node-b".to_owned(), b_token)),
+        "another instance reads the handed term"
+    );
+
+    let renewed = store
+        .try_acquire_or_queue(ROLE, "node-b", ttl, Some("http://b:80"))
+        .await
+        .unwrap();
+    assert!(
+        renewed.acquired && renewed.fencing_token == b_token,
+        "the successor renews the term it was handed: {renewed:?}"
+    );
+
+    assert!(store.release(ROLE, "node-b", b_token).await.unwrap());
+    let (c_holder, c_token) = holder(&*store, ROLE).await.expect("handed to node-c");
+    assert_eq!(c_holder, "node-c");
+    assert!(c_token > b_token);
+
+    assert!(store.release(ROLE, "node-c", c_token).await.unwrap());
+    assert_eq!(
+        holder(&*store, ROLE).await,
+        None,
+        "with nobody queued a release frees the role"
+    );
+    let d = store
+        .try_acquire_or_renew(ROLE, "node-d", ttl)
+        .await
+        .unwrap();
+    assert!(d.acquired && d.fencing_token > c_token, "{d:?}");
+}
+
+/// A candidate that stops refreshing lapses after its TTL and is skipped; a release
+/// with only lapsed candidates frees the role. A candidate that refreshes keeps its
+/// place. A plain `try_acquire_or_renew` never queues.
+pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let long = ttl * 4;
+    let a = store
+        .try_acquire_or_renew(ROLE, "node-a", long)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    let plain = store
+        .try_acquire_or_renew(ROLE, "node-p", long)
+        .await
+        .unwrap();
+    assert!(!plain.acquired);
+    queue(&*store, "node-b", ttl, None).await;
+    queue(&*store, "node-c", long, None).await;
+    queue(&*store, "node-d", long, None).await;
+    // node-c refreshes: it keeps its place ahead of node-d.
+    queue(&*store, "node-c", long, None).await;
+    fx.pass_time(ttl + ttl / 2).await;
+
+    assert!(store
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (next, token) = holder(&*store, ROLE).await.expect("handed over");
+    assert_eq!(
+        next, "node-c",
+        "node-b lapsed, node-p never queued, node-c kept its place"
+    );
+    assert!(store.release(ROLE, "node-c", token).await.unwrap());
+    let (next, token) = holder(&*store, ROLE).await.expect("handed over");
+    assert_eq!(next, "node-d");
+
+    // Only a lapsed candidate left: the release frees the role.
+    queue(&*store, "node-e", ttl, None).await;
+    fx.pass_time(ttl + ttl / 2).await;
+    let renewed = store
+        .try_acquire_or_renew(ROLE, "node-d", long)
+        .await
+        .unwrap();
+    assert!(renewed.acquired && renewed.fencing_token == token);
+    assert!(store.release(ROLE, "node-d", token).await.unwrap());
+    assert_eq!(holder(&*store, ROLE).await, None, "node-e had lapsed");
+}
+
+/// A withdrawn candidate is never handed the role; withdrawing twice (or never having
+/// queued) answers `false`. Acquiring removes the caller's candidacy: a contender that
+/// acquired after a lapse and then released is not handed the role again.
+pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let long = ttl * 4;
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    queue(&*store, "node-b", long, None).await;
+    queue(&*store, "node-c", long, None).await;
+    assert!(
+        store.withdraw(ROLE, "node-b").await.unwrap(),
+        "node-b was queued"
+    );
+    assert!(
+        !store.withdraw(ROLE, "node-b").await.unwrap(),
+        "already gone"
+    );
+    assert!(
+        !store.withdraw(ROLE, "node-x").await.unwrap(),
+        "never queued"
+    );
+    assert!(!store.withdraw("elsewhere", "node-c").await.unwrap());
+
+    // node-a's term lapses unreleased: node-c acquires it as any contender would.
+    fx.pass_time(ttl + ttl / 2).await;
+    let c = store
+        .try_acquire_or_queue(ROLE, "node-c", long, None)
+        .await
+        .unwrap();
+    assert!(
+        c.acquired && c.fencing_token > a.fencing_token,
+        "node-c takes the lapsed term: {c:?}"
+    );
+    assert!(store
+        .release(ROLE, "node-c", c.fencing_token)
+        .await
+        .unwrap());
+    assert_eq!(
+        holder(&*store, ROLE).await,
+        None,
+        "node-b withdrew and node-c's candidacy ended when it acquired"
+    );
+}
+
+/// A planned handoff: `hand_over` ends the holder's term and begins the named
+/// candidate's (or the oldest's for `None`) in one step; for a successor that is not a
+/// live candidate, a stale term or an empty queue it changes nothing and answers
+/// `false`, and the holder's term goes on.
+pub async fn scenario_hand_over_to_a_chosen_candidate(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    assert!(
+        !store
+            .hand_over(ROLE, "node-a", a.fencing_token, None)
+            .await
+            .unwrap(),
+        "nobody queued: no handoff"
+    );
+    queue(&*store, "node-b", ttl, None).await;
+    queue(&*store, "node-c", ttl, Some("c:7443")).await;
+    assert!(
+        !store
+            .hand_over(ROLE, "node-a", a.fencing_token, Some("node-x"))
+            .await
+            .unwrap(),
+        "node-x is not a candidate"
+    );
+    let stale = FencingToken::from(a.fencing_token.get() + 7);
+    assert!(!store
+        .hand_over(ROLE, "node-a", stale, Some("node-c"))
+        .await
+        .unwrap());
+    assert!(!store
+        .hand_over(ROLE, "node-b", a.fencing_token, Some("node-c"))
+        .await
+        .unwrap());
+    assert_eq!(
+        holder(&*store, ROLE).await,
+        Some(("node-a".to_owned(), a.fencing_token)),
+        "refused handoffs leave the term as it was"
+    );
+
+    assert!(store
+        .hand_over(ROLE, "node-a", a.fencing_token, Some("node-c"))
+        .await
+        .unwrap());
+    let (next, c_token) = holder(&*store, ROLE).await.expect("handed to node-c");
+    assert_eq!(next, "node-c", "the chosen candidate, not the oldest");
+    assert!(c_token > a.fencing_token);
+    let info = store.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.value.as_deref(), Some("c:7443"));
+    assert!(
+        !store
+            .hand_over(ROLE, "node-a", a.fencing_token, Some("node-b"))
+            .await
+            .unwrap(),
+        "the old term is over"
+    );
+
+    assert!(store
+        .hand_over(ROLE, "node-c", c_token, None)
+        .await
+        .unwrap());
+    let (next, b_token) = holder(&*store, ROLE).await.expect("handed to node-b");
+    assert_eq!(next, "node-b", "None hands to the oldest");
+    assert!(b_token > c_token);
+}
+
+/// A waiter learns from the push who leads next: another store instance waiting on the
+/// term sees `Began` naming the candidate a release handed the role to, and `Ended`
+/// when a release freed it; both long before the deadline.
+pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let watcher = fx.reopen().await;
+    let ttl = fx.ttl() * 4;
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    queue(&*store, "node-b", ttl, None).await;
+
+    let patience = Duration::from_secs(20);
+    let waited = Instant::now();
+    let waiting = {
+        let watcher = watcher.clone();
+        let observed = a.fencing_token;
+        tokio::spawn(async move {
+            watcher
+                .wait_for_successor(ROLE, observed, Instant::now() + patience)
+                .await
+        })
+    };
+    // Let the waiter register before the change (it must also cope if it does not).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(store
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (_, b_token) = holder(&*store, ROLE).await.expect("handed to node-b");
+    let change = waiting.await.unwrap();
+    assert_eq!(
+        change,
+        TermChange::Began {
+            holder: "node-b".to_owned(),
+            fencing_token: b_token
+        },
+        "the push names the successor"
+    );
+    assert!(
+        waited.elapsed() < patience / 2,
+        "woken by the push, not the deadline"
+    );
+
+    let waiting = {
+        let watcher = watcher.clone();
+        tokio::spawn(async move {
+            watcher
+                .wait_for_successor(ROLE, b_token, Instant::now() + patience)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waited = Instant::now();
+    assert!(store.release(ROLE, "node-b", b_token).await.unwrap());
+    assert_eq!(
+        waiting.await.unwrap(),
+        TermChange::Ended,
+        "freed, nobody queued"
+    );
+    assert!(
+        waited.elapsed() < patience / 2,
+        "woken by the push, not the deadline"
+    );
+
+    // A term already over is answered at once.
+    let at_once = tokio::time::timeout(
+        patience / 2,
+        watcher.wait_for_successor(ROLE, a.fencing_token, Instant::now() + patience),
+    )
+    .await;
+    assert!(
+        matches!(at_once, Ok(TermChange::Ended)),
+        "stale wait answers at once: {at_once:?}"
+    );
+}
+
+/// Bad input to the queue's calls is refused naming the field, before anything is
+/// written.
+pub async fn scenario_queue_bad_input(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let long_name = "x".repeat(256);
+    let long_value = "v".repeat(MAX_VALUE_LEN + 1);
+    assert_invalid(
+        store.try_acquire_or_queue("", "node-a", ttl, None).await,
+        "role",
+    );
+    assert_invalid(
+        store.try_acquire_or_queue(ROLE, "", ttl, None).await,
+        "owner",
+    );
+    assert_invalid(
+        store
+            .try_acquire_or_queue(ROLE, &long_name, ttl, None)
+            .await,
+        "owner",
+    );
+    assert_invalid(
+        store
+            .try_acquire_or_queue(ROLE, "node-a", Duration::ZERO, None)
+            .await,
+        "ttl",
+    );
+    assert_invalid(
+        store
+            .try_acquire_or_queue(ROLE, "node-a", ttl, Some(&long_value))
+            .await,
+        "value",
+    );
+    assert_invalid(store.withdraw("", "node-a").await, "role");
+    assert_invalid(store.withdraw(ROLE, "bad\0owner").await, "owner");
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    assert_invalid(
+        store
+            .hand_over(ROLE, "node-a", a.fencing_token, Some(""))
+            .await,
+        "successor",
+    );
+    assert_invalid(
+        store
+            .hand_over(ROLE, "node-a", a.fencing_token, Some(&long_name))
+            .await,
+        "successor",
+    );
+    assert_invalid(
+        store.hand_over("", "node-a", a.fencing_token, None).await,
+        "role",
+    );
+    assert_eq!(
+        holder(&*store, ROLE).await,
+        Some(("node-a".to_owned(), a.fencing_token)),
+        "nothing was written"
+    );
+}
+
+/// Generates one `#[tokio::test]` per queue scenario, as
+/// [`lease_scenarios!`](crate::lease_scenarios) does for the lease rules.
+#[macro_export]
+macro_rules! queue_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::queue_scenarios!(@each $backend; [$($key = $value),*];
+            scenario_queue_release_hands_to_oldest,
+            scenario_queue_skips_lapsed_candidates,
+            scenario_queue_withdraw_and_acquire_leave_it,
+            scenario_hand_over_to_a_chosen_candidate,
+            scenario_wait_for_successor_names_the_next_holder,
+            scenario_queue_bad_input);
+    };
+    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
+        $( $crate::queue_scenarios!(@one $backend; $attrs; $name); )*
+    };
+    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
+        #[tokio::test($($key = $value),*)]
+        async fn $name() {
+            let backend = $backend;
+            $crate::queue::$name(&backend).await;
+        }
+    };
+}

@@ -1,0 +1,247 @@
+//! The elector's queue, deterministically (paused tokio time, the in-memory store on a
+//! [`TokioClock`]): a release hands the role to the contender that waited longest at
+//! the cost of one release and one renewal, whatever the crowd; a planned handoff goes
+//! to the chosen contender; a contender that stops is never handed the role.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::{
+    ElectionState, FencingToken, InMemoryLeaseStore, LeaseLeaderElector, LeaseLeaderOptions,
+    LeaseStore, Result, TokioClock,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const ROLE: &str = "reports";
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn memory() -> Arc<InMemoryLeaseStore> {
+    let start = SystemTime::UNIX_EPOCH + secs(1_800_000_000);
+    Arc::new(InMemoryLeaseStore::with_clock(TokioClock::starting_at(
+        start,
+    )))
+}
+
+/// Counts the calls that write: acquire, renew, queue, release, handoff, withdraw.
+#[derive(Default)]
+struct Writes(AtomicUsize);
+
+#[async_trait]
+impl Interceptor for Writes {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        if matches!(
+            call,
+            Call::TryAcquireOrRenew { .. }
+                | Call::Release { .. }
+                | Call::HandOver { .. }
+                | Call::Withdraw { .. }
+        ) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        next.run(call).await
+    }
+}
+
+/// ttl 10 s, renew 3 s, retry 60 s: waiting contenders refresh their place every 3 s
+/// (the renew interval caps the retry) and otherwise act only on a push.
+fn elector(store: Arc<dyn LeaseStore>, owner: &str) -> Arc<LeaseLeaderElector> {
+    let options = LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: secs(10),
+        renew_interval: secs(3),
+        retry_interval: secs(60),
+        ..Default::default()
+    };
+    Arc::new(LeaseLeaderElector::new(store, options).unwrap())
+}
+
+/// Runs `elector` with work that holds until leadership ends or `stop` fires.
+fn run(
+    elector: &Arc<LeaseLeaderElector>,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> JoinHandle<Result<()>> {
+    let (elector, stop, shutdown) = (elector.clone(), stop.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        elector
+            .run(
+                ROLE,
+                move |_token, leadership: CancellationToken| {
+                    let stop = stop.clone();
+                    async move {
+                        tokio::select! {
+                            _ = leadership.cancelled() => {}
+                            _ = stop.cancelled() => {}
+                        }
+                    }
+                },
+                shutdown,
+            )
+            .await
+    })
+}
+
+async fn leads(state: &mut watch::Receiver<ElectionState>, what: &str) -> FencingToken {
+    let led = tokio::time::timeout(secs(600), state.wait_for(ElectionState::is_leader))
+        .await
+        .map(|led| led.map(|state| state.clone()));
+    match led {
+        Ok(Ok(ElectionState::Leader { fencing_token })) => fencing_token,
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+async fn follows(state: &mut watch::Receiver<ElectionState>, what: &str) {
+    let following = |s: &ElectionState| matches!(s, ElectionState::Follower { holder: Some(_) });
+    let followed = tokio::time::timeout(secs(600), state.wait_for(following)).await;
+    assert!(matches!(followed, Ok(Ok(_))), "{what}");
+}
+
+/// Setup: node-a leads; node-b, then node-c..node-j (ten contenders) queue behind it.
+/// node-a's work returns. node-b, queued first, leads next under token 2, and the
+/// handover costs the store exactly two writes (node-a's release, node-b's renewal): the
+/// other eight waiters learn from the push that node-b leads and do not call the store.
+/// Then node-b's work returns and node-c leads: the queue keeps arrival order.
+#[tokio::test(start_paused = true)]
+async fn a_release_hands_the_role_to_the_oldest_waiter_in_two_writes() {
+    let memory = memory();
+    let writes = Arc::new(Writes::default());
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(InterceptStore::new(memory.clone()).with(writes.clone()));
+    let shutdown = CancellationToken::new();
+    let owners: Vec<String> = (b'a'..=b'j')
+        .map(|c| format!("node-{}", c as char))
+        .collect();
+    let mut runs = Vec::new();
+    let mut states = Vec::new();
+    let mut stops = Vec::new();
+    for owner in &owners {
+        let elector = elector(store.clone(), owner);
+        let mut state = elector.watch();
+        let stop = CancellationToken::new();
+        runs.push(run(&elector, &stop, &shutdown));
+        if owner == "node-a" {
+            leads(&mut state, "node-a leads").await;
+        } else {
+            follows(&mut state, "queued").await;
+        }
+        states.push(state);
+        stops.push(stop);
+        // One at a time, so the queue's order is the order above.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let before = writes.0.load(Ordering::SeqCst);
+    stops[0].cancel();
+    let token = leads(&mut states[1], "node-b leads next").await;
+    assert_eq!(token.get(), 2);
+    assert_eq!(
+        writes.0.load(Ordering::SeqCst) - before,
+        2,
+        "one release and one renewal, whatever the crowd"
+    );
+
+    stops[1].cancel();
+    assert_eq!(leads(&mut states[2], "node-c leads next").await.get(), 3);
+    for state in &states[3..] {
+        assert!(!state.borrow().is_leader());
+    }
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}
+
+/// Setup: node-a leads; node-b and node-c wait (node-b first). A planned handoff to
+/// node-c passes the term to it (token 2) though node-b waited longer, and node-a then
+/// waits in line. A handoff asked of a follower, or to an owner nobody knows, answers
+/// false; after the latter the leader keeps its term (same token) and its work runs
+/// again.
+#[tokio::test(start_paused = true)]
+async fn a_planned_handoff_goes_to_the_chosen_contender() {
+    let store: Arc<dyn LeaseStore> = memory();
+    let shutdown = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let (a, b, c) = (
+        elector(store.clone(), "node-a"),
+        elector(store.clone(), "node-b"),
+        elector(store.clone(), "node-c"),
+    );
+    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
+    let runs = [
+        run(&a, &stop, &shutdown),
+        run(&b, &stop, &shutdown),
+        run(&c, &stop, &shutdown),
+    ];
+    assert_eq!(leads(&mut a_state, "node-a leads").await.get(), 1);
+    follows(&mut b_state, "node-b waits").await;
+    follows(&mut c_state, "node-c waits").await;
+
+    assert!(!b.hand_off(None).await.unwrap(), "node-b does not lead");
+    assert!(
+        !a.hand_off(Some("node-x")).await.unwrap(),
+        "nobody called node-x waits"
+    );
+    assert_eq!(
+        leads(&mut a_state, "node-a leads on").await.get(),
+        1,
+        "the same term goes on"
+    );
+
+    assert!(a.hand_off(Some("node-c")).await.unwrap());
+    assert_eq!(leads(&mut c_state, "node-c leads").await.get(), 2);
+    assert!(!b_state.borrow().is_leader());
+    follows(&mut a_state, "node-a waits in line").await;
+
+    assert!(c.hand_off(None).await.unwrap());
+    assert_eq!(
+        leads(&mut b_state, "node-b leads").await.get(),
+        3,
+        "None hands to the oldest waiter"
+    );
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}
+
+/// Setup: node-a leads; node-b waits, then shuts down; node-c waits. node-a's release
+/// hands the role to node-c: node-b left the queue when it stopped.
+#[tokio::test(start_paused = true)]
+async fn a_contender_that_stops_is_never_handed_the_role() {
+    let memory = memory();
+    let store: Arc<dyn LeaseStore> = memory.clone();
+    let shutdown = CancellationToken::new();
+    let b_shutdown = CancellationToken::new();
+    let (stop_a, never) = (CancellationToken::new(), CancellationToken::new());
+    let (a, b, c) = (
+        elector(store.clone(), "node-a"),
+        elector(store.clone(), "node-b"),
+        elector(store.clone(), "node-c"),
+    );
+    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
+    let run_a = run(&a, &stop_a, &shutdown);
+    leads(&mut a_state, "node-a leads").await;
+    let run_b = run(&b, &never, &b_shutdown);
+    follows(&mut b_state, "node-b waits").await;
+    let run_c = run(&c, &never, &shutdown);
+    follows(&mut c_state, "node-c waits").await;
+
+    b_shutdown.cancel();
+    run_b.await.unwrap().unwrap();
+    stop_a.cancel();
+    run_a.await.unwrap().unwrap();
+    assert_eq!(leads(&mut c_state, "node-c leads").await.get(), 2);
+    let info = memory.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-c"));
+    shutdown.cancel();
+    run_c.await.unwrap().unwrap();
+}
