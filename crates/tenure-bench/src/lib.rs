@@ -11,6 +11,8 @@
 //! - **round trips per operation**: PostgreSQL statements from `pg_stat_statements`,
 //!   etcd gRPC requests from the servers' `grpc_server_handled_total`, Kubernetes Lease
 //!   requests from the API server's `apiserver_request_total`;
+//! - **the herd** (`tenure bench --herd`, [`herd`]): one handover's requests and latency
+//!   with 30 or 100 contenders waiting, with the queue and without it;
 //! - **failover**: release -> successor's work running (two electors, retry interval
 //!   60 s, so only the push path counts) beside the floor measured in the same run (for
 //!   etcd: its own election API, `resign` -> a waiting `campaign`), and stall ->
@@ -45,6 +47,7 @@ mod driver;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod failover;
+pub mod herd;
 #[cfg(any(feature = "etcd", feature = "kube"))]
 mod http;
 #[cfg(feature = "kube")]
@@ -61,6 +64,7 @@ pub mod stats;
 use std::time::{Duration, SystemTime};
 
 pub use config::{parse_clients, BenchConfig, StoreSpec};
+pub use herd::{HerdBench, HerdReport};
 pub use machine::Machine;
 pub use report::Report;
 pub use shards::{ShardBench, ShardReport};
@@ -138,6 +142,22 @@ pub async fn run_shards(
     let backend = open(&config, &run_id).await?;
     let version = backend.version().await;
     let report = shards::measure(&*backend, &bench, &run_id).await;
+    backend.close().await;
+    Ok((machine::Machine::describe(load_before, version), report?))
+}
+
+/// Runs the herd scenario of [`herd`] against the configured store.
+pub async fn run_herd(
+    config: BenchConfig,
+    bench: HerdBench,
+) -> Result<(Machine, HerdReport), BenchError> {
+    config.validate()?;
+    bench.validate()?;
+    let load_before = machine::load_average();
+    let run_id = run_id();
+    let backend = open(&config, &run_id).await?;
+    let version = backend.version().await;
+    let report = herd::measure(&*backend, &bench, config.store.describe(), &run_id).await;
     backend.close().await;
     Ok((machine::Machine::describe(load_before, version), report?))
 }

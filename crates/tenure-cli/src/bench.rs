@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tenure_bench::{BenchConfig, BenchError, ShardBench, StoreSpec};
+use tenure_bench::{BenchConfig, BenchError, HerdBench, ShardBench, StoreSpec};
 
 use crate::{exit, parse_duration, UsageError};
 
@@ -63,6 +63,18 @@ pub struct BenchArgs {
     /// Skip the churn and leave scenarios.
     #[arg(long, requires = "shards")]
     no_churn: bool,
+    /// Measure the herd instead: for each contender count (comma-separated, e.g.
+    /// 30,100), that many electors wait on one role and each leads once; reports one
+    /// handover's requests and release -> successor latency, with the queue and without
+    /// it, in alternating rounds.
+    #[arg(long, value_name = "COUNTS", conflicts_with = "shards")]
+    herd: Option<String>,
+    /// Rounds per contender count and mode of --herd.
+    #[arg(long, requires = "herd", default_value_t = 2)]
+    herd_rounds: usize,
+    /// How long each term's work runs in --herd.
+    #[arg(long, requires = "herd", default_value = "5ms", value_parser = parse_duration)]
+    herd_work: Duration,
     /// Also write into this directory (created if missing) latency-OP.svg per operation
     /// (store against raw latency percentiles at each client count) and report.json.
     #[arg(long, value_name = "DIR", conflicts_with = "shards")]
@@ -90,6 +102,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<u8> {
     config.validate().map_err(usage)?;
     if let Some(shards) = args.shards {
         return run_shards(&args, config, shards);
+    }
+    if let Some(counts) = &args.herd {
+        return run_herd(&args, config, counts);
     }
     let report_dir = args
         .report
@@ -121,6 +136,40 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
+}
+
+/// `tenure bench --herd N,M`: the herd scenario only.
+fn run_herd(args: &BenchArgs, config: BenchConfig, counts: &str) -> anyhow::Result<u8> {
+    let contenders = tenure_bench::parse_clients(counts).map_err(|_| {
+        UsageError(format!(
+            "--herd: expected contender counts such as 30,100, got {counts:?}"
+        ))
+    })?;
+    let bench = HerdBench {
+        contenders,
+        rounds: args.herd_rounds,
+        work: args.herd_work,
+    };
+    bench.validate().map_err(usage)?;
+    eprintln!(
+        "tenure bench: the herd on {}: {:?} contenders, {} rounds each with and without the queue",
+        config.store.describe(),
+        bench.contenders,
+        bench.rounds
+    );
+    let (machine, report) = runtime()?
+        .block_on(tenure_bench::run_herd(config, bench))
+        .map_err(usage)?;
+    let value = serde_json::json!({ "machine": machine, "herd": report });
+    crate::output::print_report(&value, args.json, || report.render())?;
+    if !report.failed.is_empty() {
+        anyhow::bail!(
+            "{} herd rounds failed (the report above has what was measured): {}",
+            report.failed.len(),
+            report.failed.join("; ")
+        );
+    }
+    Ok(exit::OK)
 }
 
 /// `tenure bench --shards N`: the shard scenarios only.

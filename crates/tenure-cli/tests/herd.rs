@@ -1,0 +1,115 @@
+//! `tenure bench --herd`: many contenders on one role, each leading once. With the
+//! queue a handover costs the same store calls whatever the crowd (a release and the
+//! successor's renewal); without it every waiter woken by a release contends. Sanity
+//! bounds only beyond the call counts: the machine is shared.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{output_within, tempdir, tenure, tree};
+use serde_json::Value;
+
+/// `tenure bench --herd COUNTS --json` on `store`; the parsed report.
+fn herd(dir: &Path, store: &str, counts: &str) -> Value {
+    let mut command = tenure();
+    command
+        .args(["bench", "--store", store, "--json", "--herd", counts])
+        .args(["--herd-rounds", "1"])
+        .current_dir(dir)
+        .env("TMPDIR", dir);
+    let output = output_within(&mut command, Duration::from_secs(300));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// The row of `contenders` and `mode`.
+fn row<'a>(report: &'a Value, contenders: u64, mode: &str) -> &'a Value {
+    report["herd"]["rows"]
+        .as_array()
+        .and_then(|rows| {
+            rows.iter().find(|r| {
+                r["contenders"].as_u64() == Some(contenders) && r["mode"].as_str() == Some(mode)
+            })
+        })
+        .unwrap_or_else(|| panic!("no row for {contenders} {mode} in {report}"))
+}
+
+fn number(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// Every contender led once (N - 1 handovers); with the queue, about two store calls
+/// per handover at 10 and at 40 contenders, without it many more, growing with the
+/// crowd.
+fn check_calls(report: &Value) {
+    assert!(
+        report["herd"]["failed"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "{report}"
+    );
+    for contenders in [10, 40] {
+        let queue = row(report, contenders, "queue");
+        let herd = row(report, contenders, "no queue");
+        assert_eq!(number(queue, "handovers") as u64, contenders - 1, "{queue}");
+        let per_handover = number(queue, "calls_per_handover");
+        assert!(
+            (1.9..=2.5).contains(&per_handover),
+            "{contenders} contenders: {per_handover} calls per handover with the queue"
+        );
+        let without = number(herd, "calls_per_handover");
+        assert!(
+            without > per_handover * 2.0,
+            "{contenders} contenders: {without} calls per handover without the queue"
+        );
+        assert!(number(&queue["latency"], "p99_us") > 0.0);
+    }
+}
+
+#[test]
+fn herd_on_memory_costs_two_calls_per_handover() {
+    let dir = tempdir();
+    check_calls(&herd(dir.path(), "memory:", "10,40"));
+}
+
+#[test]
+fn bad_herd_input_is_a_usage_error_and_creates_nothing() {
+    let dir = tempdir();
+    let d = dir.path();
+    for (args, needle) in [
+        (vec!["--herd", "1"], "--herd"),
+        (vec!["--herd", "x"], "--herd"),
+        (vec!["--herd", "30", "--herd-rounds", "0"], "--herd-rounds"),
+        (vec!["--herd", "30", "--shards", "4"], "--shards"),
+        (vec!["--herd-rounds", "2"], "--herd"),
+    ] {
+        let mut command = tenure();
+        command
+            .args(["bench", "--store", "sqlite:throwaway"])
+            .args(&args)
+            .current_dir(d)
+            .env("TMPDIR", d);
+        let output = output_within(&mut command, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+        assert!(tree(d).is_empty(), "{args:?} created {:?}", tree(d));
+    }
+}
