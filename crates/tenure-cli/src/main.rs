@@ -9,6 +9,7 @@ mod chaos;
 mod demo;
 mod exporter;
 mod guard;
+mod handoff;
 mod inspect;
 mod output;
 mod parse;
@@ -259,6 +260,27 @@ enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Ask the leader of a role to hand its term to a waiting contender (a deploy, a
+    /// drain), and wait until it has: the leader stops its command, then passes the term
+    /// in one store write (the fencing token grows by one). Exit 0 once handed over, 1
+    /// when nobody leads, 75 when another handoff is being asked, 124 on timeout.
+    Handoff {
+        /// The role.
+        #[arg(long)]
+        role: String,
+        /// The owner id of the contender to hand to (it must be waiting for the role);
+        /// default: the one that has waited longest.
+        #[arg(long, value_name = "OWNER")]
+        to: Option<String>,
+        /// How long to wait for the leader to hand over.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// One JSON object: {"role", "outcome", "from", "to", "asked_by"}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Show live members: last heartbeat, membership age, metadata.
     Members {
         /// Machine-readable output.
@@ -485,6 +507,28 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             runtime()?.block_on(async {
                 let stores = store::open(&url, arg.member_ttl()).await?;
                 inspect::leader(&stores, &role, json, watch).await
+            })
+        }
+        Command::Handoff {
+            role,
+            to,
+            timeout,
+            json,
+            store: arg,
+        } => {
+            tenure::handoff::request_role(&role).map_err(|e| UsageError(format!("--role: {e}")))?;
+            if let Some(to) = &to {
+                tenure::lease::validate_name("owner", to)
+                    .map_err(|e| UsageError(format!("--to: {e}")))?;
+            }
+            if timeout.is_zero() {
+                return Err(UsageError("--timeout: must be greater than zero".to_owned()).into());
+            }
+            let url = StoreUrl::parse(&arg.raw()?)?;
+            url.require_shared("handoff")?;
+            runtime()?.block_on(async {
+                let stores = store::open(&url, arg.member_ttl()).await?;
+                handoff::handoff(&stores, &role, to.as_deref(), timeout, json).await
             })
         }
         Command::Members { json, store: arg } => {

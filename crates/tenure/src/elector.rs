@@ -83,6 +83,10 @@ pub struct LeaseLeaderOptions {
     /// [`LeaseStore::get`] and [`crate::observe()`]. At most
     /// [`MAX_VALUE_LEN`](crate::lease::MAX_VALUE_LEN) bytes, no NUL. Default none.
     pub advertise: Option<String>,
+    /// Whether a leader acts on handoff requests left in the store by
+    /// [`crate::handoff::request_handoff`] (`tenure handoff`): it watches the role's
+    /// request role by the store's push while it leads. Default true.
+    pub accept_handoff_requests: bool,
 }
 
 impl Default for LeaseLeaderOptions {
@@ -96,6 +100,7 @@ impl Default for LeaseLeaderOptions {
             max_clock_drift: 0.01,
             work_grace: Duration::ZERO,
             advertise: None,
+            accept_handoff_requests: true,
         }
     }
 }
@@ -272,6 +277,8 @@ pub struct LeaseLeaderElector {
     handoff: Mutex<Option<HandoffRequest>>,
     /// Wakes the leader loop for `handoff`.
     handoff_requested: Notify,
+    /// Per role, the request-role token of the last handoff request acted on.
+    handoffs_acted: Mutex<HashMap<String, FencingToken>>,
 }
 
 impl std::fmt::Debug for LeaseLeaderElector {
@@ -300,6 +307,7 @@ impl LeaseLeaderElector {
             deadline: watch::Sender::new(None),
             handoff: Mutex::new(None),
             handoff_requested: Notify::new(),
+            handoffs_acted: Mutex::new(HashMap::new()),
         })
     }
 
@@ -334,12 +342,15 @@ impl LeaseLeaderElector {
     /// contender waiting in the role's queue (its owner id); `None` hands to the
     /// oldest waiting one.
     ///
-    /// Returns `Ok(true)` once the term passed to a successor; this elector then waits
-    /// in the queue as any contender. `Ok(false)` when this elector does not lead, or
-    /// when nobody (or not the named successor) was waiting: then the elector goes on
-    /// leading (it renews, and `work` is called again with the same token). A store
-    /// error is returned as is; the term then runs out or is taken back as after any
-    /// failed release.
+    /// The elector first reads who waits ([`LeaseStore::candidates`]): when nobody (or
+    /// not the named successor) waits, it answers `Ok(false)` and the work goes on
+    /// untouched. Returns `Ok(true)` once the term passed to a successor; this elector
+    /// then waits in the queue as any contender. `Ok(false)` also when this elector does
+    /// not lead, and in the rare case that the successor stopped waiting between that
+    /// read and the handoff: then the work was stopped, and the elector leads on (it
+    /// renews, and `work` is called again with the same token). A store error is
+    /// returned as is; the term then runs out or is taken back as after any failed
+    /// release.
     pub async fn hand_off(&self, successor: Option<&str>) -> Result<bool> {
         if let Some(successor) = successor {
             validate_name("successor", successor)?;

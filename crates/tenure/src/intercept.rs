@@ -92,6 +92,11 @@ pub enum Call {
         /// Whether a caller that does not acquire is queued as a candidate.
         queue: bool,
     },
+    /// [`LeaseStore::candidates`].
+    Candidates {
+        /// The role.
+        role: String,
+    },
     /// [`LeaseStore::withdraw`].
     Withdraw {
         /// The role.
@@ -190,6 +195,7 @@ impl Call {
         match self {
             Call::TryAcquireOrRenew { queue: false, .. } => "try_acquire_or_renew",
             Call::TryAcquireOrRenew { queue: true, .. } => "try_acquire_or_queue",
+            Call::Candidates { .. } => "candidates",
             Call::Withdraw { .. } => "withdraw",
             Call::HandOver { .. } => "hand_over",
             Call::Release { .. } => "release",
@@ -227,6 +233,8 @@ pub enum Reply {
     Changed,
     /// From [`Call::WaitForSuccessor`]: the wait ended with what it learned.
     Succession(TermChange),
+    /// From [`Call::Candidates`].
+    Candidates(Result<Vec<String>>),
 }
 
 impl Reply {
@@ -246,6 +254,7 @@ impl Reply {
             Call::List { .. } => Reply::List(Err(error)),
             Call::WaitForChange { .. } | Call::WaitForTerm { .. } => Reply::Changed,
             Call::WaitForSuccessor { .. } => Reply::Succession(TermChange::Unknown),
+            Call::Candidates { .. } => Reply::Candidates(Err(error)),
             Call::OpenSession { .. } => Reply::Session(Err(error)),
             Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
             Call::AcquireInSession { .. } => Reply::Lease(Err(error)),
@@ -279,6 +288,15 @@ impl Reply {
         }
     }
 
+    /// The answer of a [`Call::Candidates`]; an error if it is the reply to another
+    /// method.
+    pub fn into_candidates(self) -> Result<Vec<String>> {
+        match self {
+            Reply::Candidates(result) => result,
+            other => Err(other.mismatch("candidates")),
+        }
+    }
+
     /// The answer of a [`Call::Get`]; an error if it is the reply to another method.
     pub fn into_info(self) -> Result<Option<LeaseInfo>> {
         match self {
@@ -305,6 +323,7 @@ impl Reply {
             Reply::List(_) => "list",
             Reply::Changed => "wait_for_change",
             Reply::Succession(_) => "wait_for_successor",
+            Reply::Candidates(_) => "candidates",
             Reply::Session(_) => "open_session",
             Reply::KeptAlive(_) => "keep_alive_session",
         };
@@ -381,6 +400,7 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
                 .await,
         ),
         Call::Withdraw { role, owner } => Reply::Released(store.withdraw(&role, &owner).await),
+        Call::Candidates { role } => Reply::Candidates(store.candidates(&role).await),
         Call::HandOver {
             role,
             owner,
@@ -497,6 +517,13 @@ impl LeaseStore for InterceptStore {
             queue: true,
         };
         self.call(call).await.into_lease()
+    }
+
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        let call = Call::Candidates {
+            role: role.to_owned(),
+        };
+        self.call(call).await.into_candidates()
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {

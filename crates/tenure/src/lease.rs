@@ -189,6 +189,15 @@ pub trait LeaseStore: Send + Sync + 'static {
         Ok(false)
     }
 
+    /// The owners of `role`'s live candidates, oldest first (see
+    /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)): who a release would hand
+    /// the role to, and whom [`hand_over`](Self::hand_over) may name. Reads only. The
+    /// default queues nobody and so lists nobody.
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        Ok(Vec::new())
+    }
+
     /// Ends the live term `(role, owner, token)` and, in the same atomic step, begins
     /// the next one for a live candidate of the role (see
     /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)): `successor`, or the

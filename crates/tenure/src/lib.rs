@@ -73,6 +73,7 @@ mod clock;
 mod elector;
 mod error;
 mod fence;
+pub mod handoff;
 pub mod intercept;
 pub mod lease;
 pub mod memory;

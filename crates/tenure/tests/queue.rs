@@ -245,3 +245,65 @@ async fn a_contender_that_stops_is_never_handed_the_role() {
     shutdown.cancel();
     run_c.await.unwrap().unwrap();
 }
+
+/// Setup: node-a leads; node-b and node-c wait. A handoff asked through the store (as
+/// `tenure handoff` does, from a process without the elector) moves the term to node-c;
+/// the requester sees node-a hand over to node-c (token 2). A second request, to nobody
+/// waiting under that name, times out with node-c still leading; with nobody leading the
+/// answer is `NoLeader`.
+#[tokio::test(start_paused = true)]
+async fn a_handoff_asked_through_the_store_moves_the_term() {
+    use tenure::handoff::{request_handoff, HandoffOutcome};
+    let store: Arc<dyn LeaseStore> = memory();
+    let shutdown = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let (a, b, c) = (
+        elector(store.clone(), "node-a"),
+        elector(store.clone(), "node-b"),
+        elector(store.clone(), "node-c"),
+    );
+    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
+    let runs = [
+        run(&a, &stop, &shutdown),
+        run(&b, &stop, &shutdown),
+        run(&c, &stop, &shutdown),
+    ];
+    leads(&mut a_state, "node-a leads").await;
+    follows(&mut b_state, "node-b waits").await;
+    follows(&mut c_state, "node-c waits").await;
+
+    let outcome = request_handoff(store.clone(), ROLE, Some("node-c"), "ops-1", secs(30))
+        .await
+        .unwrap();
+    match outcome {
+        HandoffOutcome::HandedOver { from, to } => {
+            assert_eq!(
+                (from.owner.as_str(), from.fencing_token.get()),
+                ("node-a", 1)
+            );
+            assert_eq!((to.owner.as_str(), to.fencing_token.get()), ("node-c", 2));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(leads(&mut c_state, "node-c leads").await.get(), 2);
+
+    let outcome = request_handoff(store.clone(), ROLE, Some("node-x"), "ops-2", secs(5))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, HandoffOutcome::NotHandedOver { from } if from.owner == "node-c"),
+        "{outcome:?}"
+    );
+    assert_eq!(leads(&mut c_state, "node-c leads on").await.get(), 2);
+
+    assert_eq!(
+        request_handoff(store.clone(), "nobody-leads", None, "ops-3", secs(5))
+            .await
+            .unwrap(),
+        HandoffOutcome::NoLeader
+    );
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}

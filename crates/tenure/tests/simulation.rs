@@ -36,6 +36,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tenure::handoff::request_handoff;
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
     Clock, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseInfo, LeaseLeaderElector,
@@ -950,7 +951,20 @@ async fn chaos(sim: Arc<Sim>, count: usize, end: CancellationToken) {
         });
         if let (Some(successor), Some(leader)) = (handoff, leader) {
             let to = successor.map(|index| electors[index].owner.clone());
-            if let Some(elector) = electors[leader].elector.clone() {
+            let through_store = sim.random(|rng| rng.random_bool(0.5));
+            if through_store {
+                // As `tenure handoff` asks: a request in the store the leader acts on.
+                sim.checker.lock().stats.handoffs_asked += 1;
+                let (sim, store) = (sim.clone(), sim.store.clone());
+                tokio::spawn(async move {
+                    let asked = request_handoff(store, ROLE, to.as_deref(), "ops", TTL * 3).await;
+                    if let Err(error) = asked {
+                        sim.checker
+                            .lock()
+                            .violate(Violation::Unexpected(format!("request_handoff: {error}")));
+                    }
+                });
+            } else if let Some(elector) = electors[leader].elector.clone() {
                 sim.checker.lock().stats.handoffs_asked += 1;
                 let sim = sim.clone();
                 tokio::spawn(async move {

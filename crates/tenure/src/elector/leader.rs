@@ -4,9 +4,13 @@
 
 use std::future::Future;
 
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
+
+use crate::handoff::Asked;
 
 use super::term::{in_flight, Answer, Attempt, AttemptFuture, HandoffRequest, Term, TermEnd};
 use super::{work_outcome, ElectionState, LeaseLeaderElector, WorkOutcome};
@@ -45,14 +49,32 @@ impl LeaseLeaderElector {
         let _cancel_on_drop = leadership.clone().drop_guard();
         let mut task: JoinHandle<Fut::Output> = tokio::spawn(work(term.token, leadership.clone()));
         let mut renewal: Option<AttemptFuture<'_>> = None;
+        let mut requests = Box::pin(self.handoff_requests(role, term.token));
         let end = loop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break TermEnd::Shutdown,
                 joined = &mut task => break TermEnd::WorkReturned(work_outcome(joined)),
+                asked = &mut requests => {
+                    let successor = asked.successor;
+                    self.handoffs_acted.lock().insert(role.to_owned(), asked.request_token);
+                    info!(role, owner, token = %term.token, ?successor, "handoff asked through the store");
+                    if self.successor_waits(role, successor.as_deref(), term.deadline()).await {
+                        break TermEnd::HandOff(HandoffRequest {
+                            token: term.token,
+                            successor,
+                            // Nobody in this process waits for the answer.
+                            answer: oneshot::channel().0,
+                        });
+                    }
+                    requests = Box::pin(self.handoff_requests(role, term.token));
+                }
                 _ = self.handoff_requested.notified() => {
                     if let Some(request) = self.take_handoff(term.token) {
-                        break TermEnd::HandOff(request);
+                        if self.successor_waits(role, request.successor.as_deref(), term.deadline()).await {
+                            break TermEnd::HandOff(request);
+                        }
+                        let _ = request.answer.send(Ok(false));
                     }
                 }
                 _ = tokio::time::sleep_until(term.deadline()) => {
@@ -264,6 +286,62 @@ impl LeaseLeaderElector {
             }
             None => self.leave_queue(role).await,
         }
+    }
+
+    /// Whether `successor` (any contender for `None`) waits in the role's queue, so a
+    /// handoff would find it: asked before the work is stopped, so a handoff with nobody
+    /// to take over leaves the work running. Bounded by the term's deadline; a store
+    /// that cannot answer counts as nobody waiting.
+    async fn successor_waits(
+        &self,
+        role: &str,
+        successor: Option<&str>,
+        deadline: Instant,
+    ) -> bool {
+        let owner = self.options.owner_id.as_str();
+        match tokio::time::timeout_at(deadline, self.store.candidates(role)).await {
+            Ok(Ok(candidates)) => {
+                let waits = match successor {
+                    Some(successor) => candidates.iter().any(|c| c == successor),
+                    None => !candidates.is_empty(),
+                };
+                if !waits {
+                    info!(
+                        role,
+                        owner,
+                        ?successor,
+                        "no such contender waits; leading on"
+                    );
+                }
+                waits
+            }
+            Ok(Err(error)) => {
+                warn!(role, owner, %error, "cannot read who waits; leading on");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The first handoff request left in the store for the term `token` and not yet
+    /// acted on (see [`crate::handoff`]); pending forever when requests are not accepted
+    /// or the role has no request role (it is too long for one).
+    async fn handoff_requests(&self, role: &str, token: FencingToken) -> Asked {
+        let request = match crate::handoff::request_role(role) {
+            Ok(request) if self.options.accept_handoff_requests => request,
+            _ => return std::future::pending().await,
+        };
+        // A request refused (nobody to hand to) is not acted on again when this
+        // elector leads on.
+        let acted = self
+            .handoffs_acted
+            .lock()
+            .get(role)
+            .copied()
+            .unwrap_or(FencingToken::from(0));
+        // Pushes wake the watch; the poll is the fallback of stores that cannot push.
+        let poll = self.options.lease_ttl;
+        crate::handoff::next_request(self.store.as_ref(), &request, token, acted, poll).await
     }
 
     /// Takes the waiting handoff request if it is for the term `token`; one for another

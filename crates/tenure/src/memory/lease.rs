@@ -422,6 +422,19 @@ impl LeaseStore for InMemoryLeaseStore {
             .is_some_and(|slot| slot.dequeue(owner, now)))
     }
 
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        let now = self.clock.now();
+        let shard = self.shard(role).lock();
+        Ok(shard.get(role).map_or_else(Vec::new, |slot| {
+            slot.queue
+                .iter()
+                .filter(|c| now < c.expires_at)
+                .map(|c| c.owner.clone())
+                .collect()
+        }))
+    }
+
     async fn hand_over(
         &self,
         role: &str,
