@@ -222,6 +222,8 @@ struct Stats {
     handovers: u64,
     /// Planned handoffs asked of a leading elector.
     handoffs_asked: u64,
+    /// Handovers to a candidate whose process was paused (stalled in the queue).
+    handed_to_stalled: u64,
 }
 
 /// The outcome of one schedule.
@@ -532,10 +534,19 @@ impl Sim {
         let Some(view) = view else {
             return;
         };
+        // A candidate stalled in the queue (its process paused) may be handed the role:
+        // it must cost no more than its candidacy's time left.
+        let stalled = view.live_holder().is_some_and(|holder| {
+            self.electors
+                .lock()
+                .iter()
+                .any(|e| e.owner == holder && Instant::now() < e.paused_until)
+        });
         let mut checker = self.checker.lock();
         if let Some(holder) = view.live_holder() {
             if view.fencing_token.get() > checker.highest_token {
                 checker.stats.handovers += 1;
+                checker.stats.handed_to_stalled += u64::from(stalled);
                 checker.begin_term(holder, view.fencing_token.get(), view.expires_at, now);
             }
         }
@@ -1144,6 +1155,7 @@ fn seeded_schedules_keep_invariants_1_to_4() {
         total.reruns += s.reruns;
         total.handovers += s.handovers;
         total.handoffs_asked += s.handoffs_asked;
+        total.handed_to_stalled += s.handed_to_stalled;
         if !report.violations.is_empty() {
             eprintln!(
                 "schedule {schedule} failed: rerun with TENURE_SIM_SEED={seed}\n{:#?}",
@@ -1176,6 +1188,7 @@ fn seeded_schedules_keep_invariants_1_to_4() {
     assert!(total.reruns >= schedules / 4, "{total:?}");
     assert!(total.handovers >= schedules / 2, "{total:?}");
     assert!(total.handoffs_asked >= schedules / 4, "{total:?}");
+    assert!(total.handed_to_stalled >= schedules / 50, "{total:?}");
 }
 
 /// Runs the first 200 schedules under `config` until one breaks invariant 4 with
