@@ -18,6 +18,12 @@
 //!    session first (a conditional write on the session object, so its late keep-alive
 //!    fails), then write the caller in as holder with `leaseTransitions + 1`;
 //! 5. otherwise: not acquired, reporting the live holder.
+//!
+//! A contender that waits its turn is also queued, one Lease object per candidacy
+//! ([`queue`]); a release hands the role to the oldest live candidate in its one
+//! conditional write ([`handover`]), and waiters learn who leads next from the watch
+//! alone ([`wait`]). Acquiring and renewing, and what they answer from the watch's copy
+//! of a role without a read, are in [`acquire`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,25 +33,31 @@ use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use tenure::lease::{validate_acquire, validate_name, validate_release, validate_value};
+use tenure::lease::validate_name;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    TermChange,
 };
 use tokio::time::Instant;
 
 use crate::conn::{api_error, is_conflict, KubeConnection};
-use crate::names::{object_name, session_name, Kind};
+use crate::names::{object_name, session_name, Kind, CANDIDATE};
 use crate::record::{
-    annotate, begin_term, label, micro_now, new_object, selector, spec, token, ttl_secs, Record,
-    EPOCH, NAME, SESSION, VALUE,
+    annotate, begin_term, label, new_object, selector, token, Record, EPOCH, NAME, SESSION, VALUE,
 };
 use crate::watch::{Shared, Watch};
 use crate::BACKEND;
 
+mod acquire;
 mod epochs;
+mod handover;
+mod queue;
 mod session;
+mod wait;
 
 use epochs::{AllocationHook, Epochs};
+use handover::Handover;
+use queue::Used;
 use session::SessionState;
 
 /// How many conditional writes one call may lose before it reports an error.
@@ -147,7 +159,7 @@ impl KubeLeaseStore {
             conn,
             api,
             shared,
-            watch: Watch::new(selector(&[Kind::Role.label(), "session"])),
+            watch: Watch::new(selector(&[Kind::Role.label(), "session", CANDIDATE])),
             sessions: Mutex::new(HashMap::new()),
             epochs,
             own: Mutex::new(HashMap::new()),
@@ -253,7 +265,7 @@ impl KubeLeaseStore {
         if judged.live {
             return Ok(None);
         }
-        self.take(&judged, owner, secs, session, value).await
+        self.take(&judged, role, owner, secs, session, value).await
     }
 
     pub(crate) async fn session_view(&self, id: u64) -> Result<SessionView> {
@@ -364,10 +376,12 @@ impl KubeLeaseStore {
     }
 
     /// Starts a new term for `owner` over a record that is not live, advertising
-    /// `value`; `None` when a conditional write lost (read again).
+    /// `value`; `None` when a conditional write lost (read again). The write also spends
+    /// the owner's place in the role's queue, if it has one ([`queue`]).
     async fn take(
         &self,
         judged: &Judged,
+        role: &str,
         owner: &str,
         secs: i32,
         session: Option<u64>,
@@ -379,19 +393,29 @@ impl KubeLeaseStore {
             }
         }
         let record = &judged.seen.record;
-        let (epoch, transitions) = match (record.epoch()?, record.transitions.checked_add(1)) {
-            (Some(epoch), Some(next)) => (epoch, next),
-            // The first term on this object, or past i32::MAX changes of holder.
-            (None, _) | (Some(_), None) => (self.allocate_epoch().await?, 0),
-        };
+        let (epoch, transitions) = self.next_term(record).await?;
         let mut lease = record.to_write();
         annotate(&mut lease, EPOCH, Some(epoch.to_string()));
         annotate(&mut lease, VALUE, value.map(str::to_owned));
         set_session(&mut lease, session);
         begin_term(&mut lease, owner, secs, Some(transitions));
+        if let Some(place) = self.known_candidacy(role, owner) {
+            let mut used = Used::of(record);
+            used.spend(&place);
+            used.write(&mut lease);
+        }
         let token = token(epoch, transitions)?;
         let written = self.replace_read(&record.object, &lease).await?;
         Ok(written.map(|(sent, record)| (token, sent, record)))
+    }
+
+    /// The epoch and `leaseTransitions` of the next term on `record`: one more change of
+    /// holder, or a fresh epoch for the object's first term or past `i32::MAX` changes.
+    async fn next_term(&self, record: &Record) -> Result<(u64, i32)> {
+        match (record.epoch()?, record.transitions.checked_add(1)) {
+            (Some(epoch), Some(next)) => Ok((epoch, next)),
+            (None, _) | (Some(_), None) => Ok((self.allocate_epoch().await?, 0)),
+        }
     }
 
     /// A conditional `PUT`; the send time on success, `None` on 409 Conflict (or when
@@ -505,97 +529,36 @@ impl LeaseStore for KubeLeaseStore {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.shared.observer.now())?;
-        validate_value("value", value)?;
-        let secs = ttl_secs("ttl", ttl)?;
-        if let Some(own) = self.own_live(role, owner) {
-            let mut lease = own.record.to_write();
-            let spec = spec(&mut lease);
-            spec.lease_duration_seconds = Some(secs);
-            spec.renew_time = Some(micro_now());
-            if let Some((sent, record)) = self.replace_read(&own.record.object, &lease).await? {
-                return Ok(self.hold(role, owner, own.token, sent, record, ttl));
-            }
-        } else if let Some((token, sent, record)) =
-            self.take_watched(role, owner, secs, None, value).await?
-        {
-            return Ok(self.hold(role, owner, token, sent, record, ttl));
-        }
-        for _ in 0..ATTEMPTS {
-            let Some(seen) = self.read_or_create(role).await? else {
-                continue;
-            };
-            let judged = self.judge(seen).await?;
-            let ours = judged.seen.record.holder.as_deref() == Some(owner);
-            if judged.live && !ours {
-                return self.refusal(&judged);
-            }
-            if judged.live {
-                // Renew (a term held under a session becomes a plain lease of its own).
-                let mut lease = judged.seen.record.to_write();
-                set_session(&mut lease, None);
-                let spec = spec(&mut lease);
-                spec.lease_duration_seconds = Some(secs);
-                spec.renew_time = Some(micro_now());
-                match self
-                    .replace_read(&judged.seen.record.object, &lease)
-                    .await?
-                {
-                    Some((sent, record)) => {
-                        let token = judged.live_token()?;
-                        return Ok(self.hold(role, owner, token, sent, record, ttl));
-                    }
-                    None => continue,
-                }
-            }
-            if let Some((token, sent, record)) =
-                self.take(&judged, owner, secs, None, value).await?
-            {
-                return Ok(self.hold(role, owner, token, sent, record, ttl));
-            }
-        }
-        Err(self.lost_races(role))
+        self.acquire(role, owner, ttl, value, false).await
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, true).await
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        self.withdraw_candidacy(role, owner).await
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        validate_release(role, owner)?;
-        if let Some(own) = self.own_live(role, owner).filter(|own| own.token == token) {
-            let mut lease = own.record.to_write();
-            annotate(&mut lease, VALUE, None);
-            spec(&mut lease).holder_identity = None;
-            spec(&mut lease).renew_time = Some(micro_now());
-            self.own.lock().remove(role);
-            if self.replace(&own.record.object, &lease).await?.is_some() {
-                return Ok(true);
-            }
-        }
-        self.own.lock().remove(role);
-        for _ in 0..ATTEMPTS {
-            let Some(seen) = self.read_role(role).await? else {
-                return Ok(false);
-            };
-            let judged = self.judge(seen).await?;
-            if judged.seen.record.holder.as_deref() != Some(owner)
-                || judged.token != Some(token)
-                || !judged.live
-            {
-                return Ok(false);
-            }
-            let mut lease = judged.seen.record.to_write();
-            set_session(&mut lease, None);
-            annotate(&mut lease, VALUE, None);
-            let spec = spec(&mut lease);
-            spec.holder_identity = None;
-            spec.renew_time = Some(micro_now());
-            if self
-                .replace(&judged.seen.record.object, &lease)
-                .await?
-                .is_some()
-            {
-                return Ok(true);
-            }
-        }
-        Err(self.lost_races(role))
+        self.end_term(role, owner, token, Handover::Release).await
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        self.end_term(role, owner, token, Handover::To(successor))
+            .await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -650,71 +613,20 @@ impl LeaseStore for KubeLeaseStore {
         observed: FencingToken,
         deadline: tokio::time::Instant,
     ) {
-        self.watch.ensure(&self.api, &self.shared);
-        let object = object_name(Kind::Role, role);
-        let notify = self.shared.notify_of(&object);
-        let changed = notify.notified();
-        let mut changed = std::pin::pin!(changed);
-        changed.as_mut().enable();
-        let session_notify;
-        let mut session_changed = None;
-        match self.read_role(role).await {
-            Ok(Some(seen)) => {
-                let Ok(judged) = self.judge(seen).await else {
-                    tokio::time::sleep_until(deadline).await;
-                    return;
-                };
-                if judged.token != Some(observed) || !judged.live {
-                    return;
-                }
-                if let Some(id) = judged.session {
-                    session_notify = self.shared.notify_of(&session_name(id));
-                    session_changed = Some(Box::pin(session_notify.notified()));
-                }
-            }
-            Ok(None) => return,
-            Err(error) => {
-                tracing::debug!(role, %error, "reading the role before waiting failed");
-            }
-        }
-        let session_wait = async {
-            match session_changed.as_mut() {
-                Some(future) => future.as_mut().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = changed => {}
-            _ = session_wait => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
+        self.change(role, observed, deadline).await;
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) -> TermChange {
+        self.successor(role, observed, deadline).await
     }
 
     async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: tokio::time::Instant) {
-        self.watch.ensure(&self.api, &self.shared);
-        let notify = self.shared.notify_of(&object_name(Kind::Role, role));
-        let changed = notify.notified();
-        let mut changed = std::pin::pin!(changed);
-        // Registered before the read, so a term begun after it still wakes this wait.
-        changed.as_mut().enable();
-        match self.read_role(role).await {
-            Ok(Some(seen)) => match seen.record.token() {
-                Ok(Some(token)) if token > after => return,
-                Ok(_) => {}
-                Err(_) => {
-                    tokio::time::sleep_until(deadline).await;
-                    return;
-                }
-            },
-            Ok(None) => {}
-            Err(error) => {
-                tracing::debug!(role, %error, "reading the role before waiting failed");
-            }
-        }
-        tokio::select! {
-            _ = changed => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
+        self.term(role, after, deadline).await;
     }
 
     fn min_ttl(&self) -> Duration {

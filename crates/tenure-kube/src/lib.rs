@@ -11,6 +11,13 @@
 //!   Every write is conditional on the `resourceVersion` just read. The fencing token is
 //!   `epoch * 2^31 + leaseTransitions + 1` (module `record`), never repeating,
 //!   also when an operator deletes the object.
+//! - the queue of candidates ([`LeaseStore::try_acquire_or_queue`](tenure::LeaseStore::try_acquire_or_queue)):
+//!   one Lease per (role, owner) queued, `tenure.candidate-<role>.by-<owner>`, its place
+//!   the `acquireTime` it joined with. A release hands the role to the oldest live
+//!   candidate in its one conditional write of the role's Lease, judging candidates from
+//!   the namespace watch; waiters learn who leads next from the watch alone
+//!   (`wait_for_successor`), and the successor renews with one write: two requests per
+//!   handover however many wait, and one per queue refresh.
 //! - sessions: one Lease per session, kept alive with one write per interval however
 //!   many roles are held under it.
 //! - [`KubeNodeRegistry`]: one Lease per member.

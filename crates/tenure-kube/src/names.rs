@@ -15,10 +15,18 @@
 //! `tenure.session-1f`, and the epoch counter is `tenure.epochs`. Role names have no dot
 //! after `tenure`, every other kind has one, so no two kinds share a name.
 //!
+//! A candidacy (an owner queued for a role, see `lease::queue`) is named by both:
+//! `tenure.candidate-<role>.by-<owner>`, each escaped as above, so `node-b` queued for
+//! `G/k` is `tenure.candidate--47-2fk.by-node-2db`. An escape has no dot, so the two
+//! parts split apart again at the one dot between them; `by-` keeps the last label
+//! starting with a letter even when the owner's escape starts with `-`.
+//!
 //! A name whose escape would pass 253 characters is hashed instead:
 //! `tenure.h<kind>.<sha-256 of the name, 64 hex digits>` (`r` role, `m` member, `f`
-//! fence). Every object also carries its name in an annotation, checked on every read,
-//! so even a hash collision would be an error, never two roles sharing one lease.
+//! fence; `c` a candidacy, hashing the role, a NUL byte and the owner, which no name
+//! contains). Every object also carries its name in an annotation, checked on every
+//! read, so even a hash collision would be an error, never two roles sharing one lease
+//! (a candidacy's owner is its `holderIdentity`, checked the same way).
 
 use sha2::{Digest, Sha256};
 
@@ -75,16 +83,47 @@ pub fn object_name(kind: Kind, name: &str) -> String {
         return out;
     }
     let digest = Sha256::digest(name.as_bytes());
-    let mut hashed = String::from(kind.hash_prefix());
-    for byte in digest {
-        hashed.push_str(&format!("{byte:02x}"));
-    }
-    hashed
+    hex_into(&digest, String::from(kind.hash_prefix()))
 }
 
 /// The object name of a session.
 pub fn session_name(id: u64) -> String {
     format!("tenure.session-{id:x}")
+}
+
+/// The `tenure.dev/kind` label value of a candidacy.
+pub const CANDIDATE: &str = "candidate";
+
+/// The object name of `owner`'s candidacy for `role`.
+pub fn candidacy_name(role: &str, owner: &str) -> String {
+    let mut out = String::from("tenure.candidate-");
+    escape_into(role, &mut out);
+    out.push_str(".by-");
+    escape_into(owner, &mut out);
+    if out.len() <= MAX_OBJECT_NAME {
+        return out;
+    }
+    let mut hasher = Sha256::new();
+    hasher.update(role.as_bytes());
+    hasher.update([0]);
+    hasher.update(owner.as_bytes());
+    hex_into(&hasher.finalize(), String::from("tenure.hc."))
+}
+
+/// The `tenure.dev/role` label of a role's candidacies: the first 16 bytes of the
+/// role's SHA-256 in hex (a label value holds at most 63 characters of a few kinds, a
+/// role name any UTF-8). Only narrows a list; a candidacy's role is read from its
+/// annotation.
+pub fn role_label(role: &str) -> String {
+    let digest = Sha256::digest(role.as_bytes());
+    hex_into(&digest[..16], String::new())
+}
+
+fn hex_into(bytes: &[u8], mut out: String) -> String {
+    for byte in bytes {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
 }
 
 fn escape_into(name: &str, out: &mut String) {
@@ -146,6 +185,22 @@ mod tests {
         assert_eq!(session_name(31), "tenure.session-1f");
         assert_eq!(role_of("tenure--47-2fk").as_deref(), Some("G/k"));
         assert_eq!(role_of("tenure.member-x"), None);
+        assert_eq!(
+            candidacy_name("G/k", "node-b"),
+            "tenure.candidate--47-2fk.by-node-2db"
+        );
+        assert_eq!(role_of(&candidacy_name("reports", "a")), None);
+        assert_eq!(role_label("reports").len(), 32);
+    }
+
+    #[test]
+    fn long_candidacies_are_hashed_and_distinct() {
+        let long = "x".repeat(200);
+        let name = candidacy_name(&long, "node-a");
+        assert!(name.starts_with("tenure.hc."), "{name}");
+        assert!(is_dns_subdomain(&name));
+        assert_ne!(name, candidacy_name("node-a", &long));
+        assert_ne!(name, candidacy_name(&long, "node-b"));
     }
 
     #[test]
@@ -169,6 +224,18 @@ mod tests {
             if !role.starts_with("tenure.") {
                 proptest::prop_assert_eq!(role_of(&role), Some(name.clone()));
             }
+            let candidacy = candidacy_name(&name, &name);
+            proptest::prop_assert!(is_dns_subdomain(&candidacy), "{candidacy}");
+            proptest::prop_assert!(is_dns_subdomain(&role_label(&name)));
+        }
+
+        #[test]
+        fn distinct_candidacies_get_distinct_objects(
+            a in "[a-zA-Z0-9/._-]{1,8}", b in "[a-zA-Z0-9/._-]{1,8}",
+            c in "[a-zA-Z0-9/._-]{1,8}", d in "[a-zA-Z0-9/._-]{1,8}",
+        ) {
+            proptest::prop_assume!((&a, &b) != (&c, &d));
+            proptest::prop_assert_ne!(candidacy_name(&a, &b), candidacy_name(&c, &d));
         }
 
         #[test]

@@ -12,6 +12,26 @@
 //! | annotation `tenure.dev/name` | the role, checked on every read |
 //! | annotation and label `tenure.dev/session` | the session the term is held under, if any |
 //! | annotation `tenure.dev/value` | the value the term advertised, if any; removed on release |
+//! | annotation `tenure.dev/used-candidacies` | the queue places whose turn came (below) |
+//!
+//! A candidacy's Lease (`lease::queue`; one per owner queued for a role):
+//!
+//! | field | meaning |
+//! | --- | --- |
+//! | `spec.holderIdentity` | the queued owner; absent once withdrawn or cleared as lapsed |
+//! | `spec.leaseDurationSeconds` | how long the candidacy lasts unless refreshed (the caller's TTL) |
+//! | `spec.acquireTime` | when the owner joined the queue, on its wall clock: the queue's order, kept by every refresh |
+//! | `spec.renewTime` | the last refresh (for people; never read) |
+//! | annotation `tenure.dev/name` | the role |
+//! | label `tenure.dev/role` | the role's hash ([`crate::names::role_label`]), so one list finds a role's candidacies |
+//! | annotation `tenure.dev/value` | the value the owner's term is to advertise |
+//!
+//! A place in the queue is the candidacy object with its `acquireTime`. When a term
+//! begins for an owner that has a live place (a release handed it the role, or it
+//! acquired otherwise), the same write of the role adds `OBJECT=MICROS` (the object name
+//! and `acquireTime` in microseconds since the epoch) to the role's
+//! `tenure.dev/used-candidacies`, space-separated: that place is spent, whatever the
+//! candidacy object still says, until its owner joins again (a new `acquireTime`).
 //!
 //! A member's Lease also carries `tenure.dev/metadata` (its metadata) and
 //! `tenure.dev/heartbeat-session` (the session whose keep-alives count as its heartbeats,
@@ -47,8 +67,13 @@ pub(crate) const NAME: &str = "tenure.dev/name";
 pub(crate) const EPOCH: &str = "tenure.dev/epoch";
 /// The session a role is held under (annotation and label), hex.
 pub(crate) const SESSION: &str = "tenure.dev/session";
-/// On a role object: the value its term advertised.
+/// On a role object: the value its term advertised; on a candidacy, the value its
+/// owner's term is to advertise.
 pub(crate) const VALUE: &str = "tenure.dev/value";
+/// On a role object: the queue places whose turn came (see the module docs).
+pub(crate) const USED: &str = "tenure.dev/used-candidacies";
+/// On a candidacy object: the hash of its role (label).
+pub(crate) const ROLE_LABEL: &str = "tenure.dev/role";
 /// On a session object: set once the session has ended; it is never revived.
 pub(crate) const ENDED: &str = "tenure.dev/ended";
 /// On the epoch counter: the next epoch to hand out.
@@ -193,6 +218,12 @@ impl Record {
             .as_ref()
             .and_then(|labels| labels.get(KIND_LABEL))
             .map(String::as_str)
+    }
+
+    /// `spec.acquireTime` in microseconds since the Unix epoch, if set.
+    pub fn acquired_micros(&self) -> Option<i64> {
+        let time = self.lease.spec.as_ref()?.acquire_time.as_ref()?;
+        Some(time.0.as_microsecond())
     }
 
     /// Whether a session object was marked ended.

@@ -7,8 +7,16 @@
 //! Waiters subscribe before they read, so an event between their read and their wait is
 //! not lost. When the watch is broken no event comes and waiters sleep to their deadline,
 //! as the store contract asks.
+//!
+//! The copies the watch keeps are also a cache the queue judges candidacies by
+//! (`lease::queue`), so they must not go back: a copy of a candidacy this process wrote
+//! or read itself (newer than every event the watch delivered before that version) is
+//! kept until the watch delivers that version, and an event older than it changes
+//! nothing. A relist (after the watch lost its place) replaces every copy, and an
+//! object the relist no longer lists is handled as deleted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures_util::StreamExt;
@@ -41,6 +49,16 @@ pub(crate) struct Shared {
     /// Each object as the watch last delivered it: a contender woken by an event writes
     /// on the event's version instead of reading the object again.
     latest: Mutex<HashMap<String, Lease>>,
+    /// Candidacies this process wrote or read, newer than the watch's copy, with when
+    /// their version was first seen; dropped when the watch delivers that version.
+    fresh: Mutex<HashMap<String, (Lease, Instant)>>,
+    /// The objects a relist in progress has listed so far (`None` outside one).
+    relisted: Mutex<Option<HashSet<String>>>,
+    /// Whether the watch has delivered one complete list (its copies are the namespace's
+    /// objects, give or take the events still on their way).
+    synced: AtomicBool,
+    /// Woken when the first complete list has been delivered.
+    synced_notify: Notify,
 }
 
 impl Shared {
@@ -51,7 +69,149 @@ impl Shared {
             any: Notify::new(),
             marks: Mutex::new(HashMap::new()),
             latest: Mutex::new(HashMap::new()),
+            fresh: Mutex::new(HashMap::new()),
+            relisted: Mutex::new(None),
+            synced: AtomicBool::new(false),
+            synced_notify: Notify::new(),
         })
+    }
+
+    /// Whether the watch has delivered one complete list.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Waits until the watch has delivered one complete list, or until `deadline`;
+    /// whether it has.
+    pub async fn wait_synced(&self, deadline: Instant) -> bool {
+        let notified = self.synced_notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        if self.synced() {
+            return true;
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+        self.synced()
+    }
+
+    /// Keeps `lease`, a version of a candidacy this process just wrote or read and first
+    /// saw at `first`, in place of the watch's older copy until the watch delivers it.
+    pub fn fresher(&self, lease: &Lease, first: Instant) {
+        if let Some(name) = lease.metadata.name.as_deref() {
+            self.fresh
+                .lock()
+                .insert(name.to_owned(), (lease.clone(), first));
+        }
+    }
+
+    /// The newest copy of `object` this process has (its own or the watch's), with
+    /// when its version was first seen.
+    pub fn cached(&self, object: &str) -> Option<(Lease, Instant)> {
+        if let Some(fresh) = self.fresh.lock().get(object) {
+            return Some(fresh.clone());
+        }
+        let lease = self.latest.lock().get(object).cloned()?;
+        let first = self.first_of(&lease);
+        Some((lease, first))
+    }
+
+    /// The newest copies (as [`cached`](Self::cached)) of the objects labelled
+    /// `key=value`.
+    pub fn labelled(&self, key: &str, value: &str) -> Vec<(Lease, Instant)> {
+        let has_label = |lease: &Lease| {
+            lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(key))
+                .is_some_and(|found| found == value)
+        };
+        let mut copies: Vec<(Lease, Instant)> = self
+            .fresh
+            .lock()
+            .values()
+            .filter(|(lease, _)| has_label(lease))
+            .cloned()
+            .collect();
+        let own: HashSet<String> = copies
+            .iter()
+            .filter_map(|(lease, _)| lease.metadata.name.clone())
+            .collect();
+        let watched: Vec<Lease> = self
+            .latest
+            .lock()
+            .iter()
+            .filter(|(name, lease)| has_label(lease) && !own.contains(*name))
+            .map(|(_, lease)| lease.clone())
+            .collect();
+        copies.extend(watched.into_iter().map(|lease| {
+            let first = self.first_of(&lease);
+            (lease, first)
+        }));
+        copies
+    }
+
+    /// When the version of the watch's copy `lease` was first seen here; now when this
+    /// process knows another version (its judgement then starts over, as for a read).
+    fn first_of(&self, lease: &Lease) -> Instant {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        let version = lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        self.observer
+            .first_sighting(name, version)
+            .unwrap_or_else(|| self.observer.instant())
+    }
+
+    /// The start of a (re)list: every copy is replaced by what it lists.
+    fn begin_relist(&self) {
+        *self.relisted.lock() = Some(HashSet::new());
+    }
+
+    /// The end of a (re)list: an object it did not list was deleted meanwhile.
+    fn end_relist(&self) {
+        let listed = self.relisted.lock().take().unwrap_or_default();
+        let gone: Vec<Lease> = self
+            .latest
+            .lock()
+            .iter()
+            .filter(|(name, _)| !listed.contains(*name))
+            .map(|(_, lease)| lease.clone())
+            .collect();
+        for lease in gone {
+            self.event(&lease, true);
+        }
+        self.synced.store(true, Ordering::Release);
+        self.synced_notify.notify_waiters();
+    }
+
+    /// Whether an event for `lease` is older than the copy this process holds of that
+    /// object (see [`fresher`](Self::fresher)), and so changes nothing; forgets the copy
+    /// once the watch delivered its version (or anything after a relist, or the object's
+    /// deletion).
+    fn older_than_fresh(&self, lease: &Lease, name: &str, deleted: bool) -> bool {
+        let mut fresh = self.fresh.lock();
+        let Some((copy, _)) = fresh.get(name) else {
+            return false;
+        };
+        let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
+        let relisting = self.relisted.lock().is_some();
+        let older = if deleted {
+            // A delete of an earlier incarnation than the one this process created.
+            !same(&copy.metadata.uid, &lease.metadata.uid)
+        } else {
+            !relisting
+                && !same(
+                    &copy.metadata.resource_version,
+                    &lease.metadata.resource_version,
+                )
+        };
+        if !older {
+            fresh.remove(name);
+        }
+        older
     }
 
     /// Reads `object`, recording the sighting of its version: the record, when its
@@ -122,6 +282,14 @@ impl Shared {
         let Some(name) = lease.metadata.name.as_deref() else {
             return;
         };
+        if let Some(listed) = self.relisted.lock().as_mut() {
+            if !deleted {
+                listed.insert(name.to_owned());
+            }
+        }
+        if self.older_than_fresh(lease, name, deleted) {
+            return;
+        }
         let now = self.observer.instant();
         let mark = Mark::of(lease);
         let previous = if deleted {
@@ -220,7 +388,8 @@ impl Watch {
                         shared.event(&lease, false)
                     }
                     Some(Ok(watcher::Event::Delete(lease))) => shared.event(&lease, true),
-                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                    Some(Ok(watcher::Event::Init)) => shared.begin_relist(),
+                    Some(Ok(watcher::Event::InitDone)) => shared.end_relist(),
                     Some(Err(error)) => {
                         tracing::debug!(%error, "lease watch failed; retrying with backoff")
                     }

@@ -1,4 +1,4 @@
-//! The shared conformance and session suites on a real kube-apiserver (one per test
+//! The shared conformance, session and queue suites on a real kube-apiserver (one per test
 //! binary, on its own etcd), each scenario in a fresh namespace, as the tenant service
 //! account with only the documented Role on leases. TTLs are whole seconds; expiry is
 //! judged by observation, so `pass_time` sleeps just past the requested time.
@@ -98,3 +98,4 @@ impl RegistryFixture for KubeRegistryFixture {
 tenure_testkit::lease_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::session_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::registry_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::queue_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);

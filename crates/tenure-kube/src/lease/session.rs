@@ -188,7 +188,7 @@ impl KubeLeaseStore {
                 return self.refusal(&judged);
             }
             if let Some((token, ..)) = self
-                .take(&judged, &state.owner, secs, Some(id), None)
+                .take(&judged, role, &state.owner, secs, Some(id), None)
                 .await?
             {
                 return Ok(held(token));

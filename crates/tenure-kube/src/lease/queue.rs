@@ -1,0 +1,424 @@
+//! The queue of candidates (see [`tenure::LeaseStore::try_acquire_or_queue`]): one Lease
+//! object per owner queued for a role.
+//!
+//! The API server keeps no timers and no queue, so a candidacy is judged as a term is:
+//! by observation, from the namespace watch. Each is its own object, so candidates
+//! never write the same object (no 409s between them), and every store watching the
+//! namespace judges each one the same way a contender judges a holder:
+//!
+//! - **Object**: `tenure.candidate-<role>.by-<owner>` ([`crate::names::candidacy_name`]),
+//!   labelled with the role's hash (`tenure.dev/role`) so one list or the watch finds a
+//!   role's candidacies; the role in `tenure.dev/name`, the owner in `holderIdentity`,
+//!   its TTL in `leaseDurationSeconds`, the value it will advertise in `tenure.dev/value`
+//!   (fields in [`crate::record`]).
+//! - **Place**: `acquireTime`, written when the owner joins and kept by every refresh;
+//!   the queue is ordered by it (ties by object name). It is the candidate's wall clock,
+//!   so candidates that joined within the clocks' skew of each other may be served in
+//!   either order; only the order, never a token, depends on it.
+//! - **Refresh**: one `PUT` of the candidacy, conditional on the version this store last
+//!   wrote or read (a create the first time). A live place keeps its `acquireTime`; a
+//!   lapsed, withdrawn or spent one joins again at the back with a new one.
+//! - **Live**: unchanged for less than `leaseDurationSeconds` since this process first
+//!   saw its version (its own writes count from when they were sent), as for terms.
+//! - **Spent**: a place whose turn came is listed in the role's
+//!   `tenure.dev/used-candidacies` by the same write that began its owner's term (a
+//!   handover, or the owner acquiring any other way), so no release hands the role to it
+//!   again, whether or not its object was touched since. An entry goes when the object
+//!   shows another place (its owner joined again) or none (withdrawn or cleared); at most
+//!   [`MAX_USED`] are kept.
+//! - **Withdraw**: one conditional `PUT` clearing `holderIdentity`.
+//! - **Housekeeping**: tenure's Role may not delete objects, so a candidacy that lapsed
+//!   (its owner died in the queue, or holds the role it was handed and stopped
+//!   refreshing) is cleared by the next release that sees it lapsed, with one
+//!   conditional `PUT` each, at most [`MAX_CLEARS`] per release, so that a reader that
+//!   starts later (and would count it live for one more TTL) never picks it. Objects stay,
+//!   one per (role, owner) that ever queued, as sessions' objects do; deleting a cleared
+//!   one is always safe, and deleting a queued one only withdraws it.
+//!
+//! The release that hands the role over is in [`super::handover`].
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::PostParams;
+use tenure::lease::validate_release;
+use tenure::{Error, Result};
+use tokio::time::Instant;
+
+use super::{KubeLeaseStore, ATTEMPTS};
+use crate::conn::is_conflict;
+use crate::names::{candidacy_name, object_name, role_label, Kind, CANDIDATE};
+use crate::record::{
+    annotate, label, micro_now, new_object, selector, spec, Record, NAME, ROLE_LABEL, USED, VALUE,
+};
+use crate::BACKEND;
+
+/// The most spent places a role's object lists; older ones are dropped first.
+pub(crate) const MAX_USED: usize = 32;
+
+/// The most lapsed candidacies one release clears.
+pub(crate) const MAX_CLEARS: usize = 8;
+
+/// One candidacy object of a role, as this store last knew it.
+#[derive(Clone, Debug)]
+pub(crate) struct Candidacy {
+    pub record: Record,
+    /// The queued owner; `None` once withdrawn or cleared.
+    pub owner: Option<String>,
+    /// The place: `acquireTime` in microseconds.
+    pub arrival: Option<i64>,
+    /// The end of the candidacy on this process's clock, unless refreshed.
+    pub until: Instant,
+}
+
+impl Candidacy {
+    /// `lease`, first seen at `first`, as a candidacy of `role`; `None` for an object
+    /// that is not one (another role's, or a name that does not match its owner).
+    pub fn of(lease: Lease, first: Instant, role: &str) -> Option<Candidacy> {
+        let record = Record::read_any(lease).ok()?;
+        if record.kind() != Some(CANDIDATE) || record.annotations.get(NAME)? != role {
+            return None;
+        }
+        let owner = record.holder.clone();
+        if owner
+            .as_deref()
+            .is_some_and(|owner| record.object != candidacy_name(role, owner))
+        {
+            return None;
+        }
+        Some(Candidacy {
+            arrival: record.acquired_micros(),
+            until: first + record.duration,
+            owner,
+            record,
+        })
+    }
+
+    /// The place, while the candidacy is queued and live at `now`.
+    fn place(&self, now: Instant) -> Option<(&str, i64)> {
+        let owner = self.owner.as_deref()?;
+        let arrival = self.arrival?;
+        (now < self.until).then_some((owner, arrival))
+    }
+
+    /// Whether the candidacy names an owner but has lapsed at `now`.
+    fn lapsed(&self, now: Instant) -> bool {
+        self.owner.is_some() && now >= self.until
+    }
+
+    /// The value the owner's term is to advertise.
+    pub fn value(&self) -> Option<&str> {
+        self.record.annotations.get(VALUE).map(String::as_str)
+    }
+}
+
+/// The spent places a role's object lists (`tenure.dev/used-candidacies`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Used(Vec<(String, i64)>);
+
+impl Used {
+    /// The list on `record`. An entry that does not parse is dropped: it could only
+    /// name a place no candidacy has, and refusing every later write of the role over
+    /// it would stop the role.
+    pub fn of(record: &Record) -> Used {
+        let Some(raw) = record.annotations.get(USED) else {
+            return Used::default();
+        };
+        Used(
+            raw.split_whitespace()
+                .filter_map(|entry| {
+                    let (object, micros) = entry.rsplit_once('=')?;
+                    Some((object.to_owned(), micros.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether `candidacy`'s place was spent.
+    pub fn spent(&self, candidacy: &Candidacy) -> bool {
+        candidacy.arrival.is_some_and(|arrival| {
+            self.0
+                .iter()
+                .any(|(object, at)| *object == candidacy.record.object && *at == arrival)
+        })
+    }
+
+    /// Drops the entries whose object `view` shows at another place or at none.
+    pub fn prune(&mut self, view: &[Candidacy]) {
+        self.0.retain(|(object, at)| {
+            view.iter()
+                .find(|c| c.record.object == *object)
+                .is_none_or(|c| c.owner.is_some() && c.arrival == Some(*at))
+        });
+    }
+
+    /// Adds `candidacy`'s place.
+    pub fn spend(&mut self, candidacy: &Candidacy) {
+        if let Some(arrival) = candidacy.arrival {
+            if !self.spent(candidacy) {
+                self.0.push((candidacy.record.object.clone(), arrival));
+            }
+        }
+        let excess = self.0.len().saturating_sub(MAX_USED);
+        self.0.drain(..excess);
+    }
+
+    /// Writes the list into `lease` (removing the annotation when it is empty).
+    pub fn write(&self, lease: &mut Lease) {
+        let value = (!self.0.is_empty()).then(|| {
+            self.0
+                .iter()
+                .map(|(object, at)| format!("{object}={at}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        annotate(lease, USED, value);
+    }
+}
+
+/// The oldest live, unspent candidacy of `view` other than `holder`'s (`successor`'s
+/// only, when given).
+pub(crate) fn next_in_line<'a>(
+    view: &'a [Candidacy],
+    used: &Used,
+    holder: &str,
+    successor: Option<&str>,
+    now: Instant,
+) -> Option<&'a Candidacy> {
+    view.iter()
+        .filter(|c| {
+            c.place(now)
+                .is_some_and(|(owner, _)| owner != holder && successor.is_none_or(|s| s == owner))
+                && !used.spent(c)
+        })
+        .min_by(|a, b| (a.arrival, &a.record.object).cmp(&(b.arrival, &b.record.object)))
+}
+
+impl KubeLeaseStore {
+    /// Every candidacy object of `role`: the watch's copies once it has listed the
+    /// namespace (with this store's newer writes in their place), else one list.
+    pub(super) async fn candidacies(&self, role: &str) -> Result<Vec<Candidacy>> {
+        let hash = role_label(role);
+        let copies = if self.shared.synced() {
+            self.shared.labelled(ROLE_LABEL, &hash)
+        } else {
+            let selector = format!("{},{ROLE_LABEL}={hash}", selector(&[CANDIDATE]));
+            let (records, _) = self
+                .shared
+                .list(&self.api, &self.conn.namespace, &selector)
+                .await?;
+            records
+                .into_iter()
+                .map(|(record, first)| (record.lease, first))
+                .collect()
+        };
+        Ok(copies
+            .into_iter()
+            .filter_map(|(lease, first)| Candidacy::of(lease, first, role))
+            .collect())
+    }
+
+    /// `owner`'s candidacy for `role` as this store knows it (no request): for the
+    /// write that begins the owner's term to spend its place.
+    pub(super) fn known_candidacy(&self, role: &str, owner: &str) -> Option<Candidacy> {
+        let (lease, first) = self.shared.cached(&candidacy_name(role, owner))?;
+        Candidacy::of(lease, first, role).filter(|c| c.place(self.instant()).is_some())
+    }
+
+    /// Reads a candidacy object, keeping the copy in place of the watch's.
+    async fn read_candidacy(&self, object: &str) -> Result<Option<(Lease, Instant)>> {
+        let read = self
+            .shared
+            .get(&self.api, &self.conn.namespace, object)
+            .await?;
+        Ok(read.map(|(record, first, _)| {
+            self.shared.fresher(&record.lease, first);
+            (record.lease, first)
+        }))
+    }
+
+    /// The candidacy as this store knows it, read only when the watch cannot say.
+    async fn candidacy_copy(&self, object: &str) -> Result<Option<(Lease, Instant)>> {
+        match self.shared.cached(object) {
+            Some(copy) => Ok(Some(copy)),
+            None if self.shared.synced() => Ok(None),
+            None => self.read_candidacy(object).await,
+        }
+    }
+
+    /// A conditional `PUT` of a candidacy; the object as written, `None` when it lost
+    /// (409) or the object is gone (404).
+    async fn write_candidacy(&self, object: &str, lease: &Lease) -> Result<Option<Lease>> {
+        let sent = self.instant();
+        match self
+            .api
+            .replace(object, &PostParams::default(), lease)
+            .await
+        {
+            Ok(written) => {
+                self.wrote(object, &written, sent);
+                self.shared.fresher(&written, sent);
+                Ok(Some(written))
+            }
+            Err(error) if is_conflict(&error) => Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(error) => Err(self.error("update", object, error)),
+        }
+    }
+
+    /// Queues `owner` for `role` for `secs` (the refresh of a live place keeps it),
+    /// advertising `value` once its turn comes; `used` is the role's spent places as the
+    /// caller judged the role.
+    pub(super) async fn queue_up(
+        &self,
+        role: &str,
+        owner: &str,
+        secs: i32,
+        value: Option<&str>,
+        used: &Used,
+    ) -> Result<()> {
+        let object = candidacy_name(role, owner);
+        let mut known = self.candidacy_copy(&object).await?;
+        for _ in 0..ATTEMPTS {
+            let Some((lease, first)) = known.take() else {
+                if self.create_candidacy(role, owner, secs, value).await? {
+                    return Ok(());
+                }
+                known = self.read_candidacy(&object).await?;
+                continue;
+            };
+            let record = Record::read(lease, role)?;
+            if record
+                .holder
+                .as_deref()
+                .is_some_and(|holder| holder != owner)
+            {
+                return Err(not_ours(&record, role, owner));
+            }
+            let now = self.instant();
+            let keep = Candidacy::of(record.lease.clone(), first, role).is_some_and(|c| {
+                c.place(now).is_some_and(|(holder, _)| holder == owner) && !used.spent(&c)
+            });
+            let mut lease = record.to_write();
+            fill(&mut lease, role, owner, secs, value, !keep);
+            if self.write_candidacy(&object, &lease).await?.is_some() {
+                return Ok(());
+            }
+            known = self.read_candidacy(&object).await?;
+        }
+        Err(self.lost_races(role))
+    }
+
+    /// Creates `owner`'s candidacy; `false` when it exists already.
+    async fn create_candidacy(
+        &self,
+        role: &str,
+        owner: &str,
+        secs: i32,
+        value: Option<&str>,
+    ) -> Result<bool> {
+        let object = candidacy_name(role, owner);
+        let mut lease = new_object(&object, CANDIDATE, Some(role));
+        fill(&mut lease, role, owner, secs, value, true);
+        let sent = self.instant();
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(created) => {
+                self.wrote(&object, &created, sent);
+                self.shared.fresher(&created, sent);
+                Ok(true)
+            }
+            Err(error) if is_conflict(&error) => Ok(false),
+            Err(error) => Err(self.error("create", &object, error)),
+        }
+    }
+
+    /// [`tenure::LeaseStore::withdraw`]: clears `owner`'s candidacy; whether it was
+    /// queued, live and unspent.
+    pub(super) async fn withdraw_candidacy(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
+        let object = candidacy_name(role, owner);
+        let mut known = self.candidacy_copy(&object).await?;
+        for _ in 0..ATTEMPTS {
+            let Some((lease, first)) = known.take() else {
+                return Ok(false);
+            };
+            let record = Record::read(lease, role)?;
+            if record.holder.as_deref() != Some(owner) {
+                return Ok(false);
+            }
+            let queued = match Candidacy::of(record.lease.clone(), first, role) {
+                Some(c) if c.place(self.instant()).is_some() => !self.spent(role, &c).await?,
+                _ => false,
+            };
+            if self.clear(&record).await? {
+                return Ok(queued);
+            }
+            known = self.read_candidacy(&object).await?;
+        }
+        Err(self.lost_races(role))
+    }
+
+    /// Whether the role's object lists `candidacy`'s place as spent (the watch's copy,
+    /// else a read).
+    async fn spent(&self, role: &str, candidacy: &Candidacy) -> Result<bool> {
+        let object = object_name(Kind::Role, role);
+        let record = match self.shared.cached(&object) {
+            Some((lease, _)) => Some(Record::read(lease, role)?),
+            None => self.read_role(role).await?.map(|seen| seen.record),
+        };
+        Ok(record.is_some_and(|record| Used::of(&record).spent(candidacy)))
+    }
+
+    /// Clears a candidacy (no owner, no value) with a write conditional on `record`;
+    /// whether it did.
+    pub(super) async fn clear(&self, record: &Record) -> Result<bool> {
+        let mut lease = record.to_write();
+        annotate(&mut lease, VALUE, None);
+        let spec = spec(&mut lease);
+        spec.holder_identity = None;
+        spec.renew_time = Some(micro_now());
+        Ok(self
+            .write_candidacy(&record.object, &lease)
+            .await?
+            .is_some())
+    }
+
+    /// Clears up to [`MAX_CLEARS`] candidacies of `view` that lapsed at `now`, at once.
+    /// Housekeeping: a failure is logged, and the next release tries again.
+    pub(super) async fn clear_lapsed(&self, view: &[Candidacy], now: Instant) {
+        let clears = view
+            .iter()
+            .filter(|c| c.lapsed(now))
+            .take(MAX_CLEARS)
+            .map(|c| self.clear(&c.record));
+        for result in futures_util::future::join_all(clears).await {
+            if let Err(error) = result {
+                tracing::debug!(%error, "clearing a lapsed candidacy failed");
+            }
+        }
+    }
+}
+
+/// Writes `owner`'s candidacy into `lease`: labels, owner, TTL, value, refresh time, and
+/// a new place when `join`.
+fn fill(lease: &mut Lease, role: &str, owner: &str, secs: i32, value: Option<&str>, join: bool) {
+    label(lease, ROLE_LABEL, Some(role_label(role)));
+    annotate(lease, VALUE, value.map(str::to_owned));
+    let now = micro_now();
+    let spec = spec(lease);
+    spec.holder_identity = Some(owner.to_owned());
+    spec.lease_duration_seconds = Some(secs);
+    if join || spec.acquire_time.is_none() {
+        spec.acquire_time = Some(now.clone());
+    }
+    spec.renew_time = Some(now);
+}
+
+fn not_ours(record: &Record, role: &str, owner: &str) -> Error {
+    Error::store_msg(
+        BACKEND,
+        format!(
+            "the Lease object {} is not tenure's candidacy of {owner:?} for {role:?} (it \
+             names {:?}); another tool may be using that name",
+            record.object, record.holder
+        ),
+    )
+}
