@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn long_candidacies_are_hashed_and_distinct() {
-        let long = "x".repeat(200);
+        let long = "x".repeat(240);
         let name = candidacy_name(&long, "node-a");
         assert!(name.starts_with("tenure.hc."), "{name}");
         assert!(is_dns_subdomain(&name));

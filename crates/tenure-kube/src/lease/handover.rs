@@ -20,8 +20,9 @@
 //!
 //! The candidate learns of it from the watch (`wait_for_successor`) and renews with one
 //! `PUT` on the watch's copy. So a handover costs two requests: the release and the
-//! successor's renewal. After the write, the release clears the candidacies it judged
-//! lapsed (housekeeping, see [`super::queue`]).
+//! successor's renewal. After the write, the release clears the candidacies of dead
+//! candidates it judged lapsed (housekeeping, see [`super::queue`]): one request per dead
+//! candidate, once.
 
 use tenure::lease::{validate_name, validate_release};
 use tenure::{FencingToken, Result};
@@ -107,7 +108,7 @@ impl KubeLeaseStore {
             // Whatever the answer, this store's copy of the term is over.
             self.own.lock().remove(role);
             if self.replace(&record.object, &lease).await?.is_some() {
-                self.clear_lapsed(&view, now).await;
+                self.clear_lapsed(&view, &used, now).await;
                 return Ok(true);
             }
         }

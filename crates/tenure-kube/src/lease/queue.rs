@@ -28,12 +28,14 @@
 //!   [`MAX_USED`] are kept.
 //! - **Withdraw**: one conditional `PUT` clearing `holderIdentity`.
 //! - **Housekeeping**: tenure's Role may not delete objects, so a candidacy that lapsed
-//!   (its owner died in the queue, or holds the role it was handed and stopped
-//!   refreshing) is cleared by the next release that sees it lapsed, with one
-//!   conditional `PUT` each, at most [`MAX_CLEARS`] per release, so that a reader that
-//!   starts later (and would count it live for one more TTL) never picks it. Objects stay,
-//!   one per (role, owner) that ever queued, as sessions' objects do; deleting a cleared
-//!   one is always safe, and deleting a queued one only withdraws it.
+//!   unspent (its owner died in the queue) is cleared by the next release that sees it
+//!   lapsed, with one conditional `PUT`, at most [`MAX_CLEARS`] per release, so that a
+//!   reader that starts later (and would count it live for one more TTL) never picks it.
+//!   A spent place needs no write while the role's list names it (a successor that
+//!   stopped refreshing its candidacy costs nothing); one dropped from the full list is
+//!   cleared the same way. Objects stay, one per (role, owner) that ever queued, as
+//!   sessions' objects do; deleting a cleared one is always safe, and deleting a queued
+//!   one only withdraws it.
 //!
 //! The release that hands the role over is in [`super::handover`].
 
@@ -112,7 +114,12 @@ impl Candidacy {
 
 /// The spent places a role's object lists (`tenure.dev/used-candidacies`).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Used(Vec<(String, i64)>);
+pub(crate) struct Used {
+    entries: Vec<(String, i64)>,
+    /// Entries dropped to keep the list at [`MAX_USED`]: no longer protected by it, so
+    /// their candidacies are cleared.
+    dropped: Vec<(String, i64)>,
+}
 
 impl Used {
     /// The list on `record`. An entry that does not parse is dropped: it could only
@@ -122,49 +129,49 @@ impl Used {
         let Some(raw) = record.annotations.get(USED) else {
             return Used::default();
         };
-        Used(
-            raw.split_whitespace()
-                .filter_map(|entry| {
-                    let (object, micros) = entry.rsplit_once('=')?;
-                    Some((object.to_owned(), micros.parse().ok()?))
-                })
-                .collect(),
-        )
+        let entries = raw
+            .split_whitespace()
+            .filter_map(|entry| {
+                let (object, micros) = entry.rsplit_once('=')?;
+                Some((object.to_owned(), micros.parse().ok()?))
+            })
+            .collect();
+        Used {
+            entries,
+            dropped: Vec::new(),
+        }
     }
 
     /// Whether `candidacy`'s place was spent.
     pub fn spent(&self, candidacy: &Candidacy) -> bool {
-        candidacy.arrival.is_some_and(|arrival| {
-            self.0
-                .iter()
-                .any(|(object, at)| *object == candidacy.record.object && *at == arrival)
-        })
+        listed(&self.entries, candidacy)
     }
 
     /// Drops the entries whose object `view` shows at another place or at none.
     pub fn prune(&mut self, view: &[Candidacy]) {
-        self.0.retain(|(object, at)| {
+        self.entries.retain(|(object, at)| {
             view.iter()
                 .find(|c| c.record.object == *object)
                 .is_none_or(|c| c.owner.is_some() && c.arrival == Some(*at))
         });
     }
 
-    /// Adds `candidacy`'s place.
+    /// Adds `candidacy`'s place, dropping the oldest entries past [`MAX_USED`].
     pub fn spend(&mut self, candidacy: &Candidacy) {
         if let Some(arrival) = candidacy.arrival {
             if !self.spent(candidacy) {
-                self.0.push((candidacy.record.object.clone(), arrival));
+                self.entries
+                    .push((candidacy.record.object.clone(), arrival));
             }
         }
-        let excess = self.0.len().saturating_sub(MAX_USED);
-        self.0.drain(..excess);
+        let excess = self.entries.len().saturating_sub(MAX_USED);
+        self.dropped.extend(self.entries.drain(..excess));
     }
 
     /// Writes the list into `lease` (removing the annotation when it is empty).
     pub fn write(&self, lease: &mut Lease) {
-        let value = (!self.0.is_empty()).then(|| {
-            self.0
+        let value = (!self.entries.is_empty()).then(|| {
+            self.entries
                 .iter()
                 .map(|(object, at)| format!("{object}={at}"))
                 .collect::<Vec<_>>()
@@ -172,6 +179,15 @@ impl Used {
         });
         annotate(lease, USED, value);
     }
+}
+
+/// Whether `entries` list `candidacy`'s place.
+fn listed(entries: &[(String, i64)], candidacy: &Candidacy) -> bool {
+    candidacy.arrival.is_some_and(|arrival| {
+        entries
+            .iter()
+            .any(|(object, at)| *object == candidacy.record.object && *at == arrival)
+    })
 }
 
 /// The oldest live, unspent candidacy of `view` other than `holder`'s (`successor`'s
@@ -381,12 +397,17 @@ impl KubeLeaseStore {
             .is_some())
     }
 
-    /// Clears up to [`MAX_CLEARS`] candidacies of `view` that lapsed at `now`, at once.
-    /// Housekeeping: a failure is logged, and the next release tries again.
-    pub(super) async fn clear_lapsed(&self, view: &[Candidacy], now: Instant) {
+    /// Clears, at once, up to [`MAX_CLEARS`] candidacies of `view` that nothing else
+    /// keeps a release from picking: lapsed at `now` and not spent in `used`, or dropped
+    /// from `used`. A spent place the list still names needs no write, so a successor
+    /// that stopped refreshing its candidacy costs nothing here. Housekeeping: a failure
+    /// is logged, and the next release tries again.
+    pub(super) async fn clear_lapsed(&self, view: &[Candidacy], used: &Used, now: Instant) {
         let clears = view
             .iter()
-            .filter(|c| c.lapsed(now))
+            .filter(|c| {
+                c.owner.is_some() && ((c.lapsed(now) && !used.spent(c)) || listed(&used.dropped, c))
+            })
             .take(MAX_CLEARS)
             .map(|c| self.clear(&c.record));
         for result in futures_util::future::join_all(clears).await {
