@@ -54,3 +54,80 @@ pub async fn try_connect_kubeconfig(
 pub async fn fresh(prefix: &str) -> KubeConnection {
     tenant(&new_namespace(prefix)).await
 }
+
+/// The requests one client sent (watches left out: they are long-lived streams, not
+/// requests per operation), as `VERB path`, in order.
+#[derive(Clone, Debug, Default)]
+pub struct Requests(std::sync::Arc<parking_lot::Mutex<Vec<String>>>);
+
+impl Requests {
+    /// Everything sent since the last `take`.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock())
+    }
+}
+
+/// Counts the requests of the client it wraps into [`Requests`].
+#[derive(Clone)]
+struct Counting<S> {
+    inner: S,
+    requests: Requests,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Counting<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let query = request.uri().query().unwrap_or_default();
+        let watch = query
+            .split('&')
+            .any(|pair| pair == "watch=true" || pair == "watch=1");
+        if !watch {
+            let line = format!("{} {}", request.method(), request.uri().path());
+            self.requests.0.lock().push(line);
+        }
+        self.inner.call(request)
+    }
+}
+
+struct CountingLayer(Requests);
+
+impl<S> tower::Layer<S> for CountingLayer {
+    type Service = Counting<S>;
+
+    fn layer(&self, inner: S) -> Counting<S> {
+        Counting {
+            inner,
+            requests: self.0.clone(),
+        }
+    }
+}
+
+/// A connection to `namespace` as the tenant, whose requests are counted.
+pub async fn counted(namespace: &str) -> (KubeConnection, Requests) {
+    let path = server()
+        .tenant_kubeconfig(namespace)
+        .expect("tenant kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    let requests = Requests::default();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("client")
+        .with_layer(&CountingLayer(requests.clone()))
+        .build();
+    (KubeConnection::new(client, namespace), requests)
+}
