@@ -70,8 +70,9 @@ async fn a_handover_costs_two_requests_however_many_wait() {
         queued(&store, &owner, TTL).await;
         candidates.push((owner, store, requests));
     }
-    // Every store's watch has listed the namespace and seen every candidacy.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every store's watch has listed the namespace and seen every candidacy (ample
+    // time on a loaded machine; a store not yet synced would read, and the counts say so).
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     for (owner, store, requests) in &candidates {
         requests.take();
