@@ -546,6 +546,11 @@ impl LeaseStore for KubeLeaseStore {
         self.withdraw_candidacy(role, owner).await
     }
 
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        self.queued(role).await
+    }
+
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
         self.end_term(role, owner, token, Handover::Release).await
     }

@@ -50,7 +50,7 @@ async fn queued(store: &KubeLeaseStore, owner: &str, ttl: Duration) {
 
 /// A release hands the role over with one request however many candidates wait, the
 /// waiters learn who leads next with none, and the successor renews with one: two
-/// requests per handover. A queue refresh is one request.
+/// requests per handover. A queue refresh is one request; reading who waits, none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_costs_two_requests_however_many_wait() {
     let namespace = common::new_namespace("handover");
@@ -83,6 +83,19 @@ async fn a_handover_costs_two_requests_however_many_wait() {
             "a refresh of {owner}'s place"
         );
     }
+
+    holder_requests.take();
+    let owners: Vec<String> = candidates.iter().map(|(owner, ..)| owner.clone()).collect();
+    assert_eq!(
+        holder.candidates(ROLE).await.unwrap(),
+        owners,
+        "who waits, oldest first"
+    );
+    assert_eq!(
+        holder_requests.take(),
+        Vec::<String>::new(),
+        "read from the watch"
+    );
 
     let waiting: Vec<_> = candidates
         .iter()
@@ -142,6 +155,12 @@ async fn a_handover_costs_two_requests_however_many_wait() {
         [put(&namespace, &role_object)],
         "the successor renews with one write"
     );
+    assert_eq!(
+        successor.candidates(ROLE).await.unwrap(),
+        owners[1..],
+        "node-0 leads: its place is spent"
+    );
+    requests.take();
     // The others wait on the new term, still without a request.
     for (owner, store, requests) in &candidates[1..] {
         let change = store

@@ -190,8 +190,24 @@ fn listed(entries: &[(String, i64)], candidacy: &Candidacy) -> bool {
     })
 }
 
-/// The oldest live, unspent candidacy of `view` other than `holder`'s (`successor`'s
-/// only, when given).
+/// The queue: the live, unspent candidacies of `view` other than `holder`'s, oldest
+/// first (ties by object name).
+pub(crate) fn line<'a>(
+    view: &'a [Candidacy],
+    used: &Used,
+    holder: Option<&str>,
+    now: Instant,
+) -> Vec<&'a Candidacy> {
+    let mut line: Vec<&Candidacy> = view
+        .iter()
+        .filter(|c| c.place(now).is_some_and(|(owner, _)| holder != Some(owner)) && !used.spent(c))
+        .collect();
+    line.sort_by(|a, b| (a.arrival, &a.record.object).cmp(&(b.arrival, &b.record.object)));
+    line
+}
+
+/// The candidacy a release by `holder` hands the role to: the first in [`line`]
+/// (`successor`'s, when given).
 pub(crate) fn next_in_line<'a>(
     view: &'a [Candidacy],
     used: &Used,
@@ -199,13 +215,9 @@ pub(crate) fn next_in_line<'a>(
     successor: Option<&str>,
     now: Instant,
 ) -> Option<&'a Candidacy> {
-    view.iter()
-        .filter(|c| {
-            c.place(now)
-                .is_some_and(|(owner, _)| owner != holder && successor.is_none_or(|s| s == owner))
-                && !used.spent(c)
-        })
-        .min_by(|a, b| (a.arrival, &a.record.object).cmp(&(b.arrival, &b.record.object)))
+    line(view, used, Some(holder), now)
+        .into_iter()
+        .find(|c| successor.is_none_or(|s| c.owner.as_deref() == Some(s)))
 }
 
 impl KubeLeaseStore {
@@ -229,6 +241,26 @@ impl KubeLeaseStore {
         Ok(copies
             .into_iter()
             .filter_map(|(lease, first)| Candidacy::of(lease, first, role))
+            .collect())
+    }
+
+    /// [`tenure::LeaseStore::candidates`]: the owners a release would hand the role to,
+    /// oldest first (live, unspent, not the holder), judged as a release judges them:
+    /// from the watch's copies with no request once it has listed the namespace, else
+    /// from one list and one read.
+    pub(super) async fn queued(&self, role: &str) -> Result<Vec<String>> {
+        self.watch.ensure(&self.api, &self.shared);
+        let synced = self.shared.synced();
+        let view = self.candidacies(role).await?;
+        let role_copy = match self.shared.cached(&object_name(Kind::Role, role)) {
+            Some((lease, _)) if synced => Some(Record::read(lease, role)?),
+            _ => self.read_role(role).await?.map(|seen| seen.record),
+        };
+        let used = role_copy.as_ref().map(Used::of).unwrap_or_default();
+        let holder = role_copy.and_then(|record| record.holder);
+        Ok(line(&view, &used, holder.as_deref(), self.instant())
+            .into_iter()
+            .filter_map(|c| c.owner.clone())
             .collect())
     }
 
