@@ -206,7 +206,7 @@ pub(crate) fn line<'a>(
     line
 }
 
-/// The candidacy a release by `holder` hands the role to: the first in [`line`]
+/// The candidacy a release by `holder` hands the role to: the first in [`line()`]
 /// (`successor`'s, when given).
 pub(crate) fn next_in_line<'a>(
     view: &'a [Candidacy],
