@@ -339,6 +339,10 @@ impl LeaseLeaderElector {
             .get(role)
             .copied()
             .unwrap_or(FencingToken::from(0));
+        // Requests come from people and scripts, not within milliseconds: looking only
+        // from the first renewal on spares a term that ends sooner (a handover in a
+        // crowd) the read, so a handover stays a release and a renewal.
+        tokio::time::sleep(self.options.renew_interval).await;
         // Pushes wake the watch; the poll is the fallback of stores that cannot push.
         let poll = self.options.lease_ttl;
         crate::handoff::next_request(self.store.as_ref(), &request, token, acted, poll).await
