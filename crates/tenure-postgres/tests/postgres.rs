@@ -546,7 +546,8 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
     // sleep in the same simple-query message: both share one statement_timestamp().
     let table = format!("\"{}\".\"tenure_leases\"", schema.name());
     let sessions = format!("\"{}\".\"tenure_sessions\"", schema.name());
-    let late_sql = tenure_postgres::statements::acquire_statement(&table, &sessions)
+    let candidates = format!("\"{}\".\"tenure_candidates\"", schema.name());
+    let late_sql = tenure_postgres::statements::acquire_statement(&table, &sessions, &candidates)
         .replace("$1", "'job'")
         .replace("$2", "'node-a'")
         .replace("$3", &ttl.as_micros().to_string())
