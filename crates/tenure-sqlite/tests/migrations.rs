@@ -9,6 +9,9 @@ use tenure_sqlite::SqliteDatabase;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The schema version this build writes.
+const CURRENT: i64 = 5;
+
 /// The tables schemas 1 and 2 share, as those versions of tenure created them.
 macro_rules! old_tables {
     () => {
@@ -134,7 +137,7 @@ async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
             .await
             .unwrap();
     assert!(tables.is_empty(), "the schema-1 clock table must be gone");
-    assert_eq!(schema_version(&db).await, 4);
+    assert_eq!(schema_version(&db).await, CURRENT);
     assert_eq!(
         db.fence().highest("ledger").await.unwrap(),
         Some(tenure::FencingToken::from(7))
@@ -206,7 +209,7 @@ async fn monotonic_file(
 }
 
 /// Setup: a schema-2 file under the clock's boot with a live lease (token 7, 5 s left)
-/// and a released one (token 9). Opening it migrates it in place to schema 4: the live
+/// and a released one (token 9). Opening it migrates it in place to the current schema: the live
 /// lease keeps its holder and time, the released one is free with the next token, and
 /// sessions work on the migrated file.
 #[tokio::test]
@@ -216,7 +219,7 @@ async fn schema_2_file_gains_sessions_keeping_every_lease() {
     let (_dir, path, clock) = monotonic_file(SCHEMA_2).await;
     let options = SqliteOptions::new().with_clock(clock.clone());
     let db = SqliteDatabase::open_with(&path, options).await.unwrap();
-    assert_eq!(schema_version(&db).await, 4);
+    assert_eq!(schema_version(&db).await, CURRENT);
     let store = db.lease_store();
     let live = store.get("live").await.unwrap().unwrap();
     assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
@@ -262,7 +265,7 @@ INSERT INTO tenure_meta VALUES ('schema_version', 3);
 ";
 
 /// Setup: a schema-3 file under the clock's boot with a live lease (token 7, 5 s left)
-/// and a released one (token 9). Opening it migrates it in place to schema 4: the live
+/// and a released one (token 9). Opening it migrates it in place to the current schema: the live
 /// lease keeps its holder and time and shows no value, the released one is taken with
 /// the next token and a value every reader then sees, and a second open changes
 /// nothing.
@@ -275,7 +278,7 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
     let db = SqliteDatabase::open_with(&path, options.clone())
         .await
         .unwrap();
-    assert_eq!(schema_version(&db).await, 4);
+    assert_eq!(schema_version(&db).await, CURRENT);
     let store = db.lease_store();
     let live = store.get("live").await.unwrap().unwrap();
     assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
@@ -302,7 +305,7 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
     );
 
     let again = SqliteDatabase::open_with(&path, options).await.unwrap();
-    assert_eq!(schema_version(&again).await, 4);
+    assert_eq!(schema_version(&again).await, CURRENT);
     let listed = again.lease_store().list().await.unwrap();
     let values: Vec<_> = listed
         .iter()
@@ -364,4 +367,84 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     .unwrap();
     let info = store.get("released").await.unwrap().unwrap();
     assert_eq!(info.value, None, "{info:?}");
+}
+
+/// Setup: a schema-4 file (everything but the queue) under the clock's boot, with a
+/// live term (node-a) and a released role. Opening it migrates it in place to schema 5:
+/// the term goes on with its token, a contender queues behind it and is handed the role
+/// by its release, the released role is taken with the next token, and a second open
+/// changes nothing.
+#[tokio::test]
+async fn schema_4_file_gains_the_queue_keeping_every_lease() {
+    use tenure_sqlite::{ManualHostClock, SqliteOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.db");
+    let start = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clock = ManualHostClock::new(start);
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let a = {
+        let db = SqliteDatabase::open_with(&path, options.clone())
+            .await
+            .unwrap();
+        let store = db.lease_store();
+        let released = store
+            .try_acquire_or_renew("released", "node-a", TTL)
+            .await
+            .unwrap();
+        assert!(store
+            .release("released", "node-a", released.fencing_token)
+            .await
+            .unwrap());
+        let a = store
+            .try_acquire_or_renew("live", "node-a", TTL)
+            .await
+            .unwrap();
+        // Schema 4 is exactly this schema without the queue.
+        sqlx::query("DROP TABLE tenure_candidates")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        sqlx::query("UPDATE tenure_meta SET value = 4 WHERE key = 'schema_version'")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        db.pool().close().await;
+        a
+    };
+
+    let db = SqliteDatabase::open_with(&path, options.clone())
+        .await
+        .unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("node-a"), "{live:?}");
+    assert_eq!(live.fencing_token, a.fencing_token);
+    let b = store
+        .try_acquire_or_queue("live", "node-b", TTL, Some("b:1"))
+        .await
+        .unwrap();
+    assert!(!b.acquired, "{b:?}");
+    assert!(store
+        .release("live", "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let handed = store.get("live").await.unwrap().unwrap();
+    assert_eq!(handed.live_holder(), Some("node-b"), "{handed:?}");
+    assert_eq!(handed.fencing_token.get(), a.fencing_token.get() + 1);
+    assert_eq!(handed.value.as_deref(), Some("b:1"));
+    let taken = store
+        .try_acquire_or_renew("released", "node-c", TTL)
+        .await
+        .unwrap();
+    assert!(
+        taken.acquired && taken.fencing_token.get() == 2,
+        "{taken:?}"
+    );
+
+    let again = SqliteDatabase::open_with(&path, options).await.unwrap();
+    assert_eq!(schema_version(&again).await, CURRENT);
+    let info = again.lease_store().get("live").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-b"));
 }

@@ -15,7 +15,14 @@
 //! so keeping a session alive writes that one row however many roles it holds.
 //!
 //! The write steps of acquire and release, and their statements, are in `term.rs`.
-
+//!
+//! **The queue of candidates** is `tenure_candidates` (see `queue.rs`): one row per
+//! `(role, owner)` with its place, expiry and value. Queueing, withdrawing, a release
+//! that hands the role to the oldest live candidate and a planned handoff are each one
+//! transaction, like every other write. There is no push between processes, so a
+//! waiter for a successor polls the role's row (as [`LeaseStore::wait_for_change`]
+//! does, and woken at once by a write through the same [`SqliteDatabase`]) and answers
+//! who leads next from the row it read; it never writes.
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -27,6 +34,7 @@ use tenure::lease::{
 use tenure::session::validate_open;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    TermChange,
 };
 use tokio::time::Instant;
 
@@ -36,10 +44,11 @@ use crate::database::{
 };
 use crate::BACKEND;
 
+mod queue;
 mod term;
 
+use term::{end_term, write_lease_with_value, write_term, Claim, LeaseRow, Successor};
 pub use term::{release_lease, write_lease, LeaseWrite};
-use term::{write_lease_with_value, write_term, Claim, LeaseRow};
 
 /// Forgets the sessions that ended before store time `?1` (their terms read as ended
 /// through their own `expires_at`, see the schema).
@@ -67,10 +76,15 @@ const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 /// opens the same file.
 ///
 /// Store time is the host's monotonic clock under its boot id (see [`SqliteDatabase`]).
-/// [`wait_for_change`](LeaseStore::wait_for_change) and
+/// [`wait_for_change`](LeaseStore::wait_for_change),
+/// [`wait_for_successor`](LeaseStore::wait_for_successor) and
 /// [`wait_for_term`](LeaseStore::wait_for_term) wake at once for a release or new term
 /// written through the same [`SqliteDatabase`], and within the polling interval (10 ms
-/// by default) for one written by another process.
+/// by default) for one written by another process; they only read.
+///
+/// Contenders that queue ([`try_acquire_or_queue`](LeaseStore::try_acquire_or_queue))
+/// wait in `tenure_candidates`, and a release hands the role to the oldest live one in
+/// its own transaction (see the module docs).
 ///
 /// Sessions are durable rows too, with ids that are never handed out twice. Keeping one
 /// alive writes its row alone, whatever the number of roles held under it; closing one
@@ -211,8 +225,85 @@ impl SqliteLeaseStore {
         }
     }
 
+    /// Acquire-or-renew in one transaction, queueing the caller as a candidate until
+    /// `now + ttl` when `queue` is set and another owner holds the live term.
+    async fn acquire(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+        queue: bool,
+    ) -> Result<LeaseResult> {
+        // Bad input is refused before the store is touched.
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        validate_value("value", value)?;
+        let ttl_nanos = ttl_nanos(ttl)?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let store_now = self.db.write_now(&mut tx).await?;
+        // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
+        let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
+        let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
+        let now = store_now.mono;
+        let write = write_lease_with_value(&mut tx, role, owner, now, expires_at, value).await?;
+        if queue && matches!(write, LeaseWrite::Refused { .. }) {
+            queue::enqueue(&mut tx, role, owner, expires_at, value, now).await?;
+        }
+        self.answer(tx, role, owner, write, &store_now, expires_time)
+            .await
+    }
+
+    /// Ends the live term `(role, owner, token)` in one transaction, handing the role as
+    /// `successor` says (see `term::end_term`); waiters in this process are woken.
+    async fn end_term(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Successor<'_>,
+    ) -> Result<bool> {
+        let Ok(token) = token_to_db(token) else {
+            // No such token was ever handed out, so it is not the live term.
+            return Ok(false);
+        };
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
+        let ended = end_term(&mut tx, role, owner, token, now, successor).await?;
+        commit(tx, "cannot commit the release").await?;
+        if ended {
+            self.db.signal_change(role);
+        }
+        Ok(ended)
+    }
+
     /// Whether `(role, observed)` is still the live term, on store time.
     async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
+        let Some((current, now)) = self.read_term(role).await? else {
+            return Ok(false);
+        };
+        Ok(current.is_live_term(observed, now))
+    }
+
+    /// What replaced the term `observed` of `role`, from one read of its row: `None`
+    /// while it is the live term. (`observed` is `None` for a token never handed out.)
+    async fn succession(&self, role: &str, observed: Option<i64>) -> Result<Option<TermChange>> {
+        let Some((current, now)) = self.read_term(role).await? else {
+            return Ok(Some(TermChange::Ended));
+        };
+        let live = now < current.expires_at;
+        Ok(match current.holder {
+            Some(_) if live && Some(current.token) == observed => None,
+            Some(holder) if live => Some(TermChange::Began {
+                holder,
+                fencing_token: token_from_db(current.token)?,
+            }),
+            _ => Some(TermChange::Ended),
+        })
+    }
+
+    /// The term of `role` and store time, from one read; a term written under another
+    /// boot reads as ended (its time means nothing now). `None` when the role has no row.
+    async fn read_term(&self, role: &str) -> Result<Option<(LeaseRow, i64)>> {
         let now = self.db.read_now()?;
         let row = sqlx::query(
             "SELECT holder, token, expires_at, \
@@ -225,16 +316,20 @@ impl SqliteLeaseStore {
         .await
         .map_err(store_error("cannot read the lease"))?;
         let Some(row) = row else {
-            return Ok(false);
+            return Ok(None);
         };
+        let this_boot: bool = column(&row, 3)?;
         let current = LeaseRow {
             holder: column(&row, 0)?,
             token: column(&row, 1)?,
-            expires_at: column(&row, 2)?,
+            expires_at: if this_boot {
+                column(&row, 2)?
+            } else {
+                now.mono
+            },
             session_id: None,
         };
-        let this_boot: bool = column(&row, 3)?;
-        Ok(this_boot && current.is_live_term(observed, now.mono))
+        Ok(Some((current, now.mono)))
     }
 
     /// Whether `role` has no term with a token above `after` yet. Tokens survive a new
@@ -294,35 +389,47 @@ impl LeaseStore for SqliteLeaseStore {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        // Bad input is refused before the store is touched.
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
-        validate_value("value", value)?;
-        let ttl_nanos = ttl_nanos(ttl)?;
+        self.acquire(role, owner, ttl, value, false).await
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, true).await
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
-        let store_now = self.db.write_now(&mut tx).await?;
-        // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
-        let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
-        let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
-        let write =
-            write_lease_with_value(&mut tx, role, owner, store_now.mono, expires_at, value).await?;
-        self.answer(tx, role, owner, write, &store_now, expires_time)
-            .await
+        let now = self.db.write_now(&mut tx).await?.mono;
+        let withdrawn = queue::withdraw(&mut tx, role, owner, now).await?;
+        commit(tx, "cannot commit the withdrawal").await?;
+        Ok(withdrawn)
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
         validate_release(role, owner)?;
-        let Ok(token) = token_to_db(token) else {
-            // No such token was ever handed out, so it is not the live term.
-            return Ok(false);
-        };
-        let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?.mono;
-        let released = release_lease(&mut tx, role, owner, token, now).await?;
-        commit(tx, "cannot commit the release").await?;
-        if released {
-            self.db.signal_change(role);
+        self.end_term(role, owner, token, Successor::OldestOrFree)
+            .await
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        validate_release(role, owner)?;
+        if let Some(successor) = successor {
+            validate_name("successor", successor)?;
         }
-        Ok(released)
+        self.end_term(role, owner, token, Successor::Candidate(successor))
+            .await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -346,6 +453,25 @@ impl LeaseStore for SqliteLeaseStore {
         self.db
             .wait_polling(role, poll, deadline, || self.is_live_term(role, observed))
             .await;
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: Instant,
+    ) -> TermChange {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return TermChange::Unknown;
+        }
+        // A token above `i64::MAX` was never handed out: any live term is another.
+        let observed = token_to_db(observed).ok();
+        let poll = self.db.poll_interval();
+        self.db
+            .wait_polling_for(role, poll, deadline, || self.succession(role, observed))
+            .await
+            .unwrap_or(TermChange::Unknown)
     }
 
     async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {

@@ -1,10 +1,13 @@
 //! The write steps of the acquire and release paths: the statements each runs inside
 //! one `BEGIN IMMEDIATE` transaction, and the one decision every acquire makes (the
-//! same as the in-memory reference store's).
+//! same as the in-memory reference store's). A new term ends its holder's candidacy,
+//! and ending a term hands it to the next candidate (see `queue.rs`) in the same
+//! transaction.
 
 use sqlx::sqlite::SqliteConnection;
 use tenure::{Error, Result};
 
+use super::queue;
 use crate::database::{column, store_error};
 use crate::BACKEND;
 
@@ -178,9 +181,10 @@ pub(super) async fn write_term(
                 .bind(expires_at)
                 .bind(session)
                 .bind(value)
-                .execute(conn)
+                .execute(&mut *conn)
                 .await
                 .map_err(store_error("cannot write the lease"))?;
+            queue::sweep(conn, role, owner, now).await?;
             (1, true)
         }
         Some(row) if now < row.expires_at && claim.holds(&row) => {
@@ -213,31 +217,60 @@ pub(super) async fn write_term(
             })
         }
         Some(row) => {
-            let next = row.token.checked_add(1).ok_or_else(|| {
-                Error::store_msg(
-                    BACKEND,
-                    format!("the token counter of role {role:?} is exhausted"),
-                )
-            })?;
-            sqlx::query(TAKE_OVER_LEASE)
-                .bind(role)
-                .bind(owner)
-                .bind(next)
-                .bind(expires_at)
-                .bind(session)
-                .bind(value)
-                .execute(conn)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
+            let next = next_token(role, row.token)?;
+            let term = NewTerm {
+                owner,
+                token: next,
+                expires_at,
+                session,
+                value,
+            };
+            take_over(conn, role, term).await?;
+            queue::sweep(conn, role, owner, now).await?;
             (next, true)
         }
     };
     Ok(LeaseWrite::Written { token, new_term })
 }
 
+/// The token after `token`, or a store error once the counter is exhausted.
+fn next_token(role: &str, token: i64) -> Result<i64> {
+    token.checked_add(1).ok_or_else(|| {
+        Error::store_msg(
+            BACKEND,
+            format!("the token counter of role {role:?} is exhausted"),
+        )
+    })
+}
+
+/// A term [`take_over`] begins.
+struct NewTerm<'a> {
+    owner: &'a str,
+    token: i64,
+    expires_at: i64,
+    session: Option<i64>,
+    value: Option<&'a str>,
+}
+
+/// Begins `term` on `role`'s row, replacing the term there.
+async fn take_over(conn: &mut SqliteConnection, role: &str, term: NewTerm<'_>) -> Result<()> {
+    sqlx::query(TAKE_OVER_LEASE)
+        .bind(role)
+        .bind(term.owner)
+        .bind(term.token)
+        .bind(term.expires_at)
+        .bind(term.session)
+        .bind(term.value)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(store_error("cannot write the lease"))
+}
+
 /// The step of `release` inside an open `BEGIN IMMEDIATE` transaction at store time
-/// `now`: ends `owner`'s live term `token` on `role`, keeping the token. Whether it did;
-/// the caller commits.
+/// `now`: ends `owner`'s live term `token` on `role` and hands the role to the oldest
+/// live candidate (token + 1), or frees it keeping the token. Whether it did; the
+/// caller commits.
 pub async fn release_lease(
     conn: &mut SqliteConnection,
     role: &str,
@@ -245,16 +278,63 @@ pub async fn release_lease(
     token: i64,
     now: i64,
 ) -> Result<bool> {
-    match read_row(conn, role).await? {
-        Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
+    end_term(conn, role, owner, token, now, Successor::OldestOrFree).await
+}
+
+/// Whom [`end_term`] hands the role to.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Successor<'a> {
+    /// `release`: the oldest live candidate, or nobody (the role is freed).
+    OldestOrFree,
+    /// `hand_over`: this live candidate (the oldest for `None`), or nothing changes.
+    Candidate(Option<&'a str>),
+}
+
+/// Ends `owner`'s live term `token` on `role` at store time `now` and, in the same
+/// transaction, begins the next candidate's as `successor` says: token + 1, holder the
+/// candidate, its queued value, ending when its candidacy would have lapsed; the
+/// candidacy (and the role's lapsed ones) is deleted. Whether the term ended: never
+/// when it is not live, nor for [`Successor::Candidate`] without such a candidate
+/// (then nothing is written).
+pub(super) async fn end_term(
+    conn: &mut SqliteConnection,
+    role: &str,
+    owner: &str,
+    token: i64,
+    now: i64,
+    successor: Successor<'_>,
+) -> Result<bool> {
+    let row = match read_row(conn, role).await? {
+        Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => row,
+        _ => return Ok(false),
+    };
+    let named = match successor {
+        Successor::OldestOrFree => None,
+        Successor::Candidate(named) => named,
+    };
+    match (queue::next(conn, role, named, now).await?, successor) {
+        (Some(next), _) => {
+            let term = NewTerm {
+                owner: &next.owner,
+                token: next_token(role, row.token)?,
+                expires_at: next.expires_at,
+                session: None,
+                value: next.value.as_deref(),
+            };
+            take_over(conn, role, term).await?;
+            queue::sweep(conn, role, &next.owner, now).await?;
+        }
+        (None, Successor::OldestOrFree) => {
             sqlx::query(RELEASE_LEASE)
                 .bind(role)
                 .bind(now)
-                .execute(conn)
+                .execute(&mut *conn)
                 .await
                 .map_err(store_error("cannot release the lease"))?;
-            Ok(true)
+            // Any candidates left have lapsed.
+            queue::sweep(conn, role, owner, now).await?;
         }
-        _ => Ok(false),
+        (None, Successor::Candidate(_)) => return Ok(false),
     }
+    Ok(true)
 }
