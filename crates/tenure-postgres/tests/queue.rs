@@ -361,6 +361,50 @@ async fn lapsed_candidacies_are_swept() {
     assert!(candidates(&pool, &schema, "r").await.is_empty());
 }
 
+/// A withdrawal that commits while a release waits for the lease row is seen: the
+/// release's snapshot still shows the candidacy, but it locks the candidate row before
+/// taking it, finds it gone, and hands the role to the next candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawal_while_a_release_waits_is_seen() {
+    let (pool, schema) = setup("queue-withdrawn").await;
+    let store = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
+    let a = store
+        .try_acquire_or_renew("r", "node-a", LONG)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c"] {
+        let queued = store
+            .try_acquire_or_queue("r", owner, LONG, None)
+            .await
+            .unwrap();
+        assert!(!queued.acquired);
+    }
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE role = 'r' FOR UPDATE",
+        table(&schema, "tenure_leases")
+    ))
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let releasing = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.release("r", "node-a", a.fencing_token).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !releasing.is_finished(),
+        "the release waits for the lease row"
+    );
+    assert!(store.withdraw("r", "node-b").await.unwrap());
+    blocker.rollback().await.unwrap();
+    assert!(releasing.await.unwrap().unwrap());
+    let info = store.get("r").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-c"), "{info:?}");
+    assert_eq!(info.fencing_token.get(), a.fencing_token.get() + 1);
+    assert!(candidates(&pool, &schema, "r").await.is_empty());
+}
+
 /// Contenders on their own connections race for a role: they queue and refresh, the
 /// holder releases or hands over at once, some withdraw. No statement fails (a
 /// deadlock would be an error), no token is held by two owners, and tokens only grow.
