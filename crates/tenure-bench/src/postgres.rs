@@ -188,10 +188,12 @@ impl Sql {
             acquire: statements::acquire_statement(
                 &table("tenure_leases"),
                 &table("tenure_sessions"),
+                &table("tenure_candidates"),
             ),
             release: statements::release_statement(
                 &table("tenure_leases"),
                 &table("tenure_sessions"),
+                &table("tenure_candidates"),
             ),
             heartbeat: statements::heartbeat_statement(&table("tenure_nodes")),
             channel: channel(),

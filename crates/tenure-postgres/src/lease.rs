@@ -17,7 +17,15 @@
 //! arrive together queue on the row lock for microseconds.
 //!
 //! **Release** clears the holder and keeps the token; a lease row is never deleted, so
-//! the counter survives release, expiry, server restarts and new store instances.
+//! the counter survives release, expiry, server restarts and new store instances. When
+//! the role has live candidates (see `queue.rs`), the same statement instead begins the
+//! oldest one's term (token + 1, its value, its candidacy's expiry) and deletes the
+//! candidacy: a handover is this one statement plus the successor's renewal.
+//!
+//! **The queue** is `tenure_candidates`, rows keyed `(role, owner)` with an arrival
+//! `seq` and an expiry on the database clock (see `queue.rs`). Queueing is the
+//! acquire-or-renew upsert with the candidacy's upsert in the same statement, so a
+//! contender's refresh is still one statement; `hand_over` and `withdraw` are one each.
 //!
 //! **Values.** A new term's advertised value is written by the same upsert, into
 //! `value`, with `value_token` set to the new token; a renewal keeps both and a release
@@ -27,9 +35,13 @@
 //! `NULL` literal in place of the parameter, so it binds the four parameters it always
 //! did (and is the statement `tenure bench` issues).
 //!
-//! Release and every change of term (a takeover, or a role's first term) `NOTIFY` the
-//! schema's channel from inside the same statement; [`LeaseStore::wait_for_change`] and
-//! [`LeaseStore::wait_for_term`] listen through one shared connection.
+//! Every statement that begins or ends a term (a release, a handover, a takeover, a
+//! role's first term, a session's) `NOTIFY`s the schema's channel from inside the same
+//! statement with the role's new state (see `succession.rs`);
+//! [`LeaseStore::wait_for_change`], [`LeaseStore::wait_for_term`] and
+//! [`LeaseStore::wait_for_successor`] listen through one shared connection, and the
+//! last answers from the payload alone: waiting contenders read nothing when a release
+//! hands the role to one of them.
 //!
 //! **Sessions** (see `session.rs`) are rows of `tenure_sessions`; a lease row held under
 //! one names it in `session_id` and lives exactly while it does. Every statement here
@@ -38,7 +50,9 @@
 //!
 //! Tokens are only as durable as the commit: run with `synchronous_commit = on` (the
 //! default), and with synchronous replication when the database may fail over, or a
-//! failover can hand out a token twice.
+//! failover can hand out a token twice. The same holds for the queue: a failover that
+//! loses a commit can forget a candidacy or a handover (never hand a token out twice
+//! while commits are durable).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -51,6 +65,7 @@ use tenure::lease::{
 use tenure::session::validate_open;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    TermChange,
 };
 use time::OffsetDateTime;
 use tokio::time::Instant;
@@ -58,8 +73,10 @@ use tokio::time::Instant;
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::notify::Notifier;
+use crate::queue::{self, Successor};
 use crate::schema::Schema;
 use crate::session::{self, SessionStatements};
+use crate::succession::{began_sql, notify_sql};
 
 /// The longest TTL accepted: PostgreSQL timestamps end in 294276 AD, and a lease that
 /// outlives its holder by centuries is a mistake, not a configuration.
@@ -71,17 +88,21 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// A [`LeaseStore`] on PostgreSQL, over the caller's own pool.
 ///
 /// Cloning is cheap and clones share the notification listener. Call
-/// [`migrate`](crate::migrate) (or [`PgLeaseStore::migrate`]) once before use.
+/// [`migrate`](crate::migrate) (or [`PgLeaseStore::migrate`]) once before use, and
+/// after upgrading from a tenure without the queue: every acquire and release
+/// statement reads `tenure_candidates`.
 ///
 /// Acquire/renew and release keep the connections they run on: the store detaches up to
 /// the pool's `max_connections` from it, as many as calls run at once, because sqlx pings
 /// every connection returned to a pool (a second round trip per call). The listener
-/// holds one more pool connection while anyone waits in
-/// [`wait_for_change`](LeaseStore::wait_for_change) or
-/// [`wait_for_term`](LeaseStore::wait_for_term).
+/// holds one more pool connection from the first wait in
+/// [`wait_for_change`](LeaseStore::wait_for_change),
+/// [`wait_for_successor`](LeaseStore::wait_for_successor) or
+/// [`wait_for_term`](LeaseStore::wait_for_term) on.
 ///
 /// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` and
-/// `<schema>.tenure_sessions` (and `CREATE` for the migration). Runs at READ COMMITTED:
+/// `<schema>.tenure_sessions`, and also `DELETE` on `<schema>.tenure_candidates` (and
+/// `CREATE` for the migration). Runs at READ COMMITTED:
 /// a database or role whose `default_transaction_isolation` is stricter makes racing
 /// acquires fail with serialization errors (reported as store errors and retried by the
 /// elector), never hand out a token twice.
@@ -101,7 +122,14 @@ struct Inner {
     acquire_sql: String,
     /// Acquire-or-renew advertising `$5`.
     acquire_value_sql: String,
+    /// Acquire-or-renew, queueing the caller with value `$5` (which may be NULL).
+    queue_sql: String,
+    withdraw_sql: String,
     release_sql: String,
+    /// Hand over to the oldest live candidate, or change nothing.
+    hand_over_sql: String,
+    /// Hand over to the live candidate `$5`, or change nothing.
+    hand_over_to_sql: String,
     get_sql: String,
     list_sql: String,
     sessions: SessionStatements,
@@ -112,9 +140,14 @@ impl PgLeaseStore {
     pub fn new(pool: PgPool, schema: Schema) -> PgLeaseStore {
         let t = schema.table("tenure_leases");
         let sessions = schema.table("tenure_sessions");
-        let acquire_sql = acquire_statement(&t, &sessions);
-        let acquire_value_sql = acquire_statement_with(&t, &sessions, "$5");
-        let release_sql = release_statement(&t, &sessions);
+        let c = schema.table("tenure_candidates");
+        let acquire_sql = acquire_statement(&t, &sessions, &c);
+        let acquire_value_sql = acquire_statement_with(&t, &sessions, &c, "$5", false);
+        let queue_sql = acquire_statement_with(&t, &sessions, &c, "$5", true);
+        let release_sql = release_statement(&t, &sessions, &c);
+        let end_term = |successor| queue::end_term_statement(&t, &sessions, &c, successor);
+        let hand_over_sql = end_term(Successor::Oldest);
+        let hand_over_to_sql = end_term(Successor::Named);
         // A session-held row shows its session's expiry; one whose session row is
         // missing (forgotten once it ended, see `session.rs`) reads as expired.
         let read = format!(
@@ -130,7 +163,7 @@ impl PgLeaseStore {
         // starts_with, not LIKE: a prefix needs no escaping.
         let list_sql =
             format!("{read} WHERE starts_with(l.role, $1) ORDER BY l.role COLLATE \"C\"");
-        let notifier = Notifier::new(pool.clone(), schema.channel());
+        let notifier = Notifier::for_terms(pool.clone(), schema.channel());
         PgLeaseStore {
             inner: Arc::new(Inner {
                 direct: DirectConnections::for_pool(&pool),
@@ -139,10 +172,14 @@ impl PgLeaseStore {
                 notifier,
                 acquire_sql,
                 acquire_value_sql,
+                queue_sql,
+                withdraw_sql: queue::withdraw_statement(&c),
                 release_sql,
+                hand_over_sql,
+                hand_over_to_sql,
                 get_sql,
                 list_sql,
-                sessions: SessionStatements::new(&t, &sessions),
+                sessions: SessionStatements::new(&t, &sessions, &c),
             }),
         }
     }
@@ -162,8 +199,9 @@ impl PgLeaseStore {
         &self.inner.schema
     }
 
-    /// The acquire or release statement: `(role, owner, ttl or token, channel)`, and
-    /// `advertised` as `$5` when given, one row.
+    /// A statement of the lease and its queue: `(role, owner, ttl or token, channel)`,
+    /// and `fifth` as `$5` when given (a value, or a successor; `Some(None)` binds NULL),
+    /// one row.
     async fn term_statement(
         &self,
         what: &str,
@@ -171,14 +209,14 @@ impl PgLeaseStore {
         role: &str,
         owner: &str,
         number: i64,
-        advertised: Option<&str>,
+        fifth: Option<Option<&str>>,
     ) -> Result<sqlx::postgres::PgRow> {
         let query = sqlx::query(sql)
             .bind(role)
             .bind(owner)
             .bind(number)
             .bind(self.inner.schema.channel());
-        let query = match advertised {
+        let query = match fifth {
             Some(value) => query.bind(value),
             None => query,
         };
@@ -192,6 +230,72 @@ impl PgLeaseStore {
             .await
             .map_err(|e| pg_error("could not read the lease", e))?;
         row.map(|row| lease_info(&row)).transpose()
+    }
+
+    /// Acquire-or-renew, queueing the caller when `queue` and another owner holds the
+    /// live term.
+    async fn acquire(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+        queue: bool,
+    ) -> Result<LeaseResult> {
+        // The overflow check needs some "now"; the host's is close enough to the
+        // database's for a bound measured in centuries.
+        validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
+        validate_value("value", value)?;
+        let micros = ttl_micros(ttl)?;
+        let (sql, fifth) = match (queue, value) {
+            (true, value) => (&self.inner.queue_sql, Some(value)),
+            (false, Some(value)) => (&self.inner.acquire_value_sql, Some(Some(value))),
+            (false, None) => (&self.inner.acquire_sql, None),
+        };
+        let row = self
+            .term_statement(
+                "could not acquire or renew the lease",
+                sql,
+                role,
+                owner,
+                micros,
+                fifth,
+            )
+            .await?;
+        let holder: Option<String> = decode(&row, "holder")?;
+        let holder = holder.ok_or_else(|| {
+            Error::store_msg(BACKEND, "acquire returned a lease without a holder")
+        })?;
+        Ok(LeaseResult {
+            acquired: holder == owner,
+            fencing_token: token_from_db(decode(&row, "fencing_token")?)?,
+            expires_at: system_time(decode(&row, "expires_at")?),
+            holder,
+            now: system_time(decode(&row, "now")?),
+        })
+    }
+
+    /// Runs `sql`, a statement ending the live term `(role, owner, token)` (see
+    /// `queue::end_term_statement`), with `successor` as `$5` when given; whether the
+    /// term ended. Arguments are validated by the caller; failures start with `what`.
+    async fn end_term(
+        &self,
+        what: &str,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        sql: &str,
+        successor: Option<Option<&str>>,
+    ) -> Result<bool> {
+        let Ok(token) = i64::try_from(token.get()) else {
+            // No such token was ever handed out.
+            return Ok(false);
+        };
+        let row = self
+            .term_statement(what, sql, role, owner, token, successor)
+            .await?;
+        let ended: i64 = decode(&row, "ended")?;
+        Ok(ended > 0)
     }
 }
 
@@ -247,58 +351,55 @@ impl LeaseStore for PgLeaseStore {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        // The overflow check needs some "now"; the host's is close enough to the
-        // database's for a bound measured in centuries.
-        validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
-        validate_value("value", value)?;
-        let micros = ttl_micros(ttl)?;
-        let sql = match value {
-            Some(_) => &self.inner.acquire_value_sql,
-            None => &self.inner.acquire_sql,
-        };
+        self.acquire(role, owner, ttl, value, false).await
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, true).await
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
+        let query = sqlx::query(&self.inner.withdraw_sql).bind(role).bind(owner);
         let row = self
-            .term_statement(
-                "could not acquire or renew the lease",
-                sql,
-                role,
-                owner,
-                micros,
-                value,
-            )
+            .inner
+            .direct
+            .fetch_optional("could not withdraw the candidacy", query)
             .await?;
-        let holder: Option<String> = decode(&row, "holder")?;
-        let holder = holder.ok_or_else(|| {
-            Error::store_msg(BACKEND, "acquire returned a lease without a holder")
-        })?;
-        Ok(LeaseResult {
-            acquired: holder == owner,
-            fencing_token: token_from_db(decode(&row, "fencing_token")?)?,
-            expires_at: system_time(decode(&row, "expires_at")?),
-            holder,
-            now: system_time(decode(&row, "now")?),
-        })
+        row.map_or(Ok(false), |row| decode(&row, "live"))
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
         validate_release(role, owner)?;
-        let Ok(token) = i64::try_from(token.get()) else {
-            // No such token was ever handed out.
-            return Ok(false);
+        let sql = &self.inner.release_sql;
+        self.end_term("could not release the lease", role, owner, token, sql, None)
+            .await
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        validate_release(role, owner)?;
+        let sql = match successor {
+            Some(successor) => {
+                validate_name("successor", successor)?;
+                &self.inner.hand_over_to_sql
+            }
+            None => &self.inner.hand_over_sql,
         };
-        let row = self
-            .term_statement(
-                "could not release the lease",
-                &self.inner.release_sql,
-                role,
-                owner,
-                token,
-                None,
-            )
-            .await?;
-        let released: i64 = row
-            .try_get(0)
-            .map_err(|e| pg_error("could not decode the release count", e))?;
-        Ok(released > 0)
+        let what = "could not hand the lease over";
+        self.end_term(what, role, owner, token, sql, successor.map(Some))
+            .await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -323,7 +424,7 @@ impl LeaseStore for PgLeaseStore {
         };
         self.inner
             .notifier
-            .wait(deadline, unchanged, |payload| payload == role)
+            .wait(deadline, unchanged, |note| *note.role == *role)
             .await;
     }
 
@@ -340,8 +441,26 @@ impl LeaseStore for PgLeaseStore {
         };
         self.inner
             .notifier
-            .wait(deadline, unchanged, |payload| payload == role)
+            .wait(deadline, unchanged, |note| *note.role == *role)
             .await;
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: Instant,
+    ) -> TermChange {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return TermChange::Unknown;
+        }
+        // Read only when the listener knows nothing of the role yet (see `notify.rs`).
+        let read = self.fetch_info(role);
+        self.inner
+            .notifier
+            .wait_for_successor(role, observed, deadline, read)
+            .await
     }
 
     fn min_ttl(&self) -> Duration {
@@ -396,21 +515,35 @@ impl LeaseStore for PgLeaseStore {
 ///
 /// A role held under a session (`session_id` set) is judged by the session's expiry
 /// (`sessions`, the session table), read only for such a role; any acquire by the
-/// holder makes it a plain lease again. Public only so the benchmark issues exactly the
+/// holder makes it a plain lease again. A new term ends its holder's candidacy in
+/// `candidates` (see `queue.rs`). Public only so the benchmark issues exactly the
 /// store's statement.
 ///
 /// This is the statement of a call advertising no value; see [`acquire_statement_with`].
 #[doc(hidden)]
-pub fn acquire_statement(t: &str, sessions: &str) -> String {
-    acquire_statement_with(t, sessions, "NULL")
+pub fn acquire_statement(t: &str, sessions: &str, candidates: &str) -> String {
+    acquire_statement_with(t, sessions, candidates, "NULL", false)
 }
 
 /// [`acquire_statement`] whose new term advertises `value`: an SQL expression, `NULL` or
 /// a parameter. The value and `value_token` (the new token) are written only when a
-/// term starts; a renewal or a refusal keeps them.
-fn acquire_statement_with(t: &str, sessions: &str, value: &str) -> String {
+/// term starts; a renewal or a refusal keeps them. With `queue`, a caller refused by
+/// another live holder is also queued as a candidate with value `$5` (see `queue.rs`).
+fn acquire_statement_with(
+    t: &str,
+    sessions: &str,
+    candidates: &str,
+    value: &str,
+    queue: bool,
+) -> String {
     let end = session::term_end(sessions, true);
     let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
+    let candidacy = queue::acquire_ctes(candidates, queue);
+    let notify = notify_sql(
+        "$4",
+        &began_sql("$1", "up.fencing_token", "up.holder"),
+        "$1",
+    );
     format!(
             "WITH up AS (
                 INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid,
@@ -435,28 +568,17 @@ fn acquire_statement_with(t: &str, sessions: &str, value: &str) -> String {
                     value_token = CASE WHEN {free}
                         THEN l.fencing_token + 1 ELSE l.value_token END
                 RETURNING l.holder, l.fencing_token, l.expires_at, l.term_txid = txid_current() AS new_term
-            )
+            ){candidacy}
             SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
-                (SELECT count(*) FROM (SELECT pg_notify($4, $1) FROM up WHERE up.new_term) n) AS notified
+                (SELECT count(*) FROM (SELECT {notify} FROM up WHERE up.new_term) n) AS notified
             FROM up"
     )
 }
 
-/// The release statement on lease table `t`; see [`acquire_statement`]. A role held
-/// under a session is released alone (the session goes on). The session's expiry is
-/// read without a lock: a release decides no takeover, and locking the session before
-/// the lease row would invert the lock order of closing a session.
+/// The release statement on lease table `t`; see [`acquire_statement`] and
+/// `queue::end_term_statement`: it ends the live term `($1, $2, $3)` and, in the same
+/// step, begins the oldest live candidate's or frees the role, notifying `$4`.
 #[doc(hidden)]
-pub fn release_statement(t: &str, sessions: &str) -> String {
-    let end = session::term_end(sessions, false);
-    format!(
-        "WITH rel AS (
-                UPDATE {t} AS l SET holder = NULL, session_id = NULL, value = NULL,
-                    expires_at = statement_timestamp()
-                WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
-                    AND {end} > statement_timestamp()
-                RETURNING role
-            )
-            SELECT count(*) FROM (SELECT pg_notify($4, rel.role) FROM rel) n"
-    )
+pub fn release_statement(t: &str, sessions: &str, candidates: &str) -> String {
+    queue::end_term_statement(t, sessions, candidates, Successor::OldestOrFree)
 }

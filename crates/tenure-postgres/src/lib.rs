@@ -8,7 +8,10 @@
 //!   through LISTEN/NOTIFY (one listener connection per store, shared by every waiter,
 //!   observers of a role with no live holder too), a term's advertised value written
 //!   by the statement that starts the term (the `value` column of `tenure_leases`),
-//!   and sessions: many roles held under one row kept alive with one `UPDATE`.
+//!   sessions (many roles held under one row kept alive with one `UPDATE`), and a
+//!   queue of candidates per role (`tenure_candidates`: a release hands the role to
+//!   the oldest live candidate in the statement that ends the term, and the
+//!   notification names the successor, so waiting contenders read nothing).
 //! - [`PgNodeRegistry`]: heartbeat membership on database time, metadata as `jsonb`.
 //! - [`PgFence`]: fenced transactions inside the caller's own transaction, and the
 //!   [`FenceStore`](tenure::FenceStore) the CLI uses.
@@ -71,8 +74,8 @@
 //! - **Privileges.** [`migrate`] needs `CREATE` on the database (or an existing schema
 //!   the role may create tables in). At run time the role needs `SELECT, INSERT, UPDATE`
 //!   on `tenure_leases`, `tenure_sessions`, `tenure_fences` and `tenure_advisory_terms`,
-//!   and additionally `DELETE` on `tenure_nodes`, all in the configured schema (default
-//!   `tenure`).
+//!   and additionally `DELETE` on `tenure_nodes` and `tenure_candidates`, all in the
+//!   configured schema (default `tenure`).
 //! - **Poolers.** Leases and fences work through any pooler; LISTEN/NOTIFY and the
 //!   advisory-lock elector need session pooling (not PgBouncer transaction mode).
 #![deny(missing_docs)]
@@ -83,9 +86,11 @@ mod error;
 mod fence;
 mod lease;
 mod notify;
+mod queue;
 mod registry;
 mod schema;
 mod session;
+mod succession;
 mod url;
 
 use std::time::Duration;

@@ -1,25 +1,32 @@
 //! One LISTEN connection per store (the lease store, the registry), shared by every
 //! waiter.
 //!
-//! Release and every change of term send `NOTIFY` on the schema's lease channel with the
-//! role as payload, and a join or leave on its membership channel (inside the same
-//! statement, so it is delivered exactly at commit).
+//! Every statement that begins or ends a term sends `NOTIFY` on the schema's lease
+//! channel with the role's new state (see `succession.rs` for the payload), and a join
+//! or leave on its membership channel (inside the same statement, so it is delivered
+//! exactly at commit).
 //! The listener task is started on the first wait, fans notifications out through a
-//! broadcast channel, and publishes whether it is currently listening. When its
-//! connection fails it reconnects with a backoff; waiters then fall back to sleeping to
-//! their deadline, never spinning.
+//! broadcast channel, and publishes whether it is currently listening. On the lease
+//! channel it also keeps what the notifications said of each role ([`Terms`]), so a
+//! waiter for a successor needs no read. When its connection fails it reconnects with
+//! a backoff; waiters then fall back to sleeping to their deadline, never spinning.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
+use tenure::{FencingToken, LeaseInfo, TermChange};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+
+use crate::succession::{Note, TermState, Terms};
 
 /// Whether the listener connection is subscribed right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,14 +43,48 @@ pub(crate) enum ListenState {
 pub(crate) struct Notifier {
     pool: PgPool,
     channel: String,
-    events: broadcast::Sender<Arc<str>>,
+    events: broadcast::Sender<Arc<Note>>,
     state: watch::Sender<ListenState>,
     task: Mutex<Option<JoinHandle<()>>>,
     stop: CancellationToken,
+    /// On the lease channel: each role's latest state, as notifications said it.
+    terms: Option<Arc<Terms>>,
+    /// The last subscription's number, kept across listener tasks so a number is never
+    /// reused.
+    generations: Arc<AtomicU64>,
+}
+
+/// One waiter's subscription, taken while the listener listened as `generation`.
+struct Subscription {
+    events: broadcast::Receiver<Arc<Note>>,
+    state: watch::Receiver<ListenState>,
+    generation: u64,
+}
+
+/// What [`Subscription::next`] got.
+enum Next {
+    /// A notification.
+    Note(Arc<Note>),
+    /// Some notifications were missed (this waiter fell behind); the listener goes on.
+    Lagged,
+    /// The deadline passed, the listener went away (after sleeping to the deadline), or
+    /// it had a gap in which notifications may have been lost (once it is back, or at
+    /// the deadline).
+    Over,
 }
 
 impl Notifier {
+    /// A listener of `channel` whose payloads are opaque (the membership channel).
     pub(crate) fn new(pool: PgPool, channel: String) -> Notifier {
+        Notifier::with_terms(pool, channel, None)
+    }
+
+    /// A listener of the lease channel `channel`, which remembers each role's state.
+    pub(crate) fn for_terms(pool: PgPool, channel: String) -> Notifier {
+        Notifier::with_terms(pool, channel, Some(Arc::new(Terms::default())))
+    }
+
+    fn with_terms(pool: PgPool, channel: String, terms: Option<Arc<Terms>>) -> Notifier {
         Notifier {
             pool,
             channel,
@@ -51,34 +92,64 @@ impl Notifier {
             state: watch::Sender::new(ListenState::Down),
             task: Mutex::new(None),
             stop: CancellationToken::new(),
+            terms,
+            generations: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// Subscribes to notifications and to the listener's state, starting the listener
     /// task if it is not running (first use, or its runtime went away).
-    pub(crate) fn subscribe(
-        &self,
-    ) -> (broadcast::Receiver<Arc<str>>, watch::Receiver<ListenState>) {
+    fn subscribe(&self) -> (broadcast::Receiver<Arc<Note>>, watch::Receiver<ListenState>) {
         let events = self.events.subscribe();
         let state = self.state.subscribe();
         let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
         let running = task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
+            if let Some(terms) = &self.terms {
+                terms.restart(0);
+            }
             self.state.send_replace(ListenState::Down);
             *task = Some(tokio::spawn(listen_loop(
                 self.pool.clone(),
                 self.channel.clone(),
                 self.events.clone(),
                 self.state.clone(),
+                self.terms.clone(),
+                Arc::clone(&self.generations),
                 self.stop.clone(),
             )));
         }
         (events, state)
     }
-}
 
-impl Notifier {
-    /// Waits until a notification whose payload `matches` arrives, or `deadline`.
+    /// Subscribes and waits until the listener listens; `None` at the deadline (or once
+    /// the listener is gone, after sleeping to it).
+    async fn listening(&self, deadline: Instant) -> Option<Subscription> {
+        let (events, mut state) = self.subscribe();
+        loop {
+            let current = *state.borrow_and_update();
+            match current {
+                ListenState::Listening(generation) => {
+                    return Some(Subscription {
+                        events,
+                        state,
+                        generation,
+                    })
+                }
+                ListenState::Down => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => return None,
+                        changed = state.changed() => if changed.is_err() {
+                            tokio::time::sleep_until(deadline).await;
+                            return None;
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until a notification that `matches` arrives, or `deadline`.
     ///
     /// Subscribes first, then runs `unchanged` (a read of what the caller observed:
     /// `Ok(true)` while nothing changed), then waits: a change committed between the read
@@ -89,24 +160,11 @@ impl Notifier {
     pub(crate) async fn wait(
         &self,
         deadline: Instant,
-        unchanged: impl std::future::Future<Output = tenure::Result<bool>>,
-        matches: impl Fn(&str) -> bool,
+        unchanged: impl Future<Output = tenure::Result<bool>>,
+        matches: impl Fn(&Note) -> bool,
     ) {
-        let (mut events, mut state) = self.subscribe();
-        let generation = loop {
-            let current = *state.borrow_and_update();
-            match current {
-                ListenState::Listening(generation) => break generation,
-                ListenState::Down => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => return,
-                        changed = state.changed() => if changed.is_err() {
-                            tokio::time::sleep_until(deadline).await;
-                            return;
-                        },
-                    }
-                }
-            }
+        let Some(mut subscription) = self.listening(deadline).await else {
+            return;
         };
         match unchanged.await {
             Ok(true) => {}
@@ -118,41 +176,117 @@ impl Notifier {
             }
         }
         loop {
+            match subscription.next(deadline).await {
+                Next::Note(note) if matches(&note) => return,
+                Next::Note(_) => {}
+                // Missed some: one of them may have been ours.
+                Next::Lagged | Next::Over => return,
+            }
+        }
+    }
+
+    /// Waits until the term `observed` of `role` is over and says what replaced it
+    /// (see [`tenure::LeaseStore::wait_for_successor`]), from the notifications alone.
+    ///
+    /// The listener's memory of the role answers a term already over at once; `read`
+    /// (the role's row) runs only when the listener has learned nothing of the role
+    /// since it subscribed, and what it shows is remembered for the next wait. An
+    /// earlier tenure's notification, a gap in listening or the deadline is
+    /// [`TermChange::Unknown`]; without a working listener it sleeps, never spins.
+    pub(crate) async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: Instant,
+        read: impl Future<Output = tenure::Result<Option<LeaseInfo>>>,
+    ) -> TermChange {
+        let Some(terms) = &self.terms else {
+            tokio::time::sleep_until(deadline).await;
+            return TermChange::Unknown;
+        };
+        let Some(mut subscription) = self.listening(deadline).await else {
+            return TermChange::Unknown;
+        };
+        // Subscribed before looking: a state learned after this look is still heard.
+        let known = match terms.get(role, subscription.generation) {
+            Some(state) => state,
+            None => match read.await {
+                Ok(info) => terms.seed(
+                    role,
+                    subscription.generation,
+                    TermState::read(info.as_ref()),
+                ),
+                Err(error) => {
+                    debug!(%error, "could not read the term before waiting; sleeping to the deadline");
+                    tokio::time::sleep_until(deadline).await;
+                    return TermChange::Unknown;
+                }
+            },
+        };
+        if let Some(answer) = known.answer(observed) {
+            return answer;
+        }
+        loop {
+            let state = match subscription.next(deadline).await {
+                Next::Note(note) if *note.role == *role => match &note.state {
+                    Some(state) => state.clone(),
+                    None => return TermChange::Unknown,
+                },
+                Next::Note(_) => continue,
+                // The listener did not miss them: its memory has the latest state.
+                Next::Lagged => match terms.get(role, subscription.generation) {
+                    Some(state) => state,
+                    None => return TermChange::Unknown,
+                },
+                Next::Over => return TermChange::Unknown,
+            };
+            if let Some(answer) = state.answer(observed) {
+                return answer;
+            }
+        }
+    }
+}
+
+impl Subscription {
+    /// The next notification, or why there is none; see [`Next`].
+    async fn next(&mut self, deadline: Instant) -> Next {
+        loop {
             tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return,
-                event = events.recv() => match event {
-                    Ok(payload) if matches(&payload) => return,
-                    Ok(_) => {}
-                    // Missed some: one of them may have been ours.
-                    Err(RecvError::Lagged(_)) => return,
+                _ = tokio::time::sleep_until(deadline) => return Next::Over,
+                event = self.events.recv() => return match event {
+                    Ok(note) => Next::Note(note),
+                    Err(RecvError::Lagged(_)) => Next::Lagged,
                     Err(RecvError::Closed) => {
                         tokio::time::sleep_until(deadline).await;
-                        return;
+                        Next::Over
                     }
                 },
-                changed = state.changed() => {
+                changed = self.state.changed() => {
                     if changed.is_err() {
                         tokio::time::sleep_until(deadline).await;
-                        return;
+                        return Next::Over;
                     }
-                    let now = *state.borrow_and_update();
-                    if now != ListenState::Listening(generation) {
-                        // Notifications may have been lost in the gap: wait until the
-                        // listener is back (or the deadline) and let the caller re-check.
-                        loop {
-                            if matches!(*state.borrow_and_update(), ListenState::Listening(_)) {
-                                return;
-                            }
-                            tokio::select! {
-                                _ = tokio::time::sleep_until(deadline) => return,
-                                changed = state.changed() => if changed.is_err() {
-                                    tokio::time::sleep_until(deadline).await;
-                                    return;
-                                },
-                            }
-                        }
+                    if *self.state.borrow_and_update() != ListenState::Listening(self.generation) {
+                        return self.gap(deadline).await;
                     }
                 }
+            }
+        }
+    }
+
+    /// After a gap in which notifications may have been lost: waits until the listener
+    /// is back (or the deadline) and lets the caller re-check.
+    async fn gap(&mut self, deadline: Instant) -> Next {
+        loop {
+            if matches!(*self.state.borrow_and_update(), ListenState::Listening(_)) {
+                return Next::Over;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return Next::Over,
+                changed = self.state.changed() => if changed.is_err() {
+                    tokio::time::sleep_until(deadline).await;
+                    return Next::Over;
+                },
             }
         }
     }
@@ -170,11 +304,22 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 async fn listen_loop(
     pool: PgPool,
     channel: String,
-    events: broadcast::Sender<Arc<str>>,
+    events: broadcast::Sender<Arc<Note>>,
     state: watch::Sender<ListenState>,
+    terms: Option<Arc<Terms>>,
+    generations: Arc<AtomicU64>,
     stop: CancellationToken,
 ) {
-    let mut generation = 0u64;
+    // The memory of the terms follows the subscription: a gap may have lost some.
+    let set_state = |new: ListenState| {
+        if let Some(terms) = &terms {
+            terms.restart(match new {
+                ListenState::Listening(generation) => generation,
+                ListenState::Down => 0,
+            });
+        }
+        state.send_replace(new);
+    };
     let mut backoff = BACKOFF_MIN;
     loop {
         let subscribed = async {
@@ -192,10 +337,10 @@ async fn listen_loop(
         };
         match result {
             Ok(mut listener) => {
-                generation += 1;
+                let generation = generations.fetch_add(1, Ordering::Relaxed) + 1;
                 backoff = BACKOFF_MIN;
                 debug!(channel = %channel, generation, "listening for lease changes");
-                state.send_replace(ListenState::Listening(generation));
+                set_state(ListenState::Listening(generation));
                 loop {
                     let received = tokio::select! {
                         _ = stop.cancelled() => return,
@@ -203,7 +348,14 @@ async fn listen_loop(
                     };
                     match received {
                         Ok(Some(notification)) => {
-                            let _ = events.send(Arc::from(notification.payload()));
+                            let note = Note::parse(notification.payload());
+                            let note = match &terms {
+                                Some(terms) => terms.take_in(notification.process_id(), note),
+                                None => Some(note),
+                            };
+                            if let Some(note) = note {
+                                let _ = events.send(Arc::new(note));
+                            }
                         }
                         Ok(None) => {
                             warn!(channel = %channel, "lease listener connection lost; reconnecting");
@@ -215,10 +367,10 @@ async fn listen_loop(
                         }
                     }
                 }
-                state.send_replace(ListenState::Down);
+                set_state(ListenState::Down);
             }
             Err(error) => {
-                state.send_replace(ListenState::Down);
+                set_state(ListenState::Down);
                 warn!(channel = %channel, %error, retry_in = ?backoff,
                     "could not listen for lease changes; waiters fall back to their retry timers");
                 tokio::select! {

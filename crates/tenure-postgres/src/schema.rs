@@ -93,8 +93,9 @@ pub(crate) fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// Creates the schema and tenure's tables if they do not exist, and adds the columns a
-/// schema made by an earlier tenure lacks (`session_id`, `value`, `value_token`).
+/// Creates the schema and tenure's tables if they do not exist (the queue's
+/// `tenure_candidates` among them, which a schema made by an earlier tenure lacks), and
+/// adds the columns such a schema lacks (`session_id`, `value`, `value_token`).
 ///
 /// Needs `CREATE` on the database (for the schema) or an existing schema the role may
 /// create tables in. Safe to call from many processes at once, and on every start.
@@ -114,6 +115,7 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
     let fences = schema.table("tenure_fences");
     let terms = schema.table("tenure_advisory_terms");
     let sessions = schema.table("tenure_sessions");
+    let candidates = schema.table("tenure_candidates");
     let statements = [
         format!("CREATE SCHEMA IF NOT EXISTS {s}"),
         // A lease row is never deleted: release clears `holder` and keeps the token, so
@@ -157,6 +159,9 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
                 term bigint NOT NULL
             )"
         ),
+        // The queue of candidates (see `queue.rs`). `IF NOT EXISTS` on a table that
+        // exists takes no lock on it, so this costs nothing on every start.
+        crate::queue::create_table(&candidates),
     ];
     for statement in &statements {
         sqlx::query(statement)

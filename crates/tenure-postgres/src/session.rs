@@ -37,6 +37,7 @@ use tenure::{Error, LeaseResult, Result, SessionGrant, SessionId};
 use crate::direct::DirectConnections;
 use crate::error::BACKEND;
 use crate::lease::{decode, system_time, token_from_db};
+use crate::succession::{began_sql, ended_sql, notify_sql};
 
 /// How often [`SessionStatements::acquire`] runs its statement again when the snapshot
 /// missed a term its own session started concurrently (see [`acquire_statement`]);
@@ -54,13 +55,13 @@ pub(crate) struct SessionStatements {
 }
 
 impl SessionStatements {
-    /// The statements on lease table `t` and session table `sessions` (both quoted,
-    /// qualified names).
-    pub(crate) fn new(t: &str, sessions: &str) -> SessionStatements {
+    /// The statements on lease table `t`, session table `sessions` and candidates
+    /// table `candidates` (all quoted, qualified names).
+    pub(crate) fn new(t: &str, sessions: &str, candidates: &str) -> SessionStatements {
         SessionStatements {
             open: open_statement(t, sessions),
             keep_alive: keep_alive_statement(sessions),
-            acquire: acquire_statement(t, sessions),
+            acquire: acquire_statement(t, sessions, candidates),
             close: close_statement(t, sessions),
         }
     }
@@ -245,7 +246,8 @@ pub fn keep_alive_statement(sessions: &str) -> String {
 }
 
 /// Acquires a role under a session: `(role, session id, channel)`, one row. A term
-/// it starts advertises no value (`value` NULL).
+/// it starts advertises no value (`value` NULL), and ends the owner's candidacy for the
+/// role (with the role's lapsed ones), as any acquire does (see `queue.rs`).
 ///
 /// `me` is the session if it is live. The upsert starts a new term under it when the
 /// role is free, rewrites a live holder's row unchanged (so the answer names the latest
@@ -254,9 +256,14 @@ pub fn keep_alive_statement(sessions: &str) -> String {
 /// reads the statement's snapshot, which misses a term this same session started in a
 /// concurrent statement that committed after the snapshot; it then returns no token and
 /// the caller runs the statement again.
-fn acquire_statement(t: &str, sessions: &str) -> String {
+fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
     let end = term_end(sessions, true);
     let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
+    let notify = notify_sql(
+        "$3",
+        &began_sql("$1", "up.fencing_token", "up.holder"),
+        "$1",
+    );
     format!(
         "WITH me AS (
             SELECT id, owner, expires_at FROM {sessions}
@@ -281,25 +288,38 @@ fn acquire_statement(t: &str, sessions: &str) -> String {
             SELECT l.fencing_token FROM {t} l
             WHERE l.role = $1 AND l.session_id = $2 AND l.holder IS NOT NULL
                 AND NOT EXISTS (SELECT 1 FROM up)
+        ),
+        joined AS (
+            DELETE FROM {c} c
+            WHERE c.role = $1 AND EXISTS (SELECT 1 FROM up WHERE up.new_term)
+                AND (c.owner = (SELECT owner FROM me)
+                    OR c.expires_at <= statement_timestamp())
         )
         SELECT me.owner, me.expires_at AS session_expires_at,
             up.holder, up.fencing_token, up.expires_at, up.session_id,
             held.fencing_token AS held_token, statement_timestamp() AS now,
-            (SELECT count(*) FROM (SELECT pg_notify($3, $1) FROM up WHERE up.new_term) n) AS notified
+            (SELECT count(*) FROM (SELECT {notify} FROM up WHERE up.new_term) n) AS notified
         FROM (SELECT) one LEFT JOIN me ON true LEFT JOIN up ON true LEFT JOIN held ON true"
     )
 }
 
 /// Closes a session: `(id, channel)`, one row: whether it was live, and how many roles
 /// it released (each announced on the channel, as a release is). The roles go first
-/// (`ended` waits on `rel`), keeping the lease-then-session lock order.
+/// (`ended` waits on `rel`), keeping the lease-then-session lock order. They are freed,
+/// not handed to a candidate: a release hands over, closing a session ends its terms
+/// (as the in-memory store does).
 fn close_statement(t: &str, sessions: &str) -> String {
+    let notify = notify_sql(
+        "$2",
+        &ended_sql("rel.role", "rel.fencing_token"),
+        "rel.role",
+    );
     format!(
         "WITH rel AS (
             UPDATE {t} SET holder = NULL, session_id = NULL, value = NULL,
                 expires_at = statement_timestamp()
             WHERE session_id = $1
-            RETURNING role
+            RETURNING role, fencing_token
         ),
         ended AS (
             UPDATE {sessions} SET expires_at = statement_timestamp()
@@ -308,6 +328,6 @@ fn close_statement(t: &str, sessions: &str) -> String {
             RETURNING id
         )
         SELECT (SELECT count(*) FROM ended) AS ended,
-            (SELECT count(*) FROM (SELECT pg_notify($2, rel.role) FROM rel) n) AS released"
+            (SELECT count(*) FROM (SELECT {notify} FROM rel) n) AS released"
     )
 }

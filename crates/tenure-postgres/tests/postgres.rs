@@ -1,6 +1,7 @@
 //! PostgreSQL-specific behaviour on real throwaway servers: races over separate
-//! connections, durable tokens, push takeover, fenced transactions, the advisory-lock
-//! elector, migrations and bad input.
+//! connections, push takeover, migrations, bad input and the store's own connections
+//! (fenced transactions are in `fences.rs`, the advisory-lock elector in
+//! `advisory.rs`).
 //!
 //! Tests that only read and write use the binary's shared server; tests that stop,
 //! kill or restart a server start their own (see `faults.rs`).
@@ -13,24 +14,12 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
-use tenure_postgres::{
-    connect, migrate, AdvisoryLockElector, AdvisoryLockOptions, ConnectOptions, PgFence,
-    PgLeaseStore, Schema,
-};
+use tenure_postgres::{connect, migrate, ConnectOptions, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
 use tokio_util::sync::CancellationToken;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
-    common::init_tracing();
-    let pool = common::pool(
-        PgServer::shared().expect("shared PostgreSQL server"),
-        8,
-        app,
-    )
-    .await;
-    let schema = common::fresh_schema();
-    migrate(&pool, &schema).await.expect("migrate");
-    (pool, schema)
+    common::migrated_with(app, 8).await
 }
 
 /// 32 tasks, each on its own connection (its own pool), race for one role over
@@ -289,207 +278,6 @@ async fn listener_reconnects_without_spinning() {
     );
 }
 
-/// A fresh token's fenced transaction commits; a stale token's is rejected with
-/// `Fenced`, and even committing it afterwards writes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fenced_transaction_stale_writes_nothing() {
-    let (pool, schema) = setup("fence").await;
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    let ledger = format!("\"{}\".ledger", schema.name());
-    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint, note text)"))
-        .execute(&pool)
-        .await
-        .unwrap();
-
-    let mut tx = pool.begin().await.unwrap();
-    fence
-        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(5))
-        .await
-        .unwrap();
-    sqlx::query(&format!("INSERT INTO {ledger} VALUES (5, 'fresh')"))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    // A term writes many times: the same token is admitted again.
-    fence.admit("ledger", FencingToken::from(5)).await.unwrap();
-
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {ledger} VALUES (4, 'stale, written before the check')"
-    ))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let stale = fence
-        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(4))
-        .await;
-    assert!(
-        matches!(stale, Err(Error::Fenced { presented, highest }) if presented.get() == 4 && highest.get() == 5),
-        "{stale:?}"
-    );
-    // A careless caller commits anyway: the transaction was aborted, so nothing lands.
-    let _ = sqlx::query(&format!("INSERT INTO {ledger} VALUES (4, 'stale, after')"))
-        .execute(&mut *tx)
-        .await;
-    let _ = tx.commit().await;
-    let notes: Vec<String> =
-        sqlx::query_scalar(&format!("SELECT note FROM {ledger} ORDER BY token"))
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(notes, ["fresh"]);
-    assert_eq!(
-        fence.highest("ledger").await.unwrap(),
-        Some(FencingToken::from(5))
-    );
-    assert_eq!(fence.highest("other").await.unwrap(), None);
-    let late = fence.admit("ledger", FencingToken::from(3)).await;
-    assert!(matches!(late, Err(Error::Fenced { .. })), "{late:?}");
-}
-
-/// A fresh and a stale writer racing serialise on the fence row: the stale one waits
-/// for the fresh transaction to end and is then rejected.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fenced_transactions_racing_serialise() {
-    let (pool, schema) = setup("fence-race").await;
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    let ledger = format!("\"{}\".ledger", schema.name());
-    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint)"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    fence.admit("ledger", FencingToken::from(6)).await.unwrap();
-
-    let hold = Duration::from_millis(500);
-    let (locked_tx, locked) = tokio::sync::oneshot::channel();
-    let fresh = {
-        let (pool, fence, ledger) = (pool.clone(), fence.clone(), ledger.clone());
-        tokio::spawn(async move {
-            let mut tx = pool.begin().await.unwrap();
-            fence
-                .fence_in_transaction(&mut tx, "ledger", FencingToken::from(7))
-                .await
-                .unwrap();
-            let _ = locked_tx.send(());
-            sqlx::query(&format!("INSERT INTO {ledger} VALUES (7)"))
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            tokio::time::sleep(hold).await;
-            tx.commit().await.unwrap();
-        })
-    };
-    locked.await.unwrap();
-    let started = Instant::now();
-    let mut tx = pool.begin().await.unwrap();
-    // Token 6 was current a moment ago; the fresh transaction now holds the row.
-    let stale = fence
-        .fence_in_transaction(&mut tx, "ledger", FencingToken::from(6))
-        .await;
-    let waited = started.elapsed();
-    drop(tx);
-    fresh.await.unwrap();
-    assert!(
-        matches!(stale, Err(Error::Fenced { presented, highest }) if presented.get() == 6 && highest.get() == 7),
-        "{stale:?}"
-    );
-    assert!(
-        waited >= hold / 2,
-        "the stale writer must wait for the row lock, waited {waited:?}"
-    );
-    let tokens: Vec<i64> = sqlx::query_scalar(&format!("SELECT token FROM {ledger}"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tokens, [7]);
-}
-
-/// The same-database form: a transaction holding the live lease blocks a takeover until
-/// it commits, and a token that is no longer live is rejected.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_lease_blocks_takeover_and_rejects_stale() {
-    let (pool, schema) = setup("hold").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    let ttl = Duration::from_secs(1);
-    let a = store
-        .try_acquire_or_renew("job", "node-a", ttl)
-        .await
-        .unwrap();
-
-    let mut tx = pool.begin().await.unwrap();
-    fence
-        .hold_lease_in_transaction(&mut tx, "job", a.fencing_token)
-        .await
-        .unwrap();
-    // The lease expires while the transaction runs; b's takeover must wait for it.
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
-    let taker = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let b = store
-                .try_acquire_or_renew("job", "node-b", ttl)
-                .await
-                .unwrap();
-            (started.elapsed(), b)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    tx.commit().await.unwrap();
-    let (waited, b) = taker.await.unwrap();
-    assert!(b.acquired && b.fencing_token > a.fencing_token, "{b:?}");
-    assert!(
-        waited >= Duration::from_millis(300),
-        "takeover must wait for the holder's transaction: {waited:?}"
-    );
-
-    let mut tx = pool.begin().await.unwrap();
-    let stale = fence
-        .hold_lease_in_transaction(&mut tx, "job", a.fencing_token)
-        .await;
-    assert!(
-        matches!(stale, Err(Error::Fenced { presented, highest }) if presented == a.fencing_token && highest == b.fencing_token),
-        "{stale:?}"
-    );
-    drop(tx);
-    let mut tx = pool.begin().await.unwrap();
-    let unknown = fence
-        .hold_lease_in_transaction(&mut tx, "never", FencingToken::from(1))
-        .await;
-    assert!(matches!(unknown, Err(Error::Fenced { .. })), "{unknown:?}");
-}
-
-/// Fenced transactions refuse REPEATABLE READ (and roll the transaction back), and the
-/// fence is not advanced by the refused attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeatable_read_is_refused() {
-    let (pool, schema) = setup("rr").await;
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    fence.admit("res", FencingToken::from(1)).await.unwrap();
-    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let refused = fence
-            .fence_in_transaction(&mut tx, "res", FencingToken::from(9))
-            .await;
-        assert!(
-            matches!(&refused, Err(Error::InvalidArgument { field: "transaction", reason }) if reason.contains(level)),
-            "{level}: {refused:?}"
-        );
-        let _ = tx.commit().await;
-        assert_eq!(
-            fence.highest("res").await.unwrap(),
-            Some(FencingToken::from(1)),
-            "{level}"
-        );
-    }
-}
-
 /// Several processes' worth of concurrent `migrate` calls on one fresh schema all
 /// succeed, and `migrate` is idempotent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,107 +441,6 @@ async fn missing_privileges_are_reported() {
     assert!(chain.contains("permission denied"), "{chain}");
 }
 
-/// The advisory-lock elector: one leader at a time; when the leader's connection is
-/// terminated its work is cancelled and a new term begins with a higher token; shutdown
-/// cancels the work and ends `run`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_lock_elector_hands_over_on_connection_loss() {
-    let (_pool, schema) = setup("advisory-setup").await;
-    let options = AdvisoryLockOptions {
-        retry_interval: Duration::from_millis(100),
-        check_interval: Duration::from_millis(100),
-        check_timeout: Duration::from_secs(2),
-    };
-    // (elector, token, when work started, when its leadership was cancelled)
-    type Term = (&'static str, FencingToken, Instant, Option<Instant>);
-    let terms = Arc::new(Mutex::new(Vec::<Term>::new()));
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
-    for name in ["adv-a", "adv-b"] {
-        let pool = common::pool(
-            PgServer::shared().expect("shared PostgreSQL server"),
-            2,
-            name,
-        )
-        .await;
-        let elector = AdvisoryLockElector::new(pool, schema.clone(), options.clone()).unwrap();
-        let (terms, stop) = (terms.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            elector
-                .run(
-                    "adv",
-                    move |token, leadership| {
-                        let terms = terms.clone();
-                        async move {
-                            let index = {
-                                let mut terms = terms.lock().unwrap();
-                                terms.push((name, token, Instant::now(), None));
-                                terms.len() - 1
-                            };
-                            leadership.cancelled().await;
-                            terms.lock().unwrap()[index].3 = Some(Instant::now());
-                        }
-                    },
-                    stop,
-                )
-                .await
-        }));
-    }
-    let wait_terms = |n: usize| {
-        let terms = terms.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if terms.lock().unwrap().len() >= n {
-                    return terms.lock().unwrap().clone();
-                }
-                assert!(Instant::now() < deadline, "no term {n} within 10 s");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    let first = wait_terms(1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(terms.lock().unwrap().len(), 1, "the lock has one holder");
-    let (leader, token, _, _) = first[0];
-    let terminated = Instant::now();
-    PgServer::shared()
-        .expect("shared PostgreSQL server")
-        .psql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{leader}'"
-    ))
-        .expect("psql");
-    let after = wait_terms(2).await;
-    // Either contender may win the next term (the old leader reconnects too).
-    let (_, next_token, _, _) = after[1];
-    assert!(next_token > token, "advisory terms carry increasing tokens");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let cancelled = loop {
-        if let Some(at) = terms.lock().unwrap()[0].3 {
-            break at;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old leader's work was not cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert!(cancelled.duration_since(terminated) < Duration::from_secs(3));
-    stop.cancel();
-    for task in tasks {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("electors stop")
-            .unwrap()
-            .unwrap();
-    }
-    let terms = terms.lock().unwrap();
-    assert!(
-        terms.iter().all(|t| t.3.is_some()),
-        "shutdown cancels the running work"
-    );
-}
-
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut chain = error.to_string();
     let mut source = error.source();
@@ -859,7 +546,8 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
     // sleep in the same simple-query message: both share one statement_timestamp().
     let table = format!("\"{}\".\"tenure_leases\"", schema.name());
     let sessions = format!("\"{}\".\"tenure_sessions\"", schema.name());
-    let late_sql = tenure_postgres::statements::acquire_statement(&table, &sessions)
+    let candidates = format!("\"{}\".\"tenure_candidates\"", schema.name());
+    let late_sql = tenure_postgres::statements::acquire_statement(&table, &sessions, &candidates)
         .replace("$1", "'job'")
         .replace("$2", "'node-a'")
         .replace("$3", &ttl.as_micros().to_string())

@@ -429,15 +429,37 @@ impl SqliteDatabase {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
+        let changed = || {
+            let read = unchanged();
+            async move { read.await.map(|unchanged| (!unchanged).then_some(())) }
+        };
+        self.wait_polling_for(key, poll, deadline, changed).await;
+    }
+
+    /// [`wait_polling`](Self::wait_polling) that returns what the read found: `changed`
+    /// answers `Ok(None)` while nothing changed and `Ok(Some(what))` once something
+    /// did; `None` at the deadline.
+    pub(crate) async fn wait_polling_for<F, Fut, T>(
+        &self,
+        key: &str,
+        poll: Duration,
+        deadline: tokio::time::Instant,
+        mut changed: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>>>,
+    {
         let signal = self.change_signal(key);
         loop {
             let notified = signal.notified();
             tokio::pin!(notified);
             // Subscribe before reading, so a change between the read and the wait wakes us.
             notified.as_mut().enable();
-            match tokio::time::timeout_at(deadline, unchanged()).await {
-                Ok(Ok(false)) | Err(_) => return,
-                Ok(Ok(true)) => {}
+            match tokio::time::timeout_at(deadline, changed()).await {
+                Ok(Ok(Some(what))) => return Some(what),
+                Err(_) => return None,
+                Ok(Ok(None)) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(key, %error, "cannot poll for a change; retrying")
                 }
@@ -448,7 +470,7 @@ impl SqliteDatabase {
                 _ = tokio::time::sleep_until(next) => {}
             }
             if tokio::time::Instant::now() >= deadline {
-                return;
+                return None;
             }
         }
     }

@@ -28,6 +28,16 @@
 //! a term is held under, if any), and the value the term advertised when it began
 //! (`value`, with `value_token`, the token of the term that wrote it).
 //!
+//! The queue of candidates (contenders that wait their turn with
+//! [`LeaseStore::try_acquire_or_queue`](tenure::LeaseStore::try_acquire_or_queue)) is
+//! `tenure_candidates`: one row per `(role, owner)` with its place `seq` (arrival
+//! order within the role), its `expires_at` on store time and the `value` its term will
+//! advertise. A release hands the role to the oldest live candidate in its own
+//! transaction; a waiter for a successor
+//! ([`LeaseStore::wait_for_successor`](tenure::LeaseStore::wait_for_successor)) polls
+//! the role's row as any waiter does and answers from what it read, writing nothing.
+//! A new boot forgets every candidacy.
+//!
 //! ## The elector over a file
 //!
 //! ```

@@ -1,7 +1,7 @@
 //! The file's tables and their versions: creating them, migrating a schema-1 file (wall
-//! clock) to monotonic time, a schema-2 file to sessions and a schema-3 file to
-//! advertised values, and starting a new boot (every lease and session ends, every
-//! token stays).
+//! clock) to monotonic time, a schema-2 file to sessions, a schema-3 file to
+//! advertised values and a schema-4 file to the queue of candidates, and starting a new
+//! boot (every lease, session and candidacy ends, every token stays).
 
 use std::time::{Duration, SystemTime};
 
@@ -14,8 +14,9 @@ use crate::BACKEND;
 
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
 /// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions;
-/// version 3 no advertised values. Opening an older file migrates it.
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+/// version 3 no advertised values; version 4 no queue of candidates. Opening an older
+/// file migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 5;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
@@ -36,6 +37,12 @@ pub(crate) const SCHEMA_VERSION: i64 = 4;
 /// [`SESSION_OBJECTS`]): a schema-3 tenure still running on a migrated file starts
 /// terms without touching either column, and its holder must not be shown the address
 /// of the term before it.
+///
+/// `tenure_candidates` is the queue of candidates (see `lease/queue.rs`): one row per
+/// `(role, owner)` waiting its turn, its place `seq` (a role's first candidate is 1, a
+/// joining one takes the role's largest plus one), its expiry on store time and the
+/// value its term will advertise. The primary key is the only index: a role's
+/// candidates are few, and picking the oldest sorts them.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_meta (
     key   TEXT PRIMARY KEY NOT NULL,
@@ -70,6 +77,14 @@ CREATE TABLE IF NOT EXISTS tenure_fences (
     resource TEXT PRIMARY KEY NOT NULL,
     highest  INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tenure_candidates (
+    role       TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    value      TEXT,
+    PRIMARY KEY (role, owner)
+) WITHOUT ROWID;
 ";
 
 /// What needs the `session_id` and `value` columns, created once they exist (a schema-2
@@ -226,8 +241,8 @@ pub(crate) async fn enter_boot(
 }
 
 /// Starts a boot in the file: every lease and every session ends now (tokens stay),
-/// every heartbeat is forgotten, and the file records the boot id its times now belong
-/// to.
+/// every heartbeat and every candidacy is forgotten, and the file records the boot id
+/// its times now belong to.
 async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
     sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
         .bind(now.mono)
@@ -244,6 +259,11 @@ async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
         .execute(&mut *conn)
         .await
         .map_err(store_error("cannot forget the heartbeats of a past boot"))?;
+    // Their expiries belong to the past boot too; their contenders queue again.
+    sqlx::query("DELETE FROM tenure_candidates")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot forget the candidates of a past boot"))?;
     record_boot(conn, &now.boot_id).await
 }
 
@@ -291,12 +311,18 @@ pub(crate) async fn create_schema_at(
             migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await?;
             add_sessions(conn).await?;
             add_values(conn).await?;
+            add_queue(conn).await?;
         }
         Some(2) => {
             add_sessions(conn).await?;
             add_values(conn).await?;
+            add_queue(conn).await?;
         }
-        Some(3) => add_values(conn).await?,
+        Some(3) => {
+            add_values(conn).await?;
+            add_queue(conn).await?;
+        }
+        Some(4) => add_queue(conn).await?,
         Some(other) => {
             return Err(Error::store_msg(
                 BACKEND,
@@ -368,6 +394,16 @@ async fn add_values(conn: &mut SqliteConnection) -> Result<()> {
     }
     record_version(conn, 4).await?;
     tracing::info!("migrated the sqlite store to schema 4: advertised values");
+    Ok(())
+}
+
+/// Migrates a schema-4 file to the queue of candidates: `tenure_candidates` was created
+/// empty with the rest of the schema, so nobody is queued. A schema-4 tenure still
+/// running on the file knows nothing of the queue: its release frees a role rather than
+/// hand it over, and the candidates then contend for it as they would have before.
+async fn add_queue(conn: &mut SqliteConnection) -> Result<()> {
+    record_version(conn, 5).await?;
+    tracing::info!("migrated the sqlite store to schema 5: the queue of candidates");
     Ok(())
 }
 

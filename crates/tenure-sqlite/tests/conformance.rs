@@ -123,3 +123,4 @@ impl RegistryFixture for SqliteRegistryFixture {
 tenure_testkit::lease_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::registry_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::session_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::queue_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);

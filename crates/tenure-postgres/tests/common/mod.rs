@@ -72,9 +72,14 @@ pub async fn first_lease_table(pool: &PgPool, schema: &Schema) -> String {
 
 /// A pool of 4 on the shared server, tagged `app`, and a fresh migrated schema.
 pub async fn migrated(app: &str) -> (PgPool, Schema) {
+    migrated_with(app, 4).await
+}
+
+/// A pool of `max` on the shared server, tagged `app`, and a fresh migrated schema.
+pub async fn migrated_with(app: &str, max: u32) -> (PgPool, Schema) {
     init_tracing();
     let server = PgServer::shared().expect("shared PostgreSQL server");
-    let pool = pool(server, 4, app).await;
+    let pool = pool(server, max, app).await;
     let schema = fresh_schema();
     tenure_postgres::migrate(&pool, &schema)
         .await

@@ -13,12 +13,20 @@
 //! A session is one row of `tenure_sessions`; a role held under it names it in its
 //! `session_id` and ends when it does (the `tenure_terms` view reads each term's end),
 //! so keeping a session alive writes that one row however many roles it holds.
-
+//!
+//! The write steps of acquire and release, and their statements, are in `term.rs`.
+//!
+//! **The queue of candidates** is `tenure_candidates` (see `queue.rs`): one row per
+//! `(role, owner)` with its place, expiry and value. Queueing, withdrawing, a release
+//! that hands the role to the oldest live candidate and a planned handoff are each one
+//! transaction, like every other write. There is no push between processes, so a
+//! waiter for a successor polls the role's row (as [`LeaseStore::wait_for_change`]
+//! does, and woken at once by a write through the same [`SqliteDatabase`]) and answers
+//! who leads next from the row it read; it never writes.
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqliteConnection;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
     validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
@@ -26,6 +34,7 @@ use tenure::lease::{
 use tenure::session::validate_open;
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
+    TermChange,
 };
 use tokio::time::Instant;
 
@@ -35,31 +44,11 @@ use crate::database::{
 };
 use crate::BACKEND;
 
-// The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
-// after `READ_BOOT`; times are monotonic nanoseconds.
+mod queue;
+mod term;
 
-/// Reads a role's term: `holder, token, expires_at, session_id` for role `?1`, where
-/// `expires_at` is the session's for a term held under one.
-const READ_LEASE: &str =
-    "SELECT holder, token, expires_at, session_id FROM tenure_terms WHERE role = ?1";
-/// Creates the first term of role `?1` for owner `?2`, token 1, expiring at `?3`, under
-/// session `?4` (NULL for a plain lease), advertising `?5` (NULL for none).
-const INSERT_LEASE: &str =
-    "INSERT INTO tenure_leases (role, holder, token, expires_at, session_id, value, value_token) \
-     VALUES (?1, ?2, 1, ?3, ?4, ?5, 1)";
-/// Renews role `?1`'s live plain term to expire at `?2`.
-const RENEW_LEASE: &str = "UPDATE tenure_leases SET expires_at = ?2 WHERE role = ?1";
-/// Renews role `?1`'s live term held under a session as a plain lease expiring at `?2`.
-const DETACH_LEASE: &str =
-    "UPDATE tenure_leases SET expires_at = ?2, session_id = NULL WHERE role = ?1";
-/// Starts a new term of role `?1`: owner `?2`, token `?3`, expiring at `?4`, under
-/// session `?5` (NULL for a plain lease), advertising `?6` (NULL for none).
-const TAKE_OVER_LEASE: &str = "UPDATE tenure_leases \
-     SET holder = ?2, token = ?3, expires_at = ?4, session_id = ?5, value = ?6, value_token = ?3 \
-     WHERE role = ?1";
-/// Ends role `?1`'s term at store time `?2`, keeping the token and dropping the value.
-const RELEASE_LEASE: &str = "UPDATE tenure_leases \
-     SET holder = NULL, expires_at = ?2, session_id = NULL, value = NULL WHERE role = ?1";
+use term::{end_term, write_lease_with_value, write_term, Claim, LeaseRow, Successor};
+pub use term::{release_lease, write_lease, LeaseWrite};
 
 /// Forgets the sessions that ended before store time `?1` (their terms read as ended
 /// through their own `expires_at`, see the schema).
@@ -83,239 +72,19 @@ const RELEASE_SESSION_ROLES: &str = "UPDATE tenure_leases \
 /// Reads role `?1`'s latest token, for [`LeaseStore::wait_for_term`].
 const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 
-/// The term of one role.
-struct LeaseRow {
-    holder: Option<String>,
-    token: i64,
-    /// Its end: its own, or its session's.
-    expires_at: i64,
-    session_id: Option<i64>,
-}
-
-impl LeaseRow {
-    fn is_live_term(&self, token: i64, now: i64) -> bool {
-        self.holder.is_some() && self.token == token && now < self.expires_at
-    }
-}
-
-async fn read_row(conn: &mut SqliteConnection, role: &str) -> Result<Option<LeaseRow>> {
-    let row = sqlx::query(READ_LEASE)
-        .bind(role)
-        .fetch_optional(conn)
-        .await
-        .map_err(store_error("cannot read the lease"))?;
-    row.map(|row| {
-        Ok(LeaseRow {
-            holder: column(&row, 0)?,
-            token: column(&row, 1)?,
-            expires_at: column(&row, 2)?,
-            session_id: column(&row, 3)?,
-        })
-    })
-    .transpose()
-}
-
-/// Who takes a term in [`write_term`], and what a live term of its own means to it.
-#[derive(Clone, Copy, Debug)]
-enum Claim<'a> {
-    /// `try_acquire_or_renew`: `owner`'s own live term is renewed, as a plain lease
-    /// ending at `expires_at` and keeping its value; a new term advertises `value`.
-    Lease {
-        owner: &'a str,
-        expires_at: i64,
-        value: Option<&'a str>,
-    },
-    /// `acquire_in_session`: a live term under `session` is kept as it is; a new term
-    /// is `owner`'s under `session`, ending at `expires_at` (the session's), with no
-    /// value.
-    Session {
-        session: i64,
-        owner: &'a str,
-        expires_at: i64,
-    },
-}
-
-impl Claim<'_> {
-    fn holds(&self, row: &LeaseRow) -> bool {
-        match *self {
-            Claim::Lease { owner, .. } => row.holder.as_deref() == Some(owner),
-            Claim::Session { session, .. } => {
-                row.holder.is_some() && row.session_id == Some(session)
-            }
-        }
-    }
-}
-
-/// What [`write_lease`] found and did.
-#[derive(Debug)]
-pub enum LeaseWrite {
-    /// `owner` holds term `token` now: a `new_term`, or its live term renewed (kept, under a session).
-    Written {
-        /// The term's token.
-        token: i64,
-        /// Whether the term is new (first, or taken over), not renewed.
-        new_term: bool,
-    },
-    /// Another owner's live term; nothing was written.
-    Refused {
-        /// The live holder.
-        holder: String,
-        /// Its term's token.
-        token: i64,
-        /// When its term ends, in store time.
-        expires_at: i64,
-    },
-}
-
-/// The lease step of `try_acquire_or_renew` inside an open `BEGIN IMMEDIATE`
-/// transaction at store time `now`: reads the role's row, decides, writes the term
-/// ending at `expires_at`, advertising no value. The caller commits.
-pub async fn write_lease(
-    conn: &mut SqliteConnection,
-    role: &str,
-    owner: &str,
-    now: i64,
-    expires_at: i64,
-) -> Result<LeaseWrite> {
-    write_lease_with_value(conn, role, owner, now, expires_at, None).await
-}
-
-/// [`write_lease`] whose new term advertises `value` (already validated); a renewal
-/// keeps the value its term began with.
-pub(crate) async fn write_lease_with_value(
-    conn: &mut SqliteConnection,
-    role: &str,
-    owner: &str,
-    now: i64,
-    expires_at: i64,
-    value: Option<&str>,
-) -> Result<LeaseWrite> {
-    let claim = Claim::Lease {
-        owner,
-        expires_at,
-        value,
-    };
-    write_term(conn, role, now, claim).await
-}
-
-/// The one decision of both acquire paths (see [`write_lease`]): reads the role's term,
-/// keeps or renews the claimant's own live one, refuses another live one, or starts a
-/// new term.
-async fn write_term(
-    conn: &mut SqliteConnection,
-    role: &str,
-    now: i64,
-    claim: Claim<'_>,
-) -> Result<LeaseWrite> {
-    let (owner, expires_at, session, value) = match claim {
-        Claim::Lease {
-            owner,
-            expires_at,
-            value,
-        } => (owner, expires_at, None, value),
-        Claim::Session {
-            session,
-            owner,
-            expires_at,
-        } => (owner, expires_at, Some(session), None),
-    };
-    let (token, new_term) = match read_row(conn, role).await? {
-        None => {
-            sqlx::query(INSERT_LEASE)
-                .bind(role)
-                .bind(owner)
-                .bind(expires_at)
-                .bind(session)
-                .bind(value)
-                .execute(conn)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
-            (1, true)
-        }
-        Some(row) if now < row.expires_at && claim.holds(&row) => {
-            if let Claim::Lease { .. } = claim {
-                // The holder renews on its own from here: a session's term becomes a
-                // plain lease, same token.
-                let renew = match row.session_id {
-                    None => RENEW_LEASE,
-                    Some(_) => DETACH_LEASE,
-                };
-                sqlx::query(renew)
-                    .bind(role)
-                    .bind(expires_at)
-                    .execute(conn)
-                    .await
-                    .map_err(store_error("cannot renew the lease"))?;
-            }
-            (row.token, false)
-        }
-        Some(LeaseRow {
-            holder: Some(holder),
-            token,
-            expires_at: held_until,
-            ..
-        }) if now < held_until => {
-            return Ok(LeaseWrite::Refused {
-                holder,
-                token,
-                expires_at: held_until,
-            })
-        }
-        Some(row) => {
-            let next = row.token.checked_add(1).ok_or_else(|| {
-                Error::store_msg(
-                    BACKEND,
-                    format!("the token counter of role {role:?} is exhausted"),
-                )
-            })?;
-            sqlx::query(TAKE_OVER_LEASE)
-                .bind(role)
-                .bind(owner)
-                .bind(next)
-                .bind(expires_at)
-                .bind(session)
-                .bind(value)
-                .execute(conn)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
-            (next, true)
-        }
-    };
-    Ok(LeaseWrite::Written { token, new_term })
-}
-
-/// The step of `release` inside an open `BEGIN IMMEDIATE` transaction at store time
-/// `now`: ends `owner`'s live term `token` on `role`, keeping the token. Whether it did;
-/// the caller commits.
-pub async fn release_lease(
-    conn: &mut SqliteConnection,
-    role: &str,
-    owner: &str,
-    token: i64,
-    now: i64,
-) -> Result<bool> {
-    match read_row(conn, role).await? {
-        Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => {
-            sqlx::query(RELEASE_LEASE)
-                .bind(role)
-                .bind(now)
-                .execute(conn)
-                .await
-                .map_err(store_error("cannot release the lease"))?;
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
-}
-
 /// Durable, fenced leases in a SQLite file, shared by every process on the host that
 /// opens the same file.
 ///
 /// Store time is the host's monotonic clock under its boot id (see [`SqliteDatabase`]).
-/// [`wait_for_change`](LeaseStore::wait_for_change) and
+/// [`wait_for_change`](LeaseStore::wait_for_change),
+/// [`wait_for_successor`](LeaseStore::wait_for_successor) and
 /// [`wait_for_term`](LeaseStore::wait_for_term) wake at once for a release or new term
 /// written through the same [`SqliteDatabase`], and within the polling interval (10 ms
-/// by default) for one written by another process.
+/// by default) for one written by another process; they only read.
+///
+/// Contenders that queue ([`try_acquire_or_queue`](LeaseStore::try_acquire_or_queue))
+/// wait in `tenure_candidates`, and a release hands the role to the oldest live one in
+/// its own transaction (see the module docs).
 ///
 /// Sessions are durable rows too, with ids that are never handed out twice. Keeping one
 /// alive writes its row alone, whatever the number of roles held under it; closing one
@@ -456,8 +225,85 @@ impl SqliteLeaseStore {
         }
     }
 
+    /// Acquire-or-renew in one transaction, queueing the caller as a candidate until
+    /// `now + ttl` when `queue` is set and another owner holds the live term.
+    async fn acquire(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+        queue: bool,
+    ) -> Result<LeaseResult> {
+        // Bad input is refused before the store is touched.
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
+        validate_value("value", value)?;
+        let ttl_nanos = ttl_nanos(ttl)?;
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let store_now = self.db.write_now(&mut tx).await?;
+        // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
+        let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
+        let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
+        let now = store_now.mono;
+        let write = write_lease_with_value(&mut tx, role, owner, now, expires_at, value).await?;
+        if queue && matches!(write, LeaseWrite::Refused { .. }) {
+            queue::enqueue(&mut tx, role, owner, expires_at, value, now).await?;
+        }
+        self.answer(tx, role, owner, write, &store_now, expires_time)
+            .await
+    }
+
+    /// Ends the live term `(role, owner, token)` in one transaction, handing the role as
+    /// `successor` says (see `term::end_term`); waiters in this process are woken.
+    async fn end_term(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Successor<'_>,
+    ) -> Result<bool> {
+        let Ok(token) = token_to_db(token) else {
+            // No such token was ever handed out, so it is not the live term.
+            return Ok(false);
+        };
+        let (_writer, mut tx) = self.db.begin_write().await?;
+        let now = self.db.write_now(&mut tx).await?.mono;
+        let ended = end_term(&mut tx, role, owner, token, now, successor).await?;
+        commit(tx, "cannot commit the release").await?;
+        if ended {
+            self.db.signal_change(role);
+        }
+        Ok(ended)
+    }
+
     /// Whether `(role, observed)` is still the live term, on store time.
     async fn is_live_term(&self, role: &str, observed: i64) -> Result<bool> {
+        let Some((current, now)) = self.read_term(role).await? else {
+            return Ok(false);
+        };
+        Ok(current.is_live_term(observed, now))
+    }
+
+    /// What replaced the term `observed` of `role`, from one read of its row: `None`
+    /// while it is the live term. (`observed` is `None` for a token never handed out.)
+    async fn succession(&self, role: &str, observed: Option<i64>) -> Result<Option<TermChange>> {
+        let Some((current, now)) = self.read_term(role).await? else {
+            return Ok(Some(TermChange::Ended));
+        };
+        let live = now < current.expires_at;
+        Ok(match current.holder {
+            Some(_) if live && Some(current.token) == observed => None,
+            Some(holder) if live => Some(TermChange::Began {
+                holder,
+                fencing_token: token_from_db(current.token)?,
+            }),
+            _ => Some(TermChange::Ended),
+        })
+    }
+
+    /// The term of `role` and store time, from one read; a term written under another
+    /// boot reads as ended (its time means nothing now). `None` when the role has no row.
+    async fn read_term(&self, role: &str) -> Result<Option<(LeaseRow, i64)>> {
         let now = self.db.read_now()?;
         let row = sqlx::query(
             "SELECT holder, token, expires_at, \
@@ -470,16 +316,20 @@ impl SqliteLeaseStore {
         .await
         .map_err(store_error("cannot read the lease"))?;
         let Some(row) = row else {
-            return Ok(false);
+            return Ok(None);
         };
+        let this_boot: bool = column(&row, 3)?;
         let current = LeaseRow {
             holder: column(&row, 0)?,
             token: column(&row, 1)?,
-            expires_at: column(&row, 2)?,
+            expires_at: if this_boot {
+                column(&row, 2)?
+            } else {
+                now.mono
+            },
             session_id: None,
         };
-        let this_boot: bool = column(&row, 3)?;
-        Ok(this_boot && current.is_live_term(observed, now.mono))
+        Ok(Some((current, now.mono)))
     }
 
     /// Whether `role` has no term with a token above `after` yet. Tokens survive a new
@@ -539,35 +389,47 @@ impl LeaseStore for SqliteLeaseStore {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        // Bad input is refused before the store is touched.
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
-        validate_value("value", value)?;
-        let ttl_nanos = ttl_nanos(ttl)?;
+        self.acquire(role, owner, ttl, value, false).await
+    }
+
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.acquire(role, owner, ttl, value, true).await
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        validate_release(role, owner)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
-        let store_now = self.db.write_now(&mut tx).await?;
-        // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
-        let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
-        let expires_at = ends_at(store_now.mono, ttl_nanos, ttl)?;
-        let write =
-            write_lease_with_value(&mut tx, role, owner, store_now.mono, expires_at, value).await?;
-        self.answer(tx, role, owner, write, &store_now, expires_time)
-            .await
+        let now = self.db.write_now(&mut tx).await?.mono;
+        let withdrawn = queue::withdraw(&mut tx, role, owner, now).await?;
+        commit(tx, "cannot commit the withdrawal").await?;
+        Ok(withdrawn)
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
         validate_release(role, owner)?;
-        let Ok(token) = token_to_db(token) else {
-            // No such token was ever handed out, so it is not the live term.
-            return Ok(false);
-        };
-        let (_writer, mut tx) = self.db.begin_write().await?;
-        let now = self.db.write_now(&mut tx).await?.mono;
-        let released = release_lease(&mut tx, role, owner, token, now).await?;
-        commit(tx, "cannot commit the release").await?;
-        if released {
-            self.db.signal_change(role);
+        self.end_term(role, owner, token, Successor::OldestOrFree)
+            .await
+    }
+
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        validate_release(role, owner)?;
+        if let Some(successor) = successor {
+            validate_name("successor", successor)?;
         }
-        Ok(released)
+        self.end_term(role, owner, token, Successor::Candidate(successor))
+            .await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -591,6 +453,25 @@ impl LeaseStore for SqliteLeaseStore {
         self.db
             .wait_polling(role, poll, deadline, || self.is_live_term(role, observed))
             .await;
+    }
+
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: Instant,
+    ) -> TermChange {
+        if validate_name("role", role).is_err() {
+            tokio::time::sleep_until(deadline).await;
+            return TermChange::Unknown;
+        }
+        // A token above `i64::MAX` was never handed out: any live term is another.
+        let observed = token_to_db(observed).ok();
+        let poll = self.db.poll_interval();
+        self.db
+            .wait_polling_for(role, poll, deadline, || self.succession(role, observed))
+            .await
+            .unwrap_or(TermChange::Unknown)
     }
 
     async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {

@@ -1,0 +1,450 @@
+//! Opening a file an older tenure wrote: each schema version is migrated in place,
+//! keeping every token, live term and fence.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tenure::LeaseStore;
+use tenure_sqlite::SqliteDatabase;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The schema version this build writes.
+const CURRENT: i64 = 5;
+
+/// The tables schemas 1 and 2 share, as those versions of tenure created them.
+macro_rules! old_tables {
+    () => {
+        "
+CREATE TABLE tenure_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+CREATE TABLE tenure_leases (role TEXT PRIMARY KEY NOT NULL, holder TEXT,
+    token INTEGER NOT NULL CHECK (token >= 1), expires_at INTEGER NOT NULL);
+CREATE TABLE tenure_nodes (node_id TEXT PRIMARY KEY NOT NULL, last_heartbeat INTEGER NOT NULL,
+    first_seen INTEGER NOT NULL, metadata TEXT NOT NULL);
+CREATE INDEX tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
+CREATE TABLE tenure_fences (resource TEXT PRIMARY KEY NOT NULL, highest INTEGER NOT NULL);
+"
+    };
+}
+
+/// Schema 1: wall-clock nanoseconds and a high-water mark.
+const SCHEMA_1: &str = concat!(
+    old_tables!(),
+    "CREATE TABLE tenure_clock (id INTEGER PRIMARY KEY CHECK (id = 0), high_water INTEGER NOT NULL);
+INSERT INTO tenure_meta VALUES ('schema_version', 1);"
+);
+
+/// Schema 2: monotonic nanoseconds under a boot id, no sessions.
+const SCHEMA_2: &str = concat!(
+    old_tables!(),
+    "CREATE TABLE tenure_boot (id INTEGER PRIMARY KEY CHECK (id = 0), boot_id TEXT NOT NULL);
+INSERT INTO tenure_meta VALUES ('schema_version', 2);"
+);
+
+/// A file at `path` with the tables of `schema` and the lease rows
+/// `(role, holder, token, expires_at)`, as an older tenure left it; more rows go
+/// through the returned pool, which the caller closes.
+async fn old_file(
+    path: &Path,
+    schema: &str,
+    leases: &[(&str, Option<&str>, i64, i64)],
+) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    for statement in schema.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    for (role, holder, token, expires) in leases {
+        sqlx::query(
+            "INSERT INTO tenure_leases (role, holder, token, expires_at) VALUES (?1, ?2, ?3, ?4)",
+        )
+        .bind(role)
+        .bind(holder)
+        .bind(token)
+        .bind(expires)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool
+}
+
+async fn schema_version(db: &SqliteDatabase) -> i64 {
+    sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+/// Setup: a schema-1 file at wall time t0 whose high-water mark is t0 + 2 s (its store
+/// time then), with a live lease (token 7, expiring t0 + 7 s), an expired one (token 3),
+/// a released one (token 9), a live and a lapsed node, and a fence. Opening it migrates
+/// it in place: every token and fence is kept, the live lease keeps exactly the 5 s it
+/// had left on the old store time, the others are free with the next token, and the
+/// old clock table is gone (so an old tenure still running fails instead of writing
+/// wall-clock times).
+#[tokio::test]
+async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
+    use std::time::SystemTime;
+    use tenure::NodeRegistry;
+    use tenure_sqlite::{ManualHostClock, SqliteOptions};
+
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let at = |secs: i64| 1_800_000_000_000_000_000_i64 + secs * 1_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let leases = [
+            ("live", Some("old-a"), 7, at(7)),
+            ("expired", Some("old-b"), 3, at(1)),
+            ("released", None, 9, at(-5)),
+        ];
+        let pool = old_file(&path, SCHEMA_1, &leases).await;
+        sqlx::query("INSERT INTO tenure_clock VALUES (0, ?1)")
+            .bind(at(2))
+            .execute(&pool)
+            .await
+            .unwrap();
+        for (node, last) in [("fresh", at(1)), ("lapsed", at(-20))] {
+            sqlx::query("INSERT INTO tenure_nodes VALUES (?1, ?2, ?2, '{}')")
+                .bind(node)
+                .bind(last)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query("INSERT INTO tenure_fences VALUES ('ledger', 7)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+
+    let clock = ManualHostClock::new(t0);
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
+    assert_eq!(live.remaining(), Duration::from_secs(5));
+    let registry = db.node_registry(Duration::from_secs(10)).unwrap();
+    assert_eq!(registry.live_nodes().await.unwrap(), ["fresh"]);
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name = 'tenure_clock'")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert!(tables.is_empty(), "the schema-1 clock table must be gone");
+    assert_eq!(schema_version(&db).await, CURRENT);
+    assert_eq!(
+        db.fence().highest("ledger").await.unwrap(),
+        Some(tenure::FencingToken::from(7))
+    );
+
+    for (role, next) in [("expired", 4), ("released", 10)] {
+        let lease = store.try_acquire_or_renew(role, "new", TTL).await.unwrap();
+        assert!(lease.acquired, "{role}: {lease:?}");
+        assert_eq!(lease.fencing_token.get(), next, "{role}");
+    }
+    let refused = store
+        .try_acquire_or_renew("live", "new", TTL)
+        .await
+        .unwrap();
+    assert!(!refused.acquired, "{refused:?}");
+    clock.advance(Duration::from_secs(5));
+    let taken = store
+        .try_acquire_or_renew("live", "new", TTL)
+        .await
+        .unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    assert_eq!(taken.fencing_token.get(), 8);
+    // A second open finds the file current and changes nothing.
+    let again = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(
+        again
+            .lease_store()
+            .get("live")
+            .await
+            .unwrap()
+            .unwrap()
+            .fencing_token
+            .get(),
+        8
+    );
+}
+
+/// A file with the tables of `schema` (2 or later: monotonic time) under the boot of
+/// the returned clock, 100 s after it began, with a live lease (`live`, token 7, 5 s
+/// left) and a released one (`released`, token 9).
+async fn monotonic_file(
+    schema: &str,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    tenure_sqlite::ManualHostClock,
+) {
+    use std::time::SystemTime;
+    use tenure_sqlite::{HostClock, ManualHostClock};
+
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clock = ManualHostClock::new(start);
+    clock.advance(Duration::from_secs(100));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let second = 1_000_000_000_i64;
+    let leases = [
+        ("live", Some("old-a"), 7, 105 * second),
+        ("released", None, 9, 90 * second),
+    ];
+    let pool = old_file(&path, schema, &leases).await;
+    sqlx::query("INSERT INTO tenure_boot VALUES (0, ?1)")
+        .bind(clock.now().unwrap().boot_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    (dir, path, clock)
+}
+
+/// Setup: a schema-2 file under the clock's boot with a live lease (token 7, 5 s left)
+/// and a released one (token 9). Opening it migrates it in place to the current schema: the live
+/// lease keeps its holder and time, the released one is free with the next token, and
+/// sessions work on the migrated file.
+#[tokio::test]
+async fn schema_2_file_gains_sessions_keeping_every_lease() {
+    use tenure_sqlite::SqliteOptions;
+
+    let (_dir, path, clock) = monotonic_file(SCHEMA_2).await;
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
+    assert_eq!(live.remaining(), Duration::from_secs(5));
+
+    let session = store.open_session("node-b", TTL).await.unwrap();
+    let refused = store.acquire_in_session("live", session.id).await.unwrap();
+    assert!(
+        !refused.acquired && refused.holder == "old-a",
+        "{refused:?}"
+    );
+    let taken = store
+        .acquire_in_session("released", session.id)
+        .await
+        .unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    assert_eq!(taken.fencing_token.get(), 10);
+    clock.advance(Duration::from_secs(5));
+    let after = store.acquire_in_session("live", session.id).await.unwrap();
+    assert!(after.acquired, "{after:?}");
+    assert_eq!(after.fencing_token.get(), 8);
+}
+
+/// Schema 3: sessions, no advertised values; its view reads no `value`. (Its trigger
+/// is left out: it has a `;` inside, and the migration creates it if missing.)
+const SCHEMA_3: &str = "
+CREATE TABLE tenure_meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+CREATE TABLE tenure_boot (id INTEGER PRIMARY KEY CHECK (id = 0), boot_id TEXT NOT NULL);
+CREATE TABLE tenure_leases (role TEXT PRIMARY KEY NOT NULL, holder TEXT,
+    token INTEGER NOT NULL CHECK (token >= 1), expires_at INTEGER NOT NULL, session_id INTEGER);
+CREATE TABLE tenure_sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
+    expires_at INTEGER NOT NULL);
+CREATE TABLE tenure_nodes (node_id TEXT PRIMARY KEY NOT NULL, last_heartbeat INTEGER NOT NULL,
+    first_seen INTEGER NOT NULL, metadata TEXT NOT NULL);
+CREATE INDEX tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
+CREATE TABLE tenure_fences (resource TEXT PRIMARY KEY NOT NULL, highest INTEGER NOT NULL);
+CREATE INDEX tenure_leases_session ON tenure_leases (session_id) WHERE session_id IS NOT NULL;
+CREATE VIEW tenure_terms AS
+    SELECT l.role, l.holder, l.token, coalesce(s.expires_at, l.expires_at) AS expires_at,
+           l.session_id
+    FROM tenure_leases l LEFT JOIN tenure_sessions s ON s.id = l.session_id;
+INSERT INTO tenure_meta VALUES ('schema_version', 3);
+";
+
+/// Setup: a schema-3 file under the clock's boot with a live lease (token 7, 5 s left)
+/// and a released one (token 9). Opening it migrates it in place to the current schema: the live
+/// lease keeps its holder and time and shows no value, the released one is taken with
+/// the next token and a value every reader then sees, and a second open changes
+/// nothing.
+#[tokio::test]
+async fn schema_3_file_gains_values_keeping_every_lease() {
+    use tenure_sqlite::SqliteOptions;
+
+    let (_dir, path, clock) = monotonic_file(SCHEMA_3).await;
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(&path, options.clone())
+        .await
+        .unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
+    assert_eq!(live.fencing_token.get(), 7);
+    assert_eq!(live.remaining(), Duration::from_secs(5));
+    assert_eq!(live.value, None);
+
+    let url = "http://10.0.0.9:8080";
+    let taken = store
+        .try_acquire_or_renew_with_value("released", "node-b", TTL, Some(url))
+        .await
+        .unwrap();
+    assert!(taken.acquired, "{taken:?}");
+    assert_eq!(taken.fencing_token.get(), 10);
+    let renewed = store
+        .try_acquire_or_renew_with_value("live", "old-a", TTL, Some(url))
+        .await
+        .unwrap();
+    assert!(renewed.acquired && renewed.fencing_token.get() == 7);
+    assert_eq!(
+        store.get("live").await.unwrap().unwrap().value,
+        None,
+        "a renewal of a migrated term does not give it a value"
+    );
+
+    let again = SqliteDatabase::open_with(&path, options).await.unwrap();
+    assert_eq!(schema_version(&again).await, CURRENT);
+    let listed = again.lease_store().list().await.unwrap();
+    let values: Vec<_> = listed
+        .iter()
+        .map(|info| (info.role.as_str(), info.value.as_deref()))
+        .collect();
+    assert_eq!(values, [("live", None), ("released", Some(url))]);
+}
+
+/// A schema-3 tenure still running on a migrated file starts terms and releases with
+/// its own statements, which know no values: the value of the term before is never
+/// shown for the term it starts, nor for a role it released.
+#[tokio::test]
+async fn a_schema_3_term_never_shows_its_predecessors_value() {
+    use tenure_sqlite::{ManualHostClock, SqliteOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let start = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clock = ManualHostClock::new(start);
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let db = SqliteDatabase::open_with(dir.path().join("mixed.db"), options)
+        .await
+        .unwrap();
+    let store = db.lease_store();
+    let url = "http://10.0.0.7:8080";
+    for role in ["taken", "released"] {
+        let lease = store
+            .try_acquire_or_renew_with_value(role, "node-a", TTL, Some(url))
+            .await
+            .unwrap();
+        assert!(lease.acquired);
+    }
+    clock.advance(TTL + Duration::from_secs(1));
+    // The takeover and release statements of schema 3.
+    sqlx::query(
+        "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4, session_id = NULL          WHERE role = ?1",
+    )
+    .bind("taken")
+    .bind("old-b")
+    .bind(2_i64)
+    .bind(i64::MAX)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let info = store.get("taken").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("old-b"), "{info:?}");
+    assert_eq!(info.value, None, "{info:?}");
+
+    let lease = store
+        .try_acquire_or_renew_with_value("released", "node-a", TTL, Some(url))
+        .await
+        .unwrap();
+    assert!(lease.acquired && lease.fencing_token.get() == 2);
+    sqlx::query(
+        "UPDATE tenure_leases SET holder = NULL, expires_at = 0, session_id = NULL          WHERE role = ?1",
+    )
+    .bind("released")
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let info = store.get("released").await.unwrap().unwrap();
+    assert_eq!(info.value, None, "{info:?}");
+}
+
+/// Setup: a schema-4 file (everything but the queue) under the clock's boot, with a
+/// live term (node-a) and a released role. Opening it migrates it in place to schema 5:
+/// the term goes on with its token, a contender queues behind it and is handed the role
+/// by its release, the released role is taken with the next token, and a second open
+/// changes nothing.
+#[tokio::test]
+async fn schema_4_file_gains_the_queue_keeping_every_lease() {
+    use tenure_sqlite::{ManualHostClock, SqliteOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.db");
+    let start = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let clock = ManualHostClock::new(start);
+    let options = SqliteOptions::new().with_clock(clock.clone());
+    let a = {
+        let db = SqliteDatabase::open_with(&path, options.clone())
+            .await
+            .unwrap();
+        let store = db.lease_store();
+        let released = store
+            .try_acquire_or_renew("released", "node-a", TTL)
+            .await
+            .unwrap();
+        assert!(store
+            .release("released", "node-a", released.fencing_token)
+            .await
+            .unwrap());
+        let a = store
+            .try_acquire_or_renew("live", "node-a", TTL)
+            .await
+            .unwrap();
+        // Schema 4 is exactly this schema without the queue.
+        sqlx::query("DROP TABLE tenure_candidates")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        sqlx::query("UPDATE tenure_meta SET value = 4 WHERE key = 'schema_version'")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        db.pool().close().await;
+        a
+    };
+
+    let db = SqliteDatabase::open_with(&path, options.clone())
+        .await
+        .unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let live = store.get("live").await.unwrap().unwrap();
+    assert_eq!(live.live_holder(), Some("node-a"), "{live:?}");
+    assert_eq!(live.fencing_token, a.fencing_token);
+    let b = store
+        .try_acquire_or_queue("live", "node-b", TTL, Some("b:1"))
+        .await
+        .unwrap();
+    assert!(!b.acquired, "{b:?}");
+    assert!(store
+        .release("live", "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let handed = store.get("live").await.unwrap().unwrap();
+    assert_eq!(handed.live_holder(), Some("node-b"), "{handed:?}");
+    assert_eq!(handed.fencing_token.get(), a.fencing_token.get() + 1);
+    assert_eq!(handed.value.as_deref(), Some("b:1"));
+    let taken = store
+        .try_acquire_or_renew("released", "node-c", TTL)
+        .await
+        .unwrap();
+    assert!(
+        taken.acquired && taken.fencing_token.get() == 2,
+        "{taken:?}"
+    );
+
+    let again = SqliteDatabase::open_with(&path, options).await.unwrap();
+    assert_eq!(schema_version(&again).await, CURRENT);
+    let info = again.lease_store().get("live").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-b"));
+}

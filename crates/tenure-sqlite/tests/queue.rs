@@ -1,0 +1,231 @@
+//! The queue of candidates in a SQLite file, beyond the shared scenarios: waiters in
+//! other processes poll the file and learn the successor from the row without writing
+//! anything, lapsed candidacies are swept, a term begun in a session ends its owner's
+//! candidacy, and a new boot forgets every candidacy (their times belong to the past
+//! boot).
+//!
+//! Two opens of one file stand for two processes on the host; store time comes from a
+//! [`ManualHostClock`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sqlx::Connection;
+use tenure::{FencingToken, LeaseStore, TermChange};
+use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatabase {
+    let options = SqliteOptions::new()
+        .with_clock(clock.clone())
+        .poll_interval(Duration::from_millis(5));
+    SqliteDatabase::open_with(path, options).await.unwrap()
+}
+
+async fn candidates(db: &SqliteDatabase, role: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT owner FROM tenure_candidates WHERE role = ?1 ORDER BY seq")
+        .bind(role)
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
+/// `PRAGMA data_version` on a connection of its own: it changes whenever another
+/// connection commits a write to the file.
+struct WriteWatch(sqlx::SqliteConnection);
+
+impl WriteWatch {
+    async fn open(path: &std::path::Path) -> WriteWatch {
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+        WriteWatch(
+            sqlx::SqliteConnection::connect_with(&options)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn version(&mut self) -> i64 {
+        sqlx::query_scalar("PRAGMA data_version")
+            .fetch_one(&mut self.0)
+            .await
+            .unwrap()
+    }
+}
+
+/// Ten contenders, each in a "process" of its own, queue behind node-a and wait for a
+/// successor by polling: while they wait nobody writes the file, a release hands the
+/// role to the first of them, which learns it from the row and renews, and every other
+/// one learns who leads from the row it read and goes on waiting without writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_waiters_write_nothing_and_learn_the_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queue.db");
+    let clock = ManualHostClock::new(t0());
+    let holder = open_at(&path, &clock).await.lease_store();
+    let a = holder
+        .try_acquire_or_queue("r", "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    let mut waiting = Vec::new();
+    for n in 1..=10 {
+        let store = Arc::new(open_at(&path, &clock).await.lease_store());
+        let me = format!("node-{n}");
+        let queued = store
+            .try_acquire_or_queue("r", &me, TTL, None)
+            .await
+            .unwrap();
+        assert!(!queued.acquired);
+        waiting.push(tokio::spawn(async move {
+            let change = store
+                .wait_for_successor("r", queued.fencing_token, Instant::now() + TTL)
+                .await;
+            if let TermChange::Began { holder, .. } = &change {
+                if *holder == me {
+                    let renewed = store
+                        .try_acquire_or_queue("r", &me, TTL, None)
+                        .await
+                        .unwrap();
+                    assert!(renewed.acquired, "{renewed:?}");
+                }
+            }
+            (change, Instant::now())
+        }));
+    }
+    let mut watch = WriteWatch::open(&path).await;
+    let before = watch.version().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(watch.version().await, before, "polling waiters wrote");
+
+    let released = Instant::now();
+    assert!(holder
+        .release("r", "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let next = FencingToken::from(a.fencing_token.get() + 1);
+    let mut learned = Vec::new();
+    for task in waiting {
+        let (change, at) = task.await.unwrap();
+        assert_eq!(
+            change,
+            TermChange::Began {
+                holder: "node-1".to_owned(),
+                fencing_token: next
+            }
+        );
+        learned.push(at - released);
+    }
+    learned.sort();
+    println!(
+        "release -> every waiter learned the successor: median {:?}, last {:?}",
+        learned[learned.len() / 2],
+        learned[learned.len() - 1]
+    );
+    let info = holder.get("r").await.unwrap().unwrap();
+    assert_eq!(
+        (info.live_holder(), info.fencing_token),
+        (Some("node-1"), next)
+    );
+    assert_eq!(candidates(holder.database(), "r").await.len(), 9);
+}
+
+/// Candidacies that lapsed are swept when a contender joins and when a term is handed
+/// over; a refresh sweeps nothing and a live candidacy is never swept. A term begun in
+/// a session ends its owner's candidacy, as any acquire does.
+#[tokio::test]
+async fn lapsed_candidacies_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualHostClock::new(t0());
+    let db = open_at(&dir.path().join("sweep.db"), &clock).await;
+    let store = SqliteLeaseStore::new(&db);
+    let short = Duration::from_secs(2);
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c"] {
+        store
+            .try_acquire_or_queue("r", owner, short, None)
+            .await
+            .unwrap();
+    }
+    store
+        .try_acquire_or_queue("r", "node-d", TTL, None)
+        .await
+        .unwrap();
+    clock.advance(short);
+    store
+        .try_acquire_or_queue("r", "node-d", TTL, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        candidates(&db, "r").await,
+        ["node-b", "node-c", "node-d"],
+        "a refresh sweeps nothing"
+    );
+    store
+        .try_acquire_or_queue("r", "node-e", TTL, None)
+        .await
+        .unwrap();
+    assert_eq!(candidates(&db, "r").await, ["node-d", "node-e"]);
+
+    store
+        .try_acquire_or_queue("r", "node-f", short, None)
+        .await
+        .unwrap();
+    clock.advance(short);
+    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert_eq!(
+        store.get("r").await.unwrap().unwrap().live_holder(),
+        Some("node-d")
+    );
+    assert_eq!(candidates(&db, "r").await, ["node-e"]);
+
+    // node-d's term lapses (node-e refreshed for longer); node-e takes the role in a
+    // session, ending its candidacy.
+    store
+        .try_acquire_or_queue("r", "node-e", TTL * 4, None)
+        .await
+        .unwrap();
+    clock.advance(TTL);
+    let session = store.open_session("node-e", TTL).await.unwrap();
+    let e = store.acquire_in_session("r", session.id).await.unwrap();
+    assert!(e.acquired, "{e:?}");
+    assert!(candidates(&db, "r").await.is_empty());
+}
+
+/// A new boot forgets every candidacy (their expiries are times of the past boot): the
+/// release of a term begun after it frees the role rather than hand it to a contender
+/// that queued before the reboot.
+#[tokio::test]
+async fn a_new_boot_forgets_every_candidacy() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualHostClock::new(t0());
+    let db = open_at(&dir.path().join("boot.db"), &clock).await;
+    let store = SqliteLeaseStore::new(&db);
+    let a = store
+        .try_acquire_or_renew("r", "node-a", TTL)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    store
+        .try_acquire_or_queue("r", "node-b", TTL, None)
+        .await
+        .unwrap();
+    clock.reboot();
+    let c = store
+        .try_acquire_or_renew("r", "node-c", TTL)
+        .await
+        .unwrap();
+    assert!(c.acquired, "{c:?}");
+    assert!(candidates(&db, "r").await.is_empty());
+    assert!(store.release("r", "node-c", c.fencing_token).await.unwrap());
+    assert_eq!(store.get("r").await.unwrap().unwrap().live_holder(), None);
+    assert!(!store.withdraw("r", "node-b").await.unwrap());
+}
