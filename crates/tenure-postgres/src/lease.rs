@@ -125,6 +125,8 @@ struct Inner {
     /// Acquire-or-renew, queueing the caller with value `$5` (which may be NULL).
     queue_sql: String,
     withdraw_sql: String,
+    /// The owners of `$1`'s live candidacies, oldest first.
+    candidates_sql: String,
     release_sql: String,
     /// Hand over to the oldest live candidate, or change nothing.
     hand_over_sql: String,
@@ -174,6 +176,10 @@ impl PgLeaseStore {
                 acquire_value_sql,
                 queue_sql,
                 withdraw_sql: queue::withdraw_statement(&c),
+                candidates_sql: format!(
+                    "SELECT owner FROM {c} WHERE role = $1 \
+                     AND expires_at > statement_timestamp() ORDER BY seq"
+                ),
                 release_sql,
                 hand_over_sql,
                 hand_over_to_sql,
@@ -373,6 +379,16 @@ impl LeaseStore for PgLeaseStore {
             .fetch_optional("could not withdraw the candidacy", query)
             .await?;
         row.map_or(Ok(false), |row| decode(&row, "live"))
+    }
+
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        let rows = sqlx::query(&self.inner.candidates_sql)
+            .bind(role)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not list the candidates", e))?;
+        rows.iter().map(|row| decode(row, "owner")).collect()
     }
 
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {

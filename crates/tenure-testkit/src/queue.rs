@@ -51,11 +51,27 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
     assert!(a.acquired, "the first contender acquires: {a:?}");
     queue(&*store, "node-b", ttl, Some("http://b:80")).await;
     queue(&*store, "node-c", ttl, Some("http://c:80")).await;
+    assert_eq!(
+        store.candidates(ROLE).await.unwrap(),
+        ["node-b", "node-c"],
+        "candidates, oldest first"
+    );
+    assert_eq!(
+        fx.reopen().await.candidates(ROLE).await.unwrap(),
+        ["node-b", "node-c"],
+        "another instance lists them too"
+    );
+    assert!(store.candidates("elsewhere").await.unwrap().is_empty());
 
     assert!(store
         .release(ROLE, "node-a", a.fencing_token)
         .await
         .unwrap());
+    assert_eq!(
+        store.candidates(ROLE).await.unwrap(),
+        ["node-c"],
+        "the successor left the queue"
+    );
     let (b_holder, b_token) = holder(&*store, ROLE)
         .await
         .expect("the release handed the role to the oldest candidate");
@@ -384,6 +400,7 @@ pub async fn scenario_queue_bad_input(backend: &dyn LeaseBackend) {
             .await,
         "value",
     );
+    assert_invalid(store.candidates("").await, "role");
     assert_invalid(store.withdraw("", "node-a").await, "role");
     assert_invalid(store.withdraw(ROLE, "bad\0owner").await, "owner");
     let a = store

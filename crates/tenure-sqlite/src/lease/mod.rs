@@ -411,6 +411,22 @@ impl LeaseStore for SqliteLeaseStore {
         Ok(withdrawn)
     }
 
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        let now = self.db.read_now()?;
+        // Candidacies of another boot have no live time left on this one.
+        sqlx::query_scalar(
+            "SELECT owner FROM tenure_candidates WHERE role = ?1 AND expires_at > ?2 \
+             AND coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?3, 0) ORDER BY seq",
+        )
+        .bind(role)
+        .bind(now.mono)
+        .bind(&now.boot_id)
+        .fetch_all(self.db.pool())
+        .await
+        .map_err(store_error("cannot read the queue"))
+    }
+
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
         validate_release(role, owner)?;
         self.end_term(role, owner, token, Successor::OldestOrFree)
