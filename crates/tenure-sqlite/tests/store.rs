@@ -120,16 +120,13 @@ fn token(n: u64) -> FencingToken {
     FencingToken::from(n)
 }
 
-/// Writes `entry` to the ledger in a transaction fenced with `token`, and commits it.
-async fn commit_fenced(db: &SqliteDatabase, token: FencingToken, entry: &str) {
+/// Runs `statement` in a transaction fenced on the ledger with `token`, and commits it.
+async fn commit_fenced(db: &SqliteDatabase, token: FencingToken, statement: &str) {
     let mut tx = db.begin_immediate().await.unwrap();
     fence_in_transaction(&mut tx, "ledger", token)
         .await
         .unwrap();
-    sqlx::query(&format!("INSERT INTO ledger VALUES ('{entry}')"))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    sqlx::query(statement).execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -138,10 +135,10 @@ async fn commit_fenced(db: &SqliteDatabase, token: FencingToken, entry: &str) {
 #[tokio::test]
 async fn fenced_transaction_commits_only_under_a_current_token() {
     let (_dir, db) = ledger_db().await;
-    commit_fenced(&db, token(2), "fresh").await;
+    commit_fenced(&db, token(2), "INSERT INTO ledger VALUES ('fresh')").await;
 
     // The same term writes again: an equal token is admitted.
-    commit_fenced(&db, token(2), "fresh again").await;
+    commit_fenced(&db, token(2), "INSERT INTO ledger VALUES ('fresh again')").await;
 
     let mut stale = db.begin_immediate().await.unwrap();
     sqlx::query("INSERT INTO ledger VALUES ('stale')")
