@@ -34,6 +34,17 @@ pub const FAST: [&str; 8] = [
     "100ms",
 ];
 
+/// The timings of the shard-group tests' members: a 2 s TTL, for leases and membership,
+/// with a retry every 200 ms.
+pub const GROUP_FAST: [&str; 6] = [
+    "--ttl",
+    "2s",
+    "--retry-every",
+    "200ms",
+    "--member-ttl",
+    "2s",
+];
+
 /// The kubeconfig every `tenure` a test starts is given (`$KUBECONFIG`), once a test of
 /// the Kubernetes backend set it: set once, before the first such command, so the tests'
 /// own environment is never changed.
@@ -70,6 +81,33 @@ pub fn run_sh_with(store: &str, role: &str, flags: &[&str], script: &str) -> Com
     let mut command = tenure();
     command
         .args(["run", "--role", role, "--store", store])
+        .args(flags)
+        .args(["--", "sh", "-c", script]);
+    command
+}
+
+/// `tenure run --group GROUP --shards SHARDS --node-id NODE --store STORE FLAGS... -- sh -c
+/// SCRIPT`: one member of a shard group (no default timings).
+pub fn group_sh(
+    store: &str,
+    group: &str,
+    shards: &str,
+    node: &str,
+    flags: &[&str],
+    script: &str,
+) -> Command {
+    let mut command = tenure();
+    command
+        .args([
+            "run",
+            "--group",
+            group,
+            "--shards",
+            shards,
+            "--node-id",
+            node,
+        ])
+        .args(["--store", store])
         .args(flags)
         .args(["--", "sh", "-c", script]);
     command
@@ -120,6 +158,23 @@ pub fn read_pid(path: &Path, within: Duration) -> Pid {
     });
     assert!(found, "no pid in {} after {within:?}", path.display());
     Pid::from_raw(pid.unwrap())
+}
+
+/// Starts [`run_sh`] of a `script` that writes its own pid to `pid_file` once it runs, and
+/// waits up to `within` for it ([`read_pid`]). Returns tenure and the command's pid, whose
+/// process group is registered for cleanup.
+pub fn start_run_sh(
+    store: &str,
+    role: &str,
+    extra: &[&str],
+    script: &str,
+    pid_file: &Path,
+    within: Duration,
+) -> (Proc, Pid) {
+    let mut run = Proc::spawn(&mut run_sh(store, role, extra, script));
+    let command = read_pid(pid_file, within);
+    run.own_group(command);
+    (run, command)
 }
 
 /// The guard `tenure run` (pid `tenure`) forked: its child that runs tenure's own program
@@ -412,6 +467,47 @@ pub fn overlap_scenario(store: &str, log: &Path, workers: usize, rounds: usize) 
     assert_eq!(log.len(), 2 * workers * rounds, "{log:#?}");
     check_no_overlap(&log)
 }
+
+/// One `#[test]` per named function of [`scenarios`], each in a fresh [`tempdir`] on the
+/// store URL that `$store` makes from that directory and the test's name: every backend
+/// runs the same scenarios the same way, and only how it makes a store differs.
+// Every test crate compiles this module; only the backends' files expand these macros.
+#[allow(unused_macros)]
+macro_rules! store_scenarios {
+    ($store:expr; $($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let dir = $crate::common::tempdir();
+            let url: String = ($store)(dir.path(), stringify!($name));
+            $crate::common::scenarios::$name(&url, dir.path());
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use store_scenarios;
+
+/// The [`store_scenarios`] every backend runs, on the URLs `$store` makes; a backend's
+/// file adds those it alone runs (or runs in its own way).
+#[allow(unused_macros)]
+macro_rules! every_backend_scenarios {
+    ($store:expr) => {
+        $crate::common::store_scenarios!(
+            $store;
+            shard_group_shares_and_hands_over,
+            executions_never_overlap,
+            stopped_tenure_loses_leadership_and_kills_its_command,
+            paused_group_is_fenced_out,
+            sigterm_hands_over_at_once,
+            busy_role,
+            exit_codes_pass_through,
+            env_overrides_inherited,
+            same_owner_label_is_two_owners,
+            every_ttl_alone_starts,
+        );
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use every_backend_scenarios;
 
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
