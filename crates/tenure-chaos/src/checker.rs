@@ -87,7 +87,7 @@ impl FaultRecord {
     pub fn recovery_from(&self) -> u64 {
         match self.kind {
             FaultKind::Restart | FaultKind::Cut => self.healed,
-            FaultKind::Pause | FaultKind::Kill | FaultKind::Clock => self.at,
+            FaultKind::Pause | FaultKind::Kill | FaultKind::Clock | FaultKind::Handoff => self.at,
         }
     }
 }

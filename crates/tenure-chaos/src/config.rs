@@ -163,16 +163,22 @@ pub enum FaultKind {
     /// store time lives on the workers' host, and Kubernetes, whose expiry is judged on
     /// the workers' monotonic clocks (see [`StoreSpec::steps_wall_clock`]).
     Clock,
+    /// Ask the leader, through the store as `tenure handoff` does, to hand its term to
+    /// the worker that has waited longest (a planned handoff: its work stops, then one
+    /// store write passes the term on). One role only: a shard group's shards move by
+    /// placement.
+    Handoff,
 }
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::Cut,
         FaultKind::Clock,
+        FaultKind::Handoff,
     ];
 
     /// The flag spelling.
@@ -183,6 +189,7 @@ impl FaultKind {
             FaultKind::Restart => "restart",
             FaultKind::Cut => "cut",
             FaultKind::Clock => "clock",
+            FaultKind::Handoff => "handoff",
         }
     }
 }

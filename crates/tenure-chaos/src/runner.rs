@@ -57,6 +57,9 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
                  etcd:throwaway or kube:throwaway)"
                     .to_owned(),
             ),
+            (FaultKind::Handoff, _) if config.shards.is_some() => unavailable.push(
+                "handoff: a shard group's shards move by placement, not by request".to_owned(),
+            ),
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
                 unavailable.push("cut: sqlite has no connections to sever".to_owned())
             }

@@ -236,6 +236,32 @@ impl Nemesis<'_> {
                 }
             },
             FaultKind::Cut => self.cut(fault, at).await,
+            FaultKind::Handoff => {
+                // Asked beside the nemesis: the asker waits for the handover, as
+                // `tenure handoff` does; a leader with nobody waiting leads on.
+                let Some(i) = self.leaders(false).first().copied() else {
+                    self.skipped += 1;
+                    return Ok(());
+                };
+                let leases = self.backend.leases();
+                let role = self.spawner.role.clone();
+                let wait = self.config.ttl * 3;
+                tokio::spawn(async move {
+                    match tenure::handoff::request_handoff(
+                        leases,
+                        &role,
+                        None,
+                        "tenure-chaos",
+                        wait,
+                    )
+                    .await
+                    {
+                        Ok(outcome) => debug!(?outcome, "handoff asked"),
+                        Err(error) => debug!(%error, "handoff could not be asked"),
+                    }
+                });
+                self.record(fault.kind, None, Some(i), at, 0);
+            }
             FaultKind::Clock => {
                 let Some(fake_time) = &self.spawner.fake_time else {
                     self.skipped += 1;
