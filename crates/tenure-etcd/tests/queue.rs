@@ -341,3 +341,49 @@ async fn electors_lead_in_the_order_they_queued() {
         .unwrap()
         .unwrap();
 }
+
+/// Setup: the shared etcd; a holder and candidates b then c on one store. b's candidacy
+/// ends under it (its etcd lease revoked, as an operator or etcd's expiry would): its
+/// next refresh, on the lease this store remembered, fails and joins again, at the back.
+/// A refresh of a live candidacy keeps its place (c stays ahead of d), and the queue's
+/// key is the one `Keys::candidate` names, on an etcd lease of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidacy_that_ended_joins_again_at_the_back() {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("queue-rejoin");
+    let keys = Keys::new(&prefix).unwrap();
+    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let store = store_on(&endpoint, &prefix).await;
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c", "node-d"] {
+        let queued = store
+            .try_acquire_or_queue(ROLE, owner, TTL, None)
+            .await
+            .unwrap();
+        assert!(!queued.acquired);
+    }
+    let b_key = raw.get(keys.candidate(ROLE, "node-b"), None).await.unwrap();
+    let b_lease = b_key.kvs().first().expect("node-b's candidate key").lease();
+    assert_ne!(b_lease, 0, "a candidate key is on an etcd lease");
+    raw.lease_revoke(b_lease).await.unwrap();
+    for owner in ["node-b", "node-c"] {
+        let refreshed = store
+            .try_acquire_or_queue(ROLE, owner, TTL, None)
+            .await
+            .unwrap();
+        assert!(!refreshed.acquired && refreshed.holder == "node-a");
+    }
+    let mut token = a.fencing_token;
+    let mut holder = "node-a".to_owned();
+    for next in ["node-c", "node-d", "node-b"] {
+        assert!(store.release(ROLE, &holder, token).await.unwrap());
+        let info = store.get(ROLE).await.unwrap().unwrap();
+        assert_eq!(info.live_holder(), Some(next), "{info:?}");
+        assert!(info.fencing_token > token);
+        (holder, token) = (next.to_owned(), info.fencing_token);
+    }
+}

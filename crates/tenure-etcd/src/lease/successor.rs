@@ -16,7 +16,7 @@
 //! A watch that breaks is dropped (its waiters sleep to their deadline, never
 //! spinning) and the next waiter starts a new one.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tenure::TermChange;
 use tokio::sync::watch;
@@ -46,9 +46,21 @@ pub(super) enum Watched {
 /// The watches of one store, by role: each a receiver of the state its task publishes.
 pub(super) type Watches = Arc<Mutex<HashMap<String, watch::Receiver<Watched>>>>;
 
+/// The tasks' handle on their store's map: a task whose store was dropped ends (and so
+/// lets the client's connection go) at its next tick.
+type WeakWatches = Weak<Mutex<HashMap<String, watch::Receiver<Watched>>>>;
+
 impl Watched {
-    /// Folds one key of the range (as read, or as an event left it) into the state.
-    fn apply(&mut self, keys: &Keys, role: &str, key: &[u8], kv: Option<&KeyValue>, revision: i64) {
+    /// Folds one key of the range (as read, or as an event left it: `present` is its
+    /// value, create revision and etcd lease, `None` once deleted) into the state.
+    fn apply(
+        &mut self,
+        keys: &Keys,
+        role: &str,
+        key: &[u8],
+        present: Option<(String, i64, i64)>,
+        revision: i64,
+    ) {
         let Watched::Known {
             revision: at,
             term,
@@ -59,12 +71,9 @@ impl Watched {
         };
         *at = (*at).max(revision);
         if key == keys.lease(role).as_bytes() {
-            *term = kv.map(|kv| {
-                let holder = String::from_utf8_lossy(kv.value()).into_owned();
-                (holder, kv.create_revision(), kv.lease())
-            });
+            *term = present;
         } else if key == keys.handoff(role).as_bytes() {
-            *handing = kv.is_some();
+            *handing = present.is_some();
         }
     }
 
@@ -155,7 +164,7 @@ impl EtcdLeaseStore {
             self.keys.clone(),
             role.to_owned(),
             sender,
-            Arc::clone(&self.watches),
+            Arc::downgrade(&self.watches),
         ));
         receiver
     }
@@ -168,13 +177,22 @@ async fn run_watch(
     keys: Keys,
     role: String,
     sender: watch::Sender<Watched>,
-    watches: Watches,
+    watches: WeakWatches,
 ) {
     if let Err(error) = follow(&conn, &keys, &role, &sender, &watches).await {
         tracing::debug!(role, %error, "the successor watch failed; its waiters sleep to their deadline");
-        leave(&mut watches.lock(), &role, &sender);
+        if let Some(watches) = watches.upgrade() {
+            leave(&mut watches.lock(), &role, &sender);
+        }
         sender.send_replace(Watched::Broken);
     }
+}
+
+/// A key of the range as [`Watched::apply`] takes it: for the lease key, the holder (its
+/// value), the token (its create revision) and its etcd lease.
+fn present(kv: &KeyValue) -> (String, i64, i64) {
+    let holder = String::from_utf8_lossy(kv.value()).into_owned();
+    (holder, kv.create_revision(), kv.lease())
 }
 
 /// Removes `role`'s entry from the map when it is this task's.
@@ -190,13 +208,13 @@ fn leave(
 }
 
 /// Reads the role's range, then watches it from the next revision, publishing each
-/// state; `Ok` once it went unwaited for [`LINGER`].
+/// state; `Ok` once it went unwaited for [`LINGER`] or its store was dropped.
 async fn follow(
     conn: &Conn,
     keys: &Keys,
     role: &str,
     sender: &watch::Sender<Watched>,
-    watches: &Watches,
+    watches: &WeakWatches,
 ) -> Result<()> {
     let range_end = keys.lease_range_end(role);
     let read = conn
@@ -213,7 +231,7 @@ async fn follow(
         handing: false,
     };
     for kv in read.kvs() {
-        state.apply(keys, role, kv.key(), Some(kv), revision);
+        state.apply(keys, role, kv.key(), Some(present(kv)), revision);
     }
     sender.send_replace(state.clone());
     // Start right after the read: a watch from a past revision joins etcd's live set
@@ -234,7 +252,7 @@ async fn follow(
                 };
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
-                    let kept = (event.event_type() == EventType::Put).then_some(kv);
+                    let kept = (event.event_type() == EventType::Put).then(|| present(kv));
                     state.apply(keys, role, kv.key(), kept, kv.mod_revision());
                 }
                 sender.send_if_modified(|published| {
@@ -244,6 +262,9 @@ async fn follow(
                 });
             }
             _ = ticks.tick() => {
+                let Some(watches) = watches.upgrade() else {
+                    return Ok(());
+                };
                 // Counted and removed under the map's lock: no waiter joins a watch
                 // that is going away.
                 let mut map = watches.lock();
@@ -255,5 +276,76 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(revision: i64, term: Option<(&str, i64)>, handing: bool) -> Watched {
+        Watched::Known {
+            revision,
+            term: term.map(|(holder, token)| (holder.to_owned(), token, 7)),
+            handing,
+        }
+    }
+
+    /// What a waiter is told: a term other than the one it observed began; none is live
+    /// and none is about to begin; or nothing yet (its term goes on, a handover is under
+    /// way, or the watch has not reached the revision of the term it observed).
+    #[test]
+    fn answers_from_the_state_alone() {
+        let observed = FencingToken::from(10);
+        assert_eq!(known(12, Some(("a", 10)), false).answer(observed), None);
+        assert_eq!(
+            known(12, Some(("b", 12)), false).answer(observed),
+            Some(TermChange::Began {
+                holder: "b".into(),
+                fencing_token: FencingToken::from(12)
+            })
+        );
+        assert_eq!(
+            known(12, None, false).answer(observed),
+            Some(TermChange::Ended)
+        );
+        assert_eq!(
+            known(12, None, true).answer(observed),
+            None,
+            "a handover under way"
+        );
+        // The watch is behind the read that showed term 10: it may still show the term
+        // before, or none.
+        assert_eq!(known(9, Some(("z", 5)), false).answer(observed), None);
+        assert_eq!(known(9, None, false).answer(observed), None);
+        assert_eq!(Watched::Starting.answer(observed), None);
+        assert_eq!(Watched::Broken.answer(observed), None);
+    }
+
+    /// Events fold into the state by key: the lease key's put is the term (holder, token,
+    /// etcd lease), its delete none; the handover key's put and delete start and end a
+    /// handover; other keys change nothing but the revision.
+    #[test]
+    fn events_fold_by_key() {
+        let keys = Keys::new("/p").unwrap();
+        let handoff = keys.handoff("r");
+        let lease = keys.lease("r");
+        let mut state = known(1, Some(("a", 1)), false);
+        state.apply(&keys, "r", lease.as_bytes(), None, 4);
+        state.apply(&keys, "r", handoff.as_bytes(), Some(("{}".into(), 4, 0)), 4);
+        assert_eq!(
+            state,
+            known(4, None, true),
+            "a release that reserved the role"
+        );
+        state.apply(&keys, "r", lease.as_bytes(), Some(("b".into(), 5, 7)), 5);
+        state.apply(&keys, "r", handoff.as_bytes(), None, 5);
+        assert_eq!(
+            state,
+            known(5, Some(("b", 5)), false),
+            "the candidate's term"
+        );
+        state.apply(&keys, "r", keys.lease("r/x").as_bytes(), None, 6);
+        assert_eq!(state, known(6, Some(("b", 5)), false));
     }
 }
