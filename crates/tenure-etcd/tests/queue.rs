@@ -98,7 +98,7 @@ fn wait_turn(
 /// again. Counted at the member, a handover (release, begin, the revoke of the old
 /// term's etcd lease, the successor's renewal) is 3 Txn, 1 LeaseRevoke and 1
 /// LeaseKeepAlive, with no read and no new watch, the second time too, with one
-/// candidate fewer.
+/// candidate fewer. A candidate's refresh is 1 Txn and 1 LeaseKeepAlive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_costs_the_same_however_many_wait() {
     common::init_tracing();
@@ -154,6 +154,21 @@ async fn a_handover_costs_the_same_however_many_wait() {
             .unwrap();
         releaser = (store, next, next_token);
     }
+
+    // A candidate refreshing its place: one transaction beside one keep-alive.
+    let (owner, store) = &candidates[5];
+    let before = calls(&server.host_port()).await;
+    let refreshed = store
+        .try_acquire_or_queue(ROLE, owner, TTL, None)
+        .await
+        .unwrap();
+    assert!(!refreshed.acquired && refreshed.holder == "node-01");
+    let cost = since(&before, &calls(&server.host_port()).await);
+    let expected_cost: BTreeMap<String, u64> = [("LeaseKeepAlive", 1), ("Txn", 1)]
+        .into_iter()
+        .map(|(method, n)| (method.to_owned(), n))
+        .collect();
+    assert_eq!(cost, expected_cost, "a refresh");
 }
 
 /// Setup: the shared etcd; a holder, two candidates, and a release sent as its raw
