@@ -33,6 +33,34 @@
 //! still held (nobody else can acquire it) and is reported live with `expires_at` =
 //! `now` + 500 ms. A holder renewing in that window keeps its token.
 //!
+//! # The queue of candidates
+//!
+//! [`try_acquire_or_queue`](LeaseStore::try_acquire_or_queue) queues a contender that
+//! does not acquire, as etcd's own election recipe does: a candidate is the key
+//! `<prefix>/queue/N/R/O` (N the length of R, O the owner) on an etcd lease of its TTL,
+//! written by the acquire transaction's failure branch beside a keep-alive of that lease,
+//! so a refresh is one round trip (one transaction and one keep-alive) and a candidate
+//! that stops refreshing drops out when its lease expires. A refresh puts the key again
+//! (its create revision, so its place, is kept); a candidacy whose key vanished joins at
+//! the back. The queue's order is the candidate keys' create revisions.
+//!
+//! A release (or [`hand_over`](LeaseStore::hand_over)) with candidates queued hands the
+//! role to the oldest (or the named one) in **two** transactions, because the new token
+//! must be the lease key's create revision and etcd refuses a transaction that deletes
+//! and creates one key: the first ends the term, reserves the role with the key
+//! `<prefix>/leases/R` NUL `handoff` (every acquire requires it absent) and reads the
+//! candidate; the second puts the lease key for the candidate on the candidate's own
+//! etcd lease (its renewals extend the term, and a dead candidate's term ends when its
+//! candidacy would have), with its value, and deletes the reservation and the candidate
+//! key. Between the two nobody holds the role and nobody but that candidate can take it;
+//! should the releaser stop there, the next contender to try (a candidate refreshes every
+//! retry interval) sends the second transaction itself. A handover costs etcd two
+//! transactions and the revoke of the old term's lease, plus the successor's renewal
+//! (one transaction beside one keep-alive), however many candidates wait: they learn
+//! who leads next from the events of one watch per role and store
+//! ([`wait_for_successor`](LeaseStore::wait_for_successor)), which they share and keep
+//! between waits. See `queue.rs` and `successor.rs`.
+//!
 //! # Sessions
 //!
 //! A session is an etcd lease, its id the etcd lease id: roles acquired under it have
@@ -56,10 +84,10 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
-use tenure::lease::{validate_acquire, validate_name, validate_release, validate_value};
+use tenure::lease::{validate_acquire, validate_name, validate_value};
 use tenure::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
-    SessionId, SystemClock,
+    SessionId, SystemClock, TermChange,
 };
 
 use crate::conn::{next_response, Conn, BACKEND};
@@ -69,13 +97,17 @@ use crate::schema::{
 };
 use crate::version::EtcdVersion;
 
+mod fenced;
+mod queue;
 mod requests;
 mod session;
+mod successor;
 mod term;
 #[cfg(test)]
 mod tests;
 mod watch;
 
+use queue::{Candidacy, Handover};
 use requests::*;
 pub use requests::{acquire_txn, release_txn, renew_txn};
 use watch::until_watched;
@@ -104,6 +136,10 @@ const MAX_SPARE_LEASES: usize = 8;
 ///
 /// Sessions cost one etcd keep-alive and one write per keep-alive however many roles
 /// they hold (see the module docs); acquiring under one is one transaction.
+///
+/// Queued contenders are candidate keys on etcd leases of their own; a release hands
+/// the role to the oldest in two transactions with the role reserved between them (see
+/// the module docs).
 ///
 /// Tokens are the lease key's create revision: strictly increasing per role and durable
 /// across etcd restarts, but not consecutive. `get` and `list` also show terms that
@@ -142,6 +178,12 @@ pub struct EtcdLeaseStore {
     /// one end), so keeping one alive or acquiring under it needs no read first. Every
     /// write is still checked against the session's key.
     sessions: Mutex<HashMap<i64, Option<session::KnownSession>>>,
+    /// The candidacies this instance queued, by (role, owner), so a refresh keeps its
+    /// etcd lease (see `queue.rs`). Only a hint: every write is checked by etcd.
+    candidacies: Mutex<HashMap<(String, String), Candidacy>>,
+    /// The roles' shared watches for [`LeaseStore::wait_for_successor`] (see
+    /// `successor.rs`).
+    watches: successor::Watches,
     /// Send a renewal's transaction only after its keep-alive answered: needed against
     /// servers whose keep-alive may report a lease alive while it is being revoked
     /// (see [`crate::version`]).
@@ -218,6 +260,8 @@ struct SpareLease {
 #[derive(Clone, Debug)]
 enum Seen {
     Absent,
+    /// No live term, and a handover under way has reserved the role (see `queue.rs`).
+    Handing,
     Held(Holder),
 }
 
@@ -265,6 +309,8 @@ enum Step {
     Done(LeaseResult),
     /// The role looked different than assumed; decide again from this.
     Saw(Seen),
+    /// As `Saw`, and the caller is queued as a candidate.
+    Queued(Seen),
     /// Read the role afresh.
     Reread,
     /// Our term's etcd lease is gone but its key may linger for etcd's expiry check:
@@ -287,6 +333,8 @@ impl EtcdLeaseStore {
             terms: Mutex::new(HashMap::new()),
             spare: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
+            candidacies: Mutex::new(HashMap::new()),
+            watches: Arc::default(),
             keep_alive_first: true,
             clock: Arc::new(SystemClock),
         })
@@ -359,17 +407,20 @@ impl EtcdLeaseStore {
         Ok(self.keys.lease(role))
     }
 
-    /// Reads the role's lease key and term record in one transaction; also returns the
-    /// store revision of the read.
+    /// Reads the role's lease key, term record and handover key in one transaction;
+    /// also returns the store revision of the read.
     async fn read_role(&self, role: &str) -> Result<(Seen, Option<(TermRecord, i64)>, i64)> {
         let txn = Txn::new().and_then([
             TxnOp::get(self.keys.lease(role), None),
             TxnOp::get(self.keys.term(role), None),
+            TxnOp::get(self.keys.handoff(role), None),
         ]);
         let response = self.conn.txn("reading a lease", txn).await?;
         let revision = response.header().map_or(0, |h| h.revision());
-        let (lease_kv, term_kv) = two_gets(&response);
-        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+        let mut gets = first_kvs(&response).into_iter();
+        let (lease_kv, term_kv) = (gets.next().flatten(), gets.next().flatten());
+        let handoff_kv = gets.next().flatten();
+        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref(), handoff_kv.as_ref());
         Ok((seen, record, revision))
     }
 
@@ -389,7 +440,7 @@ impl EtcdLeaseStore {
         let lease_kv = gets.next().flatten();
         let term_kv = gets.next().flatten();
         let value = gets.next().flatten().as_ref().and_then(parse_value);
-        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+        let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref(), None);
         Ok((seen, record, value))
     }
 
@@ -425,72 +476,6 @@ impl EtcdLeaseStore {
             self.conn.revoke_quietly(id).await;
         }
     }
-
-    /// Builds a transaction guarded by `create_revision(<prefix>/leases/<role>) ==
-    /// token`: its `and_then` operations commit only while that term is live.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: &tenure_etcd::EtcdLeaseStore, token: tenure::FencingToken) -> tenure::Result<()> {
-    /// use etcd_client::TxnOp;
-    /// let txn = store
-    ///     .fenced_txn("reports", token)?
-    ///     .and_then([TxnOp::put("/myapp/report", "done", None)]);
-    /// let committed = store.client().clone().txn(txn).await
-    ///     .map_err(|e| tenure::Error::store("etcd", "fenced write", e))?
-    ///     .succeeded();
-    /// # Ok(()) }
-    /// ```
-    pub fn fenced_txn(&self, role: &str, token: FencingToken) -> Result<Txn> {
-        Ok(Txn::new().when([self.fence_compare(role, token)?]))
-    }
-
-    /// The compare behind [`fenced_txn`](Self::fenced_txn), to combine with your own.
-    pub fn fence_compare(&self, role: &str, token: FencingToken) -> Result<Compare> {
-        validate_name("role", role)?;
-        // A token beyond i64 was never handed out by etcd; compare against -1, which
-        // no key's create revision equals, so the write is refused.
-        let revision = i64::try_from(token.get()).unwrap_or(-1);
-        Ok(Compare::create_revision(
-            self.keys.lease(role),
-            CompareOp::Equal,
-            revision,
-        ))
-    }
-
-    /// Runs `ops` in one transaction that commits only while the term `(role, token)`
-    /// is live; otherwise nothing is written and the result is `Error::Fenced`, with
-    /// `highest` the role's latest token.
-    pub async fn commit_fenced(
-        &self,
-        role: &str,
-        token: FencingToken,
-        ops: Vec<TxnOp>,
-    ) -> Result<TxnResponse> {
-        let txn = Txn::new()
-            .when([self.fence_compare(role, token)?])
-            .and_then(ops)
-            .or_else([
-                TxnOp::get(self.keys.lease(role), None),
-                TxnOp::get(self.keys.term(role), None),
-            ]);
-        let response = self
-            .conn
-            .txn("committing a fenced transaction", txn)
-            .await?;
-        if response.succeeded() {
-            return Ok(response);
-        }
-        let (lease_kv, term_kv) = two_gets(&response);
-        let highest = match (&lease_kv, term_kv.as_ref().and_then(parse_term)) {
-            (Some(kv), _) => u64::try_from(kv.create_revision()).unwrap_or(0),
-            (None, Some((record, mod_revision))) => record.token_at(mod_revision),
-            (None, None) => token.get(),
-        };
-        Err(Error::Fenced {
-            presented: token,
-            highest: FencingToken::from(highest),
-        })
-    }
 }
 
 #[async_trait]
@@ -505,122 +490,42 @@ impl LeaseStore for EtcdLeaseStore {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
-        validate_value("value", value)?;
-        let secs = ttl_secs(ttl)?;
-        let cached = self
-            .terms
-            .lock()
-            .get(role)
-            .filter(|t| t.owner == owner)
-            .cloned();
-        let mut step = match cached {
-            Some(term) if term.ttl_secs == secs => self.renew(role, owner, ttl, &term).await?,
-            // No read first: the acquire transaction answers with the current term when
-            // it fails, and a contender that lost keeps its etcd lease as a spare, so a
-            // woken contender takes a released role in one round trip.
-            _ => self.acquire(role, owner, ttl, secs, value).await?,
-        };
-        for _ in 0..MAX_ATTEMPTS {
-            let seen = match step {
-                Step::Done(result) => return Ok(result),
-                Step::Saw(seen) => seen,
-                Step::Reread => self.read_role(role).await?.0,
-                Step::Lapsing(token) => {
-                    let gone =
-                        tokio::time::timeout(EXPIRY_GRACE * 3, self.watch_term(role, token)).await;
-                    if !matches!(gone, Ok(Ok(()))) {
-                        tracing::debug!(role, "a lapsed term's key outlived etcd's expiry check");
-                    }
-                    self.read_role(role).await?.0
-                }
-            };
-            step = match seen {
-                Seen::Absent => self.acquire(role, owner, ttl, secs, value).await?,
-                Seen::Held(holder) if holder.owner == owner => {
-                    let (ttl_secs, lease_secs) = holder.ttl_secs.unwrap_or((secs, secs));
-                    let term = OwnTerm {
-                        owner: owner.to_owned(),
-                        token: holder.token,
-                        lease: holder.lease,
-                        ttl_secs,
-                        lease_secs,
-                        in_session: holder.session.is_some(),
-                    };
-                    // A session's term becomes a plain lease of its own: renewing the
-                    // session's etcd lease would renew the whole session instead.
-                    if term.ttl_secs == secs && !term.in_session {
-                        self.renew(role, owner, ttl, &term).await?
-                    } else {
-                        self.change_ttl(role, owner, ttl, secs, &term).await?
-                    }
-                }
-                Seen::Held(holder) => return self.refusal(holder).await,
-            };
-        }
-        Err(Error::store_msg(
-            BACKEND,
-            "the lease kept changing during the call; try again",
-        ))
+        self.contend(role, owner, ttl, value, false).await
     }
 
+    /// The acquire transaction's failure branch queues the caller (see `queue.rs`): one
+    /// transaction, beside a keep-alive of the candidacy's etcd lease.
+    async fn try_acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> Result<LeaseResult> {
+        self.contend(role, owner, ttl, value, true).await
+    }
+
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
+        self.withdraw_candidacy(role, owner).await
+    }
+
+    /// Two transactions, not one (etcd cannot delete and create one key in one): see
+    /// `queue.rs`. Should the named candidate leave between them, the oldest one left
+    /// (or nobody) gets the role, and the answer is still `true`: the term has ended.
+    async fn hand_over(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        successor: Option<&str>,
+    ) -> Result<bool> {
+        self.end_term(role, owner, token, Handover::To(successor))
+            .await
+    }
+
+    /// With candidates queued, two transactions, not one: see `queue.rs`.
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        validate_release(role, owner)?;
-        let Ok(revision) = i64::try_from(token.get()) else {
-            return Ok(false);
-        };
-        let now = round_trip(self.wall());
-        let (ttl_secs, lease_secs) = self
-            .terms
-            .lock()
-            .get(role)
-            .filter(|t| t.token == revision)
-            .map_or((0, 0), |t| (t.ttl_secs, t.lease_secs));
-        let record = TermRecord {
-            owner: owner.to_owned(),
-            token: Some(token.get()),
-            expires_at_ns: to_ns(now),
-            ttl_secs,
-            lease_secs,
-            released: true,
-        };
-        let txn = release_txn(&self.keys, role, owner, revision, &record)?;
-        let response = self.conn.txn("releasing a lease", txn).await?;
-        {
-            let mut terms = self.terms.lock();
-            if terms.get(role).is_some_and(|t| t.token == revision) {
-                terms.remove(role);
-            }
-        }
-        if !response.succeeded() {
-            return Ok(false);
-        }
-        let mut lease = 0;
-        let mut session = None;
-        for op in response.op_responses() {
-            match op {
-                // Only the lease key's delete asks for its previous key (the value's
-                // does not), so this is the term's etcd lease.
-                TxnOpResponse::Delete(delete) => {
-                    if let Some(kv) = delete.prev_kvs().first() {
-                        lease = kv.lease();
-                    }
-                }
-                TxnOpResponse::Put(put) => {
-                    session = put
-                        .prev_key()
-                        .and_then(|kv| decode::<SessionMark>(kv.value()))
-                        .and_then(|mark| mark.session);
-                }
-                _ => {}
-            }
-        }
-        // The term already ended with the delete; revoking only frees etcd's lease early.
-        // A session's lease holds its other roles: it stays.
-        if session != Some(lease) {
-            self.conn.revoke_quietly(lease).await;
-        }
-        Ok(true)
+        self.end_term(role, owner, token, Handover::Release).await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
@@ -701,7 +606,7 @@ impl LeaseStore for EtcdLeaseStore {
         Ok(roles
             .into_iter()
             .filter_map(|(role, (lease_kv, term_kv))| {
-                let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref());
+                let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref(), None);
                 let seen = match seen {
                     Seen::Held(mut holder) => {
                         if let Some(lease) = holder.session {
@@ -727,6 +632,17 @@ impl LeaseStore for EtcdLeaseStore {
         deadline: tokio::time::Instant,
     ) {
         until_watched(role, deadline, self.watch_term(role, observed)).await;
+    }
+
+    /// Answered from the events of a watch of the role's lease and handover keys, one
+    /// per role shared by this store's waiters (see `successor.rs`).
+    async fn wait_for_successor(
+        &self,
+        role: &str,
+        observed: FencingToken,
+        deadline: tokio::time::Instant,
+    ) -> TermChange {
+        self.successor(role, observed, deadline).await
     }
 
     /// Watches the role's lease key from the revision after a fresh read, and returns

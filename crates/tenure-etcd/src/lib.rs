@@ -16,6 +16,13 @@
 //!   it): a session is an etcd lease and its id the etcd lease id; roles acquired under it
 //!   have their keys attached to it, so one keep-alive (one etcd keep-alive plus one key
 //!   written) renews them all however many there are, and closing it releases them all;
+//! - a queue of candidates
+//!   ([`try_acquire_or_queue`](tenure::LeaseStore::try_acquire_or_queue)): a candidate
+//!   is a key `<prefix>/queue/N/R/OWNER` on an etcd lease of its own, ordered by create
+//!   revision; a release hands the role to the oldest in two transactions, the role
+//!   reserved between them (`<prefix>/leases/R` NUL `handoff`), and the waiters learn
+//!   who leads from one shared watch per role
+//!   ([`wait_for_successor`](tenure::LeaseStore::wait_for_successor));
 //! - push takeover: [`wait_for_change`](tenure::LeaseStore::wait_for_change) watches the
 //!   role's key, so a released lease is taken over in one notification round trip, and
 //!   [`wait_for_term`](tenure::LeaseStore::wait_for_term) watches it for the next term,

@@ -8,6 +8,10 @@
 //! | `leases/R` | owner | the term's lease | the live term of role R; token = create revision |
 //! | `terms/R` | [`TermRecord`] (JSON), plus `session` for a term held under one | none | latest term's token, expiry, release; survives expiry |
 //! | `values/R` | [`ValueRecord`] (JSON) | none | the value the latest term advertised; absent when it advertised none or was released |
+//! | `queue/N/R/O` | [`CandidateRecord`] (JSON) | the candidate's own lease | owner O queued for role R (N: R's length in bytes); place = create revision |
+//! | `leases/R` NUL `handoff` | [`HandoffRecord`] (JSON) | none | a handover under way: R's last term ended, the candidate's has not begun |
+//! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
+//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
 //!
 //! `values/R` is written only by the transaction that starts a term (put with a value,
 //! deleted without one) and deleted by release, never by a renewal: `terms/R` is
@@ -17,8 +21,17 @@
 //! a `values/R` left by a term that an older tenure (which knows no `values/R`) followed
 //! is never shown with the wrong term. A layout from before `values/R` existed reads as
 //! terms that advertised nothing.
-//! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
-//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
+//!
+//! A candidate's key `queue/N/R/O` names role and owner injectively (the length says
+//! where R ends, whatever `/` either holds), so `queue/N/R/` is exactly R's queue. It is
+//! on an etcd lease of the candidate's TTL, so a candidate that stops refreshing drops
+//! out of the queue by itself; a refresh puts the key again (keeping its create
+//! revision, so its place) and keeps the lease alive.
+//!
+//! The handover key sorts right after `leases/R` (no name holds a NUL), so one watch of
+//! the range `[leases/R, leases/R \x01)` sees a term end, a handover reserve the role and
+//! the next term begin, each revision's events in one response. Names holding a NUL are
+//! never roles: listings skip them.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -121,6 +134,32 @@ impl Keys {
         format!("{}/values/{role}", self.prefix)
     }
 
+    /// `<prefix>/leases/<role>` NUL `handoff`: a handover of `role` under way.
+    pub fn handoff(&self, role: &str) -> String {
+        format!("{}/leases/{role}\0handoff", self.prefix)
+    }
+
+    /// The end of the range `[leases/<role>, ...)` that holds exactly the role's lease
+    /// key and its handover key.
+    pub(crate) fn lease_range_end(&self, role: &str) -> String {
+        format!("{}/leases/{role}\x01", self.prefix)
+    }
+
+    /// `<prefix>/queue/<len>/<role>/`: the directory of `role`'s candidates.
+    pub(crate) fn queue_dir(&self, role: &str) -> String {
+        format!("{}/queue/{}/{role}/", self.prefix, role.len())
+    }
+
+    /// The end of the range of [`queue_dir`](Self::queue_dir) (`/` + 1 is `0`).
+    pub(crate) fn queue_end(&self, role: &str) -> String {
+        format!("{}/queue/{}/{role}0", self.prefix, role.len())
+    }
+
+    /// `<prefix>/queue/<len>/<role>/<owner>`: `owner`'s candidacy for `role`.
+    pub fn candidate(&self, role: &str, owner: &str) -> String {
+        format!("{}{owner}", self.queue_dir(role))
+    }
+
     /// `<prefix>/nodes/<node_id>`: the node's membership.
     pub fn node(&self, node_id: &str) -> String {
         format!("{}/nodes/{node_id}", self.prefix)
@@ -153,9 +192,13 @@ impl Keys {
 }
 
 /// The name after a directory prefix (`<prefix>/leases/` + name), if `key` is under it.
+/// A name holding a NUL is none (no role, owner or node id does): under `leases/` it is
+/// a handover key.
 pub(crate) fn name_under<'a>(key: &'a [u8], dir: &str) -> Option<&'a str> {
     let rest = key.strip_prefix(dir.as_bytes())?;
-    std::str::from_utf8(rest).ok().filter(|s| !s.is_empty())
+    std::str::from_utf8(rest)
+        .ok()
+        .filter(|s| !s.is_empty() && !s.contains('\0'))
 }
 
 /// The non-leased record of a role's latest term.
@@ -215,6 +258,39 @@ pub(crate) struct SessionMark {
 pub(crate) struct ValueRecord {
     /// The value, as the holder gave it.
     pub(crate) value: String,
+}
+
+/// A queued candidate, at `queue/N/R/O` on the candidate's own etcd lease: put by each
+/// of its refreshes (the key, and so its place, is kept), read by the handover that
+/// begins its term.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct CandidateRecord {
+    /// The value its term will advertise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) value: Option<String>,
+    /// When the candidacy lapses unless refreshed, as the candidate computed it at its
+    /// last refresh (a lower bound of its lease's end), nanoseconds since the Unix epoch.
+    pub(crate) expires_at_ns: u64,
+    /// The TTL the candidate asked for, in seconds.
+    pub(crate) ttl_secs: i64,
+    /// The TTL etcd granted its lease (higher when etcd raised it to its minimum).
+    pub(crate) lease_secs: i64,
+}
+
+/// A handover under way, at `leases/R` NUL `handoff`: written by the transaction that
+/// ends a term for a candidate, deleted by the one that begins the candidate's term
+/// (or frees the role when no candidate is left). While it exists no term starts but
+/// that one (every acquire checks it is absent).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HandoffRecord {
+    /// The owner of the term that ended.
+    pub(crate) from: String,
+    /// That term's token.
+    pub(crate) token: u64,
+    /// The candidate chosen by a planned handoff; the oldest live one when absent (or
+    /// when it left the queue meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) to: Option<String>,
 }
 
 /// A live session's record, at `sessions/L` on the session's own etcd lease `L`: written
@@ -341,6 +417,25 @@ mod tests {
         );
         assert_eq!(name_under(b"/p/terms/a", &keys.leases_dir()), None);
         assert_eq!(keys.value("a/b"), "/p/values/a/b");
+        assert_eq!(keys.candidate("a/b", "o/1"), "/p/queue/3/a/b/o/1");
+        assert_eq!(
+            name_under(b"/p/queue/3/a/b/o/1", &keys.queue_dir("a/b")),
+            Some("o/1")
+        );
+        // Role `a`'s queue holds none of role `a/b`'s candidates, and the other way round.
+        let (a_dir, a_end) = (keys.queue_dir("a"), keys.queue_end("a"));
+        let ab = keys.candidate("a/b", "o");
+        assert!(!(a_dir.as_str() <= ab.as_str() && ab.as_str() < a_end.as_str()));
+        let a = keys.candidate("a", "b/o");
+        assert!(a_dir.as_str() <= a.as_str() && a.as_str() < a_end.as_str());
+        assert!(name_under(keys.handoff("a").as_bytes(), &keys.leases_dir()).is_none());
+        let (lease, handoff, end) = (
+            keys.lease("a"),
+            keys.handoff("a"),
+            keys.lease_range_end("a"),
+        );
+        assert!(lease < handoff && handoff < end);
+        assert!(keys.lease("a0") > end && keys.lease("a/b") > end);
         assert_eq!(
             name_under(b"/p/values/a/b", &keys.values_dir()),
             Some("a/b")

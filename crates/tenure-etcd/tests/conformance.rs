@@ -3,7 +3,7 @@
 //! checked every 500 ms, so scenarios use a 4 s TTL and `pass_time` sleeps past the
 //! requested time by [`common::EXPIRY_MARGIN`].
 //!
-//! The lease and session scenarios run twice: with renewals (and session keep-alives)
+//! The lease, session and queue scenarios run twice: with renewals (and session keep-alives)
 //! that wait for the keep-alive before the transaction (the default, and what an etcd
 //! release with unsafe keep-alive answers gets) and with both sent together (what a
 //! fixed release gets).
@@ -139,6 +139,11 @@ tenure_testkit::session_scenarios!(
     flavor = "multi_thread",
     worker_threads = 2
 );
+tenure_testkit::queue_scenarios!(
+    Etcd { safe_server: false },
+    flavor = "multi_thread",
+    worker_threads = 2
+);
 tenure_testkit::registry_scenarios!(
     Etcd { safe_server: false },
     flavor = "multi_thread",
@@ -155,6 +160,11 @@ mod renewals_in_one_round_trip {
         worker_threads = 2
     );
     tenure_testkit::session_scenarios!(
+        Etcd { safe_server: true },
+        flavor = "multi_thread",
+        worker_threads = 2
+    );
+    tenure_testkit::queue_scenarios!(
         Etcd { safe_server: true },
         flavor = "multi_thread",
         worker_threads = 2

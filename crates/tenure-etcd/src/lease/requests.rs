@@ -3,7 +3,10 @@
 
 use std::time::{Duration, SystemTime};
 
+use etcd_client::{SortOrder, SortTarget};
+
 use super::*;
+use crate::schema::HandoffRecord;
 
 /// The compares that hold exactly while `(owner, token)` is role's live term.
 pub(super) fn own_term_compares(keys: &Keys, role: &str, owner: &str, token: i64) -> Vec<Compare> {
@@ -14,9 +17,10 @@ pub(super) fn own_term_compares(keys: &Keys, role: &str, owner: &str, token: i64
     ]
 }
 
-/// The acquire transaction: when role's lease key is absent, put it (value `owner`, on
-/// etcd lease `lease`) and `record`; otherwise read the lease key and term record.
-/// The token of a new term is the answer's header revision.
+/// The acquire transaction: when role's lease key is absent and no handover is under
+/// way, put it (value `owner`, on etcd lease `lease`) and `record`, and remove
+/// `owner`'s candidacy (an acquire ends it); otherwise read the lease key, term record
+/// and handover key. The token of a new term is the answer's header revision.
 #[doc(hidden)]
 pub fn acquire_txn(
     keys: &Keys,
@@ -32,15 +36,27 @@ pub fn acquire_txn(
         lease,
         encode(record)?,
         None,
-        None,
+        Extra::None,
     ))
 }
 
-/// [`acquire_txn`] with the encoded term record and the encoded value the term
-/// advertises (`None`: it advertises none, and a previous term's value is deleted);
-/// with `session` (a compare that holds while the session lives, and a read of its
-/// key), the transaction also requires the session to live and reads its key in either
-/// branch.
+/// What an acquire transaction does besides acquiring.
+pub(super) enum Extra {
+    None,
+    /// Queue the caller when another owner holds the role or a handover is under way:
+    /// put its candidate key (this encoded [`CandidateRecord`]) on the same etcd lease,
+    /// in a transaction nested in the failure branch that skips the put when the
+    /// caller holds the role itself.
+    Queue(Vec<u8>),
+    /// Require a session to live (this compare) and read its key (this read) in either
+    /// branch.
+    Session(Compare, TxnOp),
+}
+
+/// [`acquire_txn`] with the encoded term record, the encoded value the term advertises
+/// (`None`: it advertises none, and a previous term's value is deleted) and `extra`.
+/// The failure branch reads, in order, the lease key, the term record, the handover key
+/// (then the queue's nested transaction, then the session key, as `extra` says).
 pub(super) fn acquire_txn_with(
     keys: &Keys,
     role: &str,
@@ -48,15 +64,15 @@ pub(super) fn acquire_txn_with(
     lease: i64,
     record: Vec<u8>,
     value: Option<Vec<u8>>,
-    session: Option<(Compare, TxnOp)>,
+    extra: Extra,
 ) -> Txn {
     let lease_key = keys.lease(role);
     let term_key = keys.term(role);
-    let mut compares = vec![Compare::create_revision(
-        lease_key.clone(),
-        CompareOp::Equal,
-        0,
-    )];
+    let mut compares = vec![
+        Compare::create_revision(lease_key.clone(), CompareOp::Equal, 0),
+        // A handover under way has reserved the role for a candidate.
+        Compare::create_revision(keys.handoff(role), CompareOp::Equal, 0),
+    ];
     let mut then = vec![
         TxnOp::put(
             lease_key.clone(),
@@ -69,14 +85,45 @@ pub(super) fn acquire_txn_with(
             Some(value) => TxnOp::put(keys.value(role), value, None),
             None => TxnOp::delete(keys.value(role), None),
         },
+        TxnOp::delete(keys.candidate(role, owner), None),
     ];
-    let mut otherwise = vec![TxnOp::get(lease_key, None), TxnOp::get(term_key, None)];
-    if let Some((compare, read)) = session {
-        compares.push(compare);
-        then.push(read.clone());
-        otherwise.push(read);
+    let mut otherwise = vec![
+        TxnOp::get(lease_key.clone(), None),
+        TxnOp::get(term_key, None),
+        TxnOp::get(keys.handoff(role), None),
+    ];
+    match extra {
+        Extra::None => {}
+        Extra::Queue(candidate) => {
+            // A value compare fails on an absent key, so a role reserved by a handover
+            // (no lease key) queues the caller too.
+            otherwise.push(TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(lease_key, CompareOp::Equal, owner)])
+                    .or_else([TxnOp::put(
+                        keys.candidate(role, owner),
+                        candidate,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]),
+            ));
+        }
+        Extra::Session(compare, read) => {
+            compares.push(compare);
+            then.push(read.clone());
+            otherwise.push(read);
+        }
     }
     Txn::new().when(compares).and_then(then).or_else(otherwise)
+}
+
+/// Whether an acquire transaction's failure branch queued the caller: its nested
+/// transaction failed (the caller does not hold the role) and so put the candidate key.
+pub(super) fn queued_by(response: &TxnResponse) -> bool {
+    !response.succeeded()
+        && response
+            .op_responses()
+            .into_iter()
+            .any(|op| matches!(op, TxnOpResponse::Txn(nested) if !nested.succeeded()))
 }
 
 /// The renewal transaction of the live term `(owner, token)`: put `record`; otherwise
@@ -103,7 +150,9 @@ pub fn renew_txn(
 /// The release transaction of the live term `(owner, token)`: delete the lease key
 /// (returning it, for its etcd lease to revoke next), put the released `record`
 /// (returning the previous one, which says whether that lease is a session's) and
-/// delete the term's value.
+/// delete the term's value; and when candidates are queued, in a nested transaction,
+/// reserve the role for the oldest (the handover key) and read it, for the transaction
+/// that begins its term (see `queue.rs`).
 #[doc(hidden)]
 pub fn release_txn(
     keys: &Keys,
@@ -112,18 +161,75 @@ pub fn release_txn(
     token: i64,
     record: &TermRecord,
 ) -> Result<Txn> {
+    let handoff = handoff_put(keys, role, owner, token, None)?;
+    let reserve = Txn::new()
+        .when([queue_compare(keys, role)])
+        .and_then([handoff, head_get(keys, role)]);
     Ok(Txn::new()
         .when(own_term_compares(keys, role, owner, token))
-        .and_then([
-            TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
-            // The previous record says whether the term was held under a session.
-            TxnOp::put(
-                keys.term(role),
-                encode(record)?,
-                Some(PutOptions::new().with_prev_key()),
-            ),
-            TxnOp::delete(keys.value(role), None),
-        ]))
+        .and_then(
+            ending_ops(keys, role, record)?
+                .chain([TxnOp::txn(reserve)])
+                .collect::<Vec<_>>(),
+        ))
+}
+
+/// The operations that end a live term, first in every transaction that does: delete
+/// the lease key (returning it), put the ended term's `record` (returning the previous
+/// one) and delete its value.
+pub(super) fn ending_ops(
+    keys: &Keys,
+    role: &str,
+    record: &TermRecord,
+) -> Result<impl Iterator<Item = TxnOp>> {
+    Ok([
+        TxnOp::delete(keys.lease(role), Some(DeleteOptions::new().with_prev_key())),
+        // The previous record says whether the term was held under a session.
+        TxnOp::put(
+            keys.term(role),
+            encode(record)?,
+            Some(PutOptions::new().with_prev_key()),
+        ),
+        TxnOp::delete(keys.value(role), None),
+    ]
+    .into_iter())
+}
+
+/// Holds while `role` has at least one candidate: a create-revision compare over a
+/// range holds for every key in it, and against an empty range compares 0.
+pub(super) fn queue_compare(keys: &Keys, role: &str) -> Compare {
+    Compare::create_revision(keys.queue_dir(role), CompareOp::Greater, 0)
+        .with_range(keys.queue_end(role))
+}
+
+/// Reads `role`'s oldest candidate (the least create revision).
+pub(super) fn head_get(keys: &Keys, role: &str) -> TxnOp {
+    TxnOp::get(
+        keys.queue_dir(role),
+        Some(
+            GetOptions::new()
+                .with_range(keys.queue_end(role))
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// The put of `role`'s handover key: the term `(from, token)` ended for candidate `to`
+/// (the oldest for `None`).
+pub(super) fn handoff_put(
+    keys: &Keys,
+    role: &str,
+    from: &str,
+    token: i64,
+    to: Option<&str>,
+) -> Result<TxnOp> {
+    let record = HandoffRecord {
+        from: from.to_owned(),
+        token: u64::try_from(token).unwrap_or(0),
+        to: to.map(str::to_owned),
+    };
+    Ok(TxnOp::put(keys.handoff(role), encode(&record)?, None))
 }
 
 /// The answer for this owner's live term `token`, which ends no earlier than `expires_at`.
@@ -201,16 +307,22 @@ pub(super) fn lease_missing(error: &Error) -> bool {
         .is_some_and(crate::conn::is_lease_not_found)
 }
 
-/// The role as a read of its lease key and term record saw it, and the parsed record.
+/// The role as a read of its lease key, term record and (when read) handover key saw
+/// it, and the parsed record.
 pub(super) fn seen_in(
     lease_kv: Option<&KeyValue>,
     term_kv: Option<&KeyValue>,
+    handoff_kv: Option<&KeyValue>,
 ) -> (Seen, Option<(TermRecord, i64)>) {
     let record = term_kv.and_then(parse_term);
     let session = term_kv
         .and_then(|kv| decode::<SessionMark>(kv.value()))
         .and_then(|mark| mark.session);
-    (seen_from(lease_kv, record.as_ref(), session), record)
+    let seen = match seen_from(lease_kv, record.as_ref(), session) {
+        Seen::Absent if handoff_kv.is_some() => Seen::Handing,
+        seen => seen,
+    };
+    (seen, record)
 }
 
 pub(super) fn seen_from(
@@ -255,7 +367,8 @@ pub(super) fn lease_info(
             now,
             value: advertised(value, holder.token().get()),
         }),
-        Seen::Absent => record.map(|(r, mod_revision)| {
+        // Between the two steps of a handover the role shows its ended term.
+        Seen::Absent | Seen::Handing => record.map(|(r, mod_revision)| {
             let recorded = from_ns(r.expires_at_ns);
             let token = r.token_at(*mod_revision);
             LeaseInfo {

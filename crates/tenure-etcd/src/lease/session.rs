@@ -25,7 +25,7 @@ use tenure::{Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
 
 use super::{
     acquire_txn_with, first_kvs, held_result, lease_duration, own_term_compares, seen_in,
-    EtcdLeaseStore, Holder, Seen,
+    EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
 };
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionRecord,
@@ -160,7 +160,7 @@ fn acquire_under_txn(
         encode(&stored)?,
         // A term under a session advertises nothing.
         None,
-        Some(guard),
+        Extra::Session(guard.0, guard.1),
     ))
 }
 
@@ -353,8 +353,38 @@ impl EtcdLeaseStore {
             released: false,
         };
         let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
-        let response = self.conn.txn("acquiring a lease in a session", txn).await?;
-        let mut kvs = first_kvs(&response).into_iter();
+        for _ in 0..MAX_ATTEMPTS {
+            let response = self
+                .conn
+                .txn("acquiring a lease in a session", txn.clone())
+                .await?;
+            match self
+                .acquired_under(role, id, lease, &session, &response)
+                .await?
+            {
+                Some(result) => return Ok(result),
+                // A handover under way reserved the role: finish it, then try again.
+                None => self.finish_handover(role, None).await?,
+            }
+        }
+        Err(Error::store_msg(
+            crate::conn::BACKEND,
+            "the lease kept changing during the call; try again",
+        ))
+    }
+
+    /// The answer of [`acquire_under_txn`]: `None` when a handover under way kept the
+    /// role from being acquired.
+    async fn acquired_under(
+        &self,
+        role: &str,
+        id: SessionId,
+        lease: i64,
+        session: &KnownSession,
+        response: &etcd_client::TxnResponse,
+    ) -> Result<Option<LeaseResult>> {
+        let ended = || Error::SessionEnded(id);
+        let mut kvs = first_kvs(response).into_iter();
         let session_kv = kvs.next_back().flatten();
         let Some((_, expires_at)) = session_kv
             .as_ref()
@@ -379,13 +409,15 @@ impl EtcdLeaseStore {
             // A plain term of ours this instance remembered is over.
             self.terms.lock().remove(role);
             let revision = response.header().map_or(0, |h| h.revision());
-            return Ok(done(revision));
+            return Ok(Some(done(revision)));
         }
         let lease_kv = kvs.next().flatten();
         let term_kv = kvs.next().flatten();
-        match seen_in(lease_kv.as_ref(), term_kv.as_ref()).0 {
-            Seen::Held(holder) if holder.lease == lease => Ok(done(holder.token)),
-            Seen::Held(holder) => self.refusal(holder).await,
+        let handoff_kv = kvs.next().flatten();
+        match seen_in(lease_kv.as_ref(), term_kv.as_ref(), handoff_kv.as_ref()).0 {
+            Seen::Held(holder) if holder.lease == lease => Ok(Some(done(holder.token))),
+            Seen::Held(holder) => self.refusal(holder).await.map(Some),
+            Seen::Handing => Ok(None),
             // The role was free, so the session compare failed: its key is gone or is
             // another session's.
             Seen::Absent => {

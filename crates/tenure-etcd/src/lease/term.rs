@@ -1,14 +1,108 @@
-//! The steps of `try_acquire_or_renew`: acquire a free or lapsed role, renew the
-//! caller's own term, or move a term to another TTL, each in one transaction.
+//! `try_acquire_or_renew` and `try_acquire_or_queue`, and their steps: acquire a free or
+//! lapsed role (queueing the caller when it does not), renew the caller's own term, or
+//! move a term to another TTL, each in one transaction.
 
 use std::time::Duration;
 
+use super::queue::{candidate_record, Candidacy};
 use super::*;
 
 impl EtcdLeaseStore {
-    /// Starts a new term advertising `value`: one transaction `key absent => put` (the
-    /// lease key, the term record and the value), with the etcd lease kept alive
-    /// concurrently (so the term's TTL counts from this round trip).
+    /// [`LeaseStore::try_acquire_or_renew_with_value`], queueing the caller when `queue`
+    /// is set and another owner holds the role.
+    pub(super) async fn contend(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+        queue: bool,
+    ) -> Result<LeaseResult> {
+        validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
+        validate_value("value", value)?;
+        let secs = ttl_secs(ttl)?;
+        let cached = self
+            .terms
+            .lock()
+            .get(role)
+            .filter(|t| t.owner == owner)
+            .cloned();
+        let mut step = match cached {
+            Some(term) if term.ttl_secs == secs => self.renew(role, owner, ttl, &term).await?,
+            // No read first: the acquire transaction answers with the current term when
+            // it fails, and a contender that lost keeps its etcd lease as a spare, so a
+            // woken contender takes a released role in one round trip.
+            _ => self.acquire(role, owner, ttl, secs, value, queue).await?,
+        };
+        // Whether this call's acquire transaction queued the caller already.
+        let mut queued = false;
+        for _ in 0..MAX_ATTEMPTS {
+            let seen = match step {
+                Step::Done(result) => return Ok(result),
+                Step::Saw(seen) => seen,
+                Step::Queued(seen) => {
+                    queued = true;
+                    seen
+                }
+                Step::Reread => self.read_role(role).await?.0,
+                Step::Lapsing(token) => {
+                    let gone =
+                        tokio::time::timeout(EXPIRY_GRACE * 3, self.watch_term(role, token)).await;
+                    if !matches!(gone, Ok(Ok(()))) {
+                        tracing::debug!(role, "a lapsed term's key outlived etcd's expiry check");
+                    }
+                    self.read_role(role).await?.0
+                }
+            };
+            step = match seen {
+                Seen::Absent => self.acquire(role, owner, ttl, secs, value, queue).await?,
+                Seen::Handing => {
+                    // A releaser reserved the role for a candidate and has not begun its
+                    // term (yet): begin it, as anyone may, and look again.
+                    self.finish_handover(role, None).await?;
+                    Step::Reread
+                }
+                Seen::Held(holder) if holder.owner == owner => {
+                    // Our term; a handover that began it on our candidacy's lease ended
+                    // the candidacy (the lease is the term's now).
+                    self.forget_candidacy(role, owner);
+                    let (ttl_secs, lease_secs) = holder.ttl_secs.unwrap_or((secs, secs));
+                    let term = OwnTerm {
+                        owner: owner.to_owned(),
+                        token: holder.token,
+                        lease: holder.lease,
+                        ttl_secs,
+                        lease_secs,
+                        in_session: holder.session.is_some(),
+                    };
+                    // A session's term becomes a plain lease of its own: renewing the
+                    // session's etcd lease would renew the whole session instead.
+                    if term.ttl_secs == secs && !term.in_session {
+                        self.renew(role, owner, ttl, &term).await?
+                    } else {
+                        self.change_ttl(role, owner, ttl, secs, &term).await?
+                    }
+                }
+                // The term was read by a renewal or a read: queue in a transaction that
+                // decides again.
+                Seen::Held(_) if queue && !queued => {
+                    self.acquire(role, owner, ttl, secs, value, true).await?
+                }
+                Seen::Held(holder) => return self.refusal(holder).await,
+            };
+        }
+        Err(Error::store_msg(
+            BACKEND,
+            "the lease kept changing during the call; try again",
+        ))
+    }
+
+    /// Starts a new term advertising `value`: one transaction `key absent and no
+    /// handover under way => put` (the lease key, the term record and the value), with
+    /// the etcd lease kept alive concurrently (so the term's TTL counts from this round
+    /// trip). With `queue`, the same transaction queues the caller when it does not
+    /// acquire (see `queue.rs`), on the etcd lease of its candidacy when this instance
+    /// has one (so the candidacy keeps its lease, and a term it acquires starts on it).
     pub(super) async fn acquire(
         &self,
         role: &str,
@@ -16,8 +110,13 @@ impl EtcdLeaseStore {
         ttl: Duration,
         secs: i64,
         value: Option<&str>,
+        queue: bool,
     ) -> Result<Step> {
-        let (lease, lease_secs, started) = self.lease_for(secs).await?;
+        let candidacy = queue.then(|| self.candidacy(role, owner, secs)).flatten();
+        let (lease, lease_secs, started) = match candidacy {
+            Some(c) => (c.lease, c.lease_secs, c.kept),
+            None => self.lease_for(secs).await?,
+        };
         let lease_ttl = lease_duration(ttl, secs, lease_secs);
         let sent = self.sent();
         let record = TermRecord {
@@ -28,6 +127,11 @@ impl EtcdLeaseStore {
             lease_secs,
             released: false,
         };
+        let extra = if queue {
+            Extra::Queue(candidate_record(value, &sent, lease_ttl, secs, lease_secs)?)
+        } else {
+            Extra::None
+        };
         let txn = acquire_txn_with(
             &self.keys,
             role,
@@ -35,7 +139,7 @@ impl EtcdLeaseStore {
             lease,
             encode(&record)?,
             encode_value(value)?,
-            None,
+            extra,
         );
         let (txn_result, alive) = tokio::join!(
             self.conn.txn("acquiring a lease", txn),
@@ -44,7 +148,13 @@ impl EtcdLeaseStore {
         let response = match txn_result {
             Ok(response) => response,
             Err(error) => {
-                self.conn.revoke_quietly(lease).await;
+                if candidacy.is_some() {
+                    // Never revoked on an error: it holds our place, and maybe a term a
+                    // handover began on it.
+                    self.forget_candidacy(role, owner);
+                } else {
+                    self.conn.revoke_quietly(lease).await;
+                }
                 if lease_missing(&error) {
                     return Ok(Step::Reread);
                 }
@@ -52,20 +162,58 @@ impl EtcdLeaseStore {
             }
         };
         if !response.succeeded() {
-            if matches!(alive, Ok(true)) {
-                self.put_back_spare(SpareLease {
-                    id: lease,
-                    ttl_secs: secs,
-                    lease_secs,
-                    started: sent,
-                    usable_until: sent.mono + lease_ttl / 2,
-                })
-                .await;
-            } else {
-                self.conn.revoke_quietly(lease).await;
+            let mut gets = first_kvs(&response).into_iter();
+            let (lease_kv, term_kv) = (gets.next().flatten(), gets.next().flatten());
+            let handoff_kv = gets.next().flatten();
+            let seen = seen_in(lease_kv.as_ref(), term_kv.as_ref(), handoff_kv.as_ref()).0;
+            if queue && queued_by(&response) {
+                let kept = if matches!(alive, Ok(true)) {
+                    sent
+                } else {
+                    started
+                };
+                let moved_off = self.remember_candidacy(
+                    role,
+                    owner,
+                    Candidacy {
+                        lease,
+                        ttl_secs: secs,
+                        lease_secs,
+                        kept,
+                        usable_until: kept.mono + lease_ttl / 2,
+                    },
+                );
+                // The candidate key moved to `lease` (keeping its place); the lease it
+                // was on holds nothing now (we do not hold the role, so no term is on it).
+                if let Some(old) = moved_off {
+                    self.conn.revoke_quietly(old).await;
+                }
+                return Ok(Step::Queued(seen));
             }
-            let (lease_kv, term_kv) = two_gets(&response);
-            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
+            if candidacy.is_none() {
+                if matches!(alive, Ok(true)) {
+                    self.put_back_spare(SpareLease {
+                        id: lease,
+                        ttl_secs: secs,
+                        lease_secs,
+                        started: sent,
+                        usable_until: sent.mono + lease_ttl / 2,
+                    })
+                    .await;
+                } else {
+                    self.conn.revoke_quietly(lease).await;
+                }
+            }
+            // With a candidacy and not queued, we hold the role: on this lease when a
+            // handover began our term on it (the caller takes the term up from `seen`).
+            return Ok(Step::Saw(seen));
+        }
+        // Our candidacy ended with this acquire (the transaction deleted its key); its
+        // own lease holds nothing unless it is the term's.
+        if let Some(old) = self.forget_candidacy(role, owner) {
+            if old.lease != lease {
+                self.conn.revoke_quietly(old.lease).await;
+            }
         }
         let revision = response.header().map_or(0, |h| h.revision());
         if !matches!(alive, Ok(true)) {
@@ -143,7 +291,9 @@ impl EtcdLeaseStore {
         if !response.succeeded() {
             self.terms.lock().remove(role);
             let (lease_kv, term_kv) = two_gets(&response);
-            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
+            return Ok(Step::Saw(
+                seen_in(lease_kv.as_ref(), term_kv.as_ref(), None).0,
+            ));
         }
         match alive {
             Ok(true) => {}
@@ -211,7 +361,9 @@ impl EtcdLeaseStore {
             self.conn.revoke_quietly(lease).await;
             self.terms.lock().remove(role);
             let (lease_kv, term_kv) = two_gets(&response);
-            return Ok(Step::Saw(seen_in(lease_kv.as_ref(), term_kv.as_ref()).0));
+            return Ok(Step::Saw(
+                seen_in(lease_kv.as_ref(), term_kv.as_ref(), None).0,
+            ));
         }
         if !old.in_session {
             self.conn.revoke_quietly(old.lease).await;

@@ -31,10 +31,10 @@ impl EtcdLeaseStore {
             role,
             |seen, record| match (seen, record) {
                 (Seen::Held(holder), _) => above(holder.token().get()),
-                (Seen::Absent, Some((record, mod_revision))) => {
+                (Seen::Absent | Seen::Handing, Some((record, mod_revision))) => {
                     above(record.token_at(*mod_revision))
                 }
-                (Seen::Absent, None) => false,
+                (Seen::Absent | Seen::Handing, None) => false,
             },
             |event| {
                 event.event_type() == EventType::Put

@@ -1,0 +1,404 @@
+//! The queue of candidates on etcd beyond the shared scenarios: what a handover costs
+//! etcd however many candidates wait (counted by a private member's own gRPC counters),
+//! and a handover whose releaser stopped between its two transactions.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{FencingToken, LeaseStore, TermChange};
+use tenure_etcd::requests::{Keys, TermRecord};
+use tenure_etcd::EtcdLeaseStore;
+use tenure_testkit::etcd::EtcdServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+
+const ROLE: &str = "queued";
+const TTL: Duration = Duration::from_secs(10);
+
+/// The gRPC calls `host_port` has started, by method (`grpc_server_started_total`,
+/// which counts a stream such as a keep-alive or a watch when it opens).
+async fn calls(host_port: &str) -> BTreeMap<String, u64> {
+    let mut stream = tokio::net::TcpStream::connect(host_port).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host_port}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    let mut counts = BTreeMap::new();
+    for line in body.lines() {
+        let Some(labels) = line.strip_prefix("grpc_server_started_total{") else {
+            continue;
+        };
+        let method = labels
+            .split(',')
+            .find_map(|label| label.strip_prefix("grpc_method=\""))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("?");
+        let count = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        *counts.entry(method.to_owned()).or_insert(0) += count as u64;
+    }
+    counts
+}
+
+/// The calls started between two readings, by method (those that did not change left out).
+fn since(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(method, n)| (method.clone(), n - before.get(method).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+async fn store_on(endpoint: &str, prefix: &str) -> Arc<EtcdLeaseStore> {
+    Arc::new(EtcdLeaseStore::new(common::client(&[endpoint.to_owned()]).await, prefix).unwrap())
+}
+
+/// A candidate as the elector waits: on `wait_for_successor`, keeping its place when the
+/// role goes to another, renewing once it is handed the role; reports its token.
+fn wait_turn(
+    store: Arc<EtcdLeaseStore>,
+    owner: String,
+    mut observed: FencingToken,
+    began: mpsc::UnboundedSender<(String, FencingToken)>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            match store.wait_for_successor(ROLE, observed, deadline).await {
+                TermChange::Began {
+                    holder,
+                    fencing_token,
+                } if holder != owner => observed = fencing_token,
+                TermChange::Began { fencing_token, .. } => {
+                    let renewed = store
+                        .try_acquire_or_queue(ROLE, &owner, TTL, None)
+                        .await
+                        .unwrap();
+                    assert!(renewed.acquired && renewed.fencing_token == fencing_token);
+                    let _ = began.send((owner, fencing_token));
+                    return;
+                }
+                other => panic!("{owner} was told {other:?}"),
+            }
+        }
+    });
+}
+
+/// Setup: a private etcd member (so its counters count only this test), a holder and 16
+/// candidates, each its own store and client as separate processes would be, waiting as
+/// the elector does. A release hands the role to the oldest candidate, and that
+/// candidate's renewal is its next call; the other 15 learn it from their watch and wait
+/// again. Counted at the member, a handover (release, begin, the revoke of the old
+/// term's etcd lease, the successor's renewal) is 3 Txn, 1 LeaseRevoke and 1
+/// LeaseKeepAlive, with no read and no new watch, the second time too, with one
+/// candidate fewer. A candidate's refresh is 1 Txn and 1 LeaseKeepAlive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_costs_the_same_however_many_wait() {
+    common::init_tracing();
+    let server = EtcdServer::start().expect("private etcd");
+    let endpoint = server.endpoint();
+    let prefix = common::unique_prefix("queue-cost");
+    let holder = store_on(&endpoint, &prefix).await;
+    let a = holder
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    let (began, mut begun) = mpsc::unbounded_channel();
+    let mut candidates = Vec::new();
+    for i in 0..16 {
+        let owner = format!("node-{i:02}");
+        let store = store_on(&endpoint, &prefix).await;
+        let queued = store
+            .try_acquire_or_queue(ROLE, &owner, TTL, None)
+            .await
+            .unwrap();
+        assert!(!queued.acquired && queued.holder == "node-a");
+        wait_turn(store.clone(), owner.clone(), a.fencing_token, began.clone());
+        candidates.push((owner, store));
+    }
+    // Every waiter has read the role and started its watch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut releaser = (holder, "node-a".to_owned(), a.fencing_token);
+    for expected in ["node-00", "node-01"] {
+        let before = calls(&server.host_port()).await;
+        let (store, owner, token) = &releaser;
+        assert!(store.release(ROLE, owner, *token).await.unwrap());
+        let (next, next_token) = timeout(Duration::from_secs(10), begun.recv())
+            .await
+            .expect("the successor learned of its term")
+            .unwrap();
+        assert_eq!(next, expected, "the oldest candidate");
+        assert!(next_token > *token);
+        // Let the others see the new term and wait again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cost = since(&before, &calls(&server.host_port()).await);
+        let expected_cost: BTreeMap<String, u64> =
+            [("LeaseKeepAlive", 1), ("LeaseRevoke", 1), ("Txn", 3)]
+                .into_iter()
+                .map(|(method, n)| (method.to_owned(), n))
+                .collect();
+        assert_eq!(cost, expected_cost, "one handover with {} waiting", 16);
+        let store = candidates
+            .iter()
+            .find(|(o, _)| *o == next)
+            .map(|(_, s)| s.clone())
+            .unwrap();
+        releaser = (store, next, next_token);
+    }
+
+    // A candidate refreshing its place: one transaction beside one keep-alive.
+    let (owner, store) = &candidates[5];
+    let before = calls(&server.host_port()).await;
+    let refreshed = store
+        .try_acquire_or_queue(ROLE, owner, TTL, None)
+        .await
+        .unwrap();
+    assert!(!refreshed.acquired && refreshed.holder == "node-01");
+    let cost = since(&before, &calls(&server.host_port()).await);
+    let expected_cost: BTreeMap<String, u64> = [("LeaseKeepAlive", 1), ("Txn", 1)]
+        .into_iter()
+        .map(|(method, n)| (method.to_owned(), n))
+        .collect();
+    assert_eq!(cost, expected_cost, "a refresh");
+}
+
+/// Setup: the shared etcd; a holder, two candidates, and a release sent as its raw
+/// transaction (the store's own, `tenure_etcd::requests::release_txn`), as if the
+/// releaser stopped before the transaction that begins the candidate's term. The role
+/// then has no live term but stays reserved: a plain contender does not take it but
+/// begins the oldest candidate's term and is refused naming it, and a waiter that
+/// watched the release is told of that term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_finishes_a_handover_its_releaser_left() {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("queue-left");
+    let keys = Keys::new(&prefix).unwrap();
+    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let store = store_on(&endpoint, &prefix).await;
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c"] {
+        let queued = store
+            .try_acquire_or_queue(ROLE, owner, TTL, Some("b:1"))
+            .await
+            .unwrap();
+        assert!(!queued.acquired);
+    }
+    let watcher = store_on(&endpoint, &prefix).await;
+    let waiting = {
+        let watcher = watcher.clone();
+        tokio::spawn(async move {
+            watcher
+                .wait_for_successor(
+                    ROLE,
+                    a.fencing_token,
+                    Instant::now() + Duration::from_secs(20),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let record = TermRecord {
+        owner: "node-a".into(),
+        token: Some(a.fencing_token.get()),
+        expires_at_ns: tenure_etcd::requests::to_ns(std::time::SystemTime::now()),
+        ttl_secs: 10,
+        lease_secs: 10,
+        released: true,
+    };
+    let token = i64::try_from(a.fencing_token.get()).unwrap();
+    let txn = tenure_etcd::requests::release_txn(&keys, ROLE, "node-a", token, &record).unwrap();
+    assert!(raw.txn(txn).await.unwrap().succeeded());
+    let info = store.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), None, "between the two steps: {info:?}");
+    assert!(
+        raw.get(keys.handoff(ROLE), None).await.unwrap().count() == 1,
+        "the role is reserved"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "a reserved role is no ended term");
+
+    let plain = store_on(&endpoint, &prefix).await;
+    let p = plain
+        .try_acquire_or_renew(ROLE, "node-p", TTL)
+        .await
+        .unwrap();
+    assert!(
+        !p.acquired,
+        "the reservation keeps plain contenders out: {p:?}"
+    );
+    assert_eq!(
+        p.holder, "node-b",
+        "and the contender began the oldest's term"
+    );
+    assert!(p.fencing_token > a.fencing_token);
+    assert_eq!(
+        waiting.await.unwrap(),
+        TermChange::Began {
+            holder: "node-b".into(),
+            fencing_token: p.fencing_token
+        }
+    );
+    let info = store.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.value.as_deref(), Some("b:1"));
+    assert_eq!(raw.get(keys.handoff(ROLE), None).await.unwrap().count(), 0);
+    // node-b's own store renews the term it was handed, under the same token.
+    let b = store
+        .try_acquire_or_queue(ROLE, "node-b", TTL, Some("b:1"))
+        .await
+        .unwrap();
+    assert!(b.acquired && b.fencing_token == p.fencing_token, "{b:?}");
+}
+
+/// Setup: the shared etcd, four electors on stores of their own joining one after
+/// another (each a follower that has seen the leader before the next starts), and a
+/// retry interval of a minute. Each leader in turn stops its work (so its elector
+/// releases): the role goes to the follower that joined first of those left, pushed,
+/// within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn electors_lead_in_the_order_they_queued() {
+    use tenure::{ElectionState, LeaseLeaderElector, LeaseLeaderOptions};
+    use tokio_util::sync::CancellationToken;
+
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("queue-electors");
+    let (started_tx, mut started) = mpsc::unbounded_channel::<(String, Instant)>();
+    let mut stops = Vec::new();
+    let mut handles = Vec::new();
+    let owners = ["first", "second", "third", "fourth"];
+    for (i, owner) in owners.into_iter().enumerate() {
+        let options = LeaseLeaderOptions {
+            owner_id: owner.to_owned(),
+            lease_ttl: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(3),
+            retry_interval: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let elector = LeaseLeaderElector::new(store_on(&endpoint, &prefix).await, options).unwrap();
+        let mut state = elector.watch();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let started_tx = started_tx.clone();
+        handles.push(tokio::spawn(async move {
+            elector
+                .run(
+                    ROLE,
+                    move |_token, leadership| {
+                        let started_tx = started_tx.clone();
+                        let mut stop_rx = stop_rx.clone();
+                        async move {
+                            let _ = started_tx.send((owner.to_owned(), Instant::now()));
+                            tokio::select! {
+                                _ = stop_rx.wait_for(|stop| *stop) => {}
+                                _ = leadership.cancelled() => {}
+                            }
+                        }
+                    },
+                    CancellationToken::new(),
+                )
+                .await
+        }));
+        stops.push(stop_tx);
+        if i == 0 {
+            let (who, _) = timeout(Duration::from_secs(10), started.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(who, "first");
+        } else {
+            timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
+            )
+            .await
+            .expect("the follower saw the leader (and so queued)")
+            .unwrap();
+        }
+    }
+    // Let the last follower's watch start.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for turn in 0..3 {
+        let stopped = Instant::now();
+        stops[turn].send(true).unwrap();
+        let (who, at) = timeout(Duration::from_secs(10), started.recv())
+            .await
+            .expect("a handover within 10 s (the retry interval is a minute)")
+            .unwrap();
+        assert_eq!(who, owners[turn + 1], "queue order");
+        let took = at.duration_since(stopped);
+        assert!(
+            took < Duration::from_secs(1),
+            "handover {turn} took {took:?}"
+        );
+        timeout(Duration::from_secs(10), &mut handles[turn])
+            .await
+            .expect("the elector that stopped returns")
+            .unwrap()
+            .unwrap();
+    }
+    stops[3].send(true).unwrap();
+    timeout(Duration::from_secs(10), &mut handles[3])
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Setup: the shared etcd; a holder and candidates b then c on one store. b's candidacy
+/// ends under it (its etcd lease revoked, as an operator or etcd's expiry would): its
+/// next refresh, on the lease this store remembered, fails and joins again, at the back.
+/// A refresh of a live candidacy keeps its place (c stays ahead of d), and the queue's
+/// key is the one `Keys::candidate` names, on an etcd lease of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidacy_that_ended_joins_again_at_the_back() {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("queue-rejoin");
+    let keys = Keys::new(&prefix).unwrap();
+    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let store = store_on(&endpoint, &prefix).await;
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c", "node-d"] {
+        let queued = store
+            .try_acquire_or_queue(ROLE, owner, TTL, None)
+            .await
+            .unwrap();
+        assert!(!queued.acquired);
+    }
+    let b_key = raw.get(keys.candidate(ROLE, "node-b"), None).await.unwrap();
+    let b_lease = b_key.kvs().first().expect("node-b's candidate key").lease();
+    assert_ne!(b_lease, 0, "a candidate key is on an etcd lease");
+    raw.lease_revoke(b_lease).await.unwrap();
+    for owner in ["node-b", "node-c"] {
+        let refreshed = store
+            .try_acquire_or_queue(ROLE, owner, TTL, None)
+            .await
+            .unwrap();
+        assert!(!refreshed.acquired && refreshed.holder == "node-a");
+    }
+    let mut token = a.fencing_token;
+    let mut holder = "node-a".to_owned();
+    for next in ["node-c", "node-d", "node-b"] {
+        assert!(store.release(ROLE, &holder, token).await.unwrap());
+        let info = store.get(ROLE).await.unwrap().unwrap();
+        assert_eq!(info.live_holder(), Some(next), "{info:?}");
+        assert!(info.fencing_token > token);
+        (holder, token) = (next.to_owned(), info.fencing_token);
+    }
+}
