@@ -81,7 +81,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, Event, EventType, GetOptions, KeyValue, PutOptions,
-    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
 use tenure::lease::{validate_acquire, validate_name, validate_value};
@@ -507,6 +507,32 @@ impl LeaseStore for EtcdLeaseStore {
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
         self.withdraw_candidacy(role, owner).await
+    }
+
+    /// One range over the role's queue, in create-revision order: a candidate key lives
+    /// exactly as long as its etcd lease.
+    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
+        validate_name("role", role)?;
+        let dir = self.keys.queue_dir(role);
+        let options = GetOptions::new()
+            .with_range(self.keys.queue_end(role))
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let response = self
+            .conn
+            .get("reading the queue", &dir, Some(options))
+            .await?;
+        response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                kv.key()
+                    .strip_prefix(dir.as_bytes())
+                    .and_then(|owner| std::str::from_utf8(owner).ok())
+                    .map(str::to_owned)
+                    .ok_or_else(|| Error::store_msg(BACKEND, "a candidate key names no owner"))
+            })
+            .collect()
     }
 
     /// Two transactions, not one (etcd cannot delete and create one key in one): see

@@ -167,36 +167,24 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// lapses without release goes to whichever contender asks first, as in
     /// [`try_acquire_or_renew`](Self::try_acquire_or_renew).
     ///
-    /// The default does not queue (it is `try_acquire_or_renew_with_value`), so a
-    /// release on such a store leaves the role free for the waiters to contend.
     async fn try_acquire_or_queue(
         &self,
         role: &str,
         owner: &str,
         ttl: Duration,
         value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.try_acquire_or_renew_with_value(role, owner, ttl, value)
-            .await
-    }
+    ) -> Result<LeaseResult>;
 
     /// Removes `owner` from `role`'s queue of candidates (see
     /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)); returns whether it was
     /// queued and live. A contender that stops waiting withdraws, so no release hands
-    /// the role to it. The default queues nobody and so withdraws nobody.
-    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
-        validate_release(role, owner)?;
-        Ok(false)
-    }
+    /// the role to it.
+    async fn withdraw(&self, role: &str, owner: &str) -> Result<bool>;
 
     /// The owners of `role`'s live candidates, oldest first (see
     /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)): who a release would hand
-    /// the role to, and whom [`hand_over`](Self::hand_over) may name. Reads only. The
-    /// default queues nobody and so lists nobody.
-    async fn candidates(&self, role: &str) -> Result<Vec<String>> {
-        validate_name("role", role)?;
-        Ok(Vec::new())
-    }
+    /// the role to, and whom [`hand_over`](Self::hand_over) may name. Reads only.
+    async fn candidates(&self, role: &str) -> Result<Vec<String>>;
 
     /// Ends the live term `(role, owner, token)` and, in the same atomic step, begins
     /// the next one for a live candidate of the role (see
@@ -205,21 +193,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// as a release would have handed it (token + 1, its queued value, lasting as long
     /// as its candidacy). Returns whether it did; when the term is not live, or there is
     /// no such candidate, nothing changes (the term goes on) and the answer is `false`.
-    /// The default queues nobody and so hands over nothing.
+    ///
+    /// etcd takes two transactions for it (see that backend), so there a successor that
+    /// leaves between them is replaced by the next candidate, or by nobody.
     async fn hand_over(
         &self,
         role: &str,
         owner: &str,
         token: FencingToken,
         successor: Option<&str>,
-    ) -> Result<bool> {
-        let _ = token;
-        validate_release(role, owner)?;
-        if let Some(successor) = successor {
-            validate_name("successor", successor)?;
-        }
-        Ok(false)
-    }
+    ) -> Result<bool>;
 
     /// Reads a role's lease without changing it; `None` if the role never had one.
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>>;
