@@ -1,0 +1,264 @@
+//! The churn and leave scenarios: members joining, killed and leaving a settled group, and
+//! one role's handover among as many electors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::intercept::InterceptStore;
+use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::counters::{millis, snapshot_watching, CallCounts, TermLog};
+use super::group::{moved, owners, settle_limit, take_busiest, wait_for, Scenario};
+use super::{
+    Churn, ElectorLeave, Leave, ShardBench, CHURN_MEMBERS, CHURN_SHARDS, LEAVE_MEMBERS, MEMBER_POOL,
+};
+use crate::backend::Backend;
+use crate::stats::summarize;
+use crate::BenchError;
+
+/// The churn and leave timings: renew at a quarter of the TTL, look again at a tenth.
+pub(super) fn churn_scenario<'a>(
+    backend: &'a dyn Backend,
+    bench: &ShardBench,
+    group: String,
+) -> Scenario<'a> {
+    Scenario {
+        backend,
+        counts: Arc::default(),
+        log: Arc::default(),
+        group,
+        shards: CHURN_SHARDS,
+        ttl: bench.churn_ttl,
+        renew: bench.churn_ttl / 4,
+        retry: bench.churn_ttl / 10,
+    }
+}
+
+pub(super) async fn churn(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+    run_id: &str,
+) -> Result<Churn, BenchError> {
+    let scenario = churn_scenario(backend, bench, format!("{run_id}-churn"));
+    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
+    tracing::info!("churn: a cold start of {CHURN_MEMBERS} members");
+    let (mut members, cold) = scenario.start_settled(CHURN_MEMBERS, limit).await?;
+    let cold_shares = members.iter().map(|m| m.owned().len()).collect();
+
+    tracing::info!("churn: a member joins");
+    let owners_before = owners(&members);
+    let joined = Instant::now();
+    let newcomer = scenario.node(CHURN_MEMBERS);
+    members.extend(scenario.start(std::slice::from_ref(&newcomer)).await?);
+    let join_settle = scenario.settle(&members, joined, limit).await?;
+    let owners_after = owners(&members);
+    let moved = moved(&owners_before, &owners_after);
+    let to_newcomer = moved
+        .iter()
+        .filter(|s| owners_after.get(s) == Some(&newcomer))
+        .count();
+    let mut handovers = Vec::new();
+    for shard in &moved {
+        let Some(from) = owners_before.get(shard) else {
+            continue;
+        };
+        let ended = scenario.log.end_of(*shard, from, joined);
+        let started = scenario.log.first_start(*shard, joined, Some(from));
+        if let (Some(ended), Some(started)) = (ended, started) {
+            handovers.push(started.saturating_duration_since(ended));
+        }
+    }
+
+    tracing::info!("churn: the member with the most shards is killed");
+    let victim = take_busiest(&mut members);
+    let victim_shards = victim.owned();
+    let killed = Instant::now();
+    victim.task.abort();
+    let all_owned_again = || {
+        let starts: Option<Vec<Instant>> = victim_shards
+            .iter()
+            .map(|s| scenario.log.first_start(*s, killed, Some(&victim.node)))
+            .collect();
+        Some(
+            starts?
+                .into_iter()
+                .max()
+                .unwrap_or(killed)
+                .duration_since(killed),
+        )
+    };
+    let some_not = || {
+        format!(
+            "the killed member's {} shards were not all owned again within {limit:?}",
+            victim_shards.len()
+        )
+    };
+    let reowned = wait_for(killed, limit, all_owned_again, some_not).await?;
+    for member in members {
+        member.stop().await;
+    }
+    Ok(Churn {
+        shards: CHURN_SHARDS,
+        cold_settle_ms: millis(cold),
+        cold_settle_intervals: cold.as_secs_f64() / scenario.renew.as_secs_f64(),
+        cold_shares,
+        join_moved: moved.len(),
+        join_moved_to_newcomer: to_newcomer,
+        join_settle_ms: millis(join_settle),
+        handover: summarize(&handovers),
+        killed_shards: victim_shards.len(),
+        kill_reowned_ms: millis(reowned),
+        ttl_ms: millis(scenario.ttl),
+    })
+}
+
+pub(super) async fn leave(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+    run_id: &str,
+) -> Result<Leave, BenchError> {
+    let scenario = churn_scenario(backend, bench, format!("{run_id}-leave"));
+    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
+    tracing::info!("leave: {LEAVE_MEMBERS} members settle {CHURN_SHARDS} shards");
+    let (mut members, _) = scenario.start_settled(LEAVE_MEMBERS, limit).await?;
+    tokio::time::sleep(scenario.renew).await;
+
+    tracing::info!("leave: one member shuts down");
+    let owners_before = owners(&members);
+    let leaver = take_busiest(&mut members);
+    let leaver_node = leaver.node.clone();
+    let leaver_shards = leaver.owned();
+    let watched: Vec<String> = leaver_shards
+        .iter()
+        .map(|&k| tenure::shard::role(&scenario.group, k))
+        .collect();
+    let look = |at: &'static str| {
+        tracing::debug!(at, "leave: reading the counters");
+        snapshot_watching(backend, &scenario.counts, &scenario.log, &watched)
+    };
+    let before = look("before").await?;
+    let left = Instant::now();
+    leaver.stop().await;
+    scenario.settle(&members, left, limit).await?;
+    let after = look("settled").await?;
+    tokio::time::sleep(after.at.duration_since(before.at)).await;
+    let quiet = look("quiet").await?;
+
+    let moved = moved(&owners_before, &owners(&members));
+    let handovers: Vec<Duration> = leaver_shards
+        .iter()
+        .filter_map(|shard| {
+            let ended = scenario.log.end_of(*shard, &leaver_node, left)?;
+            let started = scenario.log.first_start(*shard, left, Some(&leaver_node))?;
+            Some(started.saturating_duration_since(ended))
+        })
+        .collect();
+    let per_moved = |n: u64| n as f64 / moved.len().max(1) as f64;
+    let acquires = after
+        .calls_since(&before)
+        .get("acquire_in_session")
+        .copied()
+        .unwrap_or(0);
+    for member in members {
+        member.stop().await;
+    }
+    let electors = elector_leave(backend, bench, run_id).await?;
+    Ok(Leave {
+        members: LEAVE_MEMBERS,
+        shards: CHURN_SHARDS,
+        moved: moved.len(),
+        leaver_shards: leaver_shards.len(),
+        acquires_per_moved: per_moved(acquires),
+        role_calls_per_moved: per_moved(after.role_calls - before.role_calls),
+        statements: after.statements_since(&before).map(|n| n as f64),
+        background_statements: quiet.statements_since(&after).map(|n| n as f64),
+        handover: summarize(&handovers),
+        electors,
+    })
+}
+
+/// `LEAVE_MEMBERS` electors on one role, each on connections of its own as separate
+/// processes would be; the leader shuts down.
+pub(super) async fn elector_leave(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+    run_id: &str,
+) -> Result<ElectorLeave, BenchError> {
+    let counts = Arc::new(CallCounts::default());
+    let log = Arc::new(TermLog::default());
+    let role = format!("{run_id}-one-role");
+    let ttl = bench.churn_ttl;
+    let mut electors = Vec::new();
+    // However this ends, no elector outlives it.
+    let all = CancellationToken::new();
+    let _stop_all = all.clone().drop_guard();
+    for i in 0..LEAVE_MEMBERS {
+        let handles = backend.stores(MEMBER_POOL, ttl).await?;
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(InterceptStore::new(handles.leases).with(counts.clone()));
+        let options = LeaseLeaderOptions {
+            owner_id: format!("{run_id}-one-role-{i}"),
+            lease_ttl: ttl,
+            renew_interval: ttl / 4,
+            retry_interval: ttl / 10,
+            ..Default::default()
+        };
+        let elector = Arc::new(LeaseLeaderElector::new(store, options)?);
+        let shutdown = all.child_token();
+        let (log, stop, role, name) = (
+            Arc::clone(&log),
+            shutdown.clone(),
+            role.clone(),
+            format!("e{i}"),
+        );
+        let task = tokio::spawn(async move {
+            let work = |_token, leadership| log.term(0, &name, leadership);
+            elector.run(&role, work, stop).await
+        });
+        electors.push((format!("e{i}"), shutdown, task));
+    }
+    let limit = settle_limit(backend, 1, ttl);
+    let start = Instant::now();
+    let running = || {
+        let terms = log.terms.lock();
+        terms
+            .iter()
+            .find(|t| t.end.is_none())
+            .map(|t| t.member.clone())
+    };
+    let none = || format!("no elector led the role within {limit:?}");
+    let leader = wait_for(start, limit, running, none).await?;
+    tokio::time::sleep(ttl / 4).await;
+    let watched = [role.clone()];
+    let before = snapshot_watching(backend, &counts, &log, &watched).await?;
+    let left = Instant::now();
+    let at = electors.iter().position(|(name, _, _)| *name == leader);
+    if let Some(at) = at {
+        let (_, shutdown, task) = electors.remove(at);
+        shutdown.cancel();
+        let _ = task.await;
+    }
+    let taken_over = || log.first_start(0, left, Some(&leader));
+    let none = || format!("no elector took the role over within {limit:?}");
+    let started = wait_for(left, limit, taken_over, none).await?;
+    let after = snapshot_watching(backend, &counts, &log, &watched).await?;
+    tokio::time::sleep(after.at.duration_since(before.at)).await;
+    let quiet = snapshot_watching(backend, &counts, &log, &watched).await?;
+    let ended = log.end_of(0, &leader, left).unwrap_or(left);
+    for (_, shutdown, _) in &electors {
+        shutdown.cancel();
+    }
+    for (_, _, task) in electors {
+        let _ = task.await;
+    }
+    Ok(ElectorLeave {
+        electors: LEAVE_MEMBERS,
+        role_calls: (after.role_calls - before.role_calls) as f64
+            - (quiet.role_calls - after.role_calls) as f64,
+        statements: after.statements_since(&before).map(|n| n as f64),
+        background_statements: quiet.statements_since(&after).map(|n| n as f64),
+        handover_ms: millis(started.saturating_duration_since(ended)),
+    })
+}

@@ -1,0 +1,218 @@
+//! The hold scenario: a shard group, then per-role electors, holding every role over a
+//! window, and the quiet window of a server that counts its own traffic.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::intercept::InterceptStore;
+use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::counters::{millis, snapshot, CallCounts, Snapshot, TermLog};
+use super::group::{settle_limit, wait_for, Scenario};
+use super::{HoldRow, QuietWindow, ShardBench};
+use crate::backend::Backend;
+use crate::BenchError;
+
+/// Lets the last contending calls pass and the server's counters catch up, then reads
+/// the counters around a window of `bench.window`.
+pub(super) async fn hold_window(
+    backend: &dyn Backend,
+    counts: &CallCounts,
+    log: &TermLog,
+    bench: &ShardBench,
+) -> Result<(Snapshot, Snapshot), BenchError> {
+    tokio::time::sleep(bench.renew_every.max(backend.counter_lag())).await;
+    let before = snapshot(backend, counts, log).await?;
+    tokio::time::sleep(bench.window).await;
+    let after = snapshot(backend, counts, log).await?;
+    Ok((before, after))
+}
+
+/// The server's counters over `bench.window` with nothing of the bench's running.
+pub(super) async fn quiet_window(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+) -> Result<QuietWindow, BenchError> {
+    tracing::info!(window = ?bench.window, "measuring the server's own traffic");
+    tokio::time::sleep(backend.counter_lag()).await;
+    let log = TermLog::default();
+    let counts = CallCounts::default();
+    let before = snapshot(backend, &counts, &log).await?;
+    tokio::time::sleep(bench.window).await;
+    let after = snapshot(backend, &counts, &log).await?;
+    let row = hold_row(
+        "quiet",
+        0,
+        0,
+        Duration::ZERO,
+        bench.renew_every,
+        &before,
+        &after,
+    );
+    Ok(QuietWindow {
+        window_ms: millis(after.at.duration_since(before.at)),
+        statements_per_interval: row.statements_per_interval,
+        rows_written_per_interval: row.rows_written_per_interval,
+    })
+}
+
+/// Measures the window between two snapshots as a [`HoldRow`].
+pub(super) fn hold_row(
+    holder: &str,
+    roles: u32,
+    contenders: usize,
+    settle: Duration,
+    renew: Duration,
+    before: &Snapshot,
+    after: &Snapshot,
+) -> HoldRow {
+    let window = after.at.duration_since(before.at);
+    let intervals = window.as_secs_f64() / renew.as_secs_f64();
+    let per = |n: u64| n as f64 / intervals;
+    HoldRow {
+        holder: holder.to_owned(),
+        roles,
+        contenders,
+        settle_ms: millis(settle),
+        restart_settle_ms: None,
+        intervals,
+        calls_per_interval: after
+            .calls_since(before)
+            .into_iter()
+            .map(|(method, n)| (method, per(n)))
+            .collect(),
+        statements_per_interval: after.statements_since(before).map(per),
+        rows_written_per_interval: after
+            .rows
+            .zip(before.rows)
+            .map(|(a, b)| per(a.saturating_sub(b))),
+        cpu_percent: 100.0 * after.cpu.saturating_sub(before.cpu).as_secs_f64()
+            / window.as_secs_f64(),
+        terms_restarted: after.terms - before.terms,
+    }
+}
+
+pub(super) async fn hold_group(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+    run_id: &str,
+) -> Result<HoldRow, BenchError> {
+    let scenario = Scenario {
+        backend,
+        counts: Arc::default(),
+        log: Arc::default(),
+        group: format!("{run_id}-hold"),
+        shards: bench.shards,
+        ttl: bench.hold_ttl,
+        renew: bench.renew_every,
+        retry: bench.renew_every,
+    };
+    tracing::info!(
+        shards = bench.shards,
+        members = bench.members,
+        "settling the shard group"
+    );
+    let limit = settle_limit(backend, bench.shards / bench.members as u32, bench.hold_ttl);
+    let (members, settle) = scenario.start_settled(bench.members, limit).await?;
+    tracing::info!(window = ?bench.window, "measuring the shard group's hold");
+    let (before, after) = hold_window(backend, &scenario.counts, &scenario.log, bench).await?;
+    for member in members {
+        member.stop().await;
+    }
+    let restart_settle = if backend.creates_contend() {
+        tracing::info!("starting the shard group again, its objects in place");
+        let (members, settle) = scenario.start_settled(bench.members, limit).await?;
+        for member in members {
+            member.stop().await;
+        }
+        Some(millis(settle))
+    } else {
+        None
+    };
+    Ok(HoldRow {
+        restart_settle_ms: restart_settle,
+        ..hold_row(
+            "shard group",
+            bench.shards,
+            bench.members,
+            settle,
+            bench.renew_every,
+            &before,
+            &after,
+        )
+    })
+}
+
+pub(super) async fn hold_electors(
+    backend: &dyn Backend,
+    bench: &ShardBench,
+    run_id: &str,
+) -> Result<HoldRow, BenchError> {
+    let counts = Arc::new(CallCounts::default());
+    let log = Arc::new(TermLog::default());
+    let handles = backend.stores(10, bench.hold_ttl).await?;
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(InterceptStore::new(handles.leases).with(counts.clone()));
+    let role = |k: u32| format!("{run_id}-roles/{k}");
+    if backend.creates_contend() {
+        tracing::info!(
+            roles = bench.shards,
+            "creating the per-role electors' objects"
+        );
+        let owner = format!("{run_id}-elector-prep");
+        for k in 0..bench.shards {
+            let lease = store
+                .try_acquire_or_renew(&role(k), &owner, bench.hold_ttl)
+                .await?;
+            store.release(&role(k), &owner, lease.fencing_token).await?;
+        }
+    }
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(bench.shards as usize);
+    tracing::info!(electors = bench.shards, "starting per-role electors");
+    for k in 0..bench.shards {
+        let options = LeaseLeaderOptions {
+            owner_id: format!("{run_id}-elector-{k}"),
+            lease_ttl: bench.hold_ttl,
+            renew_interval: bench.renew_every,
+            retry_interval: bench.renew_every,
+            ..Default::default()
+        };
+        let elector = LeaseLeaderElector::new(store.clone(), options)?;
+        let (log, stop, role) = (Arc::clone(&log), shutdown.clone(), role(k));
+        tasks.push(tokio::spawn(async move {
+            let work = |_token, leadership| log.term(k, "elector", leadership);
+            elector.run(&role, work, stop).await
+        }));
+    }
+    let limit = settle_limit(backend, bench.shards, bench.hold_ttl);
+    let all_lead = || (log.started() >= u64::from(bench.shards)).then(|| start.elapsed());
+    let some_wait = || {
+        format!(
+            "{} per-role electors did not all lead within {limit:?} ({} did)",
+            bench.shards,
+            log.started()
+        )
+    };
+    let settle = wait_for(start, limit, all_lead, some_wait)
+        .await
+        .inspect_err(|_| shutdown.cancel())?;
+    tracing::info!(window = ?bench.window, "measuring the per-role electors' hold");
+    let (before, after) = hold_window(backend, &counts, &log, bench).await?;
+    shutdown.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+    Ok(hold_row(
+        "per-role electors",
+        bench.shards,
+        bench.shards as usize,
+        settle,
+        bench.renew_every,
+        &before,
+        &after,
+    ))
+}
