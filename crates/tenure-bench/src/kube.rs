@@ -35,7 +35,7 @@
 //! same handover without the store or the elector: a bare `PUT` release, the contender's
 //! watch event, its `PUT` on the event's `resourceVersion`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,8 +43,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, WatchEvent, WatchParams};
 use parking_lot::Mutex;
 use tenure::{Error, LeaseStore, Result};
 use tenure_kube::names::{object_name, Kind};
@@ -52,14 +52,17 @@ use tenure_kube::{KubeConnection, KubeLeaseStore, KubeNodeRegistry, KubeUrl};
 use tenure_throwaway::kube::KubeServer;
 use tokio::time::{timeout, Instant};
 
-use crate::backend::{
-    blocking, unexpected, Backend, Client, Counter, ExtraCell, ExtraKind, Handles, BENCH_TTL,
-    REGISTRY_TTL,
-};
+use crate::backend::{blocking, Backend, Client, Counter, ExtraCell, ExtraKind, Handles};
 use crate::failover::STALL_RETRY;
 use crate::report::Floor;
 use crate::stats::summarize;
 use crate::BenchError;
+
+mod raw;
+mod scrape;
+
+use raw::RawClient;
+use scrape::Scrape;
 
 const BACKEND: &str = tenure_kube::BACKEND;
 
@@ -91,89 +94,6 @@ fn secs(d: Duration) -> i32 {
 
 fn micro_now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
-}
-
-/// Lease requests by verb and status code, as one read of `/metrics` gave them.
-#[derive(Clone, Default)]
-struct Scrape {
-    counts: BTreeMap<(String, String), u64>,
-}
-
-impl Scrape {
-    /// Reads `apiserver_request_total` of `leases` in `coordination.k8s.io` from
-    /// Prometheus text.
-    fn parse(body: &str) -> Scrape {
-        let mut counts = BTreeMap::new();
-        for line in body.lines() {
-            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-                continue;
-            };
-            let Some((labels, value)) = rest.rsplit_once("} ") else {
-                continue;
-            };
-            if label(labels, "resource") != Some("leases")
-                || label(labels, "group") != Some("coordination.k8s.io")
-            {
-                continue;
-            }
-            let (Some(verb), Some(code)) = (label(labels, "verb"), label(labels, "code")) else {
-                continue;
-            };
-            // Counters are printed as floats (`1.234567e+06` past a million).
-            let Ok(value) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            *counts
-                .entry((verb.to_owned(), code.to_owned()))
-                .or_insert(0) += value.round() as u64;
-        }
-        Scrape { counts }
-    }
-
-    /// Every request but watches (a watch is counted when it ends, however long it ran).
-    fn requests(&self) -> u64 {
-        self.counts
-            .iter()
-            .filter(|((verb, _), _)| verb != "WATCH")
-            .map(|(_, n)| n)
-            .sum()
-    }
-
-    /// Writes that succeeded: objects created, replaced, patched or deleted.
-    fn writes(&self) -> u64 {
-        self.counts
-            .iter()
-            .filter(|((verb, code), _)| {
-                matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
-                    && code.starts_with('2')
-            })
-            .map(|(_, n)| n)
-            .sum()
-    }
-
-    /// What was added since `earlier`, by verb and code, for the debug log.
-    fn added_since(&self, earlier: &Scrape) -> String {
-        let added: Vec<String> = self
-            .counts
-            .iter()
-            .filter_map(|((verb, code), &n)| {
-                let key = (verb.clone(), code.clone());
-                let delta = n.saturating_sub(earlier.counts.get(&key).copied().unwrap_or(0));
-                (delta > 0).then(|| format!("{verb} {code} +{delta}"))
-            })
-            .collect();
-        added.join(", ")
-    }
-}
-
-/// The value of `key` in a Prometheus label set (`a="1",b="2"`; no value here holds a
-/// comma or a quote).
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|pair| {
-        pair.strip_prefix(key)?
-            .strip_prefix("=\"")?
-            .strip_suffix('"')
-    })
 }
 
 pub(crate) struct Kube {
@@ -448,185 +368,6 @@ async fn next_event(events: &mut Events, wanted: impl Fn(&LeaseSpec) -> bool) ->
                     BACKEND,
                     format!("the watch failed: {} {}", status.code, status.message),
                 ))
-            }
-        }
-    }
-}
-
-/// The raw side of one client: client-go's requests, sent directly.
-struct RawClient {
-    api: Api<Lease>,
-    /// Each object as this client last wrote it: a bare `PUT` sends it back.
-    cached: HashMap<String, Lease>,
-    /// Renew and release with a bare `PUT` on the cached object (client-go's fast path),
-    /// not `GET` then `PUT`.
-    bare: bool,
-    run_id: String,
-}
-
-impl RawClient {
-    fn new(api: Api<Lease>, run_id: &str, bare: bool) -> RawClient {
-        RawClient {
-            api,
-            cached: HashMap::new(),
-            bare,
-            run_id: run_id.to_owned(),
-        }
-    }
-
-    /// A conditional `PUT` of `lease` (on the `resourceVersion` it carries); the object
-    /// as written is kept for the next bare `PUT`.
-    async fn put(&mut self, name: &str, lease: Lease, what: &'static str) -> Result<Lease> {
-        let written = self
-            .api
-            .replace(name, &PostParams::default(), &lease)
-            .await
-            .map_err(err(what))?;
-        self.cached.insert(name.to_owned(), written.clone());
-        Ok(written)
-    }
-
-    async fn get(&self, name: &str, what: &'static str) -> Result<Option<Lease>> {
-        self.api.get_opt(name).await.map_err(err(what))
-    }
-
-    /// `GET`, or with `bare` the object this client last wrote.
-    async fn current(&self, name: &str, what: &'static str) -> Result<Lease> {
-        let current = if self.bare {
-            self.cached.get(name).cloned()
-        } else {
-            self.get(name, what).await?
-        };
-        current.ok_or_else(|| unexpected(format!("{what}: no object {name}")))
-    }
-
-    fn version_of(&self, name: &str) -> Result<String> {
-        self.cached
-            .get(name)
-            .and_then(|lease| lease.metadata.resource_version.clone())
-            .ok_or_else(|| unexpected(format!("no resourceVersion of {name} kept")))
-    }
-
-    /// Writes `owner` in as holder of `lease` (released or expired), one transition on.
-    async fn take(&mut self, mut lease: Lease, owner: &str) -> Result<u64> {
-        let name = lease.metadata.name.clone().unwrap_or_default();
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if holder(spec).is_some_and(|h| h != owner) {
-            return Err(unexpected(format!("raw acquire of {name}: held")));
-        }
-        let transitions = spec.lease_transitions.unwrap_or(0).saturating_add(1);
-        let now = micro_now();
-        spec.holder_identity = Some(owner.to_owned());
-        spec.lease_duration_seconds = Some(secs(BENCH_TTL));
-        spec.acquire_time = Some(now.clone());
-        spec.renew_time = Some(now);
-        spec.lease_transitions = Some(transitions);
-        self.put(&name, lease, "raw acquire").await?;
-        Ok(u64::try_from(transitions).unwrap_or(0) + 1)
-    }
-
-    /// A new object held by `holder` for `ttl`.
-    fn new_lease(&self, name: &str, holder: &str, ttl: Duration) -> Lease {
-        let now = micro_now();
-        Lease {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(BTreeMap::from([(
-                    RUN_LABEL.to_owned(),
-                    self.run_id.clone(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.to_owned()),
-                lease_duration_seconds: Some(secs(ttl)),
-                acquire_time: Some(now.clone()),
-                renew_time: Some(now),
-                lease_transitions: Some(0),
-                ..LeaseSpec::default()
-            }),
-        }
-    }
-
-    async fn create(&mut self, lease: Lease, what: &'static str) -> Result<()> {
-        let name = lease.metadata.name.clone().unwrap_or_default();
-        let created = self
-            .api
-            .create(&PostParams::default(), &lease)
-            .await
-            .map_err(err(what))?;
-        self.cached.insert(name, created);
-        Ok(())
-    }
-
-    /// client-go's release: holder cleared, `leaseDurationSeconds` 1, count kept.
-    async fn release_lease(&mut self, name: &str, mut lease: Lease) -> Result<()> {
-        let now = micro_now();
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = Some(String::new());
-        spec.lease_duration_seconds = Some(1);
-        spec.acquire_time = Some(now.clone());
-        spec.renew_time = Some(now);
-        self.put(name, lease, "raw release").await.map(drop)
-    }
-
-    /// A release with a bare `PUT` on the object this client last wrote.
-    async fn release_cached(&mut self, name: &str) -> Result<()> {
-        let lease = self
-            .cached
-            .get(name)
-            .cloned()
-            .ok_or_else(|| unexpected(format!("raw release: no object {name} kept")))?;
-        self.release_lease(name, lease).await
-    }
-}
-
-#[async_trait]
-impl Client for RawClient {
-    async fn acquire(&mut self, role: &str, owner: &str) -> Result<u64> {
-        let name = object_name(Kind::Role, role);
-        match self.get(&name, "raw read").await? {
-            Some(lease) => self.take(lease, owner).await,
-            None => {
-                let lease = self.new_lease(&name, owner, BENCH_TTL);
-                self.create(lease, "raw create").await?;
-                Ok(1)
-            }
-        }
-    }
-
-    async fn renew(&mut self, role: &str, owner: &str) -> Result<()> {
-        let name = object_name(Kind::Role, role);
-        let mut lease = self.current(&name, "raw renewal").await?;
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if holder(spec) != Some(owner) {
-            return Err(unexpected(format!("raw renewal of {role}: not held")));
-        }
-        spec.renew_time = Some(micro_now());
-        self.put(&name, lease, "raw renewal").await.map(drop)
-    }
-
-    async fn release(&mut self, role: &str, owner: &str, _token: u64) -> Result<()> {
-        let name = object_name(Kind::Role, role);
-        let lease = self.current(&name, "raw release").await?;
-        if lease.spec.as_ref().and_then(holder) != Some(owner) {
-            return Err(unexpected(format!("raw release of {role}: not held")));
-        }
-        self.release_lease(&name, lease).await
-    }
-
-    async fn heartbeat(&mut self, node: &str) -> Result<()> {
-        let name = object_name(Kind::Member, node);
-        match self.get(&name, "raw node read").await? {
-            Some(mut lease) => {
-                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                spec.holder_identity = Some(node.to_owned());
-                spec.renew_time = Some(micro_now());
-                self.put(&name, lease, "raw heartbeat").await.map(drop)
-            }
-            None => {
-                let lease = self.new_lease(&name, node, REGISTRY_TTL);
-                self.create(lease, "raw heartbeat").await
             }
         }
     }
