@@ -47,9 +47,13 @@ use std::time::Duration;
 
 use crate::error::{Result, ThrowawayError};
 use crate::etcd::EtcdServer;
-use crate::process::{
-    free_ports, fresh_dir, lock, on_path, shared_server, sweep_once, ServerProcess,
-};
+use crate::process::{free_ports, fresh_dir, lock, shared_server, sweep_once, ServerProcess};
+
+mod binaries;
+mod pki;
+
+pub use binaries::{apiserver_binary, etcd_binary, kubectl_binary};
+use pki::make_pki;
 
 /// The namespace holding the tests' service account.
 pub const SYSTEM_NAMESPACE: &str = "tenure-system";
@@ -64,64 +68,6 @@ const DIR_PREFIX: &str = "tenure-kube-";
 /// How long the API server may take to become ready (start, restart, or after etcd's).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const BUILD: &str = "scripts/build-servers";
-/// Ten years: no certificate or key expires during any run.
-const CERT_DAYS: &str = "3650";
-
-/// `$KUBE_APISERVER_BIN` when set (and only then), else `target/servers/kube-apiserver`,
-/// else `PATH`.
-pub fn apiserver_binary() -> Option<PathBuf> {
-    server_program("KUBE_APISERVER_BIN", "kube-apiserver", |_| true)
-}
-
-/// `$KUBECTL_BIN` when set (and only then), else `target/servers/kubectl`, else `PATH`.
-pub fn kubectl_binary() -> Option<PathBuf> {
-    server_program("KUBECTL_BIN", "kubectl", |_| true)
-}
-
-/// The etcd the API server runs on: `$KUBE_ETCD_BIN` when set (and only then), else
-/// `target/servers/etcd`, else an `etcd` on `PATH` whose `--version` is 3.5 or later
-/// (Debian's 3.4 serves Kubernetes only up to 1.30).
-pub fn etcd_binary() -> Option<PathBuf> {
-    server_program("KUBE_ETCD_BIN", "etcd", |bin| {
-        etcd_minor_version(bin).is_some_and(|version| version >= (3, 5))
-    })
-}
-
-/// Where `scripts/build-servers` puts what it builds: `target/servers` of the repository
-/// this crate was compiled in.
-fn built_dir() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .nth(2)
-        .unwrap_or(manifest)
-        .join("target/servers")
-}
-
-fn server_program(var: &str, name: &str, usable: impl Fn(&Path) -> bool) -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os(var) {
-        let bin = PathBuf::from(bin);
-        return bin.is_file().then_some(bin);
-    }
-    let built = built_dir().join(name);
-    if built.is_file() {
-        return Some(built);
-    }
-    on_path(name).filter(|bin| usable(bin))
-}
-
-/// `(major, minor)` from `etcd --version` (`etcd Version: 3.6.16`).
-fn etcd_minor_version(bin: &Path) -> Option<(u32, u32)> {
-    let output = Command::new(bin)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let version = text.lines().find_map(|l| l.strip_prefix("etcd Version:"))?;
-    let mut parts = version.trim().split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
 
 /// A running throwaway Kubernetes API server and its etcd.
 #[derive(Debug)]
@@ -582,82 +528,6 @@ fn apiserver_process(root: &Path, bin: &Path, etcd: &str, port: u16) -> ServerPr
         args,
         root.join("apiserver.log"),
     )
-}
-
-/// The CA, the serving and admin certificates and the service-account key, in `dir`.
-fn make_pki(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).map_err(ThrowawayError::io("creating the pki directory"))?;
-    const EC: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-    openssl(
-        dir,
-        &format!(
-            "req -x509 -new {EC} -keyout ca.key -out ca.crt -subj /CN=tenure-throwaway-ca \
-             -days {CERT_DAYS} -addext basicConstraints=critical,CA:TRUE \
-             -addext keyUsage=critical,keyCertSign,cRLSign"
-        ),
-    )?;
-    let leaves = [
-        (
-            "serving",
-            "/CN=kube-apiserver".to_owned(),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
-        ),
-        (
-            "admin",
-            format!("/O=system:masters/CN={ADMIN_USER}"),
-            "extendedKeyUsage=clientAuth",
-        ),
-    ];
-    for (serial, (name, subject, extensions)) in (2..).zip(leaves) {
-        fs::write(
-            dir.join(format!("{name}.ext")),
-            format!("{extensions}\nkeyUsage=critical,digitalSignature\n"),
-        )
-        .map_err(ThrowawayError::io("writing a certificate's extensions"))?;
-        openssl(
-            dir,
-            &format!("req -new {EC} -keyout {name}.key -out {name}.csr -subj {subject}"),
-        )?;
-        openssl(
-            dir,
-            &format!(
-                "x509 -req -in {name}.csr -CA ca.crt -CAkey ca.key -set_serial {serial} \
-                 -days {CERT_DAYS} -extfile {name}.ext -out {name}.crt"
-            ),
-        )?;
-    }
-    openssl(
-        dir,
-        "genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out sa.key",
-    )?;
-    openssl(dir, "pkey -in sa.key -pubout -out sa.pub")
-}
-
-/// Runs `openssl` in `dir` with `args` (split at whitespace: no argument holds a space).
-fn openssl(dir: &Path, args: &str) -> Result<()> {
-    let output = Command::new("openssl")
-        .args(args.split_whitespace())
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|err| match err.kind() {
-            io::ErrorKind::NotFound => ThrowawayError::NotInstalled {
-                program: "openssl",
-                looked_in: "PATH",
-                package: "openssl",
-            },
-            _ => ThrowawayError::Io {
-                what: "running openssl".to_owned(),
-                source: err,
-            },
-        })?;
-    if !output.status.success() {
-        return Err(ThrowawayError::failed(
-            format!("openssl {args} failed"),
-            String::from_utf8_lossy(&output.stderr),
-        ));
-    }
-    Ok(())
 }
 
 /// A DNS label `PREFIX-N-PID` of at most 63 characters (see
