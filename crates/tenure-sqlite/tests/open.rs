@@ -639,17 +639,37 @@ fn store_error<T: std::fmt::Debug>(result: tenure::Result<T>) -> String {
     }
 }
 
-/// A hard-linked database file has one WAL and one lock per name, so two stores would
-/// run on one file: both names are refused at open, and so is a file hard-linked while
-/// open (on its next call). A hard-linked `-wal` beside a file is refused too.
-#[tokio::test]
-async fn hard_linked_file_is_refused() {
+/// A fresh `tenure.db` in a temporary directory, its store holding role `r` for `a`
+/// under token 1: the directory, the file's path, the database and its store.
+async fn holding_r() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    SqliteDatabase,
+    SqliteLeaseStore,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tenure.db");
     let db = SqliteDatabase::open(&path).await.unwrap();
     let store = db.lease_store();
     let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
     assert_eq!(lease.fencing_token.get(), 1);
+    (dir, path, db, store)
+}
+
+/// Deletes the database file in `dir` and its WAL and shared-memory files, as a user
+/// cleaning up might while a store has it open.
+fn delete_database(dir: &Path) {
+    for name in ["tenure.db", "tenure.db-wal", "tenure.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+}
+
+/// A hard-linked database file has one WAL and one lock per name, so two stores would
+/// run on one file: both names are refused at open, and so is a file hard-linked while
+/// open (on its next call). A hard-linked `-wal` beside a file is refused too.
+#[tokio::test]
+async fn hard_linked_file_is_refused() {
+    let (dir, path, _db, store) = holding_r().await;
 
     tracing::info!("--- a second name for the open file");
     let other = dir.path().join("other.db");
@@ -681,15 +701,8 @@ async fn hard_linked_file_is_refused() {
 /// a new one.
 #[tokio::test]
 async fn deleted_file_is_detected_on_the_next_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tenure.db");
-    let db = SqliteDatabase::open(&path).await.unwrap();
-    let store = db.lease_store();
-    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
-    assert_eq!(lease.fencing_token.get(), 1);
-    for name in ["tenure.db", "tenure.db-wal", "tenure.db-shm"] {
-        let _ = std::fs::remove_file(dir.path().join(name));
-    }
+    let (dir, path, _db, store) = holding_r().await;
+    delete_database(dir.path());
     let reason = store_error(store.try_acquire_or_renew("q", "a", TTL).await);
     assert!(reason.contains("deleted"), "{reason}");
     assert!(reason.contains(&path.display().to_string()), "{reason}");
@@ -701,15 +714,8 @@ async fn deleted_file_is_detected_on_the_next_call() {
 /// at the path): the old store's next call fails instead of mixing the two files.
 #[tokio::test]
 async fn replaced_file_is_detected_on_the_next_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tenure.db");
-    let db = SqliteDatabase::open(&path).await.unwrap();
-    let store = db.lease_store();
-    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
-    assert_eq!(lease.fencing_token.get(), 1);
-    for name in ["tenure.db", "tenure.db-wal", "tenure.db-shm"] {
-        let _ = std::fs::remove_file(dir.path().join(name));
-    }
+    let (dir, path, _db, store) = holding_r().await;
+    delete_database(dir.path());
     let new = SqliteDatabase::open(&path).await.unwrap();
     new.lease_store()
         .try_acquire_or_renew("x", "b", TTL)
