@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
-use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteOptions};
+use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
+use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -15,6 +16,18 @@ const TTL: Duration = Duration::from_secs(10);
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+/// Starts waiting (up to 60 s) for the term `token` of role `r` to end; the task
+/// answers when the wait returned.
+fn woken_at(store: &Arc<SqliteLeaseStore>, token: FencingToken) -> JoinHandle<Instant> {
+    let store = Arc::clone(store);
+    tokio::spawn(async move {
+        store
+            .wait_for_change("r", token, Instant::now() + secs(60))
+            .await;
+        Instant::now()
+    })
 }
 
 /// A waiter on the same database is woken by the release itself, not by polling: with
@@ -31,15 +44,7 @@ async fn release_in_process_wakes_waiter_at_once() {
         .try_acquire_or_renew("r", "node-a", TTL)
         .await
         .unwrap();
-    let waiter = {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            store
-                .wait_for_change("r", a.fencing_token, Instant::now() + secs(60))
-                .await;
-            Instant::now()
-        })
-    };
+    let waiter = woken_at(&store, a.fencing_token);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released_at = Instant::now();
     assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
@@ -77,15 +82,7 @@ async fn release_elsewhere_is_seen_by_polling() {
     assert!(renewed.acquired);
     assert!(Instant::now() >= short, "a renewal must not end the wait");
 
-    let waiter = {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            store
-                .wait_for_change("r", a.fencing_token, Instant::now() + secs(60))
-                .await;
-            Instant::now()
-        })
-    };
+    let waiter = woken_at(&store, a.fencing_token);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released_at = Instant::now();
     assert!(writer
@@ -123,31 +120,25 @@ fn token(n: u64) -> FencingToken {
     FencingToken::from(n)
 }
 
+/// Runs `statement` in a transaction fenced on the ledger with `token`, and commits it.
+async fn commit_fenced(db: &SqliteDatabase, token: FencingToken, statement: &str) {
+    let mut tx = db.begin_immediate().await.unwrap();
+    fence_in_transaction(&mut tx, "ledger", token)
+        .await
+        .unwrap();
+    sqlx::query(statement).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
 /// A fresh token's transaction commits its write; a stale token's transaction is
 /// refused with `Fenced` and none of its writes (made before or after) survive.
 #[tokio::test]
 async fn fenced_transaction_commits_only_under_a_current_token() {
     let (_dir, db) = ledger_db().await;
-    let mut tx = db.begin_immediate().await.unwrap();
-    fence_in_transaction(&mut tx, "ledger", token(2))
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO ledger VALUES ('fresh')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    commit_fenced(&db, token(2), "INSERT INTO ledger VALUES ('fresh')").await;
 
     // The same term writes again: an equal token is admitted.
-    let mut tx = db.begin_immediate().await.unwrap();
-    fence_in_transaction(&mut tx, "ledger", token(2))
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO ledger VALUES ('fresh again')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    commit_fenced(&db, token(2), "INSERT INTO ledger VALUES ('fresh again')").await;
 
     let mut stale = db.begin_immediate().await.unwrap();
     sqlx::query("INSERT INTO ledger VALUES ('stale')")
