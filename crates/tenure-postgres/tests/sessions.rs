@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tenure::{LeaseResult, LeaseStore, SessionGrant};
-use tenure_postgres::{migrate, PgLeaseStore, Schema};
-use tenure_testkit::postgres::PgServer;
+use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
@@ -313,21 +312,11 @@ async fn a_takeover_waits_for_a_keep_alive_in_flight() {
 /// keeps its terms, and works with sessions; migrating again changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_sessions_to_an_existing_lease_table() {
-    common::init_tracing();
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let pool = common::pool(server, 4, "sessions-migrate").await;
-    let schema = common::fresh_schema();
-    let leases = common::first_lease_table(&pool, &schema).await;
-    sqlx::raw_sql(&format!(
+    let (pool, schema, leases) = common::first_version("sessions-migrate").await;
+    let old = format!(
         "INSERT INTO {leases} VALUES ('old', 'node-a', 7, now() + interval '30 seconds', 1);"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    migrate(&pool, &schema).await.unwrap();
-
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    );
+    let store = common::upgraded(&pool, &schema, &old).await;
     let info = store.get("old").await.unwrap().expect("kept");
     assert_eq!(info.live_holder(), Some("node-a"));
     assert_eq!(info.fencing_token.get(), 7);

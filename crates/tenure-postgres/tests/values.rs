@@ -9,8 +9,7 @@ mod common;
 use std::time::Duration;
 
 use tenure::{FencingToken, LeaseStore};
-use tenure_postgres::{migrate, PgLeaseStore};
-use tenure_testkit::postgres::PgServer;
+use tenure_postgres::PgLeaseStore;
 use tokio::time::Instant;
 
 const URL: &str = "http://10.0.0.7:8080";
@@ -26,14 +25,10 @@ use common::{migrated as setup, table};
 /// again changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_values_to_an_existing_lease_table() {
-    common::init_tracing();
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let pool = common::pool(server, 4, "values-migrate").await;
-    let schema = common::fresh_schema();
-    let leases = common::first_lease_table(&pool, &schema).await;
+    let (pool, schema, leases) = common::first_version("values-migrate").await;
     let sessions = table(&schema, "tenure_sessions");
     // What the previous `migrate` added to it.
-    sqlx::raw_sql(&format!(
+    let previous = format!(
         "ALTER TABLE {leases} ADD COLUMN session_id bigint;
          CREATE INDEX tenure_leases_session_id ON {leases} (session_id)
              WHERE session_id IS NOT NULL;
@@ -45,14 +40,8 @@ async fn migrate_adds_values_to_an_existing_lease_table() {
          INSERT INTO {leases} VALUES
              ('live', 'node-a', 7, now() + interval '30 seconds', 1, NULL),
              ('released', NULL, 9, now() - interval '1 second', 1, NULL);"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    migrate(&pool, &schema).await.unwrap();
-
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    );
+    let store = common::upgraded(&pool, &schema, &previous).await;
     let live = store.get("live").await.unwrap().expect("kept");
     assert_eq!(live.live_holder(), Some("node-a"));
     assert_eq!(live.fencing_token.get(), 7);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
-use tenure_postgres::Schema;
+use tenure_postgres::{PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
 
 /// A pool on `server` of at most `max` connections, tagged with `app` (so tests can
@@ -49,10 +49,15 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// Creates `schema` with the lease table as the first `migrate` made it (no sessions,
-/// no values), for tests of upgrading it; returns its quoted name.
-pub async fn first_lease_table(pool: &PgPool, schema: &Schema) -> String {
-    let leases = table(schema, "tenure_leases");
+/// For tests of upgrading: a pool of 4 on the shared server, tagged `app`, and a fresh
+/// schema holding the lease table as the first `migrate` made it (no sessions, no
+/// values); returns the pool, the schema and the table's quoted name.
+pub async fn first_version(app: &str) -> (PgPool, Schema, String) {
+    init_tracing();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let pool = pool(server, 4, app).await;
+    let schema = fresh_schema();
+    let leases = table(&schema, "tenure_leases");
     sqlx::raw_sql(&format!(
         "CREATE SCHEMA \"{}\";
          CREATE TABLE {leases} (
@@ -64,10 +69,10 @@ pub async fn first_lease_table(pool: &PgPool, schema: &Schema) -> String {
          );",
         schema.name()
     ))
-    .execute(pool)
+    .execute(&pool)
     .await
     .expect("create the first lease table");
-    leases
+    (pool, schema, leases)
 }
 
 /// A pool of 4 on the shared server, tagged `app`, and a fresh migrated schema.
@@ -80,6 +85,16 @@ pub async fn migrated(app: &str) -> (PgPool, Schema) {
         .await
         .expect("migrate");
     (pool, schema)
+}
+
+/// Runs `sql` (tables and rows as an earlier version left them) on `pool`, then
+/// `migrate` twice, the second run having nothing left to do; returns a store on the
+/// upgraded `schema`.
+pub async fn upgraded(pool: &PgPool, schema: &Schema, sql: &str) -> PgLeaseStore {
+    sqlx::raw_sql(sql).execute(pool).await.unwrap();
+    tenure_postgres::migrate(pool, schema).await.unwrap();
+    tenure_postgres::migrate(pool, schema).await.unwrap();
+    PgLeaseStore::new(pool.clone(), schema.clone())
 }
 
 /// `"schema"."name"`, quoted.
