@@ -13,6 +13,17 @@ use tenure_testkit::etcd::EtcdCluster;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// Tracing, and a fresh cluster of 3 etcd members, started off the runtime (starting
+/// blocks until every member is healthy).
+async fn three_members() -> Arc<EtcdCluster> {
+    common::init_tracing();
+    let cluster =
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3).expect("start an etcd cluster"))
+            .await
+            .unwrap();
+    Arc::new(cluster)
+}
+
 /// The index of the member that is the raft leader, as the members themselves say.
 async fn etcd_leader(cluster: &EtcdCluster) -> usize {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -48,12 +59,7 @@ struct Terms {
 /// higher token), and no two terms ever ran at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_crash_keeps_one_tenure_leader() {
-    common::init_tracing();
-    let cluster =
-        tokio::task::spawn_blocking(|| EtcdCluster::start(3).expect("start an etcd cluster"))
-            .await
-            .unwrap();
-    let cluster = Arc::new(cluster);
+    let cluster = three_members().await;
     let endpoints = cluster.endpoints();
     let prefix = common::unique_prefix("crash");
     let terms = Arc::new(Terms::default());
@@ -160,12 +166,7 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
 /// acquire (every attempt fails: no leader), and can again once a second member is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_cannot_acquire() {
-    common::init_tracing();
-    let cluster =
-        tokio::task::spawn_blocking(|| EtcdCluster::start(3).expect("start an etcd cluster"))
-            .await
-            .unwrap();
-    let cluster = Arc::new(cluster);
+    let cluster = three_members().await;
     let prefix = common::unique_prefix("minority");
     let lonely = cluster.member(0).endpoint();
     let store = EtcdLeaseStore::new(common::client(&[lonely]).await, &prefix)
