@@ -4,21 +4,13 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::Duration;
 
-use common::{output_within, scenarios, sqlite_url, tempdir, tenure};
+use common::{output_within, sqlite_url, store_scenarios, tempdir, tenure};
 
-macro_rules! sqlite_scenarios {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let dir = tempdir();
-            scenarios::$name(&sqlite_url(dir.path()), dir.path());
-        }
-    )*};
-}
-
-sqlite_scenarios!(
+store_scenarios!(
+    |dir: &Path, _name: &str| sqlite_url(dir);
     status_and_members,
     leader_and_advertise,
     killed_leader_lease_expires,

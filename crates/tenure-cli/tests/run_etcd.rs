@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{scenarios, tempdir};
+use std::path::Path;
+
+use common::{every_backend_scenarios, scenarios, store_scenarios, tempdir};
 use tenure_testkit::etcd::EtcdServer;
 
 /// A key prefix no other test uses, on the shared server.
@@ -17,32 +19,14 @@ fn fresh_prefix(name: &str) -> String {
     )
 }
 
-macro_rules! etcd_scenarios {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let dir = tempdir();
-            let url = fresh_prefix(stringify!($name));
-            scenarios::$name(&url, dir.path());
-        }
-    )*};
-}
+every_backend_scenarios!(|_dir: &Path, name: &str| fresh_prefix(name));
 
-etcd_scenarios!(
-    shard_group_shares_and_hands_over,
-    executions_never_overlap,
-    stopped_tenure_loses_leadership_and_kills_its_command,
-    paused_group_is_fenced_out,
-    sigterm_hands_over_at_once,
-    busy_role,
-    exit_codes_pass_through,
-    env_overrides_inherited,
+store_scenarios!(
+    |_dir: &Path, name: &str| fresh_prefix(name);
     fence_admits_and_refuses,
     status_and_members,
     leader_and_advertise,
     killed_leader_lease_expires,
-    same_owner_label_is_two_owners,
-    every_ttl_alone_starts,
     killed_member_shards_move_within_the_ttl_and_etcds_revocation,
 );
 

@@ -10,7 +10,9 @@
 
 mod common;
 
-use common::{scenarios, tempdir};
+use std::path::Path;
+
+use common::{every_backend_scenarios, store_scenarios};
 use tenure_testkit::kube::KubeServer;
 
 /// A fresh namespace on the shared server, and `KUBECONFIG` for every `tenure` started.
@@ -28,30 +30,12 @@ fn fresh_namespace(name: &str) -> String {
     format!("kube:{namespace}")
 }
 
-macro_rules! kube_scenarios {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let dir = tempdir();
-            let url = fresh_namespace(&stringify!($name).replace('_', "-"));
-            scenarios::$name(&url, dir.path());
-        }
-    )*};
-}
+every_backend_scenarios!(|_dir: &Path, name: &str| fresh_namespace(&name.replace('_', "-")));
 
-kube_scenarios!(
-    shard_group_shares_and_hands_over,
-    executions_never_overlap,
-    stopped_tenure_loses_leadership_and_kills_its_command,
-    paused_group_is_fenced_out,
-    sigterm_hands_over_at_once,
-    busy_role,
-    exit_codes_pass_through,
-    env_overrides_inherited,
+store_scenarios!(
+    |_dir: &Path, name: &str| fresh_namespace(&name.replace('_', "-"));
     fence_admits_and_refuses,
     status_and_members,
     leader_and_advertise,
-    same_owner_label_is_two_owners,
-    every_ttl_alone_starts,
     killed_member_shards_move_within_the_ttl,
 );

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{output_within, scenarios, tempdir, tenure};
+use common::{every_backend_scenarios, output_within, scenarios, store_scenarios, tempdir, tenure};
+use std::path::Path;
 use std::time::Duration;
 use tenure_testkit::postgres::{PgServer, SUPERUSER};
 
@@ -17,33 +18,15 @@ fn fresh_database(name: &str) -> String {
     server.url_for(SUPERUSER, server.password(), &database)
 }
 
-macro_rules! postgres_scenarios {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let dir = tempdir();
-            let url = fresh_database(stringify!($name));
-            scenarios::$name(&url, dir.path());
-        }
-    )*};
-}
+every_backend_scenarios!(|_dir: &Path, name: &str| fresh_database(name));
 
-postgres_scenarios!(
-    shard_group_shares_and_hands_over,
+store_scenarios!(
+    |_dir: &Path, name: &str| fresh_database(name);
     killed_member_shards_move_within_the_ttl,
-    executions_never_overlap,
-    stopped_tenure_loses_leadership_and_kills_its_command,
-    paused_group_is_fenced_out,
-    sigterm_hands_over_at_once,
-    busy_role,
-    exit_codes_pass_through,
-    env_overrides_inherited,
     status_and_members,
     leader_and_advertise,
     killed_leader_lease_expires,
     fence_admits_and_refuses,
-    same_owner_label_is_two_owners,
-    every_ttl_alone_starts,
 );
 
 /// A wrong password is a runtime failure (exit 1) that names the server it tried

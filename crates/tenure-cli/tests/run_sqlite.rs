@@ -3,32 +3,17 @@
 
 mod common;
 
-use common::{scenarios, sqlite_url, tempdir};
+use std::path::Path;
 
-macro_rules! sqlite_scenarios {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let dir = tempdir();
-            scenarios::$name(&sqlite_url(dir.path()), dir.path());
-        }
-    )*};
-}
+use common::{every_backend_scenarios, scenarios, sqlite_url, store_scenarios, tempdir};
 
-sqlite_scenarios!(
-    shard_group_shares_and_hands_over,
+every_backend_scenarios!(|dir: &Path, _name: &str| sqlite_url(dir));
+
+store_scenarios!(
+    |dir: &Path, _name: &str| sqlite_url(dir);
     killed_member_shards_move_within_the_ttl,
-    executions_never_overlap,
-    stopped_tenure_loses_leadership_and_kills_its_command,
-    paused_group_is_fenced_out,
-    sigterm_hands_over_at_once,
-    busy_role,
-    exit_codes_pass_through,
-    env_overrides_inherited,
     sigint_is_forwarded,
     leftovers_are_stopped_before_release,
-    same_owner_label_is_two_owners,
-    every_ttl_alone_starts,
     ctrl_z_suspends_the_command_too,
     lost_while_suspended_is_killed_not_resumed,
     lost_term_stops_escaped_processes,

@@ -413,6 +413,47 @@ pub fn overlap_scenario(store: &str, log: &Path, workers: usize, rounds: usize) 
     check_no_overlap(&log)
 }
 
+/// One `#[test]` per named function of [`scenarios`], each in a fresh [`tempdir`] on the
+/// store URL that `$store` makes from that directory and the test's name: every backend
+/// runs the same scenarios the same way, and only how it makes a store differs.
+// Every test crate compiles this module; only the backends' files expand these macros.
+#[allow(unused_macros)]
+macro_rules! store_scenarios {
+    ($store:expr; $($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let dir = $crate::common::tempdir();
+            let url: String = ($store)(dir.path(), stringify!($name));
+            $crate::common::scenarios::$name(&url, dir.path());
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use store_scenarios;
+
+/// The [`store_scenarios`] every backend runs, on the URLs `$store` makes; a backend's
+/// file adds those it alone runs (or runs in its own way).
+#[allow(unused_macros)]
+macro_rules! every_backend_scenarios {
+    ($store:expr) => {
+        $crate::common::store_scenarios!(
+            $store;
+            shard_group_shares_and_hands_over,
+            executions_never_overlap,
+            stopped_tenure_loses_leadership_and_kills_its_command,
+            paused_group_is_fenced_out,
+            sigterm_hands_over_at_once,
+            busy_role,
+            exit_codes_pass_through,
+            env_overrides_inherited,
+            same_owner_label_is_two_owners,
+            every_ttl_alone_starts,
+        );
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use every_backend_scenarios;
+
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
