@@ -43,6 +43,36 @@ fn assert_usage(output: &Output, needles: &[&str]) -> String {
     stderr
 }
 
+/// `tenure run` on `store` of a command that leaves a file `ran` in the working
+/// directory: the run each bad store must refuse before anything starts.
+fn run_touching(store: &str) -> Vec<&str> {
+    vec![
+        "run",
+        "--role",
+        "r",
+        "--store",
+        store,
+        "--",
+        "sh",
+        "-c",
+        "touch ran",
+    ]
+}
+
+/// Every command that opens a store, by name, each on `store`: `run` as
+/// [`run_touching`], `status`, `members` and `fence`.
+fn store_commands(store: &str) -> [(&'static str, Vec<&str>); 4] {
+    [
+        ("run", run_touching(store)),
+        ("status", vec!["status", "--store", store]),
+        ("members", vec!["members", "--store", store]),
+        (
+            "fence",
+            vec!["fence", "--resource", "x", "--token", "1", "--store", store],
+        ),
+    ]
+}
+
 /// Asserts `dir` holds exactly `expected` (relative paths).
 fn assert_tree(dir: &Path, expected: &[&str]) {
     let found: Vec<String> = tree(dir).iter().map(|p| p.display().to_string()).collect();
@@ -283,36 +313,7 @@ fn bad_names_create_nothing() {
 #[test]
 fn memory_store_is_refused_where_it_must_be_shared() {
     let dir = tempdir();
-    for (command, args) in [
-        (
-            "run",
-            vec![
-                "run",
-                "--role",
-                "r",
-                "--store",
-                "memory:",
-                "--",
-                "sh",
-                "-c",
-                "touch ran",
-            ],
-        ),
-        ("status", vec!["status", "--store", "memory:"]),
-        ("members", vec!["members", "--store", "memory:"]),
-        (
-            "fence",
-            vec![
-                "fence",
-                "--resource",
-                "x",
-                "--token",
-                "1",
-                "--store",
-                "memory:",
-            ],
-        ),
-    ] {
+    for (command, args) in store_commands("memory:") {
         let needle = format!("`tenure {command}` needs a store shared between processes");
         assert_usage(&tenure_in(dir.path(), &args), &[&needle, "sqlite:PATH"]);
     }
@@ -336,17 +337,7 @@ fn missing_directory_is_not_created() {
     let dir = tempdir();
     let url = format!("sqlite:{}", dir.path().join("nope/deeper/t.db").display());
     for args in [
-        vec![
-            "run",
-            "--role",
-            "r",
-            "--store",
-            url.as_str(),
-            "--",
-            "sh",
-            "-c",
-            "touch ran",
-        ],
+        run_touching(url.as_str()),
         vec!["status", "--store", url.as_str()],
     ] {
         let stderr = assert_usage(
@@ -368,17 +359,7 @@ fn not_a_regular_file() {
     let dir = tempdir();
     std::fs::create_dir(dir.path().join("db-dir")).unwrap();
     let url = format!("sqlite:{}", dir.path().join("db-dir").display());
-    let args = [
-        "run",
-        "--role",
-        "r",
-        "--store",
-        url.as_str(),
-        "--",
-        "sh",
-        "-c",
-        "touch ran",
-    ];
+    let args = run_touching(url.as_str());
     assert_usage(
         &tenure_in(dir.path(), &args),
         &["is a directory, expected a database file"],
@@ -398,20 +379,7 @@ fn dangling_symlink_into_missing_directory() {
     let link = dir.path().join("link.db");
     std::os::unix::fs::symlink(dir.path().join("missing/target.db"), &link).unwrap();
     let url = format!("sqlite:{}", link.display());
-    let output = tenure_in(
-        dir.path(),
-        &[
-            "run",
-            "--role",
-            "r",
-            "--store",
-            &url,
-            "--",
-            "sh",
-            "-c",
-            "touch ran",
-        ],
-    );
+    let output = tenure_in(dir.path(), &run_touching(&url));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&link.display().to_string()), "{stderr}");
@@ -429,30 +397,7 @@ fn not_a_sqlite_database_is_untouched() {
     std::fs::write(&path, &content).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
     let url = format!("sqlite:{}", path.display());
-    for args in [
-        vec![
-            "run",
-            "--role",
-            "r",
-            "--store",
-            url.as_str(),
-            "--",
-            "sh",
-            "-c",
-            "touch ran",
-        ],
-        vec!["status", "--store", url.as_str()],
-        vec!["members", "--store", url.as_str()],
-        vec![
-            "fence",
-            "--resource",
-            "x",
-            "--token",
-            "1",
-            "--store",
-            url.as_str(),
-        ],
-    ] {
+    for (_, args) in store_commands(url.as_str()) {
         assert_usage(
             &tenure_in(dir.path(), &args),
             &["is not a SQLite database", "refusing to touch it"],
@@ -475,17 +420,7 @@ fn hard_linked_database_is_refused() {
     let made = tenure_in(dir.path(), &["status", "--store", url.as_str()]);
     assert!(made.status.success(), "{made:?}");
     std::fs::hard_link(&path, dir.path().join("other.db")).unwrap();
-    let args = [
-        "run",
-        "--role",
-        "r",
-        "--store",
-        &url,
-        "--",
-        "sh",
-        "-c",
-        "touch ran",
-    ];
+    let args = run_touching(&url);
     assert_usage(
         &tenure_in(dir.path(), &args),
         &["has 2 names (hard links)", "t.db"],
@@ -518,17 +453,7 @@ fn read_only_database_is_untouched() {
         .collect();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
     for args in [
-        vec![
-            "run",
-            "--role",
-            "r",
-            "--store",
-            url.as_str(),
-            "--",
-            "sh",
-            "-c",
-            "touch ran",
-        ],
+        run_touching(url.as_str()),
         vec!["status", "--store", url.as_str()],
     ] {
         assert_usage(
