@@ -104,6 +104,32 @@ fn logs_are_coloured_on_a_terminal_unless_no_color() {
 /// Bound for waits in the signal tests below that are not themselves the point.
 const SIGNAL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Asserts that tenure exits with `code` within [`SIGNAL_WAIT`].
+fn assert_exits_with(run: &mut common::Proc, code: i32) {
+    let status = run.wait_exit(SIGNAL_WAIT);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(code),
+        "tenure ended with {status:?}; stderr:\n{}",
+        run.stderr()
+    );
+}
+
+/// Asserts that nobody holds `role`: a `--no-wait` run on it leads at once. `context`
+/// starts the failure message.
+fn assert_released(store: &str, role: &str, context: &str) {
+    let next = common::output_within(
+        &mut common::run_sh(store, role, &["--no-wait"], "true"),
+        SIGNAL_WAIT,
+    );
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{context}the role was not released: {}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+}
+
 /// Sends `signal` to a leading `tenure run` (its pid only, as `pkill -f` matching the
 /// command line would): the command, which traps it, gets it and exits 42; tenure
 /// releases and exits 42, so a second `--no-wait` run on the role leads at once.
@@ -119,9 +145,8 @@ fn signal_reaches_the_command(signal: nix::sys::signal::Signal) {
         log = log.display(),
         pid = pid_file.display()
     );
-    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "sig", &[], &script));
-    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
-    run.own_group(command);
+    let (mut run, command) =
+        common::start_run_sh(&store, "sig", &[], &script, &pid_file, SIGNAL_WAIT);
     run.signal(signal);
     let status = run.wait_exit(SIGNAL_WAIT);
     assert_eq!(
@@ -133,16 +158,7 @@ fn signal_reaches_the_command(signal: nix::sys::signal::Signal) {
     );
     assert!(common::dead(command), "{signal}: the command still runs");
     assert_eq!(common::lines(&log), [format!("got-{name}")], "{signal}");
-    let next = common::output_within(
-        &mut common::run_sh(&store, "sig", &["--no-wait"], "true"),
-        SIGNAL_WAIT,
-    );
-    assert_eq!(
-        next.status.code(),
-        Some(0),
-        "{signal}: the role was not released: {}",
-        String::from_utf8_lossy(&next.stderr)
-    );
+    assert_released(&store, "sig", &format!("{signal}: "));
 }
 
 /// Ctrl-\ reaches tenure alone (the command has its own process group): forwarded.
@@ -187,13 +203,7 @@ fn signals_while_waiting() {
         waiter.signal(signal);
     }
     waiter.signal(Signal::SIGQUIT);
-    let status = waiter.wait_exit(SIGNAL_WAIT);
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(128 + 3),
-        "tenure ended with {status:?}; stderr:\n{}",
-        waiter.stderr()
-    );
+    assert_exits_with(&mut waiter, 128 + 3);
     assert!(!ran.exists(), "the command ran while the role was held");
 }
 
@@ -237,16 +247,7 @@ fn tty_stop_signals_do_not_stop_tenure() {
         run.stderr()
     );
     assert!(common::dead(command), "the command still runs");
-    let next = common::output_within(
-        &mut common::run_sh(&store, "tty", &["--no-wait"], "true"),
-        SIGNAL_WAIT,
-    );
-    assert_eq!(
-        next.status.code(),
-        Some(0),
-        "the role was not released: {}",
-        String::from_utf8_lossy(&next.stderr)
-    );
+    assert_released(&store, "tty", "");
 }
 
 /// SIGUSR1 asks the command for something other than stopping: forwarded, it does not
@@ -262,17 +263,9 @@ fn sigusr1_does_not_start_the_kill_clock() {
         "trap 'sleep 1; exit 42' USR1; echo $$ > '{}'; while :; do sleep 0.05; done",
         pid_file.display()
     );
-    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "usr1", &[], &script));
-    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
-    run.own_group(command);
+    let (mut run, _) = common::start_run_sh(&store, "usr1", &[], &script, &pid_file, SIGNAL_WAIT);
     run.signal(Signal::SIGUSR1);
-    let status = run.wait_exit(SIGNAL_WAIT);
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(42),
-        "tenure ended with {status:?}; stderr:\n{}",
-        run.stderr()
-    );
+    assert_exits_with(&mut run, 42);
 }
 
 /// 20 SIGKILLs of one of two `tenure run --group` members; prints the p50/p99 of the time
@@ -301,9 +294,8 @@ fn job_finished_as_leadership_ends_keeps_its_exit_code() {
         pid = pid_file.display(),
         go = go.display()
     );
-    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "done", &[], &script));
-    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
-    run.own_group(command);
+    let (mut run, command) =
+        common::start_run_sh(&store, "done", &[], &script, &pid_file, SIGNAL_WAIT);
     run.signal(Signal::SIGSTOP);
     assert!(
         common::wait_until(SIGNAL_WAIT, || scenarios::state(run.pid()) == Some('T')),
@@ -317,23 +309,8 @@ fn job_finished_as_leadership_ends_keeps_its_exit_code() {
     // Past the term's deadline (FAST: leadership kept 2.2 s after the last renewal).
     std::thread::sleep(std::time::Duration::from_millis(3_000));
     run.signal(Signal::SIGCONT);
-    let status = run.wait_exit(SIGNAL_WAIT);
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(7),
-        "tenure ended with {status:?}; stderr:\n{}",
-        run.stderr()
-    );
-    let next = common::output_within(
-        &mut common::run_sh(&store, "done", &["--no-wait"], "true"),
-        SIGNAL_WAIT,
-    );
-    assert_eq!(
-        next.status.code(),
-        Some(0),
-        "the role was not released: {}",
-        String::from_utf8_lossy(&next.stderr)
-    );
+    assert_exits_with(&mut run, 7);
+    assert_released(&store, "done", "");
 }
 
 /// `--wait-timeout` firing as leadership arrives either gives up before the command
@@ -390,9 +367,8 @@ fn sighup_does_not_start_the_kill_clock() {
         log = log.display(),
         pid = pid_file.display()
     );
-    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "hup", &[], &script));
-    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
-    run.own_group(command);
+    let (mut run, command) =
+        common::start_run_sh(&store, "hup", &[], &script, &pid_file, SIGNAL_WAIT);
     run.signal(Signal::SIGHUP);
     assert!(
         common::wait_until(SIGNAL_WAIT, || common::lines(&log) == ["reloaded"]),
@@ -569,9 +545,8 @@ fn ctrl_z_stops_a_forking_command() {
         "echo $$ > '{}'; while :; do sleep 30 & done",
         pid_file.display()
     );
-    let mut run = common::Proc::spawn(&mut common::run_sh(&store, "forks", &[], &script));
-    let command = common::read_pid(&pid_file, SIGNAL_WAIT);
-    run.own_group(command);
+    let (run, command) =
+        common::start_run_sh(&store, "forks", &[], &script, &pid_file, SIGNAL_WAIT);
     std::thread::sleep(std::time::Duration::from_millis(200));
     run.signal(Signal::SIGTSTP);
     assert!(

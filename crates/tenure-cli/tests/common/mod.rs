@@ -122,6 +122,23 @@ pub fn read_pid(path: &Path, within: Duration) -> Pid {
     Pid::from_raw(pid.unwrap())
 }
 
+/// Starts [`run_sh`] of a `script` that writes its own pid to `pid_file` once it runs, and
+/// waits up to `within` for it ([`read_pid`]). Returns tenure and the command's pid, whose
+/// process group is registered for cleanup.
+pub fn start_run_sh(
+    store: &str,
+    role: &str,
+    extra: &[&str],
+    script: &str,
+    pid_file: &Path,
+    within: Duration,
+) -> (Proc, Pid) {
+    let mut run = Proc::spawn(&mut run_sh(store, role, extra, script));
+    let command = read_pid(pid_file, within);
+    run.own_group(command);
+    (run, command)
+}
+
 /// The guard `tenure run` (pid `tenure`) forked: its child that runs tenure's own program
 /// (the command's processes run others). A test that means every enforcer of a `tenure
 /// run` to be stopped at once, as a frozen VM would, stops this one too.

@@ -452,9 +452,7 @@ pub fn sigint_is_forwarded(store: &str, dir: &Path) {
         log = log.display(),
         pid = pid_file.display()
     );
-    let mut run = Proc::spawn(&mut run_sh(store, "int", &[], &script));
-    let child = read_pid(&pid_file, LONG);
-    run.own_group(child);
+    let (mut run, _) = start_run_sh(store, "int", &[], &script, &pid_file, LONG);
     // Leadership is observed before the command starts; give the loop a moment anyway.
     std::thread::sleep(Duration::from_millis(100));
     run.signal(Signal::SIGINT);
@@ -500,14 +498,14 @@ pub fn status_and_members(store: &str, dir: &Path) {
         owner_file.display(),
         pid_file.display()
     );
-    let mut leader = Proc::spawn(&mut run_sh(
+    let (mut leader, _) = start_run_sh(
         store,
         "reports",
         &["--owner", "owner-1", "--node-id", "node-1"],
         &script,
-    ));
-    let child = read_pid(&pid_file, LONG);
-    leader.own_group(child);
+        &pid_file,
+        LONG,
+    );
     // `--owner` is a label; the owner id adds a per-process suffix.
     let owner = lines(&owner_file).concat();
     assert!(owner.starts_with("owner-1-"), "{owner:?}");
@@ -643,14 +641,14 @@ pub fn leader_and_advertise(store: &str, dir: &Path) {
         value_file.display(),
         pid_file.display()
     );
-    let mut leader = Proc::spawn(&mut run_sh(
+    let (mut leader, _) = start_run_sh(
         store,
         "web",
         &["--advertise", url, "--owner", "web-1"],
         &script,
-    ));
-    let child = read_pid(&pid_file, LONG);
-    leader.own_group(child);
+        &pid_file,
+        LONG,
+    );
     assert!(wait_until(LONG, || std::fs::read_to_string(&value_file)
         .is_ok_and(|v| v == url)));
 
@@ -868,9 +866,8 @@ fn ticking(store: &str, role: &str, name: &str, dir: &Path) -> (Proc, Pid, PathB
         pid = dir.join(format!("{name}.pid")).display(),
         ticks = ticks.display()
     );
-    let mut leader = Proc::spawn(&mut run_sh(store, role, &[], &script));
-    let child = read_pid(&dir.join(format!("{name}.pid")), LONG);
-    leader.own_group(child);
+    let pid_file = dir.join(format!("{name}.pid"));
+    let (leader, child) = start_run_sh(store, role, &[], &script, &pid_file, LONG);
     (leader, child, ticks)
 }
 
