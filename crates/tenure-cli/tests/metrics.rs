@@ -11,7 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::scenarios::tenure_on;
-use common::{lines, run_sh, run_sh_with, sqlite_url, tempdir, tenure, wait_until, Proc};
+use common::{
+    group_sh, lines, run_sh, run_sh_with, sqlite_url, tempdir, wait_until, Proc, GROUP_FAST,
+};
 use nix::sys::signal::Signal;
 use tenure_testkit::postgres::{PgServer, SUPERUSER};
 
@@ -260,29 +262,9 @@ fn unusable_addresses_are_refused_before_contending() {
 
 /// A member of a shard group with `--metrics-addr` that runs `--ttl 2s` timings.
 fn member(store: &str, node: &str, shards: &str) -> Proc {
-    Proc::spawn(tenure().args([
-        "run",
-        "--group",
-        "jobs",
-        "--shards",
-        shards,
-        "--node-id",
-        node,
-        "--store",
-        store,
-        "--ttl",
-        "2s",
-        "--retry-every",
-        "200ms",
-        "--member-ttl",
-        "2s",
-        "--metrics-addr",
-        "0",
-        "--",
-        "sh",
-        "-c",
-        "trap 'exit 0' TERM; while :; do sleep 0.05; done",
-    ]))
+    let flags = [&GROUP_FAST[..], &["--metrics-addr", "0"]].concat();
+    let script = "trap 'exit 0' TERM; while :; do sleep 0.05; done";
+    Proc::spawn(&mut group_sh(store, "jobs", shards, node, &flags, script))
 }
 
 /// How many shards `tenure status --group jobs --json` says `node` owns.

@@ -462,16 +462,7 @@ fn many_shards_stop_in_time_on_a_crowded_host() {
         "trap '' TERM; echo $$ >> '{}'; exec sleep 600",
         pids.display()
     );
-    let mut member = common::Proc::spawn(common::tenure().args([
-        "run",
-        "--group",
-        "crowd",
-        "--shards",
-        &SHARDS.to_string(),
-        "--node-id",
-        "only",
-        "--store",
-        &store,
+    let timings = [
         "--ttl",
         "3s",
         "--kill-after",
@@ -480,11 +471,15 @@ fn many_shards_stop_in_time_on_a_crowded_host() {
         "100ms",
         "--member-ttl",
         "3s",
-        "--",
-        "sh",
-        "-c",
+    ];
+    let mut member = common::Proc::spawn(&mut common::group_sh(
+        &store,
+        "crowd",
+        &SHARDS.to_string(),
+        "only",
+        &timings,
         &script,
-    ]));
+    ));
     let mut commands = Vec::new();
     let all_started = common::wait_until(Duration::from_secs(60), || {
         commands = common::lines(&pids)

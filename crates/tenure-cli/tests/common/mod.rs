@@ -34,6 +34,17 @@ pub const FAST: [&str; 8] = [
     "100ms",
 ];
 
+/// The timings of the shard-group tests' members: a 2 s TTL, for leases and membership,
+/// with a retry every 200 ms.
+pub const GROUP_FAST: [&str; 6] = [
+    "--ttl",
+    "2s",
+    "--retry-every",
+    "200ms",
+    "--member-ttl",
+    "2s",
+];
+
 /// The kubeconfig every `tenure` a test starts is given (`$KUBECONFIG`), once a test of
 /// the Kubernetes backend set it: set once, before the first such command, so the tests'
 /// own environment is never changed.
@@ -70,6 +81,33 @@ pub fn run_sh_with(store: &str, role: &str, flags: &[&str], script: &str) -> Com
     let mut command = tenure();
     command
         .args(["run", "--role", role, "--store", store])
+        .args(flags)
+        .args(["--", "sh", "-c", script]);
+    command
+}
+
+/// `tenure run --group GROUP --shards SHARDS --node-id NODE --store STORE FLAGS... -- sh -c
+/// SCRIPT`: one member of a shard group (no default timings).
+pub fn group_sh(
+    store: &str,
+    group: &str,
+    shards: &str,
+    node: &str,
+    flags: &[&str],
+    script: &str,
+) -> Command {
+    let mut command = tenure();
+    command
+        .args([
+            "run",
+            "--group",
+            group,
+            "--shards",
+            shards,
+            "--node-id",
+            node,
+        ])
+        .args(["--store", store])
         .args(flags)
         .args(["--", "sh", "-c", script]);
     command

@@ -976,27 +976,14 @@ fn member(store: &str, node: &str, log: &Path) -> Proc {
          while :; do sleep 0.05; done",
         log = log.display()
     );
-    Proc::spawn(tenure().args([
-        "run",
-        "--group",
-        "jobs",
-        "--shards",
-        &SHARDS.to_string(),
-        "--node-id",
-        node,
-        "--store",
+    Proc::spawn(&mut group_sh(
         store,
-        "--ttl",
-        "2s",
-        "--retry-every",
-        "200ms",
-        "--member-ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
+        "jobs",
+        &SHARDS.to_string(),
+        node,
+        &GROUP_FAST,
         &script,
-    ]))
+    ))
 }
 
 /// Which member runs each shard now, from the log; panics if a shard ever had two
@@ -1118,23 +1105,15 @@ fn timed_member(store: &str, group: &str, ttl: f64, node: &str, log: &Path) -> P
         "echo \"$TENURE_SHARD $TENURE_OWNER $(date +%s.%N)\" >> {log}; exec sleep 1000",
         log = log.display()
     );
-    Proc::spawn(tenure().args([
-        "run",
-        "--group",
-        group,
-        "--shards",
-        &FAILOVER_SHARDS.to_string(),
-        "--node-id",
-        node,
-        "--store",
+    let ttl = format!("{}ms", (ttl * 1000.0) as u64);
+    Proc::spawn(&mut group_sh(
         store,
-        "--ttl",
-        &format!("{}ms", (ttl * 1000.0) as u64),
-        "--",
-        "sh",
-        "-c",
+        group,
+        &FAILOVER_SHARDS.to_string(),
+        node,
+        &["--ttl", &ttl],
         &script,
-    ]))
+    ))
 }
 
 /// The latest start of each shard in a `timed_member` log: (node, unix seconds).
