@@ -36,7 +36,7 @@ mod term;
 use term::{Answer, HandoffRequest, TermEnd};
 
 use crate::error::BoxError;
-use crate::lease::{validate_name, validate_value};
+use crate::lease::{validate_name, validate_successor, validate_value};
 use crate::{Error, FencingToken, LeaseStore, Result};
 
 /// How long after the holder's expiry a waiting contender tries again, so it does not
@@ -352,9 +352,7 @@ impl LeaseLeaderElector {
     /// returned as is; the term then runs out or is taken back as after any failed
     /// release.
     pub async fn hand_off(&self, successor: Option<&str>) -> Result<bool> {
-        if let Some(successor) = successor {
-            validate_name("successor", successor)?;
-        }
+        validate_successor(successor)?;
         let ElectionState::Leader { fencing_token } = *self.state.borrow() else {
             return Ok(false);
         };

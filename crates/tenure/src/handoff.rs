@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lease::validate_name;
+use crate::lease::{validate_name, validate_successor};
 use crate::{Error, FencingToken, Leader, LeaseStore, Result};
 
 /// The prefix of request roles: `tenure.handoff/ROLE` carries requests to hand `ROLE`
@@ -120,9 +120,7 @@ pub async fn request_handoff(
     timeout: Duration,
 ) -> Result<HandoffOutcome> {
     let request = request_role(role)?;
-    if let Some(successor) = successor {
-        validate_name("successor", successor)?;
-    }
+    validate_successor(successor)?;
     validate_name("requester", requester)?;
     if timeout.is_zero() {
         return Err(Error::invalid("timeout", "must be greater than zero"));

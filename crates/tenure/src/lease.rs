@@ -413,6 +413,12 @@ pub fn validate_acquire(
     validate_ttl(ttl, min_ttl, now)
 }
 
+/// Checks the successor named to [`LeaseStore::hand_over`] (or a handoff), if any: a
+/// name as [`validate_name`] rules, reported as `successor`.
+pub fn validate_successor(successor: Option<&str>) -> Result<()> {
+    successor.map_or(Ok(()), |successor| validate_name("successor", successor))
+}
+
 /// Checks the arguments of [`LeaseStore::release`].
 pub fn validate_release(role: &str, owner: &str) -> Result<()> {
     validate_name("role", role)?;

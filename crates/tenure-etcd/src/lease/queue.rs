@@ -33,7 +33,7 @@
 use std::time::Duration;
 
 use etcd_client::{DeleteOptions, TxnResponse};
-use tenure::lease::validate_release;
+use tenure::lease::{validate_release, validate_successor};
 
 use super::*;
 use crate::schema::{CandidateRecord, HandoffRecord};
@@ -355,9 +355,7 @@ impl EtcdLeaseStore {
             Handover::Release => None,
             Handover::To(successor) => successor,
         };
-        if let Some(successor) = successor {
-            validate_name("successor", successor)?;
-        }
+        validate_successor(successor)?;
         let Ok(revision) = i64::try_from(token.get()) else {
             return Ok(false);
         };

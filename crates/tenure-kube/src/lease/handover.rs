@@ -24,7 +24,7 @@
 //! candidates it judged lapsed (housekeeping, see [`super::queue`]): one request per dead
 //! candidate, once.
 
-use tenure::lease::{validate_name, validate_release};
+use tenure::lease::{validate_release, validate_successor};
 use tenure::{FencingToken, Result};
 
 use super::queue::{next_in_line, Candidacy, Used};
@@ -55,9 +55,7 @@ impl KubeLeaseStore {
             Handover::Release => None,
             Handover::To(successor) => successor,
         };
-        if let Some(successor) = successor {
-            validate_name("successor", successor)?;
-        }
+        validate_successor(successor)?;
         // Later releases by this store judge candidates from the watch.
         self.watch.ensure(&self.api, &self.shared);
         let mut known = self

@@ -29,7 +29,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
-    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+    validate_acquire, validate_name, validate_release, validate_successor, validate_ttl,
+    validate_value,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -441,9 +442,7 @@ impl LeaseStore for SqliteLeaseStore {
         successor: Option<&str>,
     ) -> Result<bool> {
         validate_release(role, owner)?;
-        if let Some(successor) = successor {
-            validate_name("successor", successor)?;
-        }
+        validate_successor(successor)?;
         self.end_term(role, owner, token, Successor::Candidate(successor))
             .await
     }
