@@ -517,7 +517,7 @@ impl LeaseStore for InMemoryLeaseStore {
         let now = self.clock.now();
         let shard = self.shard(role).lock();
         let Some(slot) = shard.get(role) else {
-            return TermChange::Unknown;
+            return TermChange::Ended;
         };
         match &slot.holder {
             _ if self.is_live_term(slot, observed, now) => TermChange::Unknown,
@@ -638,6 +638,8 @@ impl LeaseStore for InMemoryLeaseStore {
                         holder: slot.holder.clone().unwrap_or_default(),
                     });
                 }
+                // A term begun for a queued owner ends its candidacy, as every acquire.
+                slot.dequeue(&owner, now);
                 new_term(slot, &owner, session_expiry, Some(session), None);
                 slot.token
             }
