@@ -6,8 +6,8 @@
 //! leads, and once all N wait, each term's work runs for `work` and returns, so each
 //! contender leads once and leaves. Taken per round: every handover's latency (the
 //! predecessor's work returning -> the successor's work starting, the release
-//! included) and the server's request count over the round (statements, gRPC
-//! requests; see [`Backend::requests`](crate::backend::Backend::requests)).
+//! included) and the server's request count over the round, as the backend counts
+//! them (PostgreSQL statements, etcd gRPC calls, Kubernetes API requests).
 //!
 //! Beside it, in alternating rounds of the same run, the **baseline without the queue**:
 //! the same electors through an interceptor that turns `try_acquire_or_queue` into
