@@ -184,8 +184,8 @@ fn unfenced_is_caught(mut args: Vec<&str>) {
     let _ = std::fs::remove_dir_all(report["run_dir"].as_str().unwrap());
 }
 
-/// SQLite: pauses, kills, kills-mid-transaction and wall-clock steps of the workers
-/// (libfaketime), a fault every 140 ms, on the lease store as it is: an acquire the
+/// SQLite: pauses, kills, kills-mid-transaction, wall-clock steps of the workers
+/// (libfaketime) and handoffs asked through the store, a fault every 140 ms, on the lease store as it is: an acquire the
 /// elector abandons mid-`BEGIN IMMEDIATE` must not wedge the file (every fault recovers).
 #[test]
 fn sqlite_round_passes() {
@@ -196,13 +196,13 @@ fn sqlite_round_passes() {
             "--fault-every",
             "140ms",
             "--faults",
-            "pause,kill,restart,clock",
+            "pause,kill,restart,clock,handoff",
             "--seed",
             "11",
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "clock"],
+            kinds: &["pause", "kill", "restart", "clock", "handoff"],
             duration: "36s",
             faults: 200,
             admitted: 50,
@@ -268,7 +268,7 @@ fn postgres_round_passes() {
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut"],
+            kinds: &["pause", "kill", "restart", "cut", "handoff"],
             duration: "50s",
             faults: 200,
             admitted: 60,
@@ -322,7 +322,7 @@ fn etcd_round_passes() {
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut"],
+            kinds: &["pause", "kill", "restart", "cut", "handoff"],
             duration: "55s",
             faults: 200,
             admitted: 60,
@@ -341,7 +341,7 @@ fn etcd_without_the_fence_is_caught() {
 /// A throwaway Kubernetes API server owned by the run, the workers running as a service
 /// account allowed leases only: pauses, kills, restarts (of the API server and of its
 /// etcd, clean and crashed, beside the other faults), proxy cuts (resets and
-/// blackholes) and steps of the workers' wall clock, a fault every 170 ms. Leaders
+/// blackholes), steps of the workers' wall clock and handoffs, a fault every 170 ms. Leaders
 /// write through one conditional write of a log object that holds the fence.
 #[cfg(feature = "kube")]
 #[test]
@@ -353,13 +353,13 @@ fn kube_round_passes() {
             "--fault-every",
             "170ms",
             "--faults",
-            "pause,kill,restart,cut,clock",
+            "pause,kill,restart,cut,clock,handoff",
             "--seed",
             "37",
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut", "clock"],
+            kinds: &["pause", "kill", "restart", "cut", "clock", "handoff"],
             duration: "50s",
             faults: 200,
             admitted: 60,
