@@ -147,6 +147,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             lease_ttl: ttl,
             renew_interval: ttl / 4,
             retry_interval: ttl / 2,
+            // The nemesis asks for handoffs through the store.
+            accept_handoff_requests: true,
             ..Default::default()
         };
         let elector = LeaseLeaderElector::new(leases, options)?;

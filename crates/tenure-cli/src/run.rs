@@ -144,6 +144,8 @@ impl RunArgs {
             retry_interval: self.retry_every,
             work_grace: self.work_grace(),
             advertise: self.advertise.clone(),
+            // `tenure handoff` asks through the store.
+            accept_handoff_requests: true,
             ..Default::default()
         }
     }

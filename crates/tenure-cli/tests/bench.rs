@@ -420,7 +420,7 @@ fn check_hold(r: &Value, baseline: bool) {
         // point of the comparison, not a fault: the check is only that it did renew.
         let electors = hold_row(r, "per-role electors");
         assert!(
-            calls(electors, "try_acquire_or_renew") >= 100.0,
+            calls(electors, "try_acquire_or_queue") >= 100.0,
             "{electors}"
         );
     }

@@ -84,8 +84,10 @@ pub struct LeaseLeaderOptions {
     /// [`MAX_VALUE_LEN`](crate::lease::MAX_VALUE_LEN) bytes, no NUL. Default none.
     pub advertise: Option<String>,
     /// Whether a leader acts on handoff requests left in the store by
-    /// [`crate::handoff::request_handoff`] (`tenure handoff`): it watches the role's
-    /// request role by the store's push while it leads. Default true.
+    /// [`crate::handoff::request_handoff`] (`tenure handoff`): from its first renewal
+    /// on it watches the role's request role, by the store's push, with a read a minute
+    /// when nothing wakes it (SQLite's waits poll its file). Default false: a process
+    /// that leads many roles pays that per role; `tenure run` turns it on.
     pub accept_handoff_requests: bool,
 }
 
@@ -100,7 +102,7 @@ impl Default for LeaseLeaderOptions {
             max_clock_drift: 0.01,
             work_grace: Duration::ZERO,
             advertise: None,
-            accept_handoff_requests: true,
+            accept_handoff_requests: false,
         }
     }
 }

@@ -5,9 +5,9 @@
 //! elector in hand; an operator draining a host, or a deploy script, has only the store.
 //! [`request_handoff`] leaves a request there: a term on the role's *request role*
 //! ([`request_role`]: `tenure.handoff/` + the role) whose value names the leader's token
-//! and the successor wanted. A leading elector (with
-//! [`LeaseLeaderOptions::accept_handoff_requests`](crate::LeaseLeaderOptions::accept_handoff_requests),
-//! the default) watches that role by the store's push, and when a request names its own
+//! and the successor wanted. A leading elector with
+//! [`LeaseLeaderOptions::accept_handoff_requests`](crate::LeaseLeaderOptions::accept_handoff_requests)
+//! (`tenure run` sets it) watches that role by the store's push, and when a request names its own
 //! term it hands off as `hand_off` does. The requester waits until another term leads the
 //! role, then withdraws its request. A request naming an older term is ignored, so a
 //! request left behind (its requester died) never moves a later leader; it lapses with its

@@ -58,6 +58,7 @@ fn elector(store: Arc<dyn LeaseStore>, owner: &str) -> Arc<LeaseLeaderElector> {
         lease_ttl: secs(10),
         renew_interval: secs(3),
         retry_interval: secs(60),
+        accept_handoff_requests: true,
         ..Default::default()
     };
     Arc::new(LeaseLeaderElector::new(store, options).unwrap())

@@ -868,6 +868,7 @@ async fn elector_slot(sim: Arc<Sim>, index: usize, end: CancellationToken) {
             lease_ttl: TTL,
             renew_interval: RENEW,
             retry_interval: RETRY,
+            accept_handoff_requests: true,
             ..Default::default()
         };
         let faults = Arc::new(Faults {

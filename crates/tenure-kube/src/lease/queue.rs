@@ -53,6 +53,10 @@ use crate::record::{
 };
 use crate::BACKEND;
 
+/// How long a release or `candidates` waits for the store's watch to finish its first
+/// list before it lists the role's candidacies itself.
+const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The most spent places a role's object lists; older ones are dropped first.
 pub(crate) const MAX_USED: usize = 32;
 
@@ -225,7 +229,14 @@ impl KubeLeaseStore {
     /// namespace (with this store's newer writes in their place), else one list.
     pub(super) async fn candidacies(&self, role: &str) -> Result<Vec<Candidacy>> {
         let hash = role_label(role);
-        let copies = if self.shared.synced() {
+        // A store whose watch is still listing waits for that list (one request it makes
+        // anyway) rather than listing the role's candidacies itself on every call meanwhile.
+        let synced = self.shared.synced()
+            || self
+                .shared
+                .wait_synced(tokio::time::Instant::now() + FIRST_LIST_WAIT)
+                .await;
+        let copies = if synced {
             self.shared.labelled(ROLE_LABEL, &hash)
         } else {
             let selector = format!("{},{ROLE_LABEL}={hash}", selector(&[CANDIDATE]));

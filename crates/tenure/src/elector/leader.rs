@@ -343,8 +343,8 @@ impl LeaseLeaderElector {
         // from the first renewal on spares a term that ends sooner (a handover in a
         // crowd) the read, so a handover stays a release and a renewal.
         tokio::time::sleep(self.options.renew_interval).await;
-        // Pushes wake the watch; the poll is the fallback of stores that cannot push.
-        let poll = self.options.lease_ttl;
+        // Pushes wake the watch; the read a minute is the fallback should one be lost.
+        let poll = std::time::Duration::from_secs(60);
         crate::handoff::next_request(self.store.as_ref(), &request, token, acted, poll).await
     }
 
