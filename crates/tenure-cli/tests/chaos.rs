@@ -268,7 +268,7 @@ fn postgres_round_passes() {
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut", "handoff"],
+            kinds: &["pause", "kill", "restart", "cut"],
             duration: "50s",
             faults: 200,
             admitted: 60,
@@ -322,7 +322,7 @@ fn etcd_round_passes() {
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut", "handoff"],
+            kinds: &["pause", "kill", "restart", "cut"],
             duration: "55s",
             faults: 200,
             admitted: 60,
@@ -341,7 +341,7 @@ fn etcd_without_the_fence_is_caught() {
 /// A throwaway Kubernetes API server owned by the run, the workers running as a service
 /// account allowed leases only: pauses, kills, restarts (of the API server and of its
 /// etcd, clean and crashed, beside the other faults), proxy cuts (resets and
-/// blackholes), steps of the workers' wall clock and handoffs, a fault every 170 ms. Leaders
+/// blackholes) and steps of the workers' wall clock, a fault every 170 ms. Leaders
 /// write through one conditional write of a log object that holds the fence.
 #[cfg(feature = "kube")]
 #[test]
@@ -353,13 +353,13 @@ fn kube_round_passes() {
             "--fault-every",
             "170ms",
             "--faults",
-            "pause,kill,restart,cut,clock,handoff",
+            "pause,kill,restart,cut,clock",
             "--seed",
             "37",
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart", "cut", "clock", "handoff"],
+            kinds: &["pause", "kill", "restart", "cut", "clock"],
             duration: "50s",
             faults: 200,
             admitted: 60,
