@@ -207,6 +207,10 @@ pub struct HoldRow {
     /// place (as after a deploy); `None` elsewhere. The per-role electors' objects are
     /// created one by one before they start there, so their `settle_ms` has no creates.
     pub restart_settle_ms: Option<f64>,
+    /// The group's cold settle once more, its members acquiring one shard per call (16
+    /// at a time) instead of in batches: the same run's baseline for `settle_ms`.
+    /// `None` for the per-role electors.
+    pub per_role_settle_ms: Option<f64>,
     /// Renew intervals in the window.
     pub intervals: f64,
     /// Lease-store calls per renew interval, by method.

@@ -415,7 +415,12 @@ fn check_hold(r: &Value, baseline: bool) {
     assert_eq!(group["terms_restarted"], 0, "{group}");
     let keep_alive = calls(group, "keep_alive_session");
     assert!((0.6..=1.4).contains(&keep_alive), "{group}");
-    for per_shard in ["acquire_in_session", "try_acquire_or_renew", "release"] {
+    for per_shard in [
+        "acquire_in_session",
+        "acquire_many_in_session",
+        "try_acquire_or_renew",
+        "release",
+    ] {
         assert_eq!(calls(group, per_shard), 0.0, "{per_shard}: {group}");
     }
     if baseline {
@@ -527,7 +532,12 @@ fn shard_bench_on_kube_writes_per_member_not_per_shard() {
     assert_eq!(group["contenders"], 3, "{group}");
     let keep_alive = calls(group, "keep_alive_session");
     assert!((1.8..=4.2).contains(&keep_alive), "{group}");
-    for per_shard in ["acquire_in_session", "try_acquire_or_renew", "release"] {
+    for per_shard in [
+        "acquire_in_session",
+        "acquire_many_in_session",
+        "try_acquire_or_renew",
+        "release",
+    ] {
         assert_eq!(calls(group, per_shard), 0.0, "{per_shard}: {group}");
     }
     let quiet = &r["shards"]["quiet"];

@@ -84,6 +84,19 @@ impl DirectConnections {
             .map_err(|e| pg_error(what, e))
     }
 
+    /// Runs `query` for every row it returns on one of the store's connections.
+    pub(crate) async fn fetch_all(
+        &self,
+        what: &str,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> tenure::Result<Vec<PgRow>> {
+        let checkout = self.checkout(what).await?;
+        checkout
+            .fetch_all(query)
+            .await
+            .map_err(|e| pg_error(what, e))
+    }
+
     /// Runs `query` for its effect on one of the store's connections.
     pub(crate) async fn execute(
         &self,
@@ -152,6 +165,15 @@ impl Checkout<'_> {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<Option<PgRow>, sqlx::Error> {
         let answer = query.fetch_optional(self.conn()?).await;
+        self.settle(answer)
+    }
+
+    /// Runs `query` for every row; the connection is kept only if it succeeded.
+    async fn fetch_all(
+        mut self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        let answer = query.fetch_all(self.conn()?).await;
         self.settle(answer)
     }
 

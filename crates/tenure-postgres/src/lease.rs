@@ -60,7 +60,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
-    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+    only_answer, validate_acquire, validate_name, validate_release, validate_roles, validate_ttl,
+    validate_value,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -506,11 +507,26 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
-        validate_name("role", role)?;
+        let answers = self
+            .acquire_many_in_session(&[role.to_owned()], session)
+            .await?;
+        only_answer(BACKEND, answers)
+    }
+
+    /// One statement for the whole batch (see `session.rs`).
+    async fn acquire_many_in_session(
+        &self,
+        roles: &[String],
+        session: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        validate_roles(roles)?;
+        if roles.is_empty() {
+            return Ok(Vec::new());
+        }
         let channel = self.inner.schema.channel();
         self.inner
             .sessions
-            .acquire(&self.inner.direct, role, session, &channel)
+            .acquire(&self.inner.direct, roles, session, &channel)
             .await
     }
 

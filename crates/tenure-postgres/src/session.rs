@@ -31,6 +31,8 @@
 //! before evaluating its `SET`; closing releases the roles before ending the session),
 //! so these statements cannot deadlock each other.
 
+use std::collections::HashMap;
+
 use sqlx::postgres::PgRow;
 use tenure::{Error, LeaseResult, Result, SessionGrant, SessionId};
 
@@ -98,30 +100,61 @@ impl SessionStatements {
         row.map(|row| grant(&row)).transpose()
     }
 
-    /// Acquires `role` under `session`, announcing a new term on `channel`.
+    /// Acquires each of `roles` under `session` in one statement (run again for the
+    /// roles a concurrent statement of the same session hid from its snapshot),
+    /// announcing each new term on `channel`. Answers in the order of `roles`.
     pub(crate) async fn acquire(
         &self,
         direct: &DirectConnections,
-        role: &str,
+        roles: &[String],
         session: SessionId,
         channel: &str,
-    ) -> Result<LeaseResult> {
+    ) -> Result<Vec<LeaseResult>> {
         let Ok(id) = i64::try_from(session.get()) else {
             return Err(Error::SessionEnded(session));
         };
+        let mut answers: HashMap<&str, LeaseResult> = HashMap::with_capacity(roles.len());
+        let mut asking: Vec<&str> = roles.iter().map(String::as_str).collect();
+        asking.sort_unstable();
+        asking.dedup();
         for _ in 0..ACQUIRE_ATTEMPTS {
-            let query = sqlx::query(&self.acquire).bind(role).bind(id).bind(channel);
-            let row = direct
-                .fetch_one("could not acquire the lease in the session", query)
+            let query = sqlx::query(&self.acquire)
+                .bind(&asking)
+                .bind(id)
+                .bind(channel);
+            let rows = direct
+                .fetch_all("could not acquire the leases in the session", query)
                 .await?;
-            if let Some(result) = acquired(&row, session, id)? {
-                return Ok(result);
+            for row in &rows {
+                let role: String = decode(row, "role")?;
+                match acquired(row, session, id)? {
+                    Some(result) => {
+                        if let Some(asked) = asking.iter().find(|r| **r == role) {
+                            answers.insert(asked, result);
+                        }
+                    }
+                    None => tracing::debug!(role, %session,
+                        "a concurrent acquire under the same session; again"),
+                }
             }
-            tracing::debug!(role, %session, "a concurrent acquire under the same session; again");
+            asking.retain(|role| !answers.contains_key(role));
+            if asking.is_empty() {
+                return roles
+                    .iter()
+                    .map(|role| {
+                        answers.get(role.as_str()).cloned().ok_or_else(|| {
+                            Error::store_msg(BACKEND, format!("no answer for {role:?}"))
+                        })
+                    })
+                    .collect();
+            }
         }
         Err(Error::store_msg(
             BACKEND,
-            format!("acquiring {role:?} in session {session} kept racing with itself"),
+            format!(
+                "acquiring {:?} in session {session} kept racing with itself",
+                asking.first().copied().unwrap_or_default()
+            ),
         ))
     }
 
@@ -245,33 +278,36 @@ pub fn keep_alive_statement(sessions: &str) -> String {
     )
 }
 
-/// Acquires a role under a session: `(role, session id, channel)`, one row. A term
+/// Acquires roles under a session: `(roles, session id, channel)`, one row per
+/// distinct role (`roles` sorted, so concurrent batches lock rows in one order). A term
 /// it starts advertises no value (`value` NULL), and ends the owner's candidacy for the
 /// role (with the role's lapsed ones), as any acquire does (see `queue.rs`).
 ///
-/// `me` is the session if it is live. The upsert starts a new term under it when the
-/// role is free, rewrites a live holder's row unchanged (so the answer names the latest
-/// committed term, as in the single-role statement), and skips a role already held
-/// under this session: nothing is written then, and `held` reads its token. `held`
-/// reads the statement's snapshot, which misses a term this same session started in a
-/// concurrent statement that committed after the snapshot; it then returns no token and
-/// the caller runs the statement again.
+/// `me` is the session if it is live. The upsert starts a new term under it for each
+/// role that is free, rewrites a live holder's row unchanged (so the answer names the
+/// latest committed term, as in the single-role statement), and skips a role already
+/// held under this session: nothing is written then, and `held` reads its token.
+/// `held` reads the statement's snapshot, which misses a term this same session started
+/// in a concurrent statement that committed after the snapshot; that role's row then
+/// has no token, and the caller runs the statement again for it.
 fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
     let end = term_end(sessions, true);
     let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
     let notify = notify_sql(
         "$3",
-        &began_sql("$1", "up.fencing_token", "up.holder"),
-        "$1",
+        &began_sql("up.role", "up.fencing_token", "up.holder"),
+        "up.role",
     );
     format!(
         "WITH me AS (
             SELECT id, owner, expires_at FROM {sessions}
             WHERE id = $2 AND expires_at > statement_timestamp()
         ),
+        wanted AS (SELECT DISTINCT unnest($1::text[]) AS role),
         up AS (
             INSERT INTO {t} AS l (role, holder, fencing_token, expires_at, term_txid, session_id)
-            SELECT $1, me.owner, 1, me.expires_at, txid_current(), me.id FROM me
+            SELECT w.role, me.owner, 1, me.expires_at, txid_current(), me.id
+            FROM wanted w CROSS JOIN me ORDER BY w.role
             ON CONFLICT (role) DO UPDATE SET
                 holder = CASE WHEN {free} THEN EXCLUDED.holder ELSE l.holder END,
                 fencing_token = CASE WHEN {free}
@@ -281,25 +317,26 @@ fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
                 session_id = CASE WHEN {free} THEN EXCLUDED.session_id ELSE l.session_id END,
                 value = CASE WHEN {free} THEN NULL ELSE l.value END
             WHERE l.session_id IS DISTINCT FROM EXCLUDED.session_id
-            RETURNING l.holder, l.fencing_token, l.expires_at, l.session_id,
+            RETURNING l.role, l.holder, l.fencing_token, l.expires_at, l.session_id,
                 l.term_txid = txid_current() AS new_term
         ),
         held AS (
-            SELECT l.fencing_token FROM {t} l
-            WHERE l.role = $1 AND l.session_id = $2 AND l.holder IS NOT NULL
-                AND NOT EXISTS (SELECT 1 FROM up)
+            SELECT l.role, l.fencing_token FROM {t} l
+            WHERE l.role IN (SELECT role FROM wanted) AND l.session_id = $2
+                AND l.holder IS NOT NULL AND l.role NOT IN (SELECT role FROM up)
         ),
         joined AS (
             DELETE FROM {c} c
-            WHERE c.role = $1 AND EXISTS (SELECT 1 FROM up WHERE up.new_term)
+            WHERE c.role IN (SELECT role FROM up WHERE up.new_term)
                 AND (c.owner = (SELECT owner FROM me)
                     OR c.expires_at <= statement_timestamp())
-        )
-        SELECT me.owner, me.expires_at AS session_expires_at,
+        ),
+        notified AS (SELECT count(*) AS n FROM (SELECT {notify} FROM up WHERE up.new_term) n)
+        SELECT w.role, me.owner, me.expires_at AS session_expires_at,
             up.holder, up.fencing_token, up.expires_at, up.session_id,
-            held.fencing_token AS held_token, statement_timestamp() AS now,
-            (SELECT count(*) FROM (SELECT {notify} FROM up WHERE up.new_term) n) AS notified
-        FROM (SELECT) one LEFT JOIN me ON true LEFT JOIN up ON true LEFT JOIN held ON true"
+            held.fencing_token AS held_token, statement_timestamp() AS now, notified.n AS notified
+        FROM wanted w CROSS JOIN notified LEFT JOIN me ON true
+            LEFT JOIN up ON up.role = w.role LEFT JOIN held ON held.role = w.role"
     )
 }
 

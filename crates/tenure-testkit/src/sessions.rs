@@ -321,6 +321,150 @@ pub async fn scenario_session_bad_input(backend: &dyn LeaseBackend) {
     );
 }
 
+/// A batch answers each role as `acquire_in_session` would, in the order asked: free
+/// roles are taken (token + 1 on a role that had a term), a role already held under this
+/// session keeps its term, a role another live session or lease holds is refused naming
+/// its holder, and a role named twice is answered twice alike.
+pub async fn scenario_session_acquire_many(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    let b = open(store.as_ref(), "node-b", ttl).await;
+    let mine = store.acquire_in_session("g/1", a.id).await.unwrap();
+    let theirs = store.acquire_in_session("g/2", b.id).await.unwrap();
+    let plain = store
+        .try_acquire_or_renew("g/3", "node-c", ttl * 4)
+        .await
+        .unwrap();
+    let ended = store.acquire_in_session("g/4", b.id).await.unwrap();
+    store
+        .release("g/4", "node-b", ended.fencing_token)
+        .await
+        .unwrap();
+    let roles: Vec<String> = ["g/0", "g/1", "g/2", "g/3", "g/4", "g/0"]
+        .map(String::from)
+        .to_vec();
+    let answers = store.acquire_many_in_session(&roles, a.id).await.unwrap();
+    assert_eq!(answers.len(), roles.len(), "{answers:?}");
+    let took = |i: usize| {
+        let answer = &answers[i];
+        assert!(answer.acquired, "{}: {answer:?}", roles[i]);
+        assert_eq!(answer.holder, "node-a", "{}: {answer:?}", roles[i]);
+        answer.fencing_token
+    };
+    assert_eq!(took(0).get(), 1, "a new role starts at token 1");
+    assert_eq!(took(1), mine.fencing_token, "held here already: same term");
+    assert_eq!(
+        took(4),
+        ended.fencing_token.next(),
+        "a released role: a new term"
+    );
+    assert_eq!(took(5), took(0), "a role named twice is answered alike");
+    for (i, holder, token) in [
+        (2, "node-b", theirs.fencing_token),
+        (3, "node-c", plain.fencing_token),
+    ] {
+        let answer = &answers[i];
+        assert!(!answer.acquired, "{}: {answer:?}", roles[i]);
+        assert_eq!(answer.holder, holder, "{answer:?}");
+        assert_eq!(answer.fencing_token, token, "{answer:?}");
+    }
+    for role in ["g/0", "g/4"] {
+        let info = store
+            .get(role)
+            .await
+            .unwrap()
+            .expect("a taken role has a row");
+        assert_eq!(info.live_holder(), Some("node-a"), "{info:?}");
+    }
+}
+
+/// An empty batch is answered with nothing; a batch under an ended session is
+/// `SessionEnded`; a bad role anywhere in a batch is `InvalidArgument` naming `role`,
+/// and no role of that batch is taken.
+pub async fn scenario_session_acquire_many_rules(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    assert!(store
+        .acquire_many_in_session(&[], a.id)
+        .await
+        .unwrap()
+        .is_empty());
+    let bad = ["g/0".to_owned(), "a\0b".to_owned(), "g/1".to_owned()];
+    assert_invalid(store.acquire_many_in_session(&bad, a.id).await, "role");
+    for role in ["g/0", "g/1"] {
+        let info = store.get(role).await.unwrap();
+        assert!(
+            info.as_ref().is_none_or(|i| i.live_holder().is_none()),
+            "a batch refused for bad input took {role}: {info:?}"
+        );
+    }
+    let b = open(store.as_ref(), "node-b", ttl).await;
+    fx.pass_time(ttl.mul_f64(1.2)).await;
+    let roles = ["g/0".to_owned()];
+    assert!(matches!(
+        store.acquire_many_in_session(&roles, b.id).await,
+        Err(Error::SessionEnded(id)) if id == b.id
+    ));
+}
+
+/// Sessions race with batches naming the same roles in different orders: every role has
+/// exactly one winner, every answer names the role's one holder, and the batches do not
+/// fail each other (a store taking a batch's rows in the order asked could deadlock).
+pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let ttl = fx.ttl();
+    let contenders = fx.contenders().clamp(2, 8);
+    let roles: Vec<String> = (0..40).map(|k| format!("g/{k}")).collect();
+    let mut tasks = Vec::new();
+    for i in 0..contenders {
+        let owner = format!("node-{i}");
+        let session = open(store.as_ref(), &owner, ttl).await.id;
+        let mut asked = roles.clone();
+        asked.rotate_left(i * 7 % roles.len());
+        if i % 2 == 1 {
+            asked.reverse();
+        }
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let answers = store.acquire_many_in_session(&asked, session).await;
+            (owner, asked, answers)
+        }));
+    }
+    let mut holders = std::collections::BTreeMap::new();
+    let mut seen = Vec::new();
+    for task in tasks {
+        let (owner, asked, answers) = task.await.unwrap();
+        let answers = answers.unwrap_or_else(|e| panic!("{owner}'s batch failed: {e}"));
+        assert_eq!(answers.len(), asked.len());
+        for (role, answer) in asked.into_iter().zip(answers) {
+            if answer.acquired {
+                assert_eq!(answer.holder, owner, "{role}: {answer:?}");
+                if let Some(other) = holders.insert(role.clone(), owner.clone()) {
+                    panic!("{role} won by {other} and {owner}");
+                }
+            }
+            seen.push((role, answer.holder, answer.fencing_token));
+        }
+    }
+    assert_eq!(
+        holders.len(),
+        roles.len(),
+        "every role has a winner: {holders:?}"
+    );
+    for (role, holder, token) in seen {
+        assert_eq!(
+            holders[&role], holder,
+            "{role}: every answer names its one holder"
+        );
+        assert_eq!(token.get(), 1, "{role}: one term, one token");
+    }
+}
+
 /// Runs every session scenario against one backend as `#[tokio::test]`s.
 #[macro_export]
 macro_rules! session_scenarios {
@@ -331,6 +475,9 @@ macro_rules! session_scenarios {
             scenario_session_close_releases_roles,
             scenario_session_meets_other_holders,
             scenario_session_contention,
+            scenario_session_acquire_many,
+            scenario_session_acquire_many_rules,
+            scenario_session_acquire_many_contention,
             scenario_session_bad_input);
     };
     (@each $backend:expr; $attrs:tt; $($name:ident),*) => {

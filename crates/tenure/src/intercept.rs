@@ -182,6 +182,13 @@ pub enum Call {
         /// The session to hold it under.
         session: SessionId,
     },
+    /// [`LeaseStore::acquire_many_in_session`].
+    AcquireManyInSession {
+        /// The roles, in the order their answers come.
+        roles: Vec<String>,
+        /// The session to hold them under.
+        session: SessionId,
+    },
     /// [`LeaseStore::close_session`].
     CloseSession {
         /// The session.
@@ -207,6 +214,7 @@ impl Call {
             Call::OpenSession { .. } => "open_session",
             Call::KeepAliveSession { .. } => "keep_alive_session",
             Call::AcquireInSession { .. } => "acquire_in_session",
+            Call::AcquireManyInSession { .. } => "acquire_many_in_session",
             Call::CloseSession { .. } => "close_session",
         }
     }
@@ -235,6 +243,8 @@ pub enum Reply {
     Succession(TermChange),
     /// From [`Call::Candidates`].
     Candidates(Result<Vec<String>>),
+    /// From [`Call::AcquireManyInSession`]: one answer per role, in order.
+    Leases(Result<Vec<LeaseResult>>),
 }
 
 impl Reply {
@@ -258,6 +268,7 @@ impl Reply {
             Call::OpenSession { .. } => Reply::Session(Err(error)),
             Call::KeepAliveSession { .. } => Reply::KeptAlive(Err(error)),
             Call::AcquireInSession { .. } => Reply::Lease(Err(error)),
+            Call::AcquireManyInSession { .. } => Reply::Leases(Err(error)),
             Call::CloseSession { .. } => Reply::Released(Err(error)),
         }
     }
@@ -324,6 +335,7 @@ impl Reply {
             Reply::Changed => "wait_for_change",
             Reply::Succession(_) => "wait_for_successor",
             Reply::Candidates(_) => "candidates",
+            Reply::Leases(_) => "acquire_many_in_session",
             Reply::Session(_) => "open_session",
             Reply::KeptAlive(_) => "keep_alive_session",
         };
@@ -353,7 +365,9 @@ pub trait Interceptor: Send + Sync + 'static {
 /// added after it, then the store.
 ///
 /// It owns what it needs (`Send + 'static`), so an interceptor may move it into a task
-/// of its own.
+/// of its own, and clones cheaply, so it may pass a call on as several (one per role of
+/// a batch, say).
+#[derive(Clone)]
 pub struct Next {
     store: Arc<dyn LeaseStore>,
     hooks: Arc<[Arc<dyn Interceptor>]>,
@@ -443,6 +457,9 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
         }
         Call::AcquireInSession { role, session } => {
             Reply::Lease(store.acquire_in_session(&role, session).await)
+        }
+        Call::AcquireManyInSession { roles, session } => {
+            Reply::Leases(store.acquire_many_in_session(&roles, session).await)
         }
         Call::CloseSession { session } => Reply::Released(store.close_session(session).await),
     }
@@ -642,6 +659,21 @@ impl LeaseStore for InterceptStore {
             session,
         };
         self.call(call).await.into_lease()
+    }
+
+    async fn acquire_many_in_session(
+        &self,
+        roles: &[String],
+        session: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        let call = Call::AcquireManyInSession {
+            roles: roles.to_vec(),
+            session,
+        };
+        match self.call(call).await {
+            Reply::Leases(result) => result,
+            other => Err(other.mismatch("acquire_many_in_session")),
+        }
     }
 
     async fn close_session(&self, session: SessionId) -> Result<bool> {

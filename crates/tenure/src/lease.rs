@@ -12,6 +12,9 @@ use async_trait::async_trait;
 use crate::session::{SessionGrant, SessionId};
 use crate::{Error, FencingToken, Result};
 
+/// How many calls the default [`LeaseStore::acquire_many_in_session`] makes at once.
+pub const ACQUIRE_MANY_IN_FLIGHT: usize = 16;
+
 /// The longest role, owner or node id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -304,6 +307,37 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// [`Error::SessionEnded`].
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult>;
 
+    /// Acquires each of `roles` under a live `session`: the answers are those of
+    /// [`acquire_in_session`](Self::acquire_in_session) called once per role, in the
+    /// order of `roles`. Each role is its own atomic step (some may be taken while
+    /// others are held elsewhere). Backends that can take a batch in one round trip do:
+    /// a member winning thousands of shards at once (a cold start, a join) then waits
+    /// one round trip, not one per shard. This default makes the
+    /// calls [`ACQUIRE_MANY_IN_FLIGHT`] at a time.
+    ///
+    /// An error says nothing of which roles were taken: any of them may have been, then
+    /// or later (a request may still be on its way), and the caller must treat every
+    /// role of the batch so. A session that has ended is [`Error::SessionEnded`]; a bad
+    /// role is [`Error::InvalidArgument`] before anything is written.
+    async fn acquire_many_in_session(
+        &self,
+        roles: &[String],
+        session: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        validate_roles(roles)?;
+        let mut answers = Vec::with_capacity(roles.len());
+        for wave in roles.chunks(ACQUIRE_MANY_IN_FLIGHT) {
+            let mut calls = Vec::with_capacity(wave.len());
+            for role in wave {
+                calls.push(self.acquire_in_session(role, session));
+            }
+            for answer in futures_util::future::join_all(calls).await {
+                answers.push(answer?);
+            }
+        }
+        Ok(answers)
+    }
+
     /// Ends a session at once and releases every role held under it (tokens are kept;
     /// waiters on those roles are woken as for a release). Returns whether the session
     /// was live.
@@ -411,6 +445,26 @@ pub fn validate_acquire(
     validate_name("role", role)?;
     validate_name("owner", owner)?;
     validate_ttl(ttl, min_ttl, now)
+}
+
+/// Checks every role of a batch ([`LeaseStore::acquire_many_in_session`]) before
+/// anything is written.
+pub fn validate_roles(roles: &[String]) -> Result<()> {
+    roles
+        .iter()
+        .try_for_each(|role| validate_name("role", role))
+}
+
+/// The one answer of a batch of one role: for backends whose
+/// [`LeaseStore::acquire_in_session`] is their batched acquire of one role.
+pub fn only_answer(backend: &'static str, mut answers: Vec<LeaseResult>) -> Result<LeaseResult> {
+    match (answers.pop(), answers.is_empty()) {
+        (Some(answer), true) => Ok(answer),
+        _ => Err(Error::store_msg(
+            backend,
+            "an acquire of one role was not answered with one answer",
+        )),
+    }
 }
 
 /// Checks the successor named to [`LeaseStore::hand_over`] (or a handoff), if any: a

@@ -99,5 +99,5 @@ pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};
 pub use placement::place;
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
 pub use session::{SessionGrant, SessionId};
-pub use shard::{ShardElector, ShardOptions, ShardState};
+pub use shard::{DrainOutcome, ShardElector, ShardOptions, ShardState};
 pub use token::FencingToken;

@@ -91,7 +91,7 @@ impl MemberFaults {
         }
         let odds = match call {
             Call::Release { .. } => 0.25,
-            Call::AcquireInSession { .. } => 0.05,
+            Call::AcquireInSession { .. } | Call::AcquireManyInSession { .. } => 0.05,
             Call::KeepAliveSession { .. } => 0.02,
             _ => return None,
         };
@@ -103,7 +103,13 @@ impl MemberFaults {
         Some(match rng.random_bool(0.5) {
             _ if release && self.broken.early_release_acks => Late::Acknowledged,
             // An acquire waits for its answer as long as its session lives.
-            true if !matches!(call, Call::AcquireInSession { .. }) => Late::Unanswered,
+            true if !matches!(
+                call,
+                Call::AcquireInSession { .. } | Call::AcquireManyInSession { .. }
+            ) =>
+            {
+                Late::Unanswered
+            }
             _ => Late::Failed,
         })
     }

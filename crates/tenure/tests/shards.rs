@@ -621,3 +621,154 @@ async fn dropping_run_cancels_every_shards_leadership() {
         .count();
     assert_eq!(still, 0, "a's shard work still believes it leads");
 }
+
+/// Each member's count of shards being worked on right now.
+fn shares(workers: &BTreeMap<u32, String>) -> BTreeMap<String, usize> {
+    let mut per_member = BTreeMap::new();
+    for node in workers.values() {
+        *per_member.entry(node.clone()).or_default() += 1;
+    }
+    per_member
+}
+
+/// Setup: 3 members settled on 24 shards; `tenure drain`'s call asks b to drain. It
+/// answers once b holds nothing: b's 8 shards were handed to a and c (12 each), nothing
+/// else moved, and no shard ever had two members working on it. Cancelling the drain
+/// makes b join again and take its 8 back.
+#[tokio::test(start_paused = true)]
+async fn a_drained_member_hands_every_shard_over_and_joins_again_after() {
+    let mut group = Group::in_memory();
+    for node in ["a", "b", "c"] {
+        group.start(node, 24);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(24);
+    let before = group.workers();
+    let drained =
+        tenure::shard::request_drain(group.store.clone(), GROUP, "b", "ops", 20 * TTL, 5 * TTL)
+            .await
+            .unwrap();
+    let tenure::DrainOutcome::Drained { held, took } = drained else {
+        panic!("b was not drained: {drained:?}");
+    };
+    assert_eq!(held, 8);
+    assert!(took < TTL, "moving 8 shards took {took:?}");
+    let after = group.workers();
+    assert_eq!(after.len(), 24, "every shard is worked on: {after:?}");
+    let counts = shares(&after);
+    assert_eq!(counts.get("b"), None, "{counts:?}");
+    assert_eq!((counts["a"], counts["c"]), (12, 12), "{counts:?}");
+    for (shard, node) in &before {
+        if node != "b" {
+            assert_eq!(&after[shard], node, "shard {shard} moved");
+        }
+    }
+    assert!(group.owned()["b"].is_empty());
+    // It stays drained while the request lives.
+    tokio::time::sleep(3 * TTL).await;
+    assert_eq!(shares(&group.workers()).get("b"), None);
+
+    assert!(
+        tenure::shard::cancel_drain(group.store.as_ref(), GROUP, "b")
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(24);
+    assert_eq!(shares(&group.workers())["b"], 8);
+    group.assert_no_overlap();
+}
+
+/// Setup: one member holds 8 shards, alone. Drained, it has nobody to hand them to: it
+/// keeps working on them, and the request answers that it was not drained.
+#[tokio::test(start_paused = true)]
+async fn a_lone_member_keeps_its_shards_when_drained() {
+    let mut group = Group::in_memory();
+    group.start("solo", 8);
+    tokio::time::sleep(2 * RENEW).await;
+    let outcome =
+        tenure::shard::request_drain(group.store.clone(), GROUP, "solo", "ops", 10 * TTL, 2 * TTL)
+            .await
+            .unwrap();
+    assert_eq!(
+        outcome,
+        tenure::DrainOutcome::NotDrained { held: 8, left: 8 }
+    );
+    assert_eq!(group.workers().len(), 8);
+    // A second request while the first is in force asks nothing.
+    let again =
+        tenure::shard::request_drain(group.store.clone(), GROUP, "solo", "ops-2", 10 * TTL, TTL)
+            .await
+            .unwrap();
+    assert_eq!(
+        again,
+        tenure::DrainOutcome::AlreadyAsked {
+            by: "ops".to_owned()
+        }
+    );
+}
+
+/// Setup: 2 members on 10 shards; `set_draining` drains one in process, then ends it.
+#[tokio::test(start_paused = true)]
+async fn set_draining_drains_in_process() {
+    let store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new()));
+    let registry: Arc<dyn NodeRegistry> =
+        Arc::new(InMemoryNodeRegistry::with_clock(TTL, TokioClock::new()).unwrap());
+    let mut members = Vec::new();
+    for node in ["a", "b"] {
+        let elector = Arc::new(
+            ShardElector::new(store.clone(), registry.clone(), options(node, 10)).unwrap(),
+        );
+        let shutdown = CancellationToken::new();
+        let running = elector.clone();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            running
+                .run(
+                    |_, _, leadership: CancellationToken| async move { leadership.cancelled().await },
+                    stop,
+                )
+                .await
+        });
+        members.push((elector, shutdown, task));
+    }
+    let owned = |i: usize| members[i].0.watch().borrow().owned.len();
+    tokio::time::sleep(2 * RENEW).await;
+    assert_eq!((owned(0), owned(1)), (5, 5));
+    members[1].0.set_draining(true);
+    tokio::time::sleep(RENEW).await;
+    assert_eq!((owned(0), owned(1)), (10, 0));
+    members[1].0.set_draining(false);
+    tokio::time::sleep(2 * RENEW).await;
+    assert_eq!((owned(0), owned(1)), (5, 5));
+    for (_, shutdown, task) in members {
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+    }
+}
+
+/// Bad drain requests are `InvalidArgument` naming what is wrong.
+#[tokio::test(start_paused = true)]
+async fn bad_drain_requests_name_the_field() {
+    let store: Arc<dyn LeaseStore> = Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new()));
+    let field = |result: tenure::Result<tenure::DrainOutcome>| match result {
+        Err(Error::InvalidArgument { field, .. }) => field,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let long = "n".repeat(250);
+    for (group, node, hold, timeout, wrong) in [
+        ("", "b", TTL, TTL, "group"),
+        (GROUP, "", TTL, TTL, "node"),
+        (GROUP, long.as_str(), TTL, TTL, "node"),
+        (GROUP, "b", TTL, Duration::ZERO, "timeout"),
+        (GROUP, "b", TTL, 2 * TTL, "hold"),
+    ] {
+        let asked =
+            tenure::shard::request_drain(store.clone(), group, node, "ops", hold, timeout).await;
+        assert_eq!(
+            field(asked),
+            wrong,
+            "{group:?} {node:?} {hold:?} {timeout:?}"
+        );
+    }
+}

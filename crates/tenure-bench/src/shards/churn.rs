@@ -9,7 +9,7 @@ use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::counters::{millis, snapshot_watching, CallCounts, TermLog};
+use super::counters::{millis, snapshot_watching, CallCounts, TermLog, BATCHED_ROLES};
 use super::group::{moved, owners, settle_limit, take_busiest, wait_for, Scenario};
 use super::{
     Churn, ElectorLeave, Leave, ShardBench, CHURN_MEMBERS, CHURN_SHARDS, LEAVE_MEMBERS, MEMBER_POOL,
@@ -25,6 +25,7 @@ pub(super) fn churn_scenario<'a>(
     group: String,
 ) -> Scenario<'a> {
     Scenario {
+        per_role_acquires: false,
         backend,
         counts: Arc::default(),
         log: Arc::default(),
@@ -156,11 +157,11 @@ pub(super) async fn leave(
         })
         .collect();
     let per_moved = |n: u64| n as f64 / moved.len().max(1) as f64;
-    let acquires = after
-        .calls_since(&before)
-        .get("acquire_in_session")
-        .copied()
-        .unwrap_or(0);
+    let calls = after.calls_since(&before);
+    let acquires = ["acquire_in_session", BATCHED_ROLES]
+        .iter()
+        .filter_map(|method| calls.get(*method))
+        .sum::<u64>();
     for member in members {
         member.stop().await;
     }

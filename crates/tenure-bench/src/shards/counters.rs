@@ -11,11 +11,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use tenure::intercept::{Call, Interceptor, Next, Reply};
+use tenure::lease::ACQUIRE_MANY_IN_FLIGHT;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Counter};
 use crate::BenchError;
+
+/// The key under which [`CallCounts`] counts the roles named by batched acquires (beside
+/// the batches themselves, under `acquire_many_in_session`).
+pub(super) const BATCHED_ROLES: &str = "acquire_many_in_session.roles";
 
 /// Counts the lease-store calls of every member or elector, by method and by role.
 #[derive(Default)]
@@ -27,17 +32,28 @@ pub(super) struct CallCounts {
 #[async_trait]
 impl Interceptor for CallCounts {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
-        *self.by_method.lock().entry(call.method()).or_default() += 1;
-        let role = match &call {
+        {
+            let mut by_method = self.by_method.lock();
+            *by_method.entry(call.method()).or_default() += 1;
+            if let Call::AcquireManyInSession { roles, .. } = &call {
+                *by_method.entry(BATCHED_ROLES).or_default() += roles.len() as u64;
+            }
+        }
+        let roles = match &call {
             Call::TryAcquireOrRenew { role, .. }
             | Call::Release { role, .. }
             | Call::Get { role }
             | Call::WaitForChange { role, .. }
-            | Call::AcquireInSession { role, .. } => Some(role),
-            _ => None,
+            | Call::AcquireInSession { role, .. } => std::slice::from_ref(role),
+            // A batch names each of its roles once.
+            Call::AcquireManyInSession { roles, .. } => roles.as_slice(),
+            _ => &[],
         };
-        if let Some(role) = role {
-            *self.by_role.lock().entry(role.clone()).or_default() += 1;
+        {
+            let mut by_role = self.by_role.lock();
+            for role in roles {
+                *by_role.entry(role.clone()).or_default() += 1;
+            }
         }
         next.run(call).await
     }
@@ -52,6 +68,38 @@ impl CallCounts {
     pub(super) fn on_roles(&self, roles: &[String]) -> u64 {
         let by_role = self.by_role.lock();
         roles.iter().filter_map(|r| by_role.get(r)).sum()
+    }
+}
+
+/// Passes each batched acquire on as one `acquire_in_session` call per role,
+/// [`ACQUIRE_MANY_IN_FLIGHT`] at a time (what a store without batches does): the
+/// baseline a batched settle is measured against. Counted calls are the batches (it
+/// sits after [`CallCounts`]).
+pub(super) struct PerRoleAcquires;
+
+#[async_trait]
+impl Interceptor for PerRoleAcquires {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        let Call::AcquireManyInSession { roles, session } = call else {
+            return next.run(call).await;
+        };
+        let mut answers = Vec::with_capacity(roles.len());
+        for wave in roles.chunks(ACQUIRE_MANY_IN_FLIGHT) {
+            let calls = wave.iter().map(|role| {
+                let call = Call::AcquireInSession {
+                    role: role.clone(),
+                    session,
+                };
+                next.clone().run(call)
+            });
+            for reply in futures_util::future::join_all(calls).await {
+                match reply.into_lease() {
+                    Ok(answer) => answers.push(answer),
+                    Err(error) => return Reply::Leases(Err(error)),
+                }
+            }
+        }
+        Reply::Leases(Ok(answers))
     }
 }
 

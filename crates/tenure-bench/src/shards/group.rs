@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::counters::{CallCounts, TermLog};
+use super::counters::{CallCounts, PerRoleAcquires, TermLog};
 use super::{LOOK_EVERY, MEMBER_POOL};
 use crate::backend::Backend;
 use crate::BenchError;
@@ -48,6 +48,8 @@ pub(super) struct Scenario<'a> {
     pub(super) group: String,
     pub(super) shards: u32,
     pub(super) ttl: Duration,
+    /// Members acquire one role per call, as before batches (the settle baseline).
+    pub(super) per_role_acquires: bool,
     pub(super) renew: Duration,
     pub(super) retry: Duration,
 }
@@ -66,7 +68,12 @@ impl Scenario<'_> {
     }
 
     pub(super) fn counted(&self, store: Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore> {
-        Arc::new(InterceptStore::new(store).with(self.counts.clone()))
+        let counted = InterceptStore::new(store).with(self.counts.clone());
+        if self.per_role_acquires {
+            Arc::new(counted.with(Arc::new(PerRoleAcquires)))
+        } else {
+            Arc::new(counted)
+        }
     }
 
     /// Starts members `nodes` on connections of their own, all at once (connected first,

@@ -77,6 +77,7 @@ pub(super) fn hold_row(
         contenders,
         settle_ms: millis(settle),
         restart_settle_ms: None,
+        per_role_settle_ms: None,
         intervals,
         calls_per_interval: after
             .calls_since(before)
@@ -108,6 +109,7 @@ pub(super) async fn hold_group(
         ttl: bench.hold_ttl,
         renew: bench.renew_every,
         retry: bench.renew_every,
+        per_role_acquires: false,
     };
     tracing::info!(
         shards = bench.shards,
@@ -131,8 +133,22 @@ pub(super) async fn hold_group(
     } else {
         None
     };
+    // The baseline: the same cold start into a group of its own, one acquire per role.
+    tracing::info!("settling a second group with one acquire call per shard");
+    let per_role = Scenario {
+        group: format!("{run_id}-hold-per-role"),
+        per_role_acquires: true,
+        counts: Arc::default(),
+        log: Arc::default(),
+        ..scenario
+    };
+    let (members, per_role_settle) = per_role.start_settled(bench.members, limit).await?;
+    for member in members {
+        member.stop().await;
+    }
     Ok(HoldRow {
         restart_settle_ms: restart_settle,
+        per_role_settle_ms: Some(millis(per_role_settle)),
         ..hold_row(
             "shard group",
             bench.shards,

@@ -47,6 +47,15 @@ impl ShardReport {
                     row.holder
                 );
             }
+            if let Some(per_role) = row.per_role_settle_ms {
+                let _ = writeln!(
+                    out,
+                    "  ({} cold again, one acquire per shard: settled in {per_role:.0}ms, {:.1}x the batched {:.0}ms)",
+                    row.holder,
+                    per_role / row.settle_ms.max(1.0),
+                    row.settle_ms
+                );
+            }
         }
         let _ = writeln!(out, "  stmts: {}", self.statements_counted);
         let _ = writeln!(out, "  rows: {}", self.rows_counted);

@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
-    validate_acquire, validate_name, validate_release, validate_successor, validate_ttl,
-    validate_value,
+    only_answer, validate_acquire, validate_name, validate_release, validate_roles,
+    validate_successor, validate_ttl, validate_value,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -199,6 +199,19 @@ impl SqliteLeaseStore {
         acquired_until: SystemTime,
     ) -> Result<LeaseResult> {
         commit(tx, "cannot commit the lease").await?;
+        self.result_of(role, owner, write, now, acquired_until)
+    }
+
+    /// The answer of a committed `write` of `role` (see [`answer`](Self::answer)),
+    /// announcing a new term to this process's waiters.
+    fn result_of(
+        &self,
+        role: &str,
+        owner: &str,
+        write: LeaseWrite,
+        now: &StoreNow,
+        acquired_until: SystemTime,
+    ) -> Result<LeaseResult> {
         match write {
             LeaseWrite::Written { token, new_term } => {
                 if new_term {
@@ -568,7 +581,20 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
-        validate_name("role", role)?;
+        let answers = self
+            .acquire_many_in_session(&[role.to_owned()], session)
+            .await?;
+        only_answer(BACKEND, answers)
+    }
+
+    /// One write transaction for the whole batch: each role is decided as
+    /// `acquire_in_session` decides it, and nothing is visible before the commit.
+    async fn acquire_many_in_session(
+        &self,
+        roles: &[String],
+        session: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        validate_roles(roles)?;
         let Some(id) = session_to_db(session) else {
             return Err(Error::SessionEnded(session));
         };
@@ -584,14 +610,22 @@ impl LeaseStore for SqliteLeaseStore {
             commit(tx, "cannot commit the session check").await?;
             return Err(Error::SessionEnded(session));
         };
-        let claim = Claim::Session {
-            session: id,
-            owner: &owner,
-            expires_at,
-        };
-        let write = write_term(&mut tx, role, now.mono, claim).await?;
+        let mut writes = Vec::with_capacity(roles.len());
+        for role in roles {
+            let claim = Claim::Session {
+                session: id,
+                owner: &owner,
+                expires_at,
+            };
+            writes.push(write_term(&mut tx, role, now.mono, claim).await?);
+        }
+        commit(tx, "cannot commit the lease").await?;
         let until = now.wall_at(expires_at)?;
-        self.answer(tx, role, &owner, write, &now, until).await
+        roles
+            .iter()
+            .zip(writes)
+            .map(|(role, write)| self.result_of(role, &owner, write, &now, until))
+            .collect()
     }
 
     async fn close_session(&self, session: SessionId) -> Result<bool> {

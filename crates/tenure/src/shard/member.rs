@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::membership::Membership;
 use super::plan::start_handovers;
 use super::session::Session;
 use super::*;
@@ -30,14 +31,14 @@ pub(super) struct Term {
     pub(super) started: Instant,
 }
 
-/// One acquire call's answer, with what it was for.
+/// The store's answer for one shard of a batch, with what it was for.
 pub(super) struct Contended {
     pub(super) shard: u32,
     /// Taken as a rescue (targeted at another member).
     pub(super) rescued: bool,
     pub(super) role: String,
-    /// The store's answer, or `None` when the session ended first.
-    pub(super) answer: Option<Result<crate::LeaseResult>>,
+    /// The store's answer.
+    pub(super) result: crate::LeaseResult,
 }
 
 /// What woke the member's loop.
@@ -53,6 +54,12 @@ pub(super) enum Wake {
 pub(super) struct Member<'a> {
     pub(super) elector: &'a ShardElector,
     pub(super) session: Option<Session>,
+    /// Its heartbeats into the group (none while drained).
+    pub(super) membership: Membership,
+    /// Drained: out of the membership, contending for nothing, handing every shard over.
+    pub(super) draining: bool,
+    /// Drains asked in process and through the store; drained while either is set.
+    pub(super) drains: [watch::Receiver<bool>; 2],
     pub(super) terms: BTreeMap<u32, Term>,
     /// Shards whose work returned on its own: not taken again before then.
     pub(super) cooling: HashMap<u32, Instant>,
@@ -146,9 +153,20 @@ impl Member<'_> {
                 .max(now + MIN_LOOK);
             let registry = self.elector.registry.clone();
             let members_changed = registry.wait_for_members_change(&observed, look_again);
+            let [local, stored] = &mut self.drains;
+            let drains = async {
+                tokio::select! {
+                    _ = changed(local) => {}
+                    _ = changed(stored) => {}
+                }
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                _ = drains => {
+                    self.follow_drains().await;
+                    continue;
+                }
                 _ = alive.cancelled() => self.lose_everything().await,
                 Some(wake) = wake_rx.recv() => {
                     // Wakes come in bursts (a member handing several shards over): act
@@ -164,6 +182,27 @@ impl Member<'_> {
         }
         self.stop_work().await;
         Ok(())
+    }
+
+    /// Drains or ends the drain as the drain requests now say: leaves the group's
+    /// membership when drained (the others retarget its shards at once), joins it
+    /// again when not.
+    pub(super) async fn follow_drains(&mut self) {
+        let draining = self
+            .drains
+            .iter_mut()
+            .any(|drain| *drain.borrow_and_update());
+        if draining == self.draining && self.membership.joined() != draining {
+            return;
+        }
+        self.draining = draining;
+        if draining {
+            info!(group = %self.options().group, node = %self.options().node_id,
+                "draining: leaving the group and handing every shard over");
+            self.membership.leave().await;
+        } else {
+            self.membership.join().await;
+        }
     }
 
     /// Opens a session, retrying on store errors until shutdown.
@@ -391,6 +430,13 @@ impl Member<'_> {
                 Err(_) => warn!("closing the session timed out; it expires on its own"),
             }
         }
+    }
+}
+
+/// Returns when `drain` changes; never once its sender is gone (no drain role).
+async fn changed(drain: &mut watch::Receiver<bool>) {
+    if drain.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -30,19 +30,22 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
+mod drain;
 mod member;
+mod membership;
 mod plan;
 mod session;
 
+pub use drain::{cancel_drain, drain_role, request_drain, DrainOutcome, DRAIN_ROLE_PREFIX};
 use member::Member;
+use membership::Membership;
 
 use crate::elector::{check_min_ttl, work_outcome, WorkOutcome};
 use crate::lease::validate_name;
 use crate::{
-    place, spawn_heartbeat, Error, FencingToken, LeaseLeaderOptions, LeaseStore, Metadata,
-    NodeRegistry, Result, SessionGrant, SessionId,
+    place, Error, FencingToken, LeaseLeaderOptions, LeaseStore, NodeRegistry, Result, SessionGrant,
+    SessionId,
 };
 
 /// The most shards one group may have.
@@ -156,6 +159,8 @@ pub struct ShardElector {
     state: watch::Sender<ShardState>,
     /// The session's local deadline, `None` while there is no session.
     deadline: watch::Sender<Option<Instant>>,
+    /// Drained in process ([`ShardElector::set_draining`]).
+    draining: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for ShardElector {
@@ -174,8 +179,13 @@ const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 /// make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
 
+/// At most this many shards are asked for in one acquire call: enough that a member
+/// taking 10,000 shards makes 20 calls, few enough that one call's transaction holds its
+/// rows (and SQLite's write lock) for milliseconds, not seconds.
+const ACQUIRE_BATCH: usize = 500;
+
 /// At most this many acquire calls of one member are in flight at once.
-const CONTEND_AT_ONCE: usize = 16;
+const BATCHES_IN_FLIGHT: usize = 2;
 
 /// At most this many shards held elsewhere are waited on at once (see `contend`).
 const MAX_WAITERS: usize = 32;
@@ -216,6 +226,7 @@ impl ShardElector {
             options,
             state: watch::Sender::new(ShardState::default()),
             deadline: watch::Sender::new(None),
+            draining: watch::Sender::new(false),
         })
     }
 
@@ -227,6 +238,14 @@ impl ShardElector {
     /// A receiver of the member's view: members, owned shards, targets.
     pub fn watch(&self) -> watch::Receiver<ShardState> {
         self.state.subscribe()
+    }
+
+    /// Drains this member (`true`) or ends its drain (`false`), as a drain request in
+    /// the store does (see [`drain`](self::drain)): while drained it is out of the
+    /// group's membership, contends for nothing and hands every shard over. Watch
+    /// [`watch`](Self::watch)'s `owned` to see it drained.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.send_replace(draining);
     }
 
     /// A receiver of the session's local deadline: the monotonic instant at which every
@@ -251,9 +270,29 @@ impl ShardElector {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
+        let drain = drain_role(&self.options.group, &self.options.node_id).ok();
+        let (store_drain_tx, store_drain) = watch::channel(false);
+        let watching = CancellationToken::new();
+        let _stop_watching_on_drop = watching.clone().drop_guard();
+        if let Some(drain) = drain {
+            let (store, stop) = (self.store.clone(), watching.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = drain::watch_requests(store, drain, store_drain_tx) => {}
+                }
+            });
+        }
         let mut member = Member {
             elector: self,
             session: None,
+            membership: Membership::new(
+                self.registry.clone(),
+                &self.options.group,
+                &self.options.node_id,
+            ),
+            draining: false,
+            drains: [self.draining.subscribe(), store_drain],
             terms: BTreeMap::new(),
             cooling: HashMap::new(),
             orphaned_since: HashMap::new(),
@@ -270,34 +309,13 @@ impl ShardElector {
         // unowned meanwhile. (It reads the group only after joining: members starting
         // together then see each other instead of each contending for every shard.)
         member.open_session(&shutdown).await;
-        let mut metadata = Metadata::new();
-        metadata.insert(GROUP_KEY.to_owned(), self.options.group.clone());
-        let heartbeat_stop = CancellationToken::new();
-        // Dropping `run` (the task aborted, the process dying) stops the heartbeat too, so
-        // a member that is gone drops out of the group.
-        let _stop_heartbeat_on_drop = heartbeat_stop.clone().drop_guard();
-        let beat_every = (self.registry.ttl() / 3).max(Duration::from_millis(1));
-        self.registry
-            .heartbeat_with(&self.options.node_id, &metadata)
-            .await
-            .unwrap_or_else(|error| warn!(%error, "first heartbeat failed; retrying"));
-        let heartbeat = spawn_heartbeat(
-            self.registry.clone(),
-            self.options.node_id.clone(),
-            metadata,
-            beat_every,
-            heartbeat_stop.clone(),
-        );
+        member.follow_drains().await;
         let outcome = member
             .run(&mut work, &shutdown, &wake_tx, &mut wake_rx)
             .await;
         // Leave first, then release: the others retarget on the leave and are waiting
         // on these shards when the session closes, so each moves in one push.
-        heartbeat_stop.cancel();
-        let _ = heartbeat.await;
-        if let Err(error) = self.registry.leave(&self.options.node_id).await {
-            warn!(%error, "could not leave the registry; membership lapses on its own");
-        }
+        member.membership.leave().await;
         member.close_session().await;
         self.state.send_replace(ShardState::default());
         outcome

@@ -39,7 +39,12 @@ impl Member<'_> {
             .retain(|_, seen| now.duration_since(*seen) < options.rebalance_delay);
         let mut planned: BTreeSet<String> = live.iter().cloned().collect();
         planned.extend(self.last_seen.keys().cloned());
-        planned.insert(options.node_id.clone());
+        // Drained, it plans as the others do once they saw it leave.
+        if self.draining {
+            planned.remove(&options.node_id);
+        } else {
+            planned.insert(options.node_id.clone());
+        }
         let planned: Vec<String> = planned.into_iter().collect();
 
         let held = self.live_owners().await?;
@@ -85,7 +90,7 @@ impl Member<'_> {
                 None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),
             };
             let mine = target.get(&shard) == Some(&options.node_id);
-            let rescue = owner.is_none() && orphan_for > options.lease_ttl;
+            let rescue = owner.is_none() && orphan_for > options.lease_ttl && !self.draining;
             let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
             if (mine || rescue) && cooled {
                 wanted.push((shard, !mine));
@@ -157,9 +162,11 @@ impl Member<'_> {
         }
     }
 
-    /// Contends for `wanted` (shard, taken as a rescue), up to [`CONTEND_AT_ONCE`] calls
-    /// in flight: a member winning many shards at once (a join, a cold start) waits one
-    /// round trip for them, not one per shard. Answers are acted on as they come.
+    /// Contends for `wanted` (shard, taken as a rescue) in batches of up to
+    /// [`ACQUIRE_BATCH`] shards, one [`LeaseStore::acquire_many_in_session`] call each,
+    /// up to [`BATCHES_IN_FLIGHT`] at once: a member winning many shards at once (a
+    /// join, a cold start) waits a round trip per batch, not one per shard. Answers are
+    /// acted on as they come.
     pub(super) async fn contend<W, Fut>(
         &mut self,
         wanted: Vec<(u32, bool)>,
@@ -173,36 +180,72 @@ impl Member<'_> {
         let Some(session) = &self.session else { return };
         let (id, alive) = (session.id, session.alive.clone());
         let (store, group) = (self.elector.store.clone(), self.options().group.clone());
-        let mut queue = wanted.into_iter();
+        let mut queue = wanted
+            .chunks(ACQUIRE_BATCH)
+            .map(<[(u32, bool)]>::to_vec)
+            .collect::<Vec<_>>()
+            .into_iter();
         let mut calls = JoinSet::new();
-        let send = |calls: &mut JoinSet<_>, (shard, rescued): (u32, bool)| {
-            let (store, role, alive) = (store.clone(), role(&group, shard), alive.clone());
+        let send = |calls: &mut JoinSet<_>, shards: Vec<(u32, bool)>| {
+            let (store, alive) = (store.clone(), alive.clone());
+            let roles: Vec<String> = shards.iter().map(|(k, _)| role(&group, *k)).collect();
             calls.spawn(async move {
                 // Waits as long as the session lives, not to the deadline in force when
                 // the call was sent: a renewal may have moved it, and giving up on an
-                // answer that then grants the shard would leave it held by a live session
-                // with no work on it.
+                // answer that then grants the shards would leave them held by a live
+                // session with no work on them.
                 let answer = tokio::select! {
-                    answer = store.acquire_in_session(&role, id) => Some(answer),
+                    answer = store.acquire_many_in_session(&roles, id) => Some(answer),
                     _ = alive.cancelled() => None,
                 };
-                Contended {
-                    shard,
-                    rescued,
-                    role,
-                    answer,
-                }
+                (shards, roles, answer)
             });
         };
-        for next in queue.by_ref().take(CONTEND_AT_ONCE) {
-            send(&mut calls, next);
+        for batch in queue.by_ref().take(BATCHES_IN_FLIGHT) {
+            send(&mut calls, batch);
         }
         while let Some(joined) = calls.join_next().await {
-            if let Some(next) = queue.next() {
-                send(&mut calls, next);
+            if let Some(batch) = queue.next() {
+                send(&mut calls, batch);
             }
-            if let Ok(contended) = joined {
-                self.answered(contended, &alive, work, wake_tx).await;
+            let Ok((shards, roles, answer)) = joined else {
+                continue;
+            };
+            match answer {
+                Some(Ok(results)) if results.len() == shards.len() => {
+                    for (((shard, rescued), role), result) in
+                        shards.into_iter().zip(roles).zip(results)
+                    {
+                        let contended = Contended {
+                            shard,
+                            rescued,
+                            role,
+                            result,
+                        };
+                        self.answered(contended, &alive, work, wake_tx).await;
+                    }
+                }
+                Some(Ok(results)) => {
+                    warn!(
+                        asked = shards.len(),
+                        answered = results.len(),
+                        "the store answered a batch of acquires with a wrong count; retrying"
+                    );
+                    self.lost_acquires.extend(shards.iter().map(|(k, _)| *k));
+                }
+                Some(Err(Error::SessionEnded(_))) => {
+                    if self.session.is_some() {
+                        warn!("the session ended while contending");
+                        self.lose_everything().await;
+                    }
+                }
+                Some(Err(error)) => {
+                    warn!(shards = shards.len(), %error, "could not contend for the shards; retrying");
+                    // Any of them may have been granted all the same, now or later (the
+                    // request may still be on its way).
+                    self.lost_acquires.extend(shards.iter().map(|(k, _)| *k));
+                }
+                None => debug!(shards = shards.len(), "the session ended while contending"),
             }
         }
     }
@@ -224,10 +267,10 @@ impl Member<'_> {
             shard,
             rescued,
             role,
-            answer,
+            result,
         } = contended;
-        match answer {
-            Some(Ok(result)) if result.acquired => {
+        match result {
+            result if result.acquired => {
                 // Never start work for a term whose deadline has passed.
                 let deadline = self.session.as_ref().map(Session::deadline);
                 if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
@@ -271,7 +314,7 @@ impl Member<'_> {
                 );
                 self.publish_owned();
             }
-            Some(Ok(result)) => {
+            result => {
                 // Held elsewhere (a handover in progress): wake on the store's push. A
                 // bounded number of waiters: each costs the store a read before it
                 // waits, and thousands at once (a member joining a large group) would
@@ -287,19 +330,6 @@ impl Member<'_> {
                     });
                 }
             }
-            Some(Err(Error::SessionEnded(_))) => {
-                if self.session.is_some() {
-                    warn!(shard, "the session ended while contending");
-                    self.lose_everything().await;
-                }
-            }
-            Some(Err(error)) => {
-                warn!(shard, %error, "could not contend for the shard; retrying");
-                // It may have been granted all the same, now or later (the request may
-                // still be on its way).
-                self.lost_acquires.insert(shard);
-            }
-            None => debug!(shard, "the session ended while contending"),
         }
     }
 

@@ -1,0 +1,234 @@
+//! Draining a member of a shard group: moving every shard away from it before it stops.
+//!
+//! Most moves are planned (a deploy, a host going for maintenance). Stopping a member
+//! moves its shards too, but only once it is gone, and each shard's work starts again
+//! elsewhere after the push of its release. A drain moves them while the member still
+//! runs, a few at a time, each handed over as on a graceful leave; the member is then
+//! idle and can stop without moving anything.
+//!
+//! A drain is asked in process ([`ShardElector::set_draining`]) or from anywhere with
+//! the store alone ([`request_drain`]: `tenure drain`), which leaves a request there: a
+//! term on the member's *drain role* ([`drain_role`]: `tenure.drain/GROUP/NODE`) held by
+//! the requester for a hold time. A member watches its own drain role by the store's
+//! push. While it is draining it leaves the group's membership (the others retarget
+//! its shards at once), contends for nothing, and hands every shard over, at most
+//! `max_moves_in_flight` at once. When the request ends (cancelled, or lapsed after its
+//! hold) it joins again and takes its share back, so a drained member left running is
+//! not lost to the group for good.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::lease::validate_name;
+use crate::{Error, FencingToken, LeaseStore, Result};
+
+/// The prefix of drain roles: `tenure.drain/GROUP/NODE` carries requests to drain
+/// member `NODE` of group `GROUP`. Roles of one's own should not start with it.
+pub const DRAIN_ROLE_PREFIX: &str = "tenure.drain/";
+
+/// How often a member reads its drain role without a push (a store that does not
+/// push, a missed push); a request that lapses is read again at its expiry.
+const DRAIN_POLL: Duration = Duration::from_secs(60);
+
+/// How often [`request_drain`] counts the member's shards without a push of one of them.
+const COUNT_POLL: Duration = Duration::from_millis(250);
+
+/// The drain role of member `node` of `group`; an error naming the field too long once
+/// the prefix is added, or not a valid name.
+pub fn drain_role(group: &str, node: &str) -> Result<String> {
+    validate_name("group", group)?;
+    validate_name("node", node)?;
+    let drain = format!("{DRAIN_ROLE_PREFIX}{group}/{node}");
+    validate_name("node", &drain).map_err(|_| {
+        Error::invalid(
+            "node",
+            format!(
+                "group and node together are {} bytes long; a member that can be drained \
+                 has at most {} (its drain role adds {DRAIN_ROLE_PREFIX:?} and a '/')",
+                group.len() + node.len(),
+                crate::lease::MAX_NAME_LEN - DRAIN_ROLE_PREFIX.len() - 1
+            ),
+        )
+    })?;
+    Ok(drain)
+}
+
+/// How a [`request_drain`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every shard the member held is held by another member now, and it holds none.
+    Drained {
+        /// Shards the member held when asked.
+        held: usize,
+        /// From the request to the last of them held elsewhere.
+        took: Duration,
+    },
+    /// A drain of this member is already asked, by `by`; nothing was asked.
+    AlreadyAsked {
+        /// The requester of the drain in force.
+        by: String,
+    },
+    /// The member still held `left` shards (of `held`) when the timeout passed: it is
+    /// not running, runs a tenure without drains, or its shards' work does not stop.
+    /// The request stays in force for its hold.
+    NotDrained {
+        /// Shards the member held when asked.
+        held: usize,
+        /// Shards it still held.
+        left: usize,
+    },
+}
+
+/// Asks member `node` of `group` to drain, and waits up to `timeout` until the store
+/// shows every shard it held taken by another member, and none held by it. The request stays in force for `hold`
+/// (whole seconds, at least one), so the member stays drained while it is stopped; end
+/// it sooner with [`cancel_drain`]. `requester` names the asker.
+pub async fn request_drain(
+    store: Arc<dyn LeaseStore>,
+    group: &str,
+    node: &str,
+    requester: &str,
+    hold: Duration,
+    timeout: Duration,
+) -> Result<DrainOutcome> {
+    let drain = drain_role(group, node)?;
+    validate_name("requester", requester)?;
+    if timeout.is_zero() {
+        return Err(Error::invalid("timeout", "must be greater than zero"));
+    }
+    if hold < timeout {
+        return Err(Error::invalid(
+            "hold",
+            format!("{hold:?} is shorter than the timeout ({timeout:?}): the member would join again while still being drained"),
+        ));
+    }
+    let ttl = Duration::from_secs(hold.as_secs().max(1)).max(store.min_ttl());
+    let started = Instant::now();
+    let held: Vec<String> = unmoved(store.as_ref(), group, node, &[])
+        .await?
+        .into_iter()
+        .map(|(role, ..)| role)
+        .collect();
+    let asked = store
+        .try_acquire_or_renew_with_value(&drain, requester, ttl, None)
+        .await?;
+    if !asked.acquired {
+        return Ok(DrainOutcome::AlreadyAsked { by: asked.holder });
+    }
+    let deadline = started + timeout;
+    loop {
+        let left = unmoved(store.as_ref(), group, node, &held).await?;
+        if left.is_empty() {
+            return Ok(DrainOutcome::Drained {
+                held: held.len(),
+                took: started.elapsed(),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Ok(DrainOutcome::NotDrained {
+                held: held.len(),
+                left: left.len(),
+            });
+        }
+        // One of its shards moving is the push to count again: the end of the
+        // member's term, or a new term of a shard it released.
+        let (shard, token, free) = left[0].clone();
+        let until = deadline.min(Instant::now() + COUNT_POLL);
+        if free {
+            store.wait_for_term(&shard, token, until).await;
+        } else {
+            store.wait_for_change(&shard, token, until).await;
+        }
+    }
+}
+
+/// Ends the drain of member `node` of `group` in force, if any: the member joins again.
+/// Returns whether a request was in force.
+pub async fn cancel_drain(store: &dyn LeaseStore, group: &str, node: &str) -> Result<bool> {
+    let drain = drain_role(group, node)?;
+    let Some(info) = store.get(&drain).await? else {
+        return Ok(false);
+    };
+    let Some(holder) = info.live_holder() else {
+        return Ok(false);
+    };
+    store.release(&drain, holder, info.fencing_token).await
+}
+
+/// The shards of `group` (role, token, free) the store shows held by `node`, or of
+/// those in `held` free: not yet running elsewhere.
+async fn unmoved(
+    store: &dyn LeaseStore,
+    group: &str,
+    node: &str,
+    held: &[String],
+) -> Result<Vec<(String, FencingToken, bool)>> {
+    Ok(store
+        .list_prefix(&format!("{group}/"))
+        .await?
+        .into_iter()
+        .filter(|lease| match lease.live_holder() {
+            Some(holder) => holder == node,
+            None => held.contains(&lease.role),
+        })
+        .map(|lease| {
+            let free = lease.live_holder().is_none();
+            (lease.role, lease.fencing_token, free)
+        })
+        .collect())
+}
+
+/// Keeps `draining` set while a drain request for the member lives in the store (see
+/// the [module](self) docs); runs until every receiver is gone.
+pub(super) async fn watch_requests(
+    store: Arc<dyn LeaseStore>,
+    drain: String,
+    draining: watch::Sender<bool>,
+) {
+    loop {
+        if draining.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let (asked, wait) = match store.get(&drain).await {
+            Ok(Some(info)) if info.live_holder().is_some() => {
+                let left = info.remaining();
+                (true, Some((info.fencing_token, left.min(DRAIN_POLL))))
+            }
+            Ok(Some(info)) => (false, Some((info.fencing_token, DRAIN_POLL))),
+            Ok(None) => (false, None),
+            Err(error) => {
+                debug!(%error, drain, "reading drain requests failed; trying again");
+                tokio::time::sleep(DRAIN_POLL.min(Duration::from_secs(1))).await;
+                continue;
+            }
+        };
+        draining.send_if_modified(|now_draining| {
+            let changed = *now_draining != asked;
+            *now_draining = asked;
+            changed
+        });
+        match wait {
+            // A live request: wake when it changes or lapses.
+            Some((token, wait)) if asked => {
+                store
+                    .wait_for_change(&drain, token, now + wait + LAPSE_NUDGE)
+                    .await
+            }
+            Some((token, wait)) => store.wait_for_term(&drain, token, now + wait).await,
+            None => {
+                store
+                    .wait_for_term(&drain, FencingToken::from(0), now + DRAIN_POLL)
+                    .await
+            }
+        }
+    }
+}
+
+/// How long after a request's expiry it is read again: store and local clocks tick at
+/// about the same rate, and a read a moment early finds it still live.
+const LAPSE_NUDGE: Duration = Duration::from_millis(5);
