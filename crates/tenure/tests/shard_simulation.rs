@@ -19,6 +19,7 @@
 //! `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,6 +206,9 @@ struct Sim {
     stopped: Vec<String>,
 }
 
+/// Drains asked by every schedule so far, and those that ended with the member drained.
+static DRAINS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
 impl Sim {
     fn start(&mut self, node: &str, rng: &mut SmallRng) {
         let faults = Arc::new(MemberFaults {
@@ -322,7 +326,7 @@ impl Sim {
 
     async fn step(&mut self, rng: &mut SmallRng) {
         let live: Vec<String> = self.running.keys().cloned().collect();
-        match rng.random_range(0..4) {
+        match rng.random_range(0..5) {
             0 if live.len() > 1 => {
                 let node = &live[rng.random_range(0..live.len())];
                 let member = self.running.remove(node).unwrap();
@@ -340,6 +344,21 @@ impl Sim {
             2 if !self.stopped.is_empty() => {
                 let node = self.stopped.remove(rng.random_range(0..self.stopped.len()));
                 self.start(&node, rng);
+            }
+            // A drain asked through the store, in force for up to two TTLs: the member
+            // hands every shard over, then joins again.
+            3 if live.len() > 1 => {
+                let node = live[rng.random_range(0..live.len())].clone();
+                let hold = TTL.mul_f64(rng.random_range(0.5..2.0));
+                let store = self.store.clone();
+                DRAINS[0].fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let outcome =
+                        tenure::shard::request_drain(store, GROUP, &node, "ops", hold, hold).await;
+                    if matches!(outcome, Ok(tenure::DrainOutcome::Drained { .. })) {
+                        DRAINS[1].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
             }
             _ => {
                 let node = &live[rng.random_range(0..live.len())];
@@ -399,7 +418,8 @@ fn seeds() -> std::ops::Range<u64> {
 }
 
 /// Setup: seeded schedules of 3-8 members, 4-40 shards, 20 s of faults (leaves, crashes,
-/// restarts, stalls of up to two TTLs, store latency up to 60 ms), then 8 TTLs of quiet.
+/// restarts, drains asked through the store for up to two TTLs, stalls of up to two
+/// TTLs, store latency up to 60 ms), then 8 TTLs of quiet.
 /// No shard ever had two members working on it; afterwards every shard is worked on and
 /// the live members share them evenly.
 #[test]
@@ -413,6 +433,11 @@ fn seeded_shard_schedules_keep_invariant_7() {
         let (overlaps, problem) = runtime.block_on(schedule(seed, Broken::default()));
         assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
         assert_eq!(problem, None, "seed {seed}: after the quiet phase");
+    }
+    let [asked, drained] = DRAINS.each_ref().map(|n| n.load(Ordering::Relaxed));
+    eprintln!("drains asked {asked}, of which ended drained {drained}");
+    if seeds().count() >= 20 {
+        assert!(asked > 0 && drained > 0, "asked {asked}, drained {drained}");
     }
 }
 
