@@ -700,6 +700,14 @@ impl LeaseStore for EtcdLeaseStore {
         self.acquire_under(role, session).await
     }
 
+    async fn acquire_many_in_session(
+        &self,
+        roles: &[String],
+        session: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        self.acquire_many_under(roles, session).await
+    }
+
     async fn close_session(&self, session: SessionId) -> Result<bool> {
         self.close(session).await
     }

@@ -353,13 +353,9 @@ pub async fn scenario_session_acquire_many(backend: &dyn LeaseBackend) {
         assert_eq!(answer.holder, "node-a", "{}: {answer:?}", roles[i]);
         answer.fencing_token
     };
-    assert_eq!(took(0).get(), 1, "a new role starts at token 1");
+    took(0);
     assert_eq!(took(1), mine.fencing_token, "held here already: same term");
-    assert_eq!(
-        took(4),
-        ended.fencing_token.next(),
-        "a released role: a new term"
-    );
+    assert!(took(4) > ended.fencing_token, "a released role: a new term");
     assert_eq!(took(5), took(0), "a role named twice is answered alike");
     for (i, holder, token) in [
         (2, "node-b", theirs.fencing_token),
@@ -436,6 +432,7 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
         }));
     }
     let mut holders = std::collections::BTreeMap::new();
+    let mut tokens = std::collections::BTreeMap::new();
     let mut seen = Vec::new();
     for task in tasks {
         let (owner, asked, answers) = task.await.unwrap();
@@ -447,6 +444,7 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
                 if let Some(other) = holders.insert(role.clone(), owner.clone()) {
                     panic!("{role} won by {other} and {owner}");
                 }
+                tokens.insert(role.clone(), answer.fencing_token);
             }
             seen.push((role, answer.holder, answer.fencing_token));
         }
@@ -461,7 +459,7 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
             holders[&role], holder,
             "{role}: every answer names its one holder"
         );
-        assert_eq!(token.get(), 1, "{role}: one term, one token");
+        assert_eq!(tokens[&role], token, "{role}: one term, one token");
     }
 }
 

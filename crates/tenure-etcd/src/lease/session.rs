@@ -16,10 +16,11 @@
 //!   role still on `L` as `release` does (a few round trips, once per session), then
 //!   revoke `L` (etcd deletes whatever is still attached).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
-use tenure::lease::{validate_name, validate_ttl};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tenure::lease::{validate_name, validate_roles, validate_ttl};
 use tenure::session::validate_open;
 use tenure::{Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
 
@@ -335,8 +336,9 @@ impl EtcdLeaseStore {
         Ok(Some(session.grant(lease, self.wall())))
     }
 
-    pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
-        validate_name("role", role)?;
+    /// The live session `id` (its lease and what this instance knows of it), and the
+    /// record of a term under it; `SessionEnded` when it has ended.
+    async fn session_term(&self, id: SessionId) -> Result<(i64, KnownSession, TermRecord)> {
         let ended = || Error::SessionEnded(id);
         let Some(lease) = lease_of(id) else {
             return Err(ended());
@@ -352,14 +354,85 @@ impl EtcdLeaseStore {
             lease_secs: session.lease_secs,
             released: false,
         };
+        Ok((lease, session, record))
+    }
+
+    /// Acquires `roles` under session `id`, up to [`ROLES_PER_TXN`] in one transaction:
+    /// each role's acquire transaction nested in it, so each is decided on its own and
+    /// all in one round trip. A role a handover under way had reserved is then acquired
+    /// alone (which finishes the handover first).
+    pub(super) async fn acquire_many_under(
+        &self,
+        roles: &[String],
+        id: SessionId,
+    ) -> Result<Vec<LeaseResult>> {
+        validate_roles(roles)?;
+        if roles.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (lease, session, record) = self.session_term(id).await?;
+        let mut answers = Vec::with_capacity(roles.len());
+        for chunk in roles.chunks(ROLES_PER_TXN) {
+            // etcd refuses a transaction that writes one key twice.
+            let mut distinct: Vec<&str> = Vec::with_capacity(chunk.len());
+            for role in chunk {
+                if !distinct.contains(&role.as_str()) {
+                    distinct.push(role);
+                }
+            }
+            let mut nested = Vec::with_capacity(distinct.len());
+            for role in &distinct {
+                let txn =
+                    acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
+                nested.push(TxnOp::txn(txn));
+            }
+            let response = self
+                .conn
+                .txn("acquiring leases in a session", Txn::new().and_then(nested))
+                .await?;
+            let revision = response.header().map_or(0, |h| h.revision());
+            let mut by_role = HashMap::with_capacity(distinct.len());
+            for (role, op) in distinct.iter().zip(response.op_responses()) {
+                let TxnOpResponse::Txn(answer) = op else {
+                    return Err(Error::store_msg(
+                        crate::conn::BACKEND,
+                        "a batch of acquires was answered with something else than transactions",
+                    ));
+                };
+                let result = match self
+                    .acquired_under(role, id, lease, &session, &answer, revision)
+                    .await?
+                {
+                    Some(result) => result,
+                    None => self.acquire_under(role, id).await?,
+                };
+                by_role.insert(*role, result);
+            }
+            for role in chunk {
+                let Some(result) = by_role.get(role.as_str()) else {
+                    return Err(Error::store_msg(
+                        crate::conn::BACKEND,
+                        format!("a batch of acquires was not answered for {role:?}"),
+                    ));
+                };
+                answers.push(result.clone());
+            }
+        }
+        Ok(answers)
+    }
+
+    pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
+        validate_name("role", role)?;
+        let (lease, session, record) = self.session_term(id).await?;
         let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
         for _ in 0..MAX_ATTEMPTS {
             let response = self
                 .conn
                 .txn("acquiring a lease in a session", txn.clone())
                 .await?;
+            let revision = response.header().map_or(0, |h| h.revision());
             match self
-                .acquired_under(role, id, lease, &session, &response)
+                .acquired_under(role, id, lease, &session, &response, revision)
                 .await?
             {
                 Some(result) => return Ok(result),
@@ -373,8 +446,8 @@ impl EtcdLeaseStore {
         ))
     }
 
-    /// The answer of [`acquire_under_txn`]: `None` when a handover under way kept the
-    /// role from being acquired.
+    /// The answer of [`acquire_under_txn`] (run alone or nested in a transaction at
+    /// `revision`): `None` when a handover under way kept the role from being acquired.
     async fn acquired_under(
         &self,
         role: &str,
@@ -382,6 +455,7 @@ impl EtcdLeaseStore {
         lease: i64,
         session: &KnownSession,
         response: &etcd_client::TxnResponse,
+        revision: i64,
     ) -> Result<Option<LeaseResult>> {
         let ended = || Error::SessionEnded(id);
         let mut kvs = first_kvs(response).into_iter();
@@ -408,7 +482,6 @@ impl EtcdLeaseStore {
         if response.succeeded() {
             // A plain term of ours this instance remembered is over.
             self.terms.lock().remove(role);
-            let revision = response.header().map_or(0, |h| h.revision());
             return Ok(Some(done(revision)));
         }
         let lease_kv = kvs.next().flatten();
