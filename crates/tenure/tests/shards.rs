@@ -772,3 +772,50 @@ async fn bad_drain_requests_name_the_field() {
         );
     }
 }
+
+/// Setup: 3 working members and one that heartbeats into the group but never works,
+/// on 24 shards, for ten minutes (sampled every 100 ms from the first TTL on). Every
+/// shard is worked on at least 99% of the time: shards targeted at the wedged member
+/// are not handed to it again and again (handed over, orphaned for a TTL, rescued).
+#[tokio::test(start_paused = true)]
+async fn a_wedged_member_costs_every_shard_under_one_percent_over_ten_minutes() {
+    let mut group = Group::in_memory();
+    let mut metadata = Metadata::new();
+    metadata.insert("group".to_owned(), GROUP.to_owned());
+    let _wedged = tenure::spawn_heartbeat(
+        group.registry.clone(),
+        "wedged",
+        metadata,
+        TTL / 3,
+        CancellationToken::new(),
+    );
+    for node in ["a", "b", "c"] {
+        group.start(node, 24);
+    }
+    tokio::time::sleep(TTL).await;
+    let step = Duration::from_millis(100);
+    let samples = (Duration::from_secs(600).as_millis() / step.as_millis()) as usize;
+    let mut worked = [0usize; 24];
+    for _ in 0..samples {
+        tokio::time::sleep(step).await;
+        for shard in group.workers().keys() {
+            worked[*shard as usize] += 1;
+        }
+    }
+    let least = worked.iter().min().copied().unwrap_or(0) as f64 / samples as f64;
+    eprintln!(
+        "the least worked-on shard: {:.2}% of ten minutes",
+        least * 100.0
+    );
+    let short: Vec<(usize, f64)> = worked
+        .iter()
+        .enumerate()
+        .map(|(shard, n)| (shard, *n as f64 / samples as f64))
+        .filter(|(_, share)| *share < 0.99)
+        .collect();
+    assert!(
+        short.is_empty(),
+        "shards worked on under 99% of ten minutes: {short:?}"
+    );
+    group.assert_no_overlap();
+}

@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::membership::Membership;
 use super::plan::start_handovers;
+use super::probe::{Probes, PROBE_WAIT};
 use super::session::Session;
 use super::*;
 
@@ -29,6 +30,8 @@ pub(super) struct Term {
     pub(super) rescued: bool,
     /// When the term began here.
     pub(super) started: Instant,
+    /// Handed over as a probe to a target working on no shard (see [`super::probe`]).
+    pub(super) probe: bool,
 }
 
 /// The store's answer for one shard of a batch, with what it was for.
@@ -60,6 +63,10 @@ pub(super) struct Member<'a> {
     pub(super) draining: bool,
     /// Drains asked in process and through the store; drained while either is set.
     pub(super) drains: [watch::Receiver<bool>; 2],
+    /// The members the last look saw working on some shard.
+    pub(super) working: BTreeSet<String>,
+    /// Probes of targets that work on no shard yet.
+    pub(super) probes: Probes,
     pub(super) terms: BTreeMap<u32, Term>,
     /// Shards whose work returned on its own: not taken again before then.
     pub(super) cooling: HashMap<u32, Instant>,
@@ -283,13 +290,20 @@ impl Member<'_> {
                     self.waiting.remove(&shard);
                     let now = Instant::now();
                     let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+                    // A shard can be pushed twice in one burst (a probe's waiter and
+                    // a contender's); it is taken once.
+                    let new = !pushed.contains(&(shard, false));
                     if self.targeted_here(shard) && cooled && !self.terms.contains_key(&shard) {
-                        pushed.push((shard, false));
+                        if new {
+                            pushed.push((shard, false));
+                        }
                     } else {
                         look = true;
                     }
                 }
-                Wake::WorkEnded(shard, token) => look |= self.work_ended(shard, token).await,
+                Wake::WorkEnded(shard, token) => {
+                    look |= self.work_ended(shard, token, wake_tx).await
+                }
             }
         }
         if !pushed.is_empty() {
@@ -305,7 +319,12 @@ impl Member<'_> {
 
     /// A term's work ended: release the shard. Returns whether the group must be read
     /// again: not after a handover when no other shard waits to be handed over.
-    pub(super) async fn work_ended(&mut self, shard: u32, token: FencingToken) -> bool {
+    pub(super) async fn work_ended(
+        &mut self,
+        shard: u32,
+        token: FencingToken,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> bool {
         if self
             .terms
             .get(&shard)
@@ -326,6 +345,18 @@ impl Member<'_> {
                 .insert(shard, Instant::now() + self.options().retry_interval);
         }
         self.release(shard, term.token).await;
+        if term.probe {
+            // Look again when its target takes it (then it works, and gets the rest),
+            // or when it is due to be taken back.
+            let until = Instant::now() + self.options().retry_interval * PROBE_WAIT;
+            self.probes.released(shard, until);
+            let (store, wake) = (self.elector.store.clone(), wake_tx.clone());
+            let role = role(&self.options().group, shard);
+            tokio::spawn(async move {
+                store.wait_for_term(&role, term.token, until).await;
+                let _ = wake.send(Wake::ShardChanged(shard));
+            });
+        }
         if term.handing_over {
             // The next few, on the last look's targets: a look per wave would read the
             // whole group once per `max_moves_in_flight` shards moved.
@@ -335,7 +366,8 @@ impl Member<'_> {
                 &mut self.terms,
                 options,
                 &state.target,
-                None,
+                &self.working,
+                &mut self.probes,
                 Instant::now(),
             );
         }

@@ -35,6 +35,7 @@ mod drain;
 mod member;
 mod membership;
 mod plan;
+mod probe;
 mod session;
 
 pub use drain::{cancel_drain, drain_role, request_drain, DrainOutcome, DRAIN_ROLE_PREFIX};
@@ -293,6 +294,8 @@ impl ShardElector {
             ),
             draining: false,
             drains: [self.draining.subscribe(), store_drain],
+            working: BTreeSet::new(),
+            probes: Default::default(),
             terms: BTreeMap::new(),
             cooling: HashMap::new(),
             orphaned_since: HashMap::new(),

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::member::{Contended, Term, Wake};
+use super::probe::Probes;
 use super::session::Session;
 use super::*;
 
@@ -68,12 +69,21 @@ impl Member<'_> {
         self.next_look = lapse
             .into_iter()
             .chain(expiry)
-            .min()
-            .map(|soonest| now + soonest + LAPSE_NUDGE);
+            .map(|soonest| now + soonest + LAPSE_NUDGE)
+            .chain(self.probes.next_due())
+            .min();
 
         // Hand over what is targeted at another member, a few at a time.
-        let working: BTreeSet<&String> = owners.values().collect();
-        start_handovers(&mut self.terms, &options, &target, Some(&working), now);
+        self.working = owners.values().cloned().collect();
+        self.probes.seen(&self.working);
+        start_handovers(
+            &mut self.terms,
+            &options,
+            &target,
+            &self.working,
+            &mut self.probes,
+            now,
+        );
 
         // Contend for what is targeted here, and rescue long orphans.
         let mut wanted = Vec::new();
@@ -85,12 +95,16 @@ impl Member<'_> {
             let orphan_for = match owner {
                 Some(_) => {
                     self.orphaned_since.remove(&shard);
+                    self.probes.owned(shard);
                     Duration::ZERO
                 }
                 None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),
             };
             let mine = target.get(&shard) == Some(&options.node_id);
-            let rescue = owner.is_none() && orphan_for > options.lease_ttl && !self.draining;
+            // A probe its target did not take is taken back at once, not left an orphan.
+            let taken_back = owner.is_none() && self.probes.take_back(shard, now);
+            let rescue =
+                owner.is_none() && (orphan_for > options.lease_ttl || taken_back) && !self.draining;
             let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
             if (mine || rescue) && cooled {
                 wanted.push((shard, !mine));
@@ -271,6 +285,16 @@ impl Member<'_> {
         } = contended;
         match result {
             result if result.acquired => {
+                // One term's work at a time here: a second answer for a shard already
+                // worked on starts nothing. (Under a newer token, the store may hold the
+                // shard for this session with no work on it: a look takes care of it.)
+                if let Some(term) = self.terms.get(&shard) {
+                    if term.token != result.fencing_token {
+                        self.lost_acquires.insert(shard);
+                    }
+                    debug!(shard, token = %result.fencing_token, "already worked on here");
+                    return;
+                }
                 // Never start work for a term whose deadline has passed.
                 let deadline = self.session.as_ref().map(Session::deadline);
                 if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
@@ -310,6 +334,7 @@ impl Member<'_> {
                         handing_over: false,
                         rescued,
                         started: Instant::now(),
+                        probe: false,
                     },
                 );
                 self.publish_owned();
@@ -375,17 +400,35 @@ impl Member<'_> {
 }
 
 /// Starts handing over shards targeted at other members, as many as
-/// `max_moves_in_flight` leaves room for. A rescued shard goes only once its target
-/// works on some shard (`working`, when known) or after [`RESCUE_HOLD`] TTLs.
+/// `max_moves_in_flight` leaves room for. A target that works on no shard (`working`,
+/// from the last look) gets a probe first (see [`super::probe`]); a rescued shard goes
+/// only to a target that works, or as a probe after [`RESCUE_HOLD`] TTLs.
 pub(super) fn start_handovers(
     terms: &mut BTreeMap<u32, Term>,
     options: &ShardOptions,
     target: &BTreeMap<u32, String>,
-    working: Option<&BTreeSet<&String>>,
+    working: &BTreeSet<String>,
+    probes: &mut Probes,
     now: Instant,
 ) {
     let moving = terms.values().filter(|t| t.handing_over).count();
     let mut room = options.max_moves_in_flight.saturating_sub(moving);
+    // A probe is the shard held here longest of those a target that works on none may
+    // get, so a wedged target's failed probes fall on each of its shards in turn.
+    let mut probe_of: BTreeMap<&String, (Instant, u32)> = BTreeMap::new();
+    for (shard, term) in terms.iter() {
+        let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+            continue;
+        };
+        let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
+        if working.contains(to) || term.handing_over || term.rescued && !held_long {
+            continue;
+        }
+        let oldest = probe_of.entry(to).or_insert((term.started, *shard));
+        if term.started < oldest.0 {
+            *oldest = (term.started, *shard);
+        }
+    }
     for (shard, term) in terms.iter_mut() {
         if room == 0 {
             break;
@@ -393,13 +436,20 @@ pub(super) fn start_handovers(
         let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
             continue;
         };
-        let to_is_working = working.is_some_and(|working| working.contains(to));
-        let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
-        if !term.handing_over && (!term.rescued || to_is_working || held_long) {
-            info!(shard, to = %to, "handing the shard over");
-            term.handing_over = true;
-            term.leadership.cancel();
-            room -= 1;
+        if term.handing_over {
+            continue;
         }
+        let probe = !working.contains(to);
+        if probe
+            && (probe_of.get(to).map(|(_, k)| k) != Some(shard)
+                || !probes.try_probe(to, now, options.lease_ttl))
+        {
+            continue;
+        }
+        info!(shard, to = %to, probe, "handing the shard over");
+        term.handing_over = true;
+        term.probe = probe;
+        term.leadership.cancel();
+        room -= 1;
     }
 }

@@ -1,0 +1,98 @@
+//! Handing shards to a member that works on none yet: one shard first (a *probe*), the
+//! rest once the store shows it working on that one.
+//!
+//! A member that heartbeats into the group but never takes a shard (its loop is wedged,
+//! its store calls hang) is still a target of its share. Handing it all of them at once
+//! would leave each free until some member rescues it a TTL later, and handing them back
+//! after every rescue would repeat that for as long as it stays wedged. So a target that
+//! works on nothing gets one probe; a probe it does not take within [`PROBE_WAIT`]
+//! retry intervals is taken back by the member that handed it over, and the next probe
+//! to that target waits [`RESCUE_HOLD`](super::RESCUE_HOLD) TTLs, then twice as long
+//! each time, up to [`MAX_BACKOFF`] TTLs. A healthy newcomer takes its probe at once
+//! (it waits on the shards it wants by the store's push), the member that handed it
+//! over looks again on that push, sees it working, and hands it the rest.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How many retry intervals a probe may stay untaken before it is taken back: a target
+/// without a waiter on the shard takes it at its next look, a retry interval later.
+pub(super) const PROBE_WAIT: u32 = 2;
+
+/// The longest wait between two probes of one target, in TTLs.
+const MAX_BACKOFF: u32 = 64;
+
+/// One target that works on no shard, as this member probed it.
+struct Probe {
+    /// No probe to it before then.
+    next_at: Instant,
+    /// The wait after the next probe.
+    backoff: Duration,
+}
+
+/// This member's probes, by target, and the probe shards it released and may take back.
+#[derive(Default)]
+pub(super) struct Probes {
+    targets: HashMap<String, Probe>,
+    /// Released probe shards, and when each is taken back if still free.
+    released: HashMap<u32, Instant>,
+}
+
+impl Probes {
+    /// Whether a shard may be handed to `to`, which works on no shard, as a probe now;
+    /// if so the probe is counted.
+    pub(super) fn try_probe(&mut self, to: &str, now: Instant, ttl: Duration) -> bool {
+        let first_wait = ttl * super::RESCUE_HOLD;
+        match self.targets.get_mut(to) {
+            Some(probe) if now < probe.next_at => false,
+            Some(probe) => {
+                probe.next_at = now + probe.backoff;
+                probe.backoff = (probe.backoff * 2).min(ttl * MAX_BACKOFF);
+                true
+            }
+            None => {
+                let probe = Probe {
+                    next_at: now + first_wait,
+                    backoff: first_wait * 2,
+                };
+                self.targets.insert(to.to_owned(), probe);
+                true
+            }
+        }
+    }
+
+    /// The look saw `working`: targets working on some shard need no probe any more.
+    pub(super) fn seen(&mut self, working: &BTreeSet<String>) {
+        self.targets.retain(|target, _| !working.contains(target));
+    }
+
+    /// Probe `shard` was released: taken back at `until` unless its target took it.
+    pub(super) fn released(&mut self, shard: u32, until: Instant) {
+        self.released.insert(shard, until);
+    }
+
+    /// Whether the probe `shard`, free at this look, is due to be taken back; a due
+    /// probe is forgotten either way (its shard is free or taken by now).
+    pub(super) fn take_back(&mut self, shard: u32, now: Instant) -> bool {
+        match self.released.get(&shard) {
+            Some(until) if now >= *until => {
+                self.released.remove(&shard);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets the probe `shard` once it has an owner (its target took it, or another
+    /// member did).
+    pub(super) fn owned(&mut self, shard: u32) {
+        self.released.remove(&shard);
+    }
+
+    /// When the first released probe is due to be taken back.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.released.values().min().copied()
+    }
+}
