@@ -104,6 +104,8 @@ mod session;
 mod successor;
 mod term;
 #[cfg(test)]
+mod handover_tests;
+#[cfg(test)]
 mod tests;
 mod watch;
 
