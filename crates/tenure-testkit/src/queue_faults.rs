@@ -473,6 +473,63 @@ pub async fn scenario_fault_late_queue_after_withdraw(backend: &dyn LeaseBackend
     s.renews("node-d", d).await;
 }
 
+/// A queue call that reaches the store late, after its candidate withdrew and the role
+/// was released with nobody queued: it finds the role free and acquires it for a
+/// caller that went on long ago and never renews. The term lapses within its TTL and a
+/// live contender that keeps asking leads under a larger token.
+pub async fn scenario_fault_late_queue_takes_a_free_role(backend: &dyn LeaseBackend) {
+    let mut s = Setup::new(backend).await;
+    let a = s.acquire("node-a").await;
+    s.queue("node-b", s.ttl).await;
+    let late = s.faults.hold("try_acquire_or_queue", "node-b");
+    let refresh = {
+        let store = s.store.clone();
+        let ttl = s.ttl;
+        tokio::spawn(async move { store.try_acquire_or_queue(ROLE, "node-b", ttl, None).await })
+    };
+    late.arrived().await;
+    assert!(bounded(s.store.withdraw(ROLE, "node-b")).await.unwrap());
+    assert!(s.release("node-a", a).await);
+    assert_eq!(
+        s.history.look().await,
+        None,
+        "node-b withdrew: the role is free"
+    );
+
+    late.land();
+    let landed = late.store_answer().await.into_lease().unwrap();
+    assert!(
+        landed.acquired,
+        "the late call took the free role: {landed:?}"
+    );
+    assert!(bounded(refresh).await.unwrap().is_err());
+    s.history.expect("node-b", landed.fencing_token).await;
+    let lapse = s.ttl;
+    let c = wait_to_lead(&mut s, "node-c", lapse).await;
+    s.renews("node-c", c).await;
+}
+
+/// A planned `hand_over` to a named candidate that died in the queue just before (it
+/// was still live): the handoff goes through, the dead candidate's term lapses no later
+/// than its candidacy would have, and the live candidate behind it leads.
+pub async fn scenario_fault_hand_over_to_a_candidate_that_died(backend: &dyn LeaseBackend) {
+    let mut s = Setup::new(backend).await;
+    let a = s.acquire("node-a").await;
+    s.queue("node-c", s.ttl * 4).await;
+    s.queue("node-b", s.ttl).await;
+    // node-b dies here: it never calls again.
+    assert!(
+        bounded(s.store.hand_over(ROLE, "node-a", a, Some("node-b")))
+            .await
+            .unwrap()
+    );
+    s.history.expect_new("node-b").await;
+    let lapse = s.ttl;
+    let c = wait_to_lead(&mut s, "node-c", lapse).await;
+    s.renews("node-c", c).await;
+    s.refused("node-b").await;
+}
+
 /// A release that reaches the store late, after its caller released again, the role was
 /// handed on and then taken again by the same owner: while the role is the candidate's,
 /// and again once it is the owner's newer term, the late release answers `false` and
@@ -617,6 +674,8 @@ macro_rules! queue_fault_scenarios {
             scenario_fault_queue_answer_lost,
             scenario_fault_withdraw_answer_lost,
             scenario_fault_late_queue_after_withdraw,
+            scenario_fault_late_queue_takes_a_free_role,
+            scenario_fault_hand_over_to_a_candidate_that_died,
             scenario_fault_late_release_after_role_taken_again,
             scenario_fault_late_hand_over_with_old_token,
             scenario_fault_candidate_dies_before_release);
