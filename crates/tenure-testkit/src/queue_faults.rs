@@ -223,8 +223,22 @@ impl Setup {
             .unwrap_or_else(|error| panic!("{owner} releases {token}: {error}"))
     }
 
-    async fn candidates(&self) -> Vec<String> {
-        bounded(self.store.candidates(ROLE)).await.unwrap()
+    /// Waits (bounded) until the queue reads `expected`, oldest first. A store that
+    /// judges the queue from a watch's copies (Kubernetes) may show a write a moment
+    /// after it answered, even its own: `candidates` promises no more.
+    async fn expect_candidates(&self, expected: &[&str], why: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = bounded(self.store.candidates(ROLE)).await.unwrap();
+            if now == expected {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "candidates {now:?}, not {expected:?}: {why}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `owner` renews the term `token` it holds (or was handed): same token.
@@ -360,7 +374,8 @@ pub async fn scenario_fault_hand_over_answer_lost(backend: &dyn LeaseBackend) {
         );
     }
     s.history.expect("node-c", c).await;
-    assert_eq!(s.candidates().await, ["node-b"], "node-b keeps its place");
+    s.expect_candidates(&["node-b"], "node-b keeps its place")
+        .await;
     s.refused("node-a").await;
     s.renews("node-c", c).await;
     assert!(s.release("node-c", c).await);
@@ -393,11 +408,8 @@ pub async fn scenario_fault_queue_answer_lost(backend: &dyn LeaseBackend) {
     assert!(!lost.store_answer().await.into_lease().unwrap().acquired);
     s.queue("node-c", s.ttl).await;
     s.queue("node-b", s.ttl).await;
-    assert_eq!(
-        s.candidates().await,
-        ["node-b", "node-c"],
-        "the retry kept node-b's place"
-    );
+    s.expect_candidates(&["node-b", "node-c"], "the retry kept node-b's place")
+        .await;
     assert!(s.release("node-a", first.fencing_token).await);
     s.history.expect_new("node-b").await;
 }
@@ -416,7 +428,7 @@ pub async fn scenario_fault_withdraw_answer_lost(backend: &dyn LeaseBackend) {
         !bounded(s.store.withdraw(ROLE, "node-b")).await.unwrap(),
         "the retry finds node-b gone"
     );
-    assert_eq!(s.candidates().await, ["node-c"]);
+    s.expect_candidates(&["node-c"], "node-b withdrew").await;
     assert!(s.release("node-a", a).await);
     let c = s.history.expect_new("node-c").await;
     assert!(s.release("node-c", c).await);
@@ -459,11 +471,11 @@ pub async fn scenario_fault_late_queue_after_withdraw(backend: &dyn LeaseBackend
     );
     assert!(bounded(refresh).await.unwrap().is_err());
     s.queue("node-d", s.ttl * 4).await;
-    assert_eq!(
-        s.candidates().await,
-        ["node-b", "node-d"],
-        "the late call queued node-b anew (node-c leads)"
-    );
+    s.expect_candidates(
+        &["node-b", "node-d"],
+        "the late call queued node-b anew (node-c leads)",
+    )
+    .await;
     // node-b's late candidacy is a real one: a release hands it the role, and node-b,
     // which went on long ago, never renews. Its term lapses with its candidacy.
     assert!(s.release("node-c", c).await);
@@ -604,7 +616,8 @@ pub async fn scenario_fault_late_hand_over_with_old_token(backend: &dyn LeaseBac
     assert!(!caught.store_answer().await.into_released().unwrap());
     assert!(bounded(call).await.unwrap().is_err());
     s.history.expect("node-b", b).await;
-    assert_eq!(s.candidates().await, ["node-c"]);
+    s.expect_candidates(&["node-c"], "the late hand_over handed nothing on")
+        .await;
 
     s.queue("node-a", long).await;
     assert!(s.release("node-b", b).await);
@@ -613,7 +626,8 @@ pub async fn scenario_fault_late_hand_over_with_old_token(backend: &dyn LeaseBac
     assert!(s.release("node-c", c).await);
     let a2 = s.history.expect_new("node-a").await;
     s.queue("node-c", long).await;
-    assert_eq!(s.candidates().await, ["node-c"]);
+    s.expect_candidates(&["node-c"], "node-c queued behind node-a's term")
+        .await;
 
     let (caught, call) = late.remove(0);
     caught.land();
@@ -623,7 +637,8 @@ pub async fn scenario_fault_late_hand_over_with_old_token(backend: &dyn LeaseBac
     );
     assert!(bounded(call).await.unwrap().is_err());
     s.history.expect("node-a", a2).await;
-    assert_eq!(s.candidates().await, ["node-c"]);
+    s.expect_candidates(&["node-c"], "node-c keeps its place")
+        .await;
     s.renews("node-a", a2).await;
 }
 
