@@ -98,13 +98,13 @@ use crate::schema::{
 use crate::version::EtcdVersion;
 
 mod fenced;
+#[cfg(test)]
+mod handover_tests;
 mod queue;
 mod requests;
 mod session;
 mod successor;
 mod term;
-#[cfg(test)]
-mod handover_tests;
 #[cfg(test)]
 mod tests;
 mod watch;
