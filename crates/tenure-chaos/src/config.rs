@@ -209,7 +209,7 @@ impl FromStr for FaultKind {
             .find(|kind| kind.name() == raw.trim())
             .ok_or_else(|| {
                 ChaosError::Usage(format!(
-                    "unknown fault {:?}; expected pause, kill, restart, cut or clock",
+                    "unknown fault {:?}; expected pause, kill, restart, cut, clock or handoff",
                     raw.chars().take(20).collect::<String>()
                 ))
             })

@@ -43,8 +43,9 @@ pub struct ChaosArgs {
     /// PostgreSQL, also `pg_terminate_backend`. `clock` (SQLite and Kubernetes, where no
     /// decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
     /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
-    /// server or its etcd.
-    #[arg(long, default_value = "pause,kill,restart,cut")]
+    /// server or its etcd. `handoff` asks the leader, through the store as `tenure
+    /// handoff` does, to hand its term to the worker that waited longest (one role only).
+    #[arg(long, default_value = "pause,kill,restart,cut,handoff")]
     faults: String,
     /// Mean time between faults (default: TTL/4).
     #[arg(long, value_parser = parse_duration)]

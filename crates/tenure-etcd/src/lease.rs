@@ -98,6 +98,8 @@ use crate::schema::{
 use crate::version::EtcdVersion;
 
 mod fenced;
+#[cfg(test)]
+mod handover_tests;
 mod queue;
 mod requests;
 mod session;

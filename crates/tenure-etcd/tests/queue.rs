@@ -1,6 +1,7 @@
 //! The queue of candidates on etcd beyond the shared scenarios: what a handover costs
 //! etcd however many candidates wait (counted by a private member's own gRPC counters),
-//! and a handover whose releaser stopped between its two transactions.
+//! and a handover whose releaser stopped between its two transactions (finished by a
+//! plain contender, or by the queued elector it was for).
 
 mod common;
 
@@ -401,4 +402,100 @@ async fn a_candidacy_that_ended_joins_again_at_the_back() {
         assert!(info.fencing_token > token);
         (holder, token) = (next.to_owned(), info.fencing_token);
     }
+}
+
+/// Setup: the shared etcd; node-a holds for a minute, and an elector (node-b, retry
+/// interval 2 s) waits in the queue as a follower. node-a's release is sent as its raw
+/// first transaction only, as if node-a stopped before the one that begins node-b's
+/// term: the role is reserved, no push says a term ended, and nobody else contends.
+/// node-b's elector, on its retry timer, finishes the handover itself and leads, under
+/// a token above node-a's, within two retry intervals: a stopped releaser never leaves
+/// the role stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_elector_finishes_a_handover_its_releaser_left() {
+    use tenure::{ElectionState, LeaseLeaderElector, LeaseLeaderOptions};
+    use tokio_util::sync::CancellationToken;
+
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("queue-left-elector");
+    let keys = Keys::new(&prefix).unwrap();
+    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let holder = store_on(&endpoint, &prefix).await;
+    let a = holder
+        .try_acquire_or_queue(ROLE, "node-a", Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+
+    let retry = Duration::from_secs(2);
+    let options = LeaseLeaderOptions {
+        owner_id: "node-b".to_owned(),
+        lease_ttl: TTL,
+        renew_interval: Duration::from_secs(3),
+        retry_interval: retry,
+        ..Default::default()
+    };
+    let elector = LeaseLeaderElector::new(store_on(&endpoint, &prefix).await, options).unwrap();
+    let mut state = elector.watch();
+    let (led_tx, mut led) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            elector
+                .run(
+                    ROLE,
+                    move |token, leadership: CancellationToken| {
+                        let _ = led_tx.send((token, Instant::now()));
+                        async move { leadership.cancelled().await }
+                    },
+                    shutdown,
+                )
+                .await
+        }
+    });
+    timeout(
+        Duration::from_secs(10),
+        state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
+    )
+    .await
+    .expect("node-b follows node-a (and so is queued)")
+    .unwrap();
+    assert_eq!(holder.candidates(ROLE).await.unwrap(), ["node-b"]);
+
+    let record = TermRecord {
+        owner: "node-a".into(),
+        token: Some(a.fencing_token.get()),
+        expires_at_ns: tenure_etcd::requests::to_ns(std::time::SystemTime::now()),
+        ttl_secs: 60,
+        lease_secs: 60,
+        released: true,
+    };
+    let token = i64::try_from(a.fencing_token.get()).unwrap();
+    let txn = tenure_etcd::requests::release_txn(&keys, ROLE, "node-a", token, &record).unwrap();
+    let stopped = Instant::now();
+    assert!(raw.txn(txn).await.unwrap().succeeded());
+    assert_eq!(
+        raw.get(keys.handoff(ROLE), None).await.unwrap().count(),
+        1,
+        "the role is reserved for node-b"
+    );
+
+    let (b_token, at) = timeout(retry * 2 + Duration::from_secs(3), led.recv())
+        .await
+        .expect("node-b leads within two retry intervals")
+        .unwrap();
+    assert!(b_token > a.fencing_token);
+    assert!(at.duration_since(stopped) <= retry * 2 + Duration::from_secs(1));
+    let info = holder.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("node-b"));
+    assert_eq!(info.fencing_token, b_token);
+    assert_eq!(raw.get(keys.handoff(ROLE), None).await.unwrap().count(), 0);
+    shutdown.cancel();
+    timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the elector stops")
+        .unwrap()
+        .unwrap();
 }

@@ -124,3 +124,4 @@ tenure_testkit::lease_scenarios!(Postgres, flavor = "multi_thread", worker_threa
 tenure_testkit::session_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::registry_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::queue_fault_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);

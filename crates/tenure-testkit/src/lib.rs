@@ -6,6 +6,8 @@
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - [`sessions`]: the session scenarios (many roles held under one renewable session).
 //! - [`queue`]: the queue of candidates, handoff and `wait_for_successor`.
+//! - [`queue_faults`]: the queue under lost answers, late calls and candidates that die
+//!   in the queue, injected with `tenure::intercept` on the real store.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
@@ -17,6 +19,7 @@ mod fixture;
 pub mod fuzz;
 pub mod observe;
 pub mod queue;
+pub mod queue_faults;
 pub mod sessions;
 
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

@@ -83,3 +83,4 @@ tenure_testkit::lease_scenarios!(Memory, flavor = "multi_thread", worker_threads
 tenure_testkit::registry_scenarios!(Memory);
 tenure_testkit::session_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::queue_fault_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);

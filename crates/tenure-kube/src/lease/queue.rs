@@ -14,7 +14,11 @@
 //! - **Place**: `acquireTime`, written when the owner joins and kept by every refresh;
 //!   the queue is ordered by it (ties by object name). It is the candidate's wall clock,
 //!   so candidates that joined within the clocks' skew of each other may be served in
-//!   either order; only the order, never a token, depends on it.
+//!   either order; only the order, never a token, depends on it. A place belongs to
+//!   the incarnation of the role's object it joined under (its `metadata.uid`, in
+//!   [`JOINED_UNDER`]): the list of spent places goes with a deleted object, so once
+//!   the object is created again every earlier place counts as spent, and its owner's
+//!   next refresh joins again at the back.
 //! - **Refresh**: one `PUT` of the candidacy, conditional on the version this store last
 //!   wrote or read (a create the first time). A live place keeps its `acquireTime`; a
 //!   lapsed, withdrawn or spent one joins again at the back with a new one.
@@ -62,6 +66,12 @@ pub(crate) const MAX_USED: usize = 32;
 
 /// The most lapsed candidacies one release clears.
 pub(crate) const MAX_CLEARS: usize = 8;
+
+/// The annotation naming the `metadata.uid` of the role's object a candidacy's place
+/// joined under. A place spent on an object an operator then deleted is listed only on
+/// that object; without this, the object created again would let a release hand the
+/// role to that place a second time.
+pub(crate) const JOINED_UNDER: &str = "tenure.dev/role-uid";
 
 /// One candidacy object of a role, as this store last knew it.
 #[derive(Clone, Debug)]
@@ -116,9 +126,12 @@ impl Candidacy {
     }
 }
 
-/// The spent places a role's object lists (`tenure.dev/used-candidacies`).
+/// The spent places a role's object lists (`tenure.dev/used-candidacies`), and the
+/// object's uid: places that joined under another incarnation count as spent too.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Used {
+    /// The role object's `metadata.uid`, when read from one.
+    uid: Option<String>,
     entries: Vec<(String, i64)>,
     /// Entries dropped to keep the list at [`MAX_USED`]: no longer protected by it, so
     /// their candidacies are cleared.
@@ -130,8 +143,12 @@ impl Used {
     /// name a place no candidacy has, and refusing every later write of the role over
     /// it would stop the role.
     pub fn of(record: &Record) -> Used {
+        let uid = record.lease.metadata.uid.clone();
         let Some(raw) = record.annotations.get(USED) else {
-            return Used::default();
+            return Used {
+                uid,
+                ..Used::default()
+            };
         };
         let entries = raw
             .split_whitespace()
@@ -141,14 +158,19 @@ impl Used {
             })
             .collect();
         Used {
+            uid,
             entries,
             dropped: Vec::new(),
         }
     }
 
-    /// Whether `candidacy`'s place was spent.
+    /// Whether `candidacy`'s place was spent: listed, or joined under another
+    /// incarnation of the role's object (a place written before the annotation existed
+    /// names none and is judged by the list alone).
     pub fn spent(&self, candidacy: &Candidacy) -> bool {
-        listed(&self.entries, candidacy)
+        let joined = candidacy.record.annotations.get(JOINED_UNDER);
+        let elsewhere = matches!((&self.uid, joined), (Some(uid), Some(joined)) if uid != joined);
+        elsewhere || listed(&self.entries, candidacy)
     }
 
     /// Drops the entries whose object `view` shows at another place or at none.
@@ -338,7 +360,10 @@ impl KubeLeaseStore {
         let mut known = self.candidacy_copy(&object).await?;
         for _ in 0..ATTEMPTS {
             let Some((lease, first)) = known.take() else {
-                if self.create_candidacy(role, owner, secs, value).await? {
+                if self
+                    .create_candidacy(role, owner, secs, value, used)
+                    .await?
+                {
                     return Ok(());
                 }
                 known = self.read_candidacy(&object).await?;
@@ -357,7 +382,14 @@ impl KubeLeaseStore {
                 c.place(now).is_some_and(|(holder, _)| holder == owner) && !used.spent(&c)
             });
             let mut lease = record.to_write();
-            fill(&mut lease, role, owner, secs, value, !keep);
+            fill(
+                &mut lease,
+                role,
+                owner,
+                secs,
+                value,
+                (!keep).then_some(used),
+            );
             if self.write_candidacy(&object, &lease).await?.is_some() {
                 return Ok(());
             }
@@ -373,10 +405,11 @@ impl KubeLeaseStore {
         owner: &str,
         secs: i32,
         value: Option<&str>,
+        used: &Used,
     ) -> Result<bool> {
         let object = candidacy_name(role, owner);
         let mut lease = new_object(&object, CANDIDATE, Some(role));
-        fill(&mut lease, role, owner, secs, value, true);
+        fill(&mut lease, role, owner, secs, value, Some(used));
         let sent = self.instant();
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(created) => {
@@ -461,16 +494,27 @@ impl KubeLeaseStore {
     }
 }
 
-/// Writes `owner`'s candidacy into `lease`: labels, owner, TTL, value, refresh time, and
-/// a new place when `join`.
-fn fill(lease: &mut Lease, role: &str, owner: &str, secs: i32, value: Option<&str>, join: bool) {
+/// Writes `owner`'s candidacy into `lease`: labels, owner, TTL, value, refresh time,
+/// and, when it joins (`join`: the role as judged), a new place under the role
+/// object's incarnation.
+fn fill(
+    lease: &mut Lease,
+    role: &str,
+    owner: &str,
+    secs: i32,
+    value: Option<&str>,
+    join: Option<&Used>,
+) {
     label(lease, ROLE_LABEL, Some(role_label(role)));
     annotate(lease, VALUE, value.map(str::to_owned));
+    if let Some(used) = join {
+        annotate(lease, JOINED_UNDER, used.uid.clone());
+    }
     let now = micro_now();
     let spec = spec(lease);
     spec.holder_identity = Some(owner.to_owned());
     spec.lease_duration_seconds = Some(secs);
-    if join || spec.acquire_time.is_none() {
+    if join.is_some() || spec.acquire_time.is_none() {
         spec.acquire_time = Some(now.clone());
     }
     spec.renew_time = Some(now);

@@ -1,0 +1,234 @@
+//! The queue of candidates on the Kubernetes API under faults the shared
+//! `queue_fault_scenarios!` cannot make: a release or `hand_over` written on a stale
+//! copy of the role (its conditional `PUT` must get 409 and change nothing), a
+//! candidacy object an operator deletes mid-queue, and the role's object deleted and
+//! created again after a handover spent a place.
+
+mod common;
+
+use std::time::Duration;
+
+use tenure::{FencingToken, LeaseStore};
+use tenure_kube::names::{candidacy_name, object_name, Kind};
+use tenure_kube::KubeLeaseStore;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(8);
+const ROLE: &str = "jobs/faulted";
+
+fn kubectl(args: &[&str]) -> String {
+    common::server()
+        .kubectl(args)
+        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
+}
+
+fn field(namespace: &str, object: &str, path: &str) -> String {
+    kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        namespace,
+        object,
+        "-o",
+        &format!("jsonpath={path}"),
+    ])
+}
+
+fn put(namespace: &str, object: &str) -> String {
+    format!("PUT /apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{object}")
+}
+
+async fn holder(store: &KubeLeaseStore) -> Option<(String, FencingToken)> {
+    let info = store.get(ROLE).await.unwrap()?;
+    let token = info.fencing_token;
+    info.live_holder().map(|holder| (holder.to_owned(), token))
+}
+
+async fn queued(store: &KubeLeaseStore, owner: &str) {
+    let answer = store
+        .try_acquire_or_queue(ROLE, owner, TTL, None)
+        .await
+        .unwrap();
+    assert!(!answer.acquired, "{owner} queues: {answer:?}");
+}
+
+/// Waits (at most 10 s) until `store`'s view of the queue is `expected`.
+async fn until_candidates(store: &KubeLeaseStore, expected: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = store.candidates(ROLE).await.unwrap();
+        if now == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "candidates {now:?}, not {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Setup: node-a holds a term written by store A (which keeps that version as its own,
+/// to end the term with no read); node-b and node-c queue. Another store of node-a's
+/// (a restarted process with the same owner id) releases the term, handing it to
+/// node-b. A, still believing its copy, then releases and hands over with the old
+/// token: each is one `PUT` on the stale version, refused (the object's version does
+/// not move), then a read: both answer `false`, node-b keeps its term and node-c its
+/// place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_on_a_stale_copy_gets_a_conflict_and_changes_nothing() {
+    let namespace = common::new_namespace("stale-put");
+    let role_object = object_name(Kind::Role, ROLE);
+    let (connection, requests) = common::counted(&namespace).await;
+    let stale = KubeLeaseStore::new(connection);
+    let a = stale
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    let other = KubeLeaseStore::new(common::tenant(&namespace).await);
+    queued(&other, "node-b").await;
+    queued(&other, "node-c").await;
+    until_candidates(&stale, &["node-b", "node-c"]).await;
+
+    let restarted = KubeLeaseStore::new(common::tenant(&namespace).await);
+    assert!(restarted
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (next, b) = holder(&other).await.expect("handed to node-b");
+    assert_eq!(next, "node-b");
+    assert!(b > a.fencing_token);
+    let version = field(&namespace, &role_object, "{.metadata.resourceVersion}");
+
+    requests.take();
+    assert!(!stale
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    assert!(!stale
+        .hand_over(ROLE, "node-a", a.fencing_token, Some("node-c"))
+        .await
+        .unwrap());
+    let sent = requests.take();
+    let puts = sent
+        .iter()
+        .filter(|r| **r == put(&namespace, &role_object))
+        .count();
+    assert!(puts >= 1, "the stale copy was written on: {sent:?}");
+    assert_eq!(
+        field(&namespace, &role_object, "{.metadata.resourceVersion}"),
+        version,
+        "every write on the stale copy was refused: {sent:?}"
+    );
+    assert_eq!(
+        holder(&other).await,
+        Some(("node-b".to_owned(), b)),
+        "node-b's term goes on"
+    );
+    assert_eq!(other.candidates(ROLE).await.unwrap(), ["node-c"]);
+    let renewed = other
+        .try_acquire_or_queue(ROLE, "node-b", TTL, None)
+        .await
+        .unwrap();
+    assert!(
+        renewed.acquired && renewed.fencing_token == b,
+        "{renewed:?}"
+    );
+}
+
+/// Setup: node-a holds; node-b and node-c queue, each on a store of its own. An
+/// operator deletes node-b's candidacy object (the documented way to withdraw it): the
+/// release hands the role to node-c, never node-b. node-b's next refresh, conditional
+/// on the object it wrote, joins the queue again at the back, behind node-d, and its
+/// turn comes after node-d's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidacy_deleted_by_an_operator_is_withdrawn() {
+    let namespace = common::new_namespace("deleted-candidacy");
+    let holder_store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let b_store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let c_store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let a = holder_store
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    queued(&b_store, "node-b").await;
+    queued(&c_store, "node-c").await;
+    until_candidates(&holder_store, &["node-b", "node-c"]).await;
+
+    kubectl(&[
+        "delete",
+        "lease",
+        "-n",
+        &namespace,
+        &candidacy_name(ROLE, "node-b"),
+    ]);
+    until_candidates(&holder_store, &["node-c"]).await;
+    assert!(holder_store
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (next, c) = holder(&holder_store).await.expect("handed on");
+    assert_eq!(next, "node-c", "the deleted candidacy is withdrawn");
+    assert!(c > a.fencing_token);
+
+    queued(&holder_store, "node-d").await;
+    queued(&b_store, "node-b").await;
+    until_candidates(&c_store, &["node-d", "node-b"]).await;
+    assert!(c_store.release(ROLE, "node-c", c).await.unwrap());
+    let (next, d) = holder(&c_store).await.expect("handed on");
+    assert_eq!(next, "node-d");
+    assert!(d > c);
+}
+
+/// Setup: node-a holds; node-b then node-c queue; node-a's release hands the role to
+/// node-b (its place spent), which dies at once (it neither renews nor refreshes). An
+/// operator deletes the role's object. node-x takes the role anew (the object created
+/// again, its token above every earlier one) and releases it while node-b's candidacy
+/// object still looks live: the spent place must not be handed the role a second time.
+/// node-c's place, from before the delete, counts as spent too (the object cannot tell
+/// it from node-b's), so the role is free, and node-c, live, takes it at its next call.
+/// (Before candidacies named the object's uid, node-b was handed the role again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
+    let namespace = common::new_namespace("spent-recreated");
+    let role_object = object_name(Kind::Role, ROLE);
+    let store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(a.acquired);
+    queued(&store, "node-b").await;
+    queued(&store, "node-c").await;
+    assert!(store
+        .release(ROLE, "node-a", a.fencing_token)
+        .await
+        .unwrap());
+    let (next, b) = holder(&store).await.expect("handed to node-b");
+    assert_eq!(next, "node-b");
+
+    kubectl(&["delete", "lease", "-n", &namespace, &role_object]);
+    let x_store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let x = x_store
+        .try_acquire_or_queue(ROLE, "node-x", TTL, None)
+        .await
+        .unwrap();
+    assert!(x.acquired, "{x:?}");
+    assert!(x.fencing_token > b, "tokens grow across the delete: {x:?}");
+    assert!(x_store
+        .release(ROLE, "node-x", x.fencing_token)
+        .await
+        .unwrap());
+    assert_eq!(
+        holder(&x_store).await,
+        None,
+        "node-b's spent place was handed the role again"
+    );
+    let c = store
+        .try_acquire_or_queue(ROLE, "node-c", TTL, None)
+        .await
+        .unwrap();
+    assert!(c.acquired && c.fencing_token > x.fencing_token, "{c:?}");
+}
