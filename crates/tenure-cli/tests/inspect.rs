@@ -84,7 +84,6 @@ fn status_of_a_shard_group() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        use tenure::LeaseStore;
         let store = tenure_sqlite::SqliteLeaseStore::open(dir.path().join("tenure.db"))
             .await
             .unwrap();

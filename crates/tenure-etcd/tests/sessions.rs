@@ -10,6 +10,7 @@ use etcd_client::Client;
 use tenure::{Error, LeaseStore, SessionId};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(4);
 
@@ -105,10 +106,7 @@ async fn a_keep_alive_writes_once_however_many_roles() {
             listed.iter().all(|info| info.expires_at == last),
             "list shows the session's expiry: {listed:?}"
         );
-        let refused = store
-            .try_acquire_or_renew("g/3", "node-b", TTL)
-            .await
-            .unwrap();
+        let refused = store.try_acquire("g/3", "node-b", TTL).await;
         assert!(!refused.acquired);
         assert_eq!(
             refused.expires_at, last,
@@ -159,10 +157,7 @@ async fn a_session_revoked_behind_the_store_has_ended() {
             .unwrap();
         assert_ended(&store, session.id).await;
         assert!(!store.close_session(session.id).await.unwrap());
-        let taken = store
-            .try_acquire_or_renew("g/0", "node-b", TTL)
-            .await
-            .unwrap();
+        let taken = store.try_acquire("g/0", "node-b", TTL).await;
         assert!(taken.acquired && taken.fencing_token > held.fencing_token);
     }
 }

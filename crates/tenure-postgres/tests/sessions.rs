@@ -12,6 +12,7 @@ use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
+use tenure_testkit::MustAnswer;
 
 /// Every lease row's current version: a row rewritten in any way gets a new `xmin`
 /// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
@@ -136,10 +137,7 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
         })
     };
     tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
-    let taken = store
-        .try_acquire_or_renew("r", "node-b", LONG)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("r", "node-b", LONG).await;
     assert!(taken.acquired, "the session ended: {taken:?}");
     late.await.unwrap();
 

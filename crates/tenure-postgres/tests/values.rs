@@ -17,6 +17,7 @@ const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(200);
 
 use common::{migrated as setup, table};
+use tenure_testkit::MustAnswer;
 
 /// A schema as the previous `migrate` left it (sessions, no values), with a live term
 /// (token 7) and a released one (token 9), gains the value columns on `migrate`: the
@@ -177,10 +178,7 @@ async fn assert_woken_by_a_term(
         }
     });
     tokio::time::sleep(SHORT).await;
-    let term = writer
-        .try_acquire_or_renew(role, owner, LONG)
-        .await
-        .unwrap();
+    let term = writer.try_acquire(role, owner, LONG).await;
     assert!(term.acquired && term.fencing_token > after, "{term:?}");
     let answered = Instant::now();
     let woke = waiting.await.unwrap();
@@ -213,6 +211,6 @@ async fn wait_for_term_wakes_on_a_roles_first_term() {
 
     let first =
         assert_woken_by_a_term(&watcher, &writer, "fresh", FencingToken::from(0), "node-a").await;
-    assert!(writer.release("fresh", "node-a", first).await.unwrap());
+    assert!(writer.release_term("fresh", "node-a", first).await);
     assert_woken_by_a_term(&watcher, &writer, "fresh", first, "node-b").await;
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tenure::{Error, FencingToken, LeaseStore};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
+use tenure_testkit::MustAnswer;
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -39,10 +40,7 @@ async fn assert_ended(
 ) {
     assert_eq!(store.keep_alive_session(session, TTL).await.unwrap(), None);
     assert_eq!(store.get(role).await.unwrap().unwrap().live_holder(), None);
-    let taken = store
-        .try_acquire_or_renew(role, "node-other", TTL)
-        .await
-        .unwrap();
+    let taken = store.try_acquire(role, "node-other", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token, held.next());
 }
@@ -236,10 +234,7 @@ async fn a_schema_2_takeover_of_a_session_term_fails() {
     let store = db.lease_store();
     let session = store.open_session("node-a", TTL).await.unwrap();
     let held = store.acquire_in_session("g/0", session.id).await.unwrap();
-    store
-        .try_acquire_or_renew("plain", "node-a", TTL)
-        .await
-        .unwrap();
+    store.try_acquire("plain", "node-a", TTL).await;
     // Kept alive past the role's own `expires_at`, which is all schema 2 reads.
     clock.advance(TTL / 2);
     assert!(store

@@ -11,6 +11,7 @@
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
 #![deny(missing_docs)]
 
+mod calls;
 pub mod conformance;
 mod fixture;
 #[cfg(feature = "fuzz")]
@@ -19,5 +20,6 @@ pub mod observe;
 pub mod queue;
 pub mod sessions;
 
+pub use calls::MustAnswer;
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 pub use tenure_throwaway::{etcd, kube, postgres};

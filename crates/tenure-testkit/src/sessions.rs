@@ -10,6 +10,7 @@ use tenure::{Error, LeaseStore, SessionGrant};
 
 use crate::conformance::assert_invalid;
 use crate::LeaseBackend;
+use crate::MustAnswer;
 
 async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
     let grant = store.open_session(owner, ttl).await.unwrap();
@@ -87,10 +88,7 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
     }
     // 1.2 TTLs after the roles were taken: alive through the session alone.
     for (role, token) in roles.iter().zip(&tokens) {
-        let other = store
-            .try_acquire_or_renew(role, "node-b", ttl)
-            .await
-            .unwrap();
+        let other = store.try_acquire(role, "node-b", ttl).await;
         assert!(
             !other.acquired,
             "{role} is held under a live session: {other:?}"
@@ -102,10 +100,7 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
     }
 
     fx.pass_time(ttl).await;
-    let taken = store
-        .try_acquire_or_renew("g/0", "node-b", ttl)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("g/0", "node-b", ttl).await;
     assert!(
         taken.acquired,
         "the session ended, so its roles are free: {taken:?}"
@@ -129,10 +124,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
     let session = open(store.as_ref(), "node-a", ttl).await;
     let one = store.acquire_in_session("g/0", session.id).await.unwrap();
     let two = store.acquire_in_session("g/1", session.id).await.unwrap();
-    assert!(store
-        .release("g/0", "node-a", one.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("g/0", "node-a", one.fencing_token).await);
     assert_eq!(
         store.get("g/0").await.unwrap().unwrap().live_holder(),
         None,
@@ -177,10 +169,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
         store.keep_alive_session(session.id, ttl).await.unwrap(),
         None
     );
-    let next = store
-        .try_acquire_or_renew("g/1", "node-b", ttl)
-        .await
-        .unwrap();
+    let next = store.try_acquire("g/1", "node-b", ttl).await;
     assert!(next.acquired && next.fencing_token > two.fencing_token);
 }
 
@@ -192,10 +181,7 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
     let ttl = fx.ttl();
-    let plain = store
-        .try_acquire_or_renew("g/0", "node-b", ttl)
-        .await
-        .unwrap();
+    let plain = store.try_acquire("g/0", "node-b", ttl).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     let c = open(store.as_ref(), "node-c", ttl).await;
     let refused = store.acquire_in_session("g/0", a.id).await.unwrap();
@@ -219,20 +205,14 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
         .unwrap()
         .is_some());
 
-    let own = store
-        .try_acquire_or_renew("g/1", "node-a", ttl)
-        .await
-        .unwrap();
+    let own = store.try_acquire("g/1", "node-a", ttl).await;
     assert!(own.acquired);
     assert_eq!(
         own.fencing_token, held.fencing_token,
         "a renewal keeps the token"
     );
     assert!(store.close_session(a.id).await.unwrap());
-    let after = store
-        .try_acquire_or_renew("g/1", "node-c", ttl)
-        .await
-        .unwrap();
+    let after = store.try_acquire("g/1", "node-c", ttl).await;
     assert!(
         !after.acquired,
         "g/1 became node-a's own lease, which outlives its old session: {after:?}"
