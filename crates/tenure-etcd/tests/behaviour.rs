@@ -567,18 +567,16 @@ async fn a_renewal_leaves_the_value_alone() {
     let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
     let ttl = Duration::from_secs(4);
     let a = store
-        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://a"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "a", ttl, Some("http://a"))
+        .await;
     assert!(a.acquired, "{a:?}");
     let token = i64::try_from(a.fencing_token.get()).unwrap();
     let (_, written_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
     assert_eq!(written_at, token);
 
     let renewed = store
-        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://b"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "a", ttl, Some("http://b"))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
     // Another instance renews through a read, and a new TTL moves the term to a new
     // etcd lease: neither is a new term.
@@ -645,9 +643,8 @@ async fn records_from_before_values_read_as_advertising_nothing() {
     );
 
     let renewed = store
-        .try_acquire_or_renew_with_value("job", "old", 4 * SECOND, Some("http://new"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "old", 4 * SECOND, Some("http://new"))
+        .await;
     assert!(
         renewed.acquired && renewed.fencing_token == token,
         "{renewed:?}"

@@ -162,10 +162,7 @@ async fn a_session_ended_by_a_takeover_stays_ended() {
         "true",
         "the takeover ended the session before taking the role"
     );
-    assert_eq!(
-        member.keep_alive_session(session.id, TTL).await.unwrap(),
-        None
-    );
+    assert_eq!(member.keep_alive(session.id, TTL).await, None);
     assert!(matches!(
         member.acquire_in_session("g/1", session.id).await,
         Err(Error::SessionEnded(id)) if id == session.id
@@ -474,11 +471,7 @@ async fn a_session_keep_alive_is_its_members_heartbeat() {
     let first_seen = reader.members().await.unwrap()[0].first_seen;
     for _ in 0..9 {
         tokio::time::sleep(TTL / 3).await;
-        assert!(store
-            .keep_alive_session(session.id, TTL)
-            .await
-            .unwrap()
-            .is_some());
+        assert!(store.keep_alive(session.id, TTL).await.is_some());
         registry.heartbeat("node-a").await.unwrap();
         let members = reader.members().await.unwrap();
         assert_eq!(members.len(), 1, "{members:?}");

@@ -48,16 +48,14 @@ async fn migrate_adds_values_to_an_existing_lease_table() {
     assert_eq!(live.fencing_token.get(), 7);
     assert_eq!(live.value, None);
     let renewed = store
-        .try_acquire_or_renew_with_value("live", "node-a", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("live", "node-a", LONG, Some(URL))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token.get() == 7);
     assert_eq!(store.get("live").await.unwrap().unwrap().value, None);
 
     let taken = store
-        .try_acquire_or_renew_with_value("released", "node-b", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-b", LONG, Some(URL))
+        .await;
     assert!(
         taken.acquired && taken.fencing_token.get() == 10,
         "{taken:?}"
@@ -80,9 +78,8 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
     let leases = table(&schema, "tenure_leases");
     for role in ["taken", "released"] {
         let lease = store
-            .try_acquire_or_renew_with_value(role, "node-a", SHORT, Some(URL))
-            .await
-            .unwrap();
+            .try_acquire_with_value(role, "node-a", SHORT, Some(URL))
+            .await;
         assert!(lease.acquired);
     }
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
@@ -101,9 +98,8 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
     assert_eq!(info.value, None, "{info:?}");
 
     let lease = store
-        .try_acquire_or_renew_with_value("released", "node-a", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-a", LONG, Some(URL))
+        .await;
     assert!(
         lease.acquired && lease.fencing_token.get() == 2,
         "{lease:?}"
@@ -127,9 +123,8 @@ async fn a_session_term_shows_no_value() {
     let (pool, schema) = setup("values-session").await;
     let store = PgLeaseStore::new(pool, schema);
     let a = store
-        .try_acquire_or_renew_with_value("r", "node-a", SHORT, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-a", SHORT, Some(URL))
+        .await;
     assert!(a.acquired);
     assert_eq!(
         store.get("r").await.unwrap().unwrap().value.as_deref(),
@@ -144,9 +139,8 @@ async fn a_session_term_shows_no_value() {
     );
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
     let detached = store
-        .try_acquire_or_renew_with_value("r", "node-b", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-b", LONG, Some(URL))
+        .await;
     assert!(detached.acquired && detached.fencing_token == b.fencing_token);
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
 }

@@ -283,15 +283,13 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
 
     let url = "http://10.0.0.9:8080";
     let taken = store
-        .try_acquire_or_renew_with_value("released", "node-b", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-b", TTL, Some(url))
+        .await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token.get(), 10);
     let renewed = store
-        .try_acquire_or_renew_with_value("live", "old-a", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("live", "old-a", TTL, Some(url))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token.get() == 7);
     assert_eq!(
         store.get("live").await.unwrap().unwrap().value,
@@ -327,9 +325,8 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     let url = "http://10.0.0.7:8080";
     for role in ["taken", "released"] {
         let lease = store
-            .try_acquire_or_renew_with_value(role, "node-a", TTL, Some(url))
-            .await
-            .unwrap();
+            .try_acquire_with_value(role, "node-a", TTL, Some(url))
+            .await;
         assert!(lease.acquired);
     }
     clock.advance(TTL + Duration::from_secs(1));
@@ -349,9 +346,8 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     assert_eq!(info.value, None, "{info:?}");
 
     let lease = store
-        .try_acquire_or_renew_with_value("released", "node-a", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-a", TTL, Some(url))
+        .await;
     assert!(lease.acquired && lease.fencing_token.get() == 2);
     sqlx::query(
         "UPDATE tenure_leases SET holder = NULL, expires_at = 0, session_id = NULL          WHERE role = ?1",

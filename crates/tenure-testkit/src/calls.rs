@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tenure::{FencingToken, LeaseResult, LeaseStore};
+use tenure::{FencingToken, LeaseResult, LeaseStore, SessionGrant, SessionId};
 
 /// Calls of [`LeaseStore`] whose errors fail the test (granted or not is the answer).
 pub trait MustAnswer {
@@ -15,6 +15,24 @@ pub trait MustAnswer {
         owner: &str,
         ttl: Duration,
     ) -> impl Future<Output = LeaseResult> + Send;
+
+    /// `try_acquire_or_renew_with_value(role, owner, ttl, value)`: the same, advertising
+    /// `value` with the term.
+    fn try_acquire_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> impl Future<Output = LeaseResult> + Send;
+
+    /// `keep_alive_session(session, ttl)`: the session's new grant, or `None` once it is
+    /// over.
+    fn keep_alive(
+        &self,
+        session: SessionId,
+        ttl: Duration,
+    ) -> impl Future<Output = Option<SessionGrant>> + Send;
 
     /// `release(role, owner, token)`: whether that term was the live one and is over.
     fn release_term(
@@ -30,6 +48,26 @@ impl<S: LeaseStore + ?Sized> MustAnswer for S {
         self.try_acquire_or_renew(role, owner, ttl)
             .await
             .unwrap_or_else(|error| panic!("try_acquire_or_renew({role:?}, {owner:?}): {error}"))
+    }
+
+    async fn try_acquire_with_value(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+        value: Option<&str>,
+    ) -> LeaseResult {
+        self.try_acquire_or_renew_with_value(role, owner, ttl, value)
+            .await
+            .unwrap_or_else(|error| {
+                panic!("try_acquire_or_renew_with_value({role:?}, {owner:?}): {error}")
+            })
+    }
+
+    async fn keep_alive(&self, session: SessionId, ttl: Duration) -> Option<SessionGrant> {
+        self.keep_alive_session(session, ttl)
+            .await
+            .unwrap_or_else(|error| panic!("keep_alive_session({session:?}): {error}"))
     }
 
     async fn release_term(&self, role: &str, owner: &str, token: FencingToken) -> bool {

@@ -30,9 +30,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     let store = fx.store();
     let ttl = fx.ttl();
     let a = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some(URL_A))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some(URL_A))
+        .await;
     assert!(a.acquired, "{a:?}");
     assert_eq!(value_of(&*store, "alpha").await.as_deref(), Some(URL_A));
     let other = fx.reopen().await;
@@ -43,9 +42,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     );
 
     let renewed = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some("elsewhere"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some("elsewhere"))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
     let plain = store.try_acquire("alpha", "node-a", ttl).await;
     assert!(plain.acquired && plain.fencing_token == a.fencing_token);
@@ -73,9 +71,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     // node-b lapses; node-c takes over with a value of its own.
     fx.pass_time(ttl + ttl / 4).await;
     let c = store
-        .try_acquire_or_renew_with_value("alpha", "node-c", ttl, Some(URL_C))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-c", ttl, Some(URL_C))
+        .await;
     assert!(c.acquired && c.fencing_token > b.fencing_token, "{c:?}");
     let listed = store.list().await.unwrap();
     let alpha = listed.iter().find(|info| info.role == "alpha").unwrap();
@@ -92,9 +89,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     // The longest value allowed round-trips whole.
     let longest = "v".repeat(MAX_VALUE_LEN);
     let d = store
-        .try_acquire_or_renew_with_value("beta", "node-d", ttl, Some(&longest))
-        .await
-        .unwrap();
+        .try_acquire_with_value("beta", "node-d", ttl, Some(&longest))
+        .await;
     assert!(d.acquired);
     assert_eq!(value_of(&*other, "beta").await, Some(longest));
 }
@@ -171,9 +167,8 @@ pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let a = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some(URL_A))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some(URL_A))
+        .await;
     let seen = next_change(&mut rx, push, "a first term").await;
     assert_eq!(
         seen,

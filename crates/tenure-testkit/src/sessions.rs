@@ -35,23 +35,22 @@ pub async fn scenario_session_lives_while_kept_alive(backend: &dyn LeaseBackend)
 
     fx.pass_time(ttl.mul_f64(0.6)).await;
     let kept = store
-        .keep_alive_session(a.id, ttl)
+        .keep_alive(a.id, ttl)
         .await
-        .unwrap()
         .expect("a live session is kept alive");
     assert!(kept.expires_at > a.expires_at, "{kept:?} after {a:?}");
     assert_eq!(kept.id, a.id);
 
     fx.pass_time(ttl.mul_f64(0.6)).await;
     // b was not kept alive: it has ended; a still lives.
-    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
-    assert!(store.keep_alive_session(a.id, ttl).await.unwrap().is_some());
+    assert_eq!(store.keep_alive(b.id, ttl).await, None);
+    assert!(store.keep_alive(a.id, ttl).await.is_some());
     assert!(matches!(
         store.acquire_in_session("alpha", b.id).await,
         Err(Error::SessionEnded(id)) if id == b.id
     ));
     // Never revived.
-    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
+    assert_eq!(store.keep_alive(b.id, ttl).await, None);
 }
 
 /// Roles held under a session live as long as the session, however many renewals of
@@ -80,11 +79,7 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
 
     for _ in 0..2 {
         fx.pass_time(ttl.mul_f64(0.6)).await;
-        store
-            .keep_alive_session(session.id, ttl)
-            .await
-            .unwrap()
-            .expect("kept alive");
+        store.keep_alive(session.id, ttl).await.expect("kept alive");
     }
     // 1.2 TTLs after the roles were taken: alive through the session alone.
     for (role, token) in roles.iter().zip(&tokens) {
@@ -165,10 +160,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
         !store.close_session(session.id).await.unwrap(),
         "already closed"
     );
-    assert_eq!(
-        store.keep_alive_session(session.id, ttl).await.unwrap(),
-        None
-    );
+    assert_eq!(store.keep_alive(session.id, ttl).await, None);
     let next = store.try_acquire("g/1", "node-b", ttl).await;
     assert!(next.acquired && next.fencing_token > two.fencing_token);
 }
@@ -199,11 +191,7 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
     let same = reopened.acquire_in_session("g/1", a.id).await.unwrap();
     assert!(same.acquired);
     assert_eq!(same.fencing_token, held.fencing_token);
-    assert!(reopened
-        .keep_alive_session(a.id, ttl)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(reopened.keep_alive(a.id, ttl).await.is_some());
 
     let own = store.try_acquire("g/1", "node-a", ttl).await;
     assert!(own.acquired);
@@ -220,9 +208,8 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
 
     // A term taken in a session advertises nothing, also over a lapsed term that did.
     let valued = store
-        .try_acquire_or_renew_with_value("g/2", "node-b", ttl, Some("http://b:1"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("g/2", "node-b", ttl, Some("http://b:1"))
+        .await;
     assert!(valued.acquired);
     fx.pass_time(ttl + ttl / 4).await;
     let d = open(store.as_ref(), "node-d", ttl).await;
