@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::Args;
 use tenure_bench::{BenchConfig, BenchError, HerdBench, ShardBench, StoreSpec};
 
-use crate::{exit, parse_duration, UsageError};
+use crate::parse::parse_duration;
+use crate::{exit, UsageError};
 
 /// `tenure bench` flags.
 #[derive(Args, Debug)]

@@ -16,7 +16,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -83,26 +83,34 @@ fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
-/// The cgroup of one command: it joins it between fork and exec, and it is removed when
-/// this is dropped (once empty).
+/// The cgroup of one command: it is cloned into it (or joins it between fork and exec),
+/// and it is removed when this is dropped (once empty).
 #[derive(Debug)]
 pub struct CommandCgroup {
     path: PathBuf,
+    /// The cgroup's directory, open: what `clone3(CLONE_INTO_CGROUP)` takes.
+    dir: OwnedFd,
 }
 
 impl CommandCgroup {
-    /// A new, empty cgroup for one command, and the open `cgroup.procs` the command writes
-    /// `0` to (async-signal-safe) to join it; `None` where there is no base.
+    /// A new, empty cgroup for one command, and the open `cgroup.procs` a forked command
+    /// writes `0` to (async-signal-safe) to join it; `None` where there is no base.
     pub fn create() -> std::io::Result<Option<(CommandCgroup, OwnedFd)>> {
         let Some(base) = base() else {
             return Ok(None);
         };
         let path = base.join(format!("cmd-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir(&path)?;
+        let dir = std::fs::File::open(&path)?.into();
         let procs = OpenOptions::new()
             .write(true)
             .open(path.join("cgroup.procs"))?;
-        Ok(Some((CommandCgroup { path }, procs.into())))
+        Ok(Some((CommandCgroup { path, dir }, procs.into())))
+    }
+
+    /// The cgroup's directory, open.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
     }
 
     /// SIGKILLs every process in the cgroup.

@@ -10,7 +10,8 @@ use std::time::Duration;
 use clap::Args;
 use tenure_chaos::{ChaosConfig, ChaosError, StoreSpec};
 
-use crate::{exit, parse_duration, UsageError};
+use crate::parse::parse_duration;
+use crate::{exit, UsageError};
 
 /// `tenure chaos` flags.
 #[derive(Args, Debug)]

@@ -56,6 +56,7 @@ use crate::store::Stores;
 
 mod child;
 mod signals;
+mod spawn;
 mod stop;
 mod tree;
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{output_within, tempdir, tenure, tree};
+use common::{assert_bench_usage, json_report, output_within, tempdir, tenure, tree};
 use serde_json::Value;
 
 const OPS: [&str; 4] = ["acquire", "renew", "release", "heartbeat"];
@@ -30,21 +30,6 @@ fn bench(dir: &Path, store: &str, extra: &[&str]) -> Output {
         &mut bench_command(dir, store, extra),
         Duration::from_secs(240),
     )
-}
-
-fn report(output: &Output) -> Value {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}: {stderr}",
-        output.status
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    })
 }
 
 fn num(v: &Value, path: &str) -> f64 {
@@ -106,7 +91,7 @@ fn check_report(r: &Value, store: &str) {
 #[test]
 fn memory_report_has_every_section() {
     let dir = tempdir();
-    let r = report(&bench(dir.path(), "memory:", &[]));
+    let r = json_report(&bench(dir.path(), "memory:", &[]));
     check_report(&r, "memory (in-process)");
     assert_eq!(r["round_trips"]["measured"], false);
     assert!(r["failover"]["release"]["floor"]["latency"].is_object());
@@ -115,7 +100,7 @@ fn memory_report_has_every_section() {
 #[test]
 fn sqlite_throwaway_report_and_nothing_left_behind() {
     let dir = tempdir();
-    let r = report(&bench(dir.path(), "sqlite:throwaway", &["--roles", "1"]));
+    let r = json_report(&bench(dir.path(), "sqlite:throwaway", &["--roles", "1"]));
     check_report(&r, "sqlite (throwaway file)");
     let renew = r["throughput"]
         .as_array()
@@ -138,7 +123,7 @@ fn sqlite_throwaway_report_and_nothing_left_behind() {
 #[test]
 fn postgres_throwaway_counts_one_statement_per_operation() {
     let dir = tempdir();
-    let r = report(&bench(dir.path(), "postgres:throwaway", &[]));
+    let r = json_report(&bench(dir.path(), "postgres:throwaway", &[]));
     check_report(&r, "postgres (throwaway server)");
     let rt = &r["round_trips"];
     assert_eq!(rt["measured"], true, "{rt}");
@@ -164,7 +149,7 @@ fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
     let proc = common::Proc::spawn(&mut bench_command(dir.path(), "etcd:throwaway", &[]));
     // The testkit names the member's data directory after the process that owns it.
     let pid = proc.pid();
-    let r = report(&proc.finish(Duration::from_secs(240)));
+    let r = json_report(&proc.finish(Duration::from_secs(240)));
     check_report(&r, "etcd (throwaway member)");
     assert!(r["machine"]["backend_version"]
         .as_str()
@@ -227,7 +212,7 @@ fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
     let dir = tempdir();
     let proc = common::Proc::spawn(&mut bench_command(dir.path(), "kube:throwaway", &[]));
     let pid = proc.pid();
-    let r = report(&proc.finish(Duration::from_secs(170)));
+    let r = json_report(&proc.finish(Duration::from_secs(170)));
     check_report(&r, "kubernetes (throwaway API server)");
     let version = r["machine"]["backend_version"].as_str().unwrap_or_default();
     assert!(
@@ -292,25 +277,6 @@ fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// Exit 2, the flag named on stderr, nothing on stdout, nothing created.
-fn assert_usage(dir: &Path, args: &[&str], needle: &str) {
-    let mut command = tenure();
-    command
-        .arg("bench")
-        .args(args)
-        .current_dir(dir)
-        .env("TMPDIR", dir);
-    let output = output_within(&mut command, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {needle:?} not in {stderr}"
-    );
-    assert!(output.stdout.is_empty(), "{args:?}");
-    assert!(tree(dir).is_empty(), "{args:?} created {:?}", tree(dir));
-}
-
 #[test]
 fn bad_input_is_a_usage_error_and_creates_nothing() {
     let dir = tempdir();
@@ -319,38 +285,38 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         store.iter().chain(extra).copied().collect()
     };
-    assert_usage(d, &["--store", "redis://u:hunter2@h"], "--store");
-    assert_usage(d, &["--store", "sqlite:"], "--store");
-    assert_usage(d, &with(&["--clients", "0"]), "--clients");
-    assert_usage(d, &with(&["--clients", "x"]), "--clients");
-    assert_usage(d, &with(&["--clients", "1,,4"]), "--clients");
-    assert_usage(d, &with(&["--duration", "0s"]), "--duration");
-    assert_usage(d, &with(&["--trials", "0"]), "--trials");
-    assert_usage(d, &with(&["--roles", "0"]), "--roles");
-    assert_usage(d, &with(&["--ttl", "100us"]), "--ttl");
-    assert_usage(d, &["--clients", "1"], "--store");
-    assert_usage(d, &with(&["--shards", "0"]), "--shards");
-    assert_usage(d, &with(&["--shards", "100001"]), "--shards");
-    assert_usage(d, &with(&["--shards", "4", "--members", "5"]), "--members");
-    assert_usage(d, &with(&["--shards", "4", "--members", "0"]), "--members");
-    assert_usage(
+    assert_bench_usage(d, &["--store", "redis://u:hunter2@h"], "--store");
+    assert_bench_usage(d, &["--store", "sqlite:"], "--store");
+    assert_bench_usage(d, &with(&["--clients", "0"]), "--clients");
+    assert_bench_usage(d, &with(&["--clients", "x"]), "--clients");
+    assert_bench_usage(d, &with(&["--clients", "1,,4"]), "--clients");
+    assert_bench_usage(d, &with(&["--duration", "0s"]), "--duration");
+    assert_bench_usage(d, &with(&["--trials", "0"]), "--trials");
+    assert_bench_usage(d, &with(&["--roles", "0"]), "--roles");
+    assert_bench_usage(d, &with(&["--ttl", "100us"]), "--ttl");
+    assert_bench_usage(d, &["--clients", "1"], "--store");
+    assert_bench_usage(d, &with(&["--shards", "0"]), "--shards");
+    assert_bench_usage(d, &with(&["--shards", "100001"]), "--shards");
+    assert_bench_usage(d, &with(&["--shards", "4", "--members", "5"]), "--members");
+    assert_bench_usage(d, &with(&["--shards", "4", "--members", "0"]), "--members");
+    assert_bench_usage(
         d,
         &with(&["--shards", "4", "--window", "1s", "--renew-every", "2s"]),
         "--window",
     );
-    assert_usage(d, &with(&["--members", "2"]), "--shards");
-    assert_usage(d, &with(&["--shards", "4", "--report", "out"]), "--report");
+    assert_bench_usage(d, &with(&["--members", "2"]), "--shards");
+    assert_bench_usage(d, &with(&["--shards", "4", "--report", "out"]), "--report");
     #[cfg(not(feature = "etcd"))]
-    assert_usage(d, &["--store", "etcd:throwaway"], "--features etcd");
+    assert_bench_usage(d, &["--store", "etcd:throwaway"], "--features etcd");
     #[cfg(feature = "kube")]
     {
-        assert_usage(d, &["--store", "kube:No_Such"], "--store");
-        assert_usage(
+        assert_bench_usage(d, &["--store", "kube:No_Such"], "--store");
+        assert_bench_usage(
             d,
             &["--store", "kube:throwaway", "--ttl", "1500ms"],
             "--ttl",
         );
-        assert_usage(
+        assert_bench_usage(
             d,
             &[
                 "--store",
@@ -363,12 +329,12 @@ fn bad_input_is_a_usage_error_and_creates_nothing() {
             "--renew-every",
         );
     }
-    assert_usage(d, &["--store", "kube:"], "kube:NAMESPACE");
+    assert_bench_usage(d, &["--store", "kube:"], "kube:NAMESPACE");
     #[cfg(feature = "etcd")]
     {
-        assert_usage(d, &["--store", "etcd://h"], "--store");
-        assert_usage(d, &["--store", "etcd://u:hunter2@h:1"], "--store");
-        assert_usage(
+        assert_bench_usage(d, &["--store", "etcd://h"], "--store");
+        assert_bench_usage(d, &["--store", "etcd://u:hunter2@h:1"], "--store");
+        assert_bench_usage(
             d,
             &["--store", "etcd:throwaway", "--ttl", "1500ms"],
             "--ttl",
@@ -392,7 +358,7 @@ fn shard_bench(dir: &Path, store: &str, extra: &[&str]) -> Value {
         command.args(["--renew-every", "500ms"]);
     }
     command.args(extra).current_dir(dir).env("TMPDIR", dir);
-    report(&output_within(&mut command, Duration::from_secs(300)))
+    json_report(&output_within(&mut command, Duration::from_secs(300)))
 }
 
 fn hold_row<'a>(r: &'a Value, holder: &str) -> &'a Value {

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{output_within, tempdir, tenure, tree};
+use common::{assert_bench_usage, json_report, output_within, tempdir, tenure};
 use serde_json::Value;
 
 /// `tenure bench --herd COUNTS --json` on `store`; the parsed report.
@@ -20,18 +20,7 @@ fn herd(dir: &Path, store: &str, counts: &str) -> Value {
         .current_dir(dir)
         .env("TMPDIR", dir);
     let output = output_within(&mut command, Duration::from_secs(300));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}: {stderr}",
-        output.status
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    })
+    json_report(&output)
 }
 
 /// The row of `contenders` and `mode`.
@@ -97,19 +86,10 @@ fn bad_herd_input_is_a_usage_error_and_creates_nothing() {
         (vec!["--herd", "30", "--shards", "4"], "--shards"),
         (vec!["--herd-rounds", "2"], "--herd"),
     ] {
-        let mut command = tenure();
-        command
-            .args(["bench", "--store", "sqlite:throwaway"])
-            .args(&args)
-            .current_dir(d)
-            .env("TMPDIR", d);
-        let output = output_within(&mut command, Duration::from_secs(60));
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: {needle:?} not in {stderr}"
-        );
-        assert!(tree(d).is_empty(), "{args:?} created {:?}", tree(d));
+        let args: Vec<&str> = ["--store", "sqlite:throwaway"]
+            .into_iter()
+            .chain(args)
+            .collect();
+        assert_bench_usage(d, &args, needle);
     }
 }

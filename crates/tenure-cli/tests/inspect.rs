@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{output_within, sqlite_url, store_scenarios, tempdir, tenure};
+use tenure_testkit::MustAnswer;
 
 store_scenarios!(
     |dir: &Path, _name: &str| sqlite_url(dir);
@@ -83,7 +84,6 @@ fn status_of_a_shard_group() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        use tenure::LeaseStore;
         let store = tenure_sqlite::SqliteLeaseStore::open(dir.path().join("tenure.db"))
             .await
             .unwrap();
@@ -95,13 +95,7 @@ fn status_of_a_shard_group() {
             ("jobs/x", "node-b"),
             ("other/0", "node-c"),
         ] {
-            assert!(
-                store
-                    .try_acquire_or_renew(role, owner, ttl)
-                    .await
-                    .unwrap()
-                    .acquired
-            );
+            assert!(store.try_acquire(role, owner, ttl).await.acquired);
         }
     });
 

@@ -15,6 +15,7 @@ use tenure::{
 };
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, MembershipChange};
 use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::MustAnswer;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
@@ -51,26 +52,17 @@ async fn tokens_increase_across_release_takeover_and_restart() {
     };
 
     tracing::info!("--- release");
-    let a = store
-        .try_acquire_or_renew("job", "a", SECOND)
-        .await
-        .unwrap();
+    let a = store.try_acquire("job", "a", SECOND).await;
     assert!(a.acquired);
     record(a.fencing_token, &mut seen);
-    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
-    let b = store
-        .try_acquire_or_renew("job", "b", SECOND)
-        .await
-        .unwrap();
+    assert!(store.release_term("job", "a", a.fencing_token).await);
+    let b = store.try_acquire("job", "b", SECOND).await;
     assert!(b.acquired);
     record(b.fencing_token, &mut seen);
 
     tracing::info!("--- takeover after expiry");
     tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
-    let c = store
-        .try_acquire_or_renew("job", "c", SECOND)
-        .await
-        .unwrap();
+    let c = store.try_acquire("job", "c", SECOND).await;
     assert!(c.acquired, "{c:?}");
     record(c.fencing_token, &mut seen);
 
@@ -93,10 +85,7 @@ async fn tokens_increase_across_release_takeover_and_restart() {
         // etcd extends leases on restart; wait until the old term is surely over.
         let deadline = Instant::now() + Duration::from_secs(15);
         let d = loop {
-            let d = store
-                .try_acquire_or_renew("job", "d", SECOND)
-                .await
-                .unwrap();
+            let d = store.try_acquire("job", "d", SECOND).await;
             if d.acquired || Instant::now() > deadline {
                 break d;
             }
@@ -110,7 +99,7 @@ async fn tokens_increase_across_release_takeover_and_restart() {
         };
         assert!(d.acquired, "{phase}: d never acquired: {d:?}");
         record(d.fencing_token, &mut seen);
-        assert!(store.release("job", "d", d.fencing_token).await.unwrap());
+        assert!(store.release_term("job", "d", d.fencing_token).await);
     }
 }
 
@@ -219,10 +208,7 @@ async fn fenced_txn_rejected_after_the_term_ends() {
     let store = shared_store("fence").await;
     let data = format!("{}/data", store.prefix());
     let mut kv = store.client().kv_client();
-    let a = store
-        .try_acquire_or_renew("job", "a", SECOND)
-        .await
-        .unwrap();
+    let a = store.try_acquire("job", "a", SECOND).await;
     let ok = store
         .commit_fenced(
             "job",
@@ -239,7 +225,7 @@ async fn fenced_txn_rejected_after_the_term_ends() {
         .and_then([TxnOp::put(data.clone(), "a2", None)]);
     assert!(kv.txn(txn).await.unwrap().succeeded());
 
-    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    assert!(store.release_term("job", "a", a.fencing_token).await);
     match store
         .commit_fenced(
             "job",
@@ -254,10 +240,7 @@ async fn fenced_txn_rejected_after_the_term_ends() {
         }
         other => panic!("expected Fenced after release, got {other:?}"),
     }
-    let b = store
-        .try_acquire_or_renew("job", "b", SECOND)
-        .await
-        .unwrap();
+    let b = store.try_acquire("job", "b", SECOND).await;
     assert!(b.acquired);
     match store
         .commit_fenced(
@@ -295,22 +278,13 @@ async fn fenced_txn_rejected_after_the_term_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_with_a_new_ttl_keeps_the_token() {
     let store = shared_store("ttl-change").await;
-    let a = store
-        .try_acquire_or_renew("job", "a", SECOND)
-        .await
-        .unwrap();
-    let longer = store
-        .try_acquire_or_renew("job", "a", Duration::from_secs(5))
-        .await
-        .unwrap();
+    let a = store.try_acquire("job", "a", SECOND).await;
+    let longer = store.try_acquire("job", "a", Duration::from_secs(5)).await;
     assert!(longer.acquired);
     assert_eq!(longer.fencing_token, a.fencing_token);
     assert!(longer.remaining() > Duration::from_secs(4), "{longer:?}");
     tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
-    let other = store
-        .try_acquire_or_renew("job", "b", SECOND)
-        .await
-        .unwrap();
+    let other = store.try_acquire("job", "b", SECOND).await;
     assert!(
         !other.acquired,
         "the 5 s term outlives the old 1 s lease: {other:?}"
@@ -559,8 +533,8 @@ async fn connect_tunes_renewals_to_the_server_version() {
     );
 
     let ttl = Duration::from_secs(2);
-    let first = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
-    let renewed = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    let first = store.try_acquire("job", "a", ttl).await;
+    let renewed = store.try_acquire("job", "a", ttl).await;
     assert!(first.acquired && renewed.acquired);
     assert_eq!(renewed.fencing_token, first.fencing_token);
 }
@@ -593,18 +567,16 @@ async fn a_renewal_leaves_the_value_alone() {
     let store = EtcdLeaseStore::new(raw.clone(), &prefix).unwrap();
     let ttl = Duration::from_secs(4);
     let a = store
-        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://a"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "a", ttl, Some("http://a"))
+        .await;
     assert!(a.acquired, "{a:?}");
     let token = i64::try_from(a.fencing_token.get()).unwrap();
     let (_, written_at) = raw_get(&mut raw, &keys.value("job")).await.expect("value");
     assert_eq!(written_at, token);
 
     let renewed = store
-        .try_acquire_or_renew_with_value("job", "a", ttl, Some("http://b"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "a", ttl, Some("http://b"))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
     // Another instance renews through a read, and a new TTL moves the term to a new
     // etcd lease: neither is a new term.
@@ -622,7 +594,7 @@ async fn a_renewal_leaves_the_value_alone() {
     let info = other.get("job").await.unwrap().unwrap();
     assert_eq!(info.value.as_deref(), Some("http://a"));
 
-    assert!(other.release("job", "a", a.fencing_token).await.unwrap());
+    assert!(other.release_term("job", "a", a.fencing_token).await);
     assert_eq!(raw_get(&mut raw, &keys.value("job")).await, None);
 }
 
@@ -671,15 +643,14 @@ async fn records_from_before_values_read_as_advertising_nothing() {
     );
 
     let renewed = store
-        .try_acquire_or_renew_with_value("job", "old", 4 * SECOND, Some("http://new"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("job", "old", 4 * SECOND, Some("http://new"))
+        .await;
     assert!(
         renewed.acquired && renewed.fencing_token == token,
         "{renewed:?}"
     );
     assert_eq!(store.get("job").await.unwrap().unwrap().value, None);
-    assert!(store.release("job", "old", token).await.unwrap());
+    assert!(store.release_term("job", "old", token).await);
     let info = store.get("job").await.unwrap().unwrap();
     assert_eq!((info.holder, info.value), (None, None));
 }
@@ -707,7 +678,7 @@ async fn wait_for_term_returns_when_a_term_begins() {
     let waiting = wait(FencingToken::from(0));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "no term yet");
-    let a = store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
+    let a = store.try_acquire("job", "a", ttl).await;
     timeout(push, waiting)
         .await
         .expect("woken by the first term")
@@ -715,18 +686,15 @@ async fn wait_for_term_returns_when_a_term_begins() {
 
     let waiting = wait(a.fencing_token);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    store.try_acquire_or_renew("job", "a", ttl).await.unwrap();
-    store
-        .try_acquire_or_renew("job", "a", ttl + SECOND)
-        .await
-        .unwrap();
-    assert!(store.release("job", "a", a.fencing_token).await.unwrap());
+    store.try_acquire("job", "a", ttl).await;
+    store.try_acquire("job", "a", ttl + SECOND).await;
+    assert!(store.release_term("job", "a", a.fencing_token).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiting.is_finished(),
         "a renewal, a new TTL and a release are no new term"
     );
-    let b = store.try_acquire_or_renew("job", "b", ttl).await.unwrap();
+    let b = store.try_acquire("job", "b", ttl).await;
     assert!(b.acquired && b.fencing_token > a.fencing_token);
     timeout(push, waiting)
         .await

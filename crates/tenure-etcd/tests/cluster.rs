@@ -10,6 +10,7 @@ use std::time::Duration;
 use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdCluster;
+use tenure_testkit::MustAnswer;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -175,15 +176,13 @@ async fn minority_cannot_acquire() {
         .unwrap();
     let ttl = Duration::from_secs(2);
     // A term by another owner, through the whole cluster, then lost quorum.
-    let held = store
-        .try_acquire_or_renew("job", "majority", ttl)
-        .await
-        .unwrap();
+    let held = store.try_acquire("job", "majority", ttl).await;
     assert!(held.acquired);
-    assert!(store
-        .release("job", "majority", held.fencing_token)
-        .await
-        .unwrap());
+    assert!(
+        store
+            .release_term("job", "majority", held.fencing_token)
+            .await
+    );
     let stopping = cluster.clone();
     tokio::task::spawn_blocking(move || {
         stopping.member(1).stop();

@@ -10,6 +10,7 @@ use etcd_client::Client;
 use tenure::{Error, LeaseStore, SessionId};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(4);
 
@@ -51,7 +52,7 @@ async fn written_since(client: &Client, prefix: &str, since: i64) -> usize {
 /// The session has ended for `store`: keep-alive answers `None`, acquiring under it is
 /// `SessionEnded`.
 async fn assert_ended(store: &EtcdLeaseStore, id: SessionId) {
-    assert_eq!(store.keep_alive_session(id, TTL).await.unwrap(), None);
+    assert_eq!(store.keep_alive(id, TTL).await, None);
     assert!(matches!(
         store.acquire_in_session("g/1", id).await,
         Err(Error::SessionEnded(ended)) if ended == id
@@ -83,11 +84,7 @@ async fn a_keep_alive_writes_once_however_many_roles() {
         let mut last = session.expires_at;
         for _ in 0..3 {
             let before = revision(&client).await;
-            let kept = store
-                .keep_alive_session(session.id, TTL)
-                .await
-                .unwrap()
-                .expect("live");
+            let kept = store.keep_alive(session.id, TTL).await.expect("live");
             let writes = written_since(&client, store.prefix(), before).await;
             assert_eq!(
                 writes, 1,
@@ -105,10 +102,7 @@ async fn a_keep_alive_writes_once_however_many_roles() {
             listed.iter().all(|info| info.expires_at == last),
             "list shows the session's expiry: {listed:?}"
         );
-        let refused = store
-            .try_acquire_or_renew("g/3", "node-b", TTL)
-            .await
-            .unwrap();
+        let refused = store.try_acquire("g/3", "node-b", TTL).await;
         assert!(!refused.acquired);
         assert_eq!(
             refused.expires_at, last,
@@ -159,10 +153,7 @@ async fn a_session_revoked_behind_the_store_has_ended() {
             .unwrap();
         assert_ended(&store, session.id).await;
         assert!(!store.close_session(session.id).await.unwrap());
-        let taken = store
-            .try_acquire_or_renew("g/0", "node-b", TTL)
-            .await
-            .unwrap();
+        let taken = store.try_acquire("g/0", "node-b", TTL).await;
         assert!(taken.acquired && taken.fencing_token > held.fencing_token);
     }
 }
@@ -196,13 +187,12 @@ async fn session_ttls_follow_etcd_leases() {
             .map(|_| ())
     ));
     let kept = store
-        .keep_alive_session(session.id, Duration::from_secs(1))
+        .keep_alive(session.id, Duration::from_secs(1))
         .await
-        .unwrap()
         .expect("live");
     assert!(kept.remaining() > Duration::from_secs(3), "{kept:?}");
     for never in [SessionId::from(0), SessionId::from(u64::MAX)] {
-        assert_eq!(store.keep_alive_session(never, TTL).await.unwrap(), None);
+        assert_eq!(store.keep_alive(never, TTL).await, None);
         assert!(matches!(
             store.acquire_in_session("g/0", never).await,
             Err(Error::SessionEnded(_))
@@ -283,7 +273,7 @@ async fn a_failed_keep_alive_does_not_end_the_session() {
             .wait_healthy(Duration::from_secs(5))
             .expect("etcd healthy after the stall");
 
-        let kept = store.keep_alive_session(session.id, TTL).await.unwrap();
+        let kept = store.keep_alive(session.id, TTL).await;
         assert!(
             kept.is_some(),
             "the keep-alive after one failed call answered that the session ended, though \

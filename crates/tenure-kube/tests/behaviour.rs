@@ -11,6 +11,7 @@ use std::time::Duration;
 use tenure::{Error, FencingToken, LeaseStore, NodeRegistry};
 use tenure_kube::names::{object_name, Kind};
 use tenure_kube::{KubeLeaseStore, KubeNodeRegistry};
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -33,13 +34,13 @@ fn field(namespace: &str, object: &str, path: &str) -> String {
 }
 
 async fn term(store: &KubeLeaseStore, role: &str, owner: &str) -> FencingToken {
-    let result = store.try_acquire_or_renew(role, owner, TTL).await.unwrap();
+    let result = store.try_acquire(role, owner, TTL).await;
     assert!(result.acquired, "{owner} must get {role}: {result:?}");
     result.fencing_token
 }
 
 async fn release(store: &KubeLeaseStore, role: &str, owner: &str, token: FencingToken) {
-    assert!(store.release(role, owner, token).await.unwrap());
+    assert!(store.release_term(role, owner, token).await);
 }
 
 /// An operator deletes a role's Lease between terms, then the epoch counter and the
@@ -124,24 +125,15 @@ async fn a_contender_counts_from_its_own_first_sighting() {
     tokio::time::sleep(TTL + Duration::from_millis(500)).await;
     let contender = KubeLeaseStore::new(common::tenant(&namespace).await);
     let seen_at = tokio::time::Instant::now();
-    let refused = contender
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let refused = contender.try_acquire("r", "node-b", TTL).await;
     assert!(!refused.acquired, "first sighting: {refused:?}");
     assert_eq!(refused.fencing_token, token);
     assert!(refused.remaining() > TTL - Duration::from_millis(500));
     tokio::time::sleep(TTL / 2).await;
-    let still = contender
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let still = contender.try_acquire("r", "node-b", TTL).await;
     assert!(!still.acquired, "half a TTL after the first sighting");
     tokio::time::sleep_until(seen_at + TTL + common::EXPIRY_MARGIN).await;
-    let taken = contender
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let taken = contender.try_acquire("r", "node-b", TTL).await;
     assert!(taken.acquired && taken.fencing_token > token, "{taken:?}");
 }
 
@@ -156,18 +148,9 @@ async fn a_session_ended_by_a_takeover_stays_ended() {
     assert!(held.acquired);
 
     let other = KubeLeaseStore::new(common::tenant(&namespace).await);
-    assert!(
-        !other
-            .try_acquire_or_renew("g/0", "node-b", TTL)
-            .await
-            .unwrap()
-            .acquired
-    );
+    assert!(!other.try_acquire("g/0", "node-b", TTL).await.acquired);
     tokio::time::sleep(TTL + common::EXPIRY_MARGIN).await;
-    let taken = other
-        .try_acquire_or_renew("g/0", "node-b", TTL)
-        .await
-        .unwrap();
+    let taken = other.try_acquire("g/0", "node-b", TTL).await;
     assert!(taken.acquired && taken.fencing_token > held.fencing_token);
     let session_object = format!("tenure.session-{:x}", session.id.get());
     assert_eq!(
@@ -179,10 +162,7 @@ async fn a_session_ended_by_a_takeover_stays_ended() {
         "true",
         "the takeover ended the session before taking the role"
     );
-    assert_eq!(
-        member.keep_alive_session(session.id, TTL).await.unwrap(),
-        None
-    );
+    assert_eq!(member.keep_alive(session.id, TTL).await, None);
     assert!(matches!(
         member.acquire_in_session("g/1", session.id).await,
         Err(Error::SessionEnded(id)) if id == session.id
@@ -215,13 +195,7 @@ async fn release_wakes_a_waiter_in_another_process_at_once() {
         woke < Duration::from_secs(2),
         "woke {woke:?} after the release"
     );
-    assert!(
-        waiter
-            .try_acquire_or_renew("r", "node-b", TTL)
-            .await
-            .unwrap()
-            .acquired
-    );
+    assert!(waiter.try_acquire("r", "node-b", TTL).await.acquired);
 }
 
 /// Wrong set-ups fail with what to fix: a sub-second TTL, a namespace without the
@@ -497,11 +471,7 @@ async fn a_session_keep_alive_is_its_members_heartbeat() {
     let first_seen = reader.members().await.unwrap()[0].first_seen;
     for _ in 0..9 {
         tokio::time::sleep(TTL / 3).await;
-        assert!(store
-            .keep_alive_session(session.id, TTL)
-            .await
-            .unwrap()
-            .is_some());
+        assert!(store.keep_alive(session.id, TTL).await.is_some());
         registry.heartbeat("node-a").await.unwrap();
         let members = reader.members().await.unwrap();
         assert_eq!(members.len(), 1, "{members:?}");

@@ -15,6 +15,7 @@ use sqlx::Row;
 use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
+use tenure_testkit::MustAnswer;
 use tokio_util::sync::CancellationToken;
 
 /// Tokens keep increasing across release, a new store instance, a clean server
@@ -29,18 +30,18 @@ async fn tokens_survive_release_restart_and_kill() {
     migrate(&first_pool, &schema).await.unwrap();
     let first = PgLeaseStore::new(first_pool, schema.clone());
 
-    let t1 = first.try_acquire_or_renew("r", "a", ttl).await.unwrap();
+    let t1 = first.try_acquire("r", "a", ttl).await;
     assert!(t1.acquired);
-    assert!(first.release("r", "a", t1.fencing_token).await.unwrap());
+    assert!(first.release_term("r", "a", t1.fencing_token).await);
 
     let second = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
-    let t2 = second.try_acquire_or_renew("r", "b", ttl).await.unwrap();
+    let t2 = second.try_acquire("r", "b", ttl).await;
     assert!(t2.acquired && t2.fencing_token > t1.fencing_token, "{t2:?}");
-    assert!(second.release("r", "b", t2.fencing_token).await.unwrap());
+    assert!(second.release_term("r", "b", t2.fencing_token).await);
 
     tokio::task::block_in_place(|| server.restart().expect("restart"));
     let third = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
-    let t3 = third.try_acquire_or_renew("r", "c", ttl).await.unwrap();
+    let t3 = third.try_acquire("r", "c", ttl).await;
     assert!(
         t3.acquired && t3.fencing_token > t2.fencing_token,
         "after restart: {t3:?}"
@@ -53,7 +54,7 @@ async fn tokens_survive_release_restart_and_kill() {
         server.start_again().expect("start again");
     });
     let fourth = PgLeaseStore::new(common::pool(&server, 2, "survive").await, schema.clone());
-    let held = fourth.try_acquire_or_renew("r", "d", ttl).await.unwrap();
+    let held = fourth.try_acquire("r", "d", ttl).await;
     assert!(
         !held.acquired && held.fencing_token == t3.fencing_token,
         "{held:?}"
@@ -594,7 +595,7 @@ async fn a_restart_costs_at_most_one_failed_call() {
             let store = store.clone();
             tokio::spawn(async move {
                 let role = format!("r{i}");
-                store.try_acquire_or_renew(&role, "a", ttl).await.unwrap()
+                store.try_acquire(&role, "a", ttl).await
             })
         })
         .collect();

@@ -7,8 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tenure::{Error, FenceStore, FencingToken, LeaseStore};
+use tenure::{Error, FenceStore, FencingToken};
 use tenure_postgres::{PgFence, PgLeaseStore, Schema};
+use tenure_testkit::MustAnswer;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
     common::migrated_with(app, 8).await
@@ -138,10 +139,7 @@ async fn hold_lease_blocks_takeover_and_rejects_stale() {
     let store = PgLeaseStore::new(pool.clone(), schema.clone());
     let fence = PgFence::new(pool.clone(), schema.clone());
     let ttl = Duration::from_secs(1);
-    let a = store
-        .try_acquire_or_renew("job", "node-a", ttl)
-        .await
-        .unwrap();
+    let a = store.try_acquire("job", "node-a", ttl).await;
 
     let mut tx = pool.begin().await.unwrap();
     fence
@@ -154,10 +152,7 @@ async fn hold_lease_blocks_takeover_and_rejects_stale() {
         let store = store.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let b = store
-                .try_acquire_or_renew("job", "node-b", ttl)
-                .await
-                .unwrap();
+            let b = store.try_acquire("job", "node-b", ttl).await;
             (started.elapsed(), b)
         })
     };

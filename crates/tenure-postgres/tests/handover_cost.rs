@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use tenure::{LeaseStore, TermChange};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
+use tenure_testkit::MustAnswer;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -68,7 +69,7 @@ async fn contend(
                 return;
             };
             let started = Instant::now();
-            assert!(store.release("handed", &name, held).await.unwrap());
+            assert!(store.release_term("handed", &name, held).await);
             let returned = Instant::now();
             let _ = reports.send(Report::Released { started, returned });
             if !requeue {

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_postgres::{connect, migrate, ConnectOptions, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
+use tenure_testkit::MustAnswer;
 use tokio_util::sync::CancellationToken;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
@@ -91,10 +92,11 @@ async fn racing_32_connections_one_winner_per_term() {
             result.fencing_token
         );
         match round % 3 {
-            0 | 1 => assert!(admin
-                .release(&role, &winner, result.fencing_token)
-                .await
-                .unwrap()),
+            0 | 1 => assert!(
+                admin
+                    .release_term(&role, &winner, result.fencing_token)
+                    .await
+            ),
             _ => tokio::time::sleep(ttl + Duration::from_millis(50)).await,
         }
     }
@@ -226,9 +228,8 @@ async fn listener_reconnects_without_spinning() {
     .await;
     let waiter = PgLeaseStore::new(waiter_pool, schema.clone());
     let lease = holder
-        .try_acquire_or_renew("listened", "node-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+        .try_acquire("listened", "node-a", Duration::from_secs(30))
+        .await;
     let returns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let released = Arc::new(Mutex::new(None::<Instant>));
     let woke = {
@@ -264,10 +265,11 @@ async fn listener_reconnects_without_spinning() {
         "the waiter spun: {early} returns while the lease was held"
     );
     *released.lock().unwrap() = Some(Instant::now());
-    assert!(holder
-        .release("listened", "node-a", lease.fencing_token)
-        .await
-        .unwrap());
+    assert!(
+        holder
+            .release_term("listened", "node-a", lease.fencing_token)
+            .await
+    );
     let after = tokio::time::timeout(Duration::from_secs(5), woke)
         .await
         .expect("the release is pushed after the listener reconnected")
@@ -326,9 +328,8 @@ async fn connect_and_bad_input() {
         .expect("connect");
     let lease = backend
         .leases
-        .try_acquire_or_renew("cli", "node-a", Duration::from_secs(5))
-        .await
-        .unwrap();
+        .try_acquire("cli", "node-a", Duration::from_secs(5))
+        .await;
     assert!(lease.acquired);
     backend
         .fence
@@ -466,7 +467,7 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     .await;
     let store = PgLeaseStore::new(store_pool, schema.clone());
     let ttl = Duration::from_secs(30);
-    let first = store.try_acquire_or_renew("r", "a", ttl).await.unwrap();
+    let first = store.try_acquire("r", "a", ttl).await;
     assert!(first.acquired);
 
     let pids = || async {
@@ -480,13 +481,7 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     };
     let before = pids().await;
     for _ in 0..20 {
-        assert!(
-            store
-                .try_acquire_or_renew("r", "a", ttl)
-                .await
-                .unwrap()
-                .acquired
-        );
+        assert!(store.try_acquire("r", "a", ttl).await.acquired);
     }
     assert_eq!(pids().await, before, "renewals reuse the same connections");
 
@@ -521,8 +516,8 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
             "still the same term"
         );
     }
-    assert!(store.release("r", "a", first.fencing_token).await.unwrap());
-    assert!(!store.release("r", "a", first.fencing_token).await.unwrap());
+    assert!(store.release_term("r", "a", first.fencing_token).await);
+    assert!(!store.release_term("r", "a", first.fencing_token).await);
 }
 
 /// A renewal that executes late must not move the lease's expiry backwards within a
@@ -536,10 +531,7 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
     let (pool, schema) = setup("late").await;
     let store = PgLeaseStore::new(pool.clone(), schema.clone());
     let ttl = Duration::from_secs(30);
-    let first = store
-        .try_acquire_or_renew("job", "node-a", ttl)
-        .await
-        .unwrap();
+    let first = store.try_acquire("job", "node-a", ttl).await;
     assert!(first.acquired);
 
     // The store's own acquire statement, with its parameters as literals, behind a
@@ -562,10 +554,7 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let renewed = store
-        .try_acquire_or_renew("job", "node-a", ttl)
-        .await
-        .unwrap();
+    let renewed = store.try_acquire("job", "node-a", ttl).await;
     assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);
     late.await.unwrap();
 

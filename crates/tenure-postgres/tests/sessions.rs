@@ -12,6 +12,7 @@ use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
+use tenure_testkit::MustAnswer;
 
 /// Every lease row's current version: a row rewritten in any way gets a new `xmin`
 /// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
@@ -87,11 +88,7 @@ async fn keep_alive_writes_one_row_whatever_the_roles() {
     let mut session_row = session_version(&pool, &schema, session.id.get()).await;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let kept = store
-            .keep_alive_session(session.id, ttl)
-            .await
-            .unwrap()
-            .expect("live");
+        let kept = store.keep_alive(session.id, ttl).await.expect("live");
         assert!(kept.expires_at > last_expiry);
         last_expiry = kept.expires_at;
         let now = session_version(&pool, &schema, session.id.get()).await;
@@ -136,15 +133,12 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
         })
     };
     tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
-    let taken = store
-        .try_acquire_or_renew("r", "node-b", LONG)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("r", "node-b", LONG).await;
     assert!(taken.acquired, "the session ended: {taken:?}");
     late.await.unwrap();
 
     assert_eq!(
-        store.keep_alive_session(session.id, LONG).await.unwrap(),
+        store.keep_alive(session.id, LONG).await,
         None,
         "the late keep-alive revived the session"
     );
@@ -252,10 +246,7 @@ async fn a_keep_alive_queued_behind_a_share_lock_does_not_revive_a_taken_session
         "the session was extended to {expires_at} past the takeover's decision at {:?}",
         taken.now
     );
-    assert_eq!(
-        store.keep_alive_session(session.id, LONG).await.unwrap(),
-        None
-    );
+    assert_eq!(store.keep_alive(session.id, LONG).await, None);
     let info = store.get("r").await.unwrap().expect("lease");
     assert_eq!(info.live_holder(), Some("node-b"));
     assert_eq!(info.fencing_token, taken.fencing_token);
@@ -407,11 +398,7 @@ async fn opening_a_session_forgets_ended_ones_no_lease_names() {
     );
     // Answers are unchanged: the closed session is still ended, the lapsed one's role
     // is free to another session and keeps its token history.
-    assert!(store
-        .keep_alive_session(closed.id, LONG)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(store.keep_alive(closed.id, LONG).await.is_none());
     assert!(matches!(
         store.acquire_in_session("jobs/2", closed.id).await,
         Err(tenure::Error::SessionEnded(_))

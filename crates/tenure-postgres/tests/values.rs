@@ -17,6 +17,7 @@ const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(200);
 
 use common::{migrated as setup, table};
+use tenure_testkit::MustAnswer;
 
 /// A schema as the previous `migrate` left it (sessions, no values), with a live term
 /// (token 7) and a released one (token 9), gains the value columns on `migrate`: the
@@ -47,16 +48,14 @@ async fn migrate_adds_values_to_an_existing_lease_table() {
     assert_eq!(live.fencing_token.get(), 7);
     assert_eq!(live.value, None);
     let renewed = store
-        .try_acquire_or_renew_with_value("live", "node-a", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("live", "node-a", LONG, Some(URL))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token.get() == 7);
     assert_eq!(store.get("live").await.unwrap().unwrap().value, None);
 
     let taken = store
-        .try_acquire_or_renew_with_value("released", "node-b", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-b", LONG, Some(URL))
+        .await;
     assert!(
         taken.acquired && taken.fencing_token.get() == 10,
         "{taken:?}"
@@ -79,9 +78,8 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
     let leases = table(&schema, "tenure_leases");
     for role in ["taken", "released"] {
         let lease = store
-            .try_acquire_or_renew_with_value(role, "node-a", SHORT, Some(URL))
-            .await
-            .unwrap();
+            .try_acquire_with_value(role, "node-a", SHORT, Some(URL))
+            .await;
         assert!(lease.acquired);
     }
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
@@ -100,9 +98,8 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
     assert_eq!(info.value, None, "{info:?}");
 
     let lease = store
-        .try_acquire_or_renew_with_value("released", "node-a", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-a", LONG, Some(URL))
+        .await;
     assert!(
         lease.acquired && lease.fencing_token.get() == 2,
         "{lease:?}"
@@ -126,9 +123,8 @@ async fn a_session_term_shows_no_value() {
     let (pool, schema) = setup("values-session").await;
     let store = PgLeaseStore::new(pool, schema);
     let a = store
-        .try_acquire_or_renew_with_value("r", "node-a", SHORT, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-a", SHORT, Some(URL))
+        .await;
     assert!(a.acquired);
     assert_eq!(
         store.get("r").await.unwrap().unwrap().value.as_deref(),
@@ -143,9 +139,8 @@ async fn a_session_term_shows_no_value() {
     );
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
     let detached = store
-        .try_acquire_or_renew_with_value("r", "node-b", LONG, Some(URL))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-b", LONG, Some(URL))
+        .await;
     assert!(detached.acquired && detached.fencing_token == b.fencing_token);
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
 }
@@ -177,10 +172,7 @@ async fn assert_woken_by_a_term(
         }
     });
     tokio::time::sleep(SHORT).await;
-    let term = writer
-        .try_acquire_or_renew(role, owner, LONG)
-        .await
-        .unwrap();
+    let term = writer.try_acquire(role, owner, LONG).await;
     assert!(term.acquired && term.fencing_token > after, "{term:?}");
     let answered = Instant::now();
     let woke = waiting.await.unwrap();
@@ -213,6 +205,6 @@ async fn wait_for_term_wakes_on_a_roles_first_term() {
 
     let first =
         assert_woken_by_a_term(&watcher, &writer, "fresh", FencingToken::from(0), "node-a").await;
-    assert!(writer.release("fresh", "node-a", first).await.unwrap());
+    assert!(writer.release_term("fresh", "node-a", first).await);
     assert_woken_by_a_term(&watcher, &writer, "fresh", first, "node-b").await;
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use tenure::{LeaseStore, NodeRegistry};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -37,18 +38,12 @@ async fn wall_step_forward_keeps_a_live_lease() {
     let clock = ManualHostClock::new(t0());
     let holder = open_at(&path, &clock).await.lease_store();
     let other = open_at(&path, &clock).await.lease_store();
-    let a = holder
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = holder.try_acquire("r", "node-a", TTL).await;
     assert!(a.acquired);
 
     tracing::info!("--- the wall clock steps forward 20 s");
     clock.set_wall(t0() + secs(20));
-    let b = other
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let b = other.try_acquire("r", "node-b", TTL).await;
     assert!(
         !b.acquired,
         "a wall step forward expired a live lease: {b:?}"
@@ -65,10 +60,7 @@ async fn wall_step_forward_keeps_a_live_lease() {
     assert_eq!(info.live_holder(), Some("node-a"));
     assert_eq!(info.remaining(), TTL);
 
-    let renewed = holder
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let renewed = holder.try_acquire("r", "node-a", TTL).await;
     assert!(renewed.acquired);
     assert_eq!(
         renewed.fencing_token, a.fencing_token,
@@ -77,18 +69,9 @@ async fn wall_step_forward_keeps_a_live_lease() {
 
     tracing::info!("--- monotonic time passes: the lease expires exactly a TTL later");
     clock.advance(TTL - Duration::from_nanos(1));
-    assert!(
-        !other
-            .try_acquire_or_renew("r", "node-b", TTL)
-            .await
-            .unwrap()
-            .acquired
-    );
+    assert!(!other.try_acquire("r", "node-b", TTL).await.acquired);
     clock.advance(Duration::from_nanos(1));
-    let taken = other
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let taken = other.try_acquire("r", "node-b", TTL).await;
     assert!(taken.acquired);
     assert_eq!(taken.fencing_token.get(), a.fencing_token.get() + 1);
 }
@@ -106,43 +89,28 @@ async fn crashed_holder_expires_after_steps_back_and_forth() {
 
     tracing::info!("--- forward an hour, a write, back two hours");
     clock.set_wall(t0() + secs(3600));
-    store
-        .try_acquire_or_renew("other", "node-x", TTL)
-        .await
-        .unwrap();
+    store.try_acquire("other", "node-x", TTL).await;
     clock.set_wall(t0() - secs(3600));
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", TTL).await;
     assert!(a.acquired);
     assert_eq!(a.now, t0() - secs(3600));
 
     tracing::info!("--- node-a crashes; a TTL of monotonic time passes");
     clock.advance(TTL - Duration::from_nanos(1));
-    let early = store
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let early = store.try_acquire("r", "node-b", TTL).await;
     assert!(!early.acquired, "{early:?}");
     clock.advance(Duration::from_nanos(1));
     clock.set_wall(t0() + secs(7200));
-    let b = store
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let b = store.try_acquire("r", "node-b", TTL).await;
     assert!(
         b.acquired,
         "the crashed holder's lease never expired: {b:?}"
     );
     assert_eq!(b.fencing_token.get(), 2);
 
-    let revived = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let revived = store.try_acquire("r", "node-a", TTL).await;
     assert!(!revived.acquired, "{revived:?}");
-    assert!(!store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(!store.release_term("r", "node-a", a.fencing_token).await);
 }
 
 /// Setup: leases on two roles (one released), and a heartbeat; the host reboots. Before
@@ -158,16 +126,10 @@ async fn new_boot_expires_every_lease_and_keeps_tokens() {
     let second = open_at(&path, &clock).await;
     let store = first.lease_store();
     let registry = first.node_registry(TTL).unwrap();
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", TTL).await;
     for owner in ["node-x", "node-y", "node-z"] {
-        let lease = store.try_acquire_or_renew("q", owner, TTL).await.unwrap();
-        assert!(store
-            .release("q", owner, lease.fencing_token)
-            .await
-            .unwrap());
+        let lease = store.try_acquire("q", owner, TTL).await;
+        assert!(store.release_term("q", owner, lease.fencing_token).await);
     }
     registry.heartbeat("node-a").await.unwrap();
     clock.advance(secs(1));
@@ -185,33 +147,23 @@ async fn new_boot_expires_every_lease_and_keeps_tokens() {
         .unwrap()
         .is_empty());
 
-    let b = second
-        .lease_store()
-        .try_acquire_or_renew("r", "node-b", TTL)
-        .await
-        .unwrap();
+    let b = second.lease_store().try_acquire("r", "node-b", TTL).await;
     assert!(b.acquired, "{b:?}");
     assert_eq!(b.fencing_token.get(), a.fencing_token.get() + 1);
     // The other process's write must not start the boot again (it would end b's term).
-    let q = store
-        .try_acquire_or_renew("q", "node-q", TTL)
-        .await
-        .unwrap();
+    let q = store.try_acquire("q", "node-q", TTL).await;
     assert_eq!(
         q.fencing_token.get(),
         4,
         "the released role's counter goes on"
     );
-    let refused = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let refused = store.try_acquire("r", "node-a", TTL).await;
     assert!(
         !refused.acquired,
         "b's new term must stay live: {refused:?}"
     );
     assert_eq!(refused.holder, "node-b");
-    assert!(!store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(!store.release_term("r", "node-a", a.fencing_token).await);
     assert!(registry.members().await.unwrap().is_empty());
     registry.heartbeat("node-a").await.unwrap();
     assert_eq!(registry.live_nodes().await.unwrap(), ["node-a"]);
@@ -231,10 +183,10 @@ async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
     host_b.reboot();
     let a = open_at(&path, &host_a).await.lease_store();
     let b = open_at(&path, &host_b).await.lease_store();
-    let first = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    let first = a.try_acquire("r", "node-a", TTL).await;
     assert!(first.acquired);
 
-    let taken = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    let taken = b.try_acquire("r", "node-b", TTL).await;
     assert!(taken.acquired, "a new boot id reads as a reboot: {taken:?}");
 
     let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
@@ -248,7 +200,7 @@ async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
     let held = b.get("r").await.unwrap().unwrap();
     assert_eq!(held.live_holder(), Some("node-b"), "{held:?}");
     assert_eq!(held.fencing_token, taken.fencing_token);
-    let renewed = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    let renewed = b.try_acquire("r", "node-b", TTL).await;
     assert!(renewed.acquired && renewed.fencing_token == taken.fencing_token);
 }
 
@@ -266,7 +218,7 @@ async fn a_foreign_kernel_that_booted_later_is_refused_at_its_first_write() {
     let host_a = ManualHostClock::new(t0() + secs(3600));
     let a = open_at(&path, &host_a).await.lease_store();
     let b = open_at(&path, &host_b).await.lease_store();
-    let first = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    let first = a.try_acquire("r", "node-a", TTL).await;
     assert!(first.acquired);
 
     let taken = b.try_acquire_or_renew("r", "node-b", TTL).await;
@@ -278,7 +230,7 @@ async fn a_foreign_kernel_that_booted_later_is_refused_at_its_first_write() {
     }
     let held = a.get("r").await.unwrap().unwrap();
     assert_eq!(held.live_holder(), Some("node-a"), "{held:?}");
-    let renewed = a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    let renewed = a.try_acquire("r", "node-a", TTL).await;
     assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);
 }
 
@@ -294,13 +246,13 @@ async fn a_file_without_boot_history_gains_it_with_its_recorded_boot() {
     host_b.reboot();
     let db_a = open_at(&path, &host_a).await;
     let a = db_a.lease_store();
-    a.try_acquire_or_renew("r", "node-a", TTL).await.unwrap();
+    a.try_acquire("r", "node-a", TTL).await;
     sqlx::query("DROP TABLE tenure_boot_history")
         .execute(db_a.pool())
         .await
         .unwrap();
     let b = open_at(&path, &host_b).await.lease_store();
-    let taken = b.try_acquire_or_renew("r", "node-b", TTL).await.unwrap();
+    let taken = b.try_acquire("r", "node-b", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
     assert!(
@@ -319,10 +271,7 @@ async fn boot_history_is_bounded() {
     let db = open_at(&path, &clock).await;
     let store = db.lease_store();
     for boot in 1..=70_u64 {
-        let lease = store
-            .try_acquire_or_renew("r", "node-a", TTL)
-            .await
-            .unwrap();
+        let lease = store.try_acquire("r", "node-a", TTL).await;
         assert!(lease.acquired, "boot {boot}: {lease:?}");
         assert_eq!(lease.fencing_token.get(), boot, "a new term per boot");
         clock.reboot();
@@ -395,7 +344,7 @@ async fn new_boot_is_started_once_under_contention() {
             let store = stores[i % stores.len()].clone();
             tokio::spawn(async move {
                 let owner = format!("after-{i}");
-                let lease = store.try_acquire_or_renew("r", &owner, TTL).await.unwrap();
+                let lease = store.try_acquire("r", &owner, TTL).await;
                 (owner, lease)
             })
         })

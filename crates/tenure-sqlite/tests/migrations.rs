@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tenure::LeaseStore;
 use tenure_sqlite::SqliteDatabase;
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -144,20 +145,14 @@ async fn schema_1_file_is_migrated_keeping_tokens_and_remaining_time() {
     );
 
     for (role, next) in [("expired", 4), ("released", 10)] {
-        let lease = store.try_acquire_or_renew(role, "new", TTL).await.unwrap();
+        let lease = store.try_acquire(role, "new", TTL).await;
         assert!(lease.acquired, "{role}: {lease:?}");
         assert_eq!(lease.fencing_token.get(), next, "{role}");
     }
-    let refused = store
-        .try_acquire_or_renew("live", "new", TTL)
-        .await
-        .unwrap();
+    let refused = store.try_acquire("live", "new", TTL).await;
     assert!(!refused.acquired, "{refused:?}");
     clock.advance(Duration::from_secs(5));
-    let taken = store
-        .try_acquire_or_renew("live", "new", TTL)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("live", "new", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token.get(), 8);
     // A second open finds the file current and changes nothing.
@@ -288,15 +283,13 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
 
     let url = "http://10.0.0.9:8080";
     let taken = store
-        .try_acquire_or_renew_with_value("released", "node-b", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-b", TTL, Some(url))
+        .await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token.get(), 10);
     let renewed = store
-        .try_acquire_or_renew_with_value("live", "old-a", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("live", "old-a", TTL, Some(url))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token.get() == 7);
     assert_eq!(
         store.get("live").await.unwrap().unwrap().value,
@@ -332,9 +325,8 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     let url = "http://10.0.0.7:8080";
     for role in ["taken", "released"] {
         let lease = store
-            .try_acquire_or_renew_with_value(role, "node-a", TTL, Some(url))
-            .await
-            .unwrap();
+            .try_acquire_with_value(role, "node-a", TTL, Some(url))
+            .await;
         assert!(lease.acquired);
     }
     clock.advance(TTL + Duration::from_secs(1));
@@ -354,9 +346,8 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     assert_eq!(info.value, None, "{info:?}");
 
     let lease = store
-        .try_acquire_or_renew_with_value("released", "node-a", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("released", "node-a", TTL, Some(url))
+        .await;
     assert!(lease.acquired && lease.fencing_token.get() == 2);
     sqlx::query(
         "UPDATE tenure_leases SET holder = NULL, expires_at = 0, session_id = NULL          WHERE role = ?1",
@@ -388,18 +379,13 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
             .await
             .unwrap();
         let store = db.lease_store();
-        let released = store
-            .try_acquire_or_renew("released", "node-a", TTL)
-            .await
-            .unwrap();
-        assert!(store
-            .release("released", "node-a", released.fencing_token)
-            .await
-            .unwrap());
-        let a = store
-            .try_acquire_or_renew("live", "node-a", TTL)
-            .await
-            .unwrap();
+        let released = store.try_acquire("released", "node-a", TTL).await;
+        assert!(
+            store
+                .release_term("released", "node-a", released.fencing_token)
+                .await
+        );
+        let a = store.try_acquire("live", "node-a", TTL).await;
         // Schema 4 is exactly this schema without the queue.
         sqlx::query("DROP TABLE tenure_candidates")
             .execute(db.pool())
@@ -426,18 +412,12 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
         .await
         .unwrap();
     assert!(!b.acquired, "{b:?}");
-    assert!(store
-        .release("live", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("live", "node-a", a.fencing_token).await);
     let handed = store.get("live").await.unwrap().unwrap();
     assert_eq!(handed.live_holder(), Some("node-b"), "{handed:?}");
     assert_eq!(handed.fencing_token.get(), a.fencing_token.get() + 1);
     assert_eq!(handed.value.as_deref(), Some("b:1"));
-    let taken = store
-        .try_acquire_or_renew("released", "node-c", TTL)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("released", "node-c", TTL).await;
     assert!(
         taken.acquired && taken.fencing_token.get() == 2,
         "{taken:?}"

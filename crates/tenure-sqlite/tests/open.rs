@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tenure::{Error, LeaseStore};
 use tenure_sqlite::{connect, SqliteDatabase, SqliteLeaseStore};
+use tenure_testkit::MustAnswer;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -39,11 +40,7 @@ async fn new_file_is_private_and_in_wal_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tenure.db");
     let db = SqliteDatabase::open(&path).await.unwrap();
-    let lease = db
-        .lease_store()
-        .try_acquire_or_renew("r", "a", TTL)
-        .await
-        .unwrap();
+    let lease = db.lease_store().try_acquire("r", "a", TTL).await;
     assert!(lease.acquired);
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "database file mode is {mode:o}");
@@ -116,10 +113,7 @@ async fn read_only_file_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tenure.db");
     let db = SqliteDatabase::open(&path).await.unwrap();
-    db.lease_store()
-        .try_acquire_or_renew("r", "a", TTL)
-        .await
-        .unwrap();
+    db.lease_store().try_acquire("r", "a", TTL).await;
     db.pool().close().await;
     drop(db);
     // SQLite deletes the WAL when the last connection closes, but two connections
@@ -178,11 +172,7 @@ async fn existing_database_keeps_its_tables() {
         pool.close().await;
     }
     let db = SqliteDatabase::open(&path).await.unwrap();
-    let lease = db
-        .lease_store()
-        .try_acquire_or_renew("r", "a", TTL)
-        .await
-        .unwrap();
+    let lease = db.lease_store().try_acquire("r", "a", TTL).await;
     assert_eq!(lease.fencing_token.get(), 1);
     let item: String = sqlx::query_scalar("SELECT item FROM orders")
         .fetch_one(db.pool())
@@ -200,7 +190,7 @@ async fn from_pool_creates_the_schema() {
         .create_if_missing(true);
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
     let store = SqliteLeaseStore::from_pool(pool.clone()).await.unwrap();
-    let a = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    let a = store.try_acquire("r", "a", TTL).await;
     assert!(a.acquired);
     // Idempotent: a second store on the same pool sees the same lease.
     let again = SqliteLeaseStore::from_pool(pool).await.unwrap();
@@ -226,13 +216,10 @@ async fn concurrent_first_opens_agree() {
     let mut tokens = Vec::new();
     for (i, store) in stores.iter().enumerate() {
         let owner = format!("node-{i}");
-        let lease = store.try_acquire_or_renew("r", &owner, TTL).await.unwrap();
+        let lease = store.try_acquire("r", &owner, TTL).await;
         assert!(lease.acquired, "{owner} after a release must acquire");
         tokens.push(lease.fencing_token.get());
-        assert!(store
-            .release("r", &owner, lease.fencing_token)
-            .await
-            .unwrap());
+        assert!(store.release_term("r", &owner, lease.fencing_token).await);
     }
     assert_eq!(tokens, (1..=8).collect::<Vec<u64>>());
 }
@@ -246,11 +233,7 @@ async fn connect_parses_urls() {
     let a = connect(&format!("sqlite:{}", path.display()))
         .await
         .unwrap();
-    let lease = a
-        .lease_store()
-        .try_acquire_or_renew("r", "a", TTL)
-        .await
-        .unwrap();
+    let lease = a.lease_store().try_acquire("r", "a", TTL).await;
     let b = connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
@@ -295,7 +278,7 @@ async fn holding_r() -> (
     let path = dir.path().join("tenure.db");
     let db = SqliteDatabase::open(&path).await.unwrap();
     let store = db.lease_store();
-    let lease = store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    let lease = store.try_acquire("r", "a", TTL).await;
     assert_eq!(lease.fencing_token.get(), 1);
     (dir, path, db, store)
 }
@@ -326,7 +309,7 @@ async fn hard_linked_file_is_refused() {
         assert!(reason.contains(&name.display().to_string()), "{reason}");
     }
     std::fs::remove_file(&other).unwrap();
-    store.try_acquire_or_renew("r", "a", TTL).await.unwrap();
+    store.try_acquire("r", "a", TTL).await;
 
     tracing::info!("--- a hard-linked -wal beside a fresh file");
     let fresh = dir.path().join("fresh.db");
@@ -361,10 +344,7 @@ async fn replaced_file_is_detected_on_the_next_call() {
     let (dir, path, _db, store) = holding_r().await;
     delete_database(dir.path());
     let new = SqliteDatabase::open(&path).await.unwrap();
-    new.lease_store()
-        .try_acquire_or_renew("x", "b", TTL)
-        .await
-        .unwrap();
+    new.lease_store().try_acquire("x", "b", TTL).await;
     let reason = store_error(store.try_acquire_or_renew("r", "a", TTL).await);
     assert!(reason.contains("replaced"), "{reason}");
     assert!(reason.contains(&path.display().to_string()), "{reason}");

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tenure::{FencingToken, LeaseStore};
 use tenure_sqlite::SqliteLeaseStore;
+use tenure_testkit::MustAnswer;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -36,17 +37,17 @@ async fn child(path: String, owner: String) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let reply = match words.as_slice() {
             ["go", role] => {
-                let r = store.try_acquire_or_renew(role, &owner, TTL).await.unwrap();
+                let r = store.try_acquire(role, &owner, TTL).await;
                 format!("result {} {} {}", r.acquired, r.fencing_token, r.holder)
             }
             ["churn", role, n] => {
                 let mut won = Vec::new();
                 for i in 0..n.parse::<usize>().unwrap() {
                     let me = format!("{owner}-{i}");
-                    let r = store.try_acquire_or_renew(role, &me, TTL).await.unwrap();
+                    let r = store.try_acquire(role, &me, TTL).await;
                     if r.acquired {
                         won.push(r.fencing_token.to_string());
-                        assert!(store.release(role, &me, r.fencing_token).await.unwrap());
+                        assert!(store.release_term(role, &me, r.fencing_token).await);
                     }
                 }
                 format!("tokens {}", won.join(" "))
@@ -173,10 +174,11 @@ async fn parent() {
         let (winner, token) = winners.pop().unwrap();
         assert!(seen.insert(token), "round {round}: token {token} twice");
         assert_eq!(seen.last(), Some(&token), "round {round}: tokens increase");
-        assert!(store
-            .release("contested", &winner, FencingToken::from(token))
-            .await
-            .unwrap());
+        assert!(
+            store
+                .release_term("contested", &winner, FencingToken::from(token))
+                .await
+        );
     }
     assert_eq!(seen.len(), ROUNDS);
 

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tenure::{Error, FencingToken, LeaseStore};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
+use tenure_testkit::MustAnswer;
 use tokio::time::{timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -37,12 +38,9 @@ async fn assert_ended(
     role: &str,
     held: FencingToken,
 ) {
-    assert_eq!(store.keep_alive_session(session, TTL).await.unwrap(), None);
+    assert_eq!(store.keep_alive(session, TTL).await, None);
     assert_eq!(store.get(role).await.unwrap().unwrap().live_holder(), None);
-    let taken = store
-        .try_acquire_or_renew(role, "node-other", TTL)
-        .await
-        .unwrap();
+    let taken = store.try_acquire(role, "node-other", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token, held.next());
 }
@@ -92,11 +90,7 @@ async fn keep_alive_of_a_thousand_roles_writes_one_row() {
     };
     let (leases_before, sessions_before) = rows(&db).await;
     let before = changes().await;
-    let kept = store
-        .keep_alive_session(session.id, TTL)
-        .await
-        .unwrap()
-        .expect("live");
+    let kept = store.keep_alive(session.id, TTL).await.expect("live");
     let after = changes().await;
     let (leases_after, sessions_after) = rows(&db).await;
 
@@ -165,11 +159,7 @@ async fn ended_sessions_are_forgotten_and_stay_ended() {
     let old = store.open_session("node-a", TTL).await.unwrap();
     let held = store.acquire_in_session("g/0", old.id).await.unwrap();
     clock.advance(TTL / 2);
-    assert!(store
-        .keep_alive_session(old.id, TTL)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(store.keep_alive(old.id, TTL).await.is_some());
     clock.advance(TTL + TTL / 2);
     let _fresh = store.open_session("node-b", TTL).await.unwrap();
     let (_, sessions) = rows(&db).await;
@@ -236,17 +226,10 @@ async fn a_schema_2_takeover_of_a_session_term_fails() {
     let store = db.lease_store();
     let session = store.open_session("node-a", TTL).await.unwrap();
     let held = store.acquire_in_session("g/0", session.id).await.unwrap();
-    store
-        .try_acquire_or_renew("plain", "node-a", TTL)
-        .await
-        .unwrap();
+    store.try_acquire("plain", "node-a", TTL).await;
     // Kept alive past the role's own `expires_at`, which is all schema 2 reads.
     clock.advance(TTL / 2);
-    assert!(store
-        .keep_alive_session(session.id, TTL)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(store.keep_alive(session.id, TTL).await.is_some());
     clock.advance(TTL / 2 + Duration::from_secs(1));
     // The takeover statement of schema 2.
     let old_takeover = |role: &'static str| {
@@ -275,9 +258,8 @@ async fn a_session_term_shows_no_value() {
     let store = db.lease_store();
     let url = "http://10.0.0.7:8080";
     let a = store
-        .try_acquire_or_renew_with_value("r", "node-a", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-a", TTL, Some(url))
+        .await;
     assert!(a.acquired);
     assert_eq!(
         store.get("r").await.unwrap().unwrap().value.as_deref(),
@@ -292,9 +274,8 @@ async fn a_session_term_shows_no_value() {
     );
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
     let detached = store
-        .try_acquire_or_renew_with_value("r", "node-b", TTL, Some(url))
-        .await
-        .unwrap();
+        .try_acquire_with_value("r", "node-b", TTL, Some(url))
+        .await;
     assert!(detached.acquired && detached.fencing_token == b.fencing_token);
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
+use tenure_testkit::MustAnswer;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -40,14 +41,11 @@ async fn release_in_process_wakes_waiter_at_once() {
         .await
         .unwrap();
     let store = Arc::new(db.lease_store());
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", TTL).await;
     let waiter = woken_at(&store, a.fencing_token);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released_at = Instant::now();
-    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(store.release_term("r", "node-a", a.fencing_token).await);
     let woke_at = timeout(secs(5), waiter)
         .await
         .expect("waiter must wake on release")
@@ -64,19 +62,13 @@ async fn release_elsewhere_is_seen_by_polling() {
     let path = dir.path().join("p.db");
     let waiter_db = SqliteDatabase::open(&path).await.unwrap();
     let writer = SqliteDatabase::open(&path).await.unwrap().lease_store();
-    let a = writer
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = writer.try_acquire("r", "node-a", TTL).await;
     let store = Arc::new(waiter_db.lease_store());
     // A renewal is not a change of term: the waiter keeps waiting.
     let short = Instant::now() + Duration::from_millis(300);
     let renewing = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        writer
-            .try_acquire_or_renew("r", "node-a", TTL)
-            .await
-            .unwrap()
+        writer.try_acquire("r", "node-a", TTL).await
     };
     let (_, renewed) = tokio::join!(store.wait_for_change("r", a.fencing_token, short), renewing);
     assert!(renewed.acquired);
@@ -85,10 +77,7 @@ async fn release_elsewhere_is_seen_by_polling() {
     let waiter = woken_at(&store, a.fencing_token);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released_at = Instant::now();
-    assert!(writer
-        .release("r", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(writer.release_term("r", "node-a", a.fencing_token).await);
     let woke_at = timeout(secs(10), waiter)
         .await
         .expect("waiter must see the release")

@@ -13,6 +13,7 @@
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
 #![deny(missing_docs)]
 
+mod calls;
 pub mod conformance;
 mod fixture;
 #[cfg(feature = "fuzz")]
@@ -22,5 +23,6 @@ pub mod queue;
 pub mod queue_faults;
 pub mod sessions;
 
+pub use calls::MustAnswer;
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 pub use tenure_throwaway::{etcd, kube, postgres};

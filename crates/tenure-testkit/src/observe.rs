@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::conformance::assert_invalid;
 use crate::LeaseBackend;
+use crate::MustAnswer;
 
 const URL_A: &str = "http://10.0.0.7:8080";
 const URL_C: &str = "grpc://[fd00::3]:7443/ünïcode";
@@ -29,9 +30,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     let store = fx.store();
     let ttl = fx.ttl();
     let a = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some(URL_A))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some(URL_A))
+        .await;
     assert!(a.acquired, "{a:?}");
     assert_eq!(value_of(&*store, "alpha").await.as_deref(), Some(URL_A));
     let other = fx.reopen().await;
@@ -42,14 +42,10 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     );
 
     let renewed = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some("elsewhere"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some("elsewhere"))
+        .await;
     assert!(renewed.acquired && renewed.fencing_token == a.fencing_token);
-    let plain = store
-        .try_acquire_or_renew("alpha", "node-a", ttl)
-        .await
-        .unwrap();
+    let plain = store.try_acquire("alpha", "node-a", ttl).await;
     assert!(plain.acquired && plain.fencing_token == a.fencing_token);
     assert_eq!(
         value_of(&*store, "alpha").await.as_deref(),
@@ -57,20 +53,14 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
         "a renewal keeps the value its term began with"
     );
 
-    assert!(store
-        .release("alpha", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("alpha", "node-a", a.fencing_token).await);
     assert_eq!(
         value_of(&*store, "alpha").await,
         None,
         "a release drops the value"
     );
 
-    let b = store
-        .try_acquire_or_renew("alpha", "node-b", ttl)
-        .await
-        .unwrap();
+    let b = store.try_acquire("alpha", "node-b", ttl).await;
     assert!(b.acquired);
     assert_eq!(
         value_of(&*store, "alpha").await,
@@ -81,9 +71,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     // node-b lapses; node-c takes over with a value of its own.
     fx.pass_time(ttl + ttl / 4).await;
     let c = store
-        .try_acquire_or_renew_with_value("alpha", "node-c", ttl, Some(URL_C))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-c", ttl, Some(URL_C))
+        .await;
     assert!(c.acquired && c.fencing_token > b.fencing_token, "{c:?}");
     let listed = store.list().await.unwrap();
     let alpha = listed.iter().find(|info| info.role == "alpha").unwrap();
@@ -100,9 +89,8 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
     // The longest value allowed round-trips whole.
     let longest = "v".repeat(MAX_VALUE_LEN);
     let d = store
-        .try_acquire_or_renew_with_value("beta", "node-d", ttl, Some(&longest))
-        .await
-        .unwrap();
+        .try_acquire_with_value("beta", "node-d", ttl, Some(&longest))
+        .await;
     assert!(d.acquired);
     assert_eq!(value_of(&*other, "beta").await, Some(longest));
 }
@@ -179,9 +167,8 @@ pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let a = store
-        .try_acquire_or_renew_with_value("alpha", "node-a", ttl, Some(URL_A))
-        .await
-        .unwrap();
+        .try_acquire_with_value("alpha", "node-a", ttl, Some(URL_A))
+        .await;
     let seen = next_change(&mut rx, push, "a first term").await;
     assert_eq!(
         seen,
@@ -191,10 +178,7 @@ pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
             value: Some(URL_A.into()),
         })
     );
-    store
-        .try_acquire_or_renew("alpha", "node-a", ttl)
-        .await
-        .unwrap();
+    store.try_acquire("alpha", "node-a", ttl).await;
     assert!(
         tokio::time::timeout(Duration::from_millis(300), rx.recv())
             .await
@@ -202,17 +186,11 @@ pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
         "a renewal is no change of leader"
     );
 
-    assert!(store
-        .release("alpha", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("alpha", "node-a", a.fencing_token).await);
     assert_eq!(next_change(&mut rx, push, "a release").await, None);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let b = store
-        .try_acquire_or_renew("alpha", "node-b", ttl)
-        .await
-        .unwrap();
+    let b = store.try_acquire("alpha", "node-b", ttl).await;
     let seen = next_change(&mut rx, push, "the next term").await;
     assert_eq!(
         seen,
@@ -230,10 +208,7 @@ pub async fn scenario_observe_sees_expiry(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
     let ttl = fx.ttl();
-    let a = store
-        .try_acquire_or_renew("alpha", "node-a", ttl)
-        .await
-        .unwrap();
+    let a = store.try_acquire("alpha", "node-a", ttl).await;
     let watcher = observe(fx.reopen().await, "alpha")
         .unwrap()
         .with_poll_interval(Duration::from_millis(200));
@@ -248,10 +223,7 @@ pub async fn scenario_observe_sees_expiry(backend: &dyn LeaseBackend) {
         None,
         "a lapsed term has no leader"
     );
-    let b = store
-        .try_acquire_or_renew("alpha", "node-b", ttl)
-        .await
-        .unwrap();
+    let b = store.try_acquire("alpha", "node-b", ttl).await;
     assert!(b.acquired && b.fencing_token > a.fencing_token);
     let seen = next_change(&mut rx, within, "the takeover").await;
     assert_eq!(

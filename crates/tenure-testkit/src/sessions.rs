@@ -10,6 +10,7 @@ use tenure::{Error, LeaseStore, SessionGrant};
 
 use crate::conformance::assert_invalid;
 use crate::LeaseBackend;
+use crate::MustAnswer;
 
 async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
     let grant = store.open_session(owner, ttl).await.unwrap();
@@ -34,23 +35,22 @@ pub async fn scenario_session_lives_while_kept_alive(backend: &dyn LeaseBackend)
 
     fx.pass_time(ttl.mul_f64(0.6)).await;
     let kept = store
-        .keep_alive_session(a.id, ttl)
+        .keep_alive(a.id, ttl)
         .await
-        .unwrap()
         .expect("a live session is kept alive");
     assert!(kept.expires_at > a.expires_at, "{kept:?} after {a:?}");
     assert_eq!(kept.id, a.id);
 
     fx.pass_time(ttl.mul_f64(0.6)).await;
     // b was not kept alive: it has ended; a still lives.
-    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
-    assert!(store.keep_alive_session(a.id, ttl).await.unwrap().is_some());
+    assert_eq!(store.keep_alive(b.id, ttl).await, None);
+    assert!(store.keep_alive(a.id, ttl).await.is_some());
     assert!(matches!(
         store.acquire_in_session("alpha", b.id).await,
         Err(Error::SessionEnded(id)) if id == b.id
     ));
     // Never revived.
-    assert_eq!(store.keep_alive_session(b.id, ttl).await.unwrap(), None);
+    assert_eq!(store.keep_alive(b.id, ttl).await, None);
 }
 
 /// Roles held under a session live as long as the session, however many renewals of
@@ -79,18 +79,11 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
 
     for _ in 0..2 {
         fx.pass_time(ttl.mul_f64(0.6)).await;
-        store
-            .keep_alive_session(session.id, ttl)
-            .await
-            .unwrap()
-            .expect("kept alive");
+        store.keep_alive(session.id, ttl).await.expect("kept alive");
     }
     // 1.2 TTLs after the roles were taken: alive through the session alone.
     for (role, token) in roles.iter().zip(&tokens) {
-        let other = store
-            .try_acquire_or_renew(role, "node-b", ttl)
-            .await
-            .unwrap();
+        let other = store.try_acquire(role, "node-b", ttl).await;
         assert!(
             !other.acquired,
             "{role} is held under a live session: {other:?}"
@@ -102,10 +95,7 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
     }
 
     fx.pass_time(ttl).await;
-    let taken = store
-        .try_acquire_or_renew("g/0", "node-b", ttl)
-        .await
-        .unwrap();
+    let taken = store.try_acquire("g/0", "node-b", ttl).await;
     assert!(
         taken.acquired,
         "the session ended, so its roles are free: {taken:?}"
@@ -129,10 +119,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
     let session = open(store.as_ref(), "node-a", ttl).await;
     let one = store.acquire_in_session("g/0", session.id).await.unwrap();
     let two = store.acquire_in_session("g/1", session.id).await.unwrap();
-    assert!(store
-        .release("g/0", "node-a", one.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("g/0", "node-a", one.fencing_token).await);
     assert_eq!(
         store.get("g/0").await.unwrap().unwrap().live_holder(),
         None,
@@ -173,14 +160,8 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
         !store.close_session(session.id).await.unwrap(),
         "already closed"
     );
-    assert_eq!(
-        store.keep_alive_session(session.id, ttl).await.unwrap(),
-        None
-    );
-    let next = store
-        .try_acquire_or_renew("g/1", "node-b", ttl)
-        .await
-        .unwrap();
+    assert_eq!(store.keep_alive(session.id, ttl).await, None);
+    let next = store.try_acquire("g/1", "node-b", ttl).await;
     assert!(next.acquired && next.fencing_token > two.fencing_token);
 }
 
@@ -192,10 +173,7 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
     let ttl = fx.ttl();
-    let plain = store
-        .try_acquire_or_renew("g/0", "node-b", ttl)
-        .await
-        .unwrap();
+    let plain = store.try_acquire("g/0", "node-b", ttl).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     let c = open(store.as_ref(), "node-c", ttl).await;
     let refused = store.acquire_in_session("g/0", a.id).await.unwrap();
@@ -213,26 +191,16 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
     let same = reopened.acquire_in_session("g/1", a.id).await.unwrap();
     assert!(same.acquired);
     assert_eq!(same.fencing_token, held.fencing_token);
-    assert!(reopened
-        .keep_alive_session(a.id, ttl)
-        .await
-        .unwrap()
-        .is_some());
+    assert!(reopened.keep_alive(a.id, ttl).await.is_some());
 
-    let own = store
-        .try_acquire_or_renew("g/1", "node-a", ttl)
-        .await
-        .unwrap();
+    let own = store.try_acquire("g/1", "node-a", ttl).await;
     assert!(own.acquired);
     assert_eq!(
         own.fencing_token, held.fencing_token,
         "a renewal keeps the token"
     );
     assert!(store.close_session(a.id).await.unwrap());
-    let after = store
-        .try_acquire_or_renew("g/1", "node-c", ttl)
-        .await
-        .unwrap();
+    let after = store.try_acquire("g/1", "node-c", ttl).await;
     assert!(
         !after.acquired,
         "g/1 became node-a's own lease, which outlives its old session: {after:?}"
@@ -240,9 +208,8 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
 
     // A term taken in a session advertises nothing, also over a lapsed term that did.
     let valued = store
-        .try_acquire_or_renew_with_value("g/2", "node-b", ttl, Some("http://b:1"))
-        .await
-        .unwrap();
+        .try_acquire_with_value("g/2", "node-b", ttl, Some("http://b:1"))
+        .await;
     assert!(valued.acquired);
     fx.pass_time(ttl + ttl / 4).await;
     let d = open(store.as_ref(), "node-d", ttl).await;

@@ -13,6 +13,7 @@ use tenure::{
     Clock, ElectionState, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseLeaderElector,
     LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
 };
+use tenure_testkit::MustAnswer;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -987,10 +988,7 @@ async fn work_returning_err_is_error_work_and_releases() {
         other => panic!("expected Error::Work, got {other:?}"),
     }
     assert_eq!(live_holder(&store).await, None);
-    let next = store
-        .try_acquire_or_renew(ROLE, "node-b", secs(10))
-        .await
-        .unwrap();
+    let next = store.try_acquire(ROLE, "node-b", secs(10)).await;
     assert!(next.acquired);
     assert_eq!(next.fencing_token.get(), 2);
 }
@@ -1316,10 +1314,7 @@ async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
 
     assert_eq!(live_holder(&store).await, None, "nobody holds the lease");
     assert_eq!(*wire.released.lock(), [(FencingToken::from(1), true)]);
-    let next = store
-        .try_acquire_or_renew(ROLE, "node-b", secs(10))
-        .await
-        .unwrap();
+    let next = store.try_acquire(ROLE, "node-b", secs(10)).await;
     assert!(next.acquired, "a successor gets in at once: {next:?}");
 }
 

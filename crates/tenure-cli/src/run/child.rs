@@ -3,13 +3,12 @@
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, SigHandler, Signal};
+use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tenure::FencingToken;
 use tokio::signal::unix::{signal, SignalKind};
@@ -17,7 +16,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::signals::{starts_kill_clock, TTY_STOPS};
+use super::signals::starts_kill_clock;
+use super::spawn::Launch;
 use super::stop::{signal_all, stop_descendants};
 use super::tree::{reap_orphans, tree_since, ProcessEntry, RunningCommand};
 use super::Outcome;
@@ -110,16 +110,20 @@ impl ChildSpec {
         if leadership.is_cancelled() {
             return Outcome::NotStarted;
         }
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(rest)
-            .env("TENURE_FENCING_TOKEN", self.token.to_string())
-            .env("TENURE_ROLE", &self.role)
-            .env("TENURE_OWNER", &self.owner)
-            .env("TENURE_STORE", &self.store_url)
-            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
-            .kill_on_drop(true);
         let own_session = self.scope == ScopeKind::OwnSession;
+        let mut env: Vec<(OsString, OsString)> = vec![
+            ("TENURE_FENCING_TOKEN".into(), self.token.to_string().into()),
+            ("TENURE_ROLE".into(), self.role.clone().into()),
+            ("TENURE_OWNER".into(), self.owner.clone().into()),
+            ("TENURE_STORE".into(), self.store_url.clone().into()),
+        ];
+        env.extend(self.extra_env.iter().map(|(k, v)| (k.into(), v.into())));
+        let launch = Launch {
+            program,
+            args: rest,
+            env,
+            own_session,
+        };
         // Where tenure may make one, the command starts in a cgroup of its own: a stop then
         // reaches every process it started, whatever user it became or group it left.
         let (cgroup, join) = match CommandCgroup::create() {
@@ -130,43 +134,11 @@ impl ChildSpec {
                 (None, None)
             }
         };
-        let join_fd = join.as_ref().map(|procs| procs.as_raw_fd());
-        if !own_session {
-            // Its own process group, so forwarded signals reach everything it started
-            // in it, as a terminal's would.
-            command.process_group(0);
-        }
-        // SAFETY: prctl, setsid and sigaction are async-signal-safe; nothing else runs
-        // between fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                if let Some(procs) = join_fd {
-                    // `0` moves the writer: this child, before it runs the command. Should
-                    // the kernel refuse, the command runs outside it, stopped by signals
-                    // as where there is no cgroup, rather than not at all.
-                    let procs = std::os::fd::BorrowedFd::borrow_raw(procs);
-                    let _ = nix::unistd::write(procs, b"0");
-                }
-                if own_session {
-                    // A new session (and process group) the command's processes share.
-                    nix::unistd::setsid().map_err(std::io::Error::from)?;
-                }
-                // Ignored dispositions survive exec: without this the command could not
-                // be stopped by its own background terminal I/O, as a shell job would be.
-                for stop in TTY_STOPS {
-                    nix::sys::signal::signal(stop, SigHandler::SigDfl)
-                        .map_err(std::io::Error::from)?;
-                }
-                // If tenure dies (SIGKILL, OOM), the command must not outlive its lease.
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-            });
-        }
         let mut children = match signal(SignalKind::child()) {
             Ok(children) => children,
             Err(error) => return Outcome::SpawnFailed(error),
         };
-        let spawned = command.spawn();
-        drop(join);
+        let spawned = launch.start(cgroup.as_ref(), join);
         let mut child = match spawned {
             Ok(child) => child,
             Err(error) => return Outcome::SpawnFailed(error),

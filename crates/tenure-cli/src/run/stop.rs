@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use tracing::warn;
 
 use super::child::{ChildSpec, Scope};
+use super::spawn::Process;
 use super::tree::{reap_orphans, tree, tree_since};
 use crate::cgroup::CommandCgroup;
 use crate::output::human;
@@ -63,7 +64,7 @@ impl ChildSpec {
 /// for, and reported every few seconds: the lease is not released while anything the
 /// command started still runs.
 pub(super) async fn stop_descendants(
-    mut child: Option<&mut tokio::process::Child>,
+    mut child: Option<&mut Process>,
     group: Pid,
     kill_after: Duration,
     role: &str,

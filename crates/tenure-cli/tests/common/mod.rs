@@ -17,6 +17,43 @@ use nix::unistd::Pid;
 
 pub mod scenarios;
 
+/// The JSON report a command printed on stdout; the test fails, showing stderr, if
+/// the command failed or printed something else.
+pub fn json_report(output: &Output) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// `tenure bench ARGS` in `dir`: exit 2, `needle` (the flag) on stderr, nothing on
+/// stdout, nothing created.
+pub fn assert_bench_usage(dir: &Path, args: &[&str], needle: &str) {
+    let mut command = tenure();
+    command
+        .arg("bench")
+        .args(args)
+        .current_dir(dir)
+        .env("TMPDIR", dir);
+    let output = output_within(&mut command, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {needle:?} not in {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{args:?}");
+    assert!(tree(dir).is_empty(), "{args:?} created {:?}", tree(dir));
+}
+
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tenure");
 

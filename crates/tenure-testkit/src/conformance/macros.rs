@@ -1,0 +1,68 @@
+//! The macros that turn every scenario into a `#[tokio::test]` of a backend's crate.
+
+/// Generates one `#[tokio::test]` per lease scenario. `$backend` is an expression
+/// building the backend (evaluated in each test); `$flavor` is passed to `tokio::test`.
+///
+/// ```text
+/// tenure_testkit::lease_scenarios!(MemoryBackend, flavor = "current_thread", start_paused = true);
+/// ```
+#[macro_export]
+macro_rules! lease_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::lease_scenarios!(@each $backend; [$($key = $value),*];
+            scenario_first_acquire_gets_token_one,
+            scenario_renew_keeps_token_and_extends,
+            scenario_other_owner_refused_while_live,
+            scenario_takeover_after_expiry,
+            scenario_expiry_boundary,
+            scenario_own_lapse_gets_new_token,
+            scenario_release_hands_over,
+            scenario_stale_release_is_noop,
+            scenario_concurrent_contenders,
+            scenario_get_and_list,
+            scenario_list_prefix,
+            scenario_token_survives_reopen,
+            scenario_wait_wakes_on_release,
+            scenario_bad_input,
+            scenario_value_kept_with_term,
+            scenario_value_bad_input,
+            scenario_observe_pushes_changes,
+            scenario_observe_sees_expiry,
+            scenario_observe_bad_role);
+    };
+    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
+        $( $crate::lease_scenarios!(@one $backend; $attrs; $name); )*
+    };
+    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
+        #[tokio::test($($key = $value),*)]
+        async fn $name() {
+            let backend = $backend;
+            $crate::conformance::$name(&backend).await;
+        }
+    };
+}
+
+/// Generates one `#[tokio::test]` per registry scenario; see [`lease_scenarios!`].
+#[macro_export]
+macro_rules! registry_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::registry_scenarios!(@each $backend; [$($key = $value),*];
+            scenario_heartbeat_liveness,
+            scenario_heartbeat_boundary,
+            scenario_live_set_sorted,
+            scenario_leave,
+            scenario_metadata_and_times,
+            scenario_members_change_wakes_waiters,
+            scenario_registry_bad_input);
+    };
+    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
+        $( $crate::registry_scenarios!(@one $backend; $attrs; $name); )*
+    };
+    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
+        #[tokio::test($($key = $value),*)]
+        async fn $name() {
+            let backend = $backend;
+            $crate::conformance::$name(&backend).await;
+        }
+    };
+}
