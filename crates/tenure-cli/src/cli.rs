@@ -236,6 +236,36 @@ pub(crate) enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Move every shard away from one member of a shard group before it is stopped (a
+    /// deploy, maintenance), and wait until they all run elsewhere: the member leaves the
+    /// group and hands its shards over, a few at a time, each under a new token. It stays
+    /// out of the group for --hold, so it can be stopped meanwhile; --cancel lets it join
+    /// again at once. Exit 0 once drained (or cancelled), 1 when --cancel finds no drain,
+    /// 75 when a drain of it is already in force, 124 when it still held shards at
+    /// --timeout.
+    Drain {
+        /// The shard group.
+        #[arg(long)]
+        group: String,
+        /// The member's node id (its --node-id).
+        #[arg(long, value_name = "ID")]
+        node: String,
+        /// How long the member stays drained.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        hold: Duration,
+        /// How long to wait for its shards to run elsewhere.
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// End the drain in force instead: the member joins the group again.
+        #[arg(long, conflicts_with_all = ["hold", "timeout"])]
+        cancel: bool,
+        /// One JSON object: {"group", "node", "outcome", "held", "left", "took_ms",
+        /// "asked_by"}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Show live members: last heartbeat, membership age, metadata.
     Members {
         /// Machine-readable output.

@@ -9,6 +9,7 @@ mod chaos;
 mod checks;
 mod cli;
 mod demo;
+mod drain;
 mod exporter;
 mod guard;
 mod handoff;
@@ -261,6 +262,41 @@ fn dispatch(command: Command) -> anyhow::Result<u8> {
             let url = shared_store(&store, "handoff")?;
             on_store(&url, store.member_ttl(), |stores| async move {
                 handoff::handoff(&stores, &role, to.as_deref(), timeout, json).await
+            })
+        }
+        Command::Drain {
+            group,
+            node,
+            hold,
+            timeout,
+            cancel,
+            json,
+            store,
+        } => {
+            tenure::shard::drain_role(&group, &node).map_err(|e| match &e {
+                tenure::Error::InvalidArgument { field, .. } => {
+                    UsageError(format!("--{field}: {e}"))
+                }
+                _ => UsageError(e.to_string()),
+            })?;
+            if timeout.is_zero() {
+                return Err(UsageError("--timeout: must be greater than zero".to_owned()).into());
+            }
+            if hold < timeout {
+                return Err(UsageError(format!(
+                    "--hold: {} is shorter than --timeout ({}): the member would join again while still being drained",
+                    output::human(hold),
+                    output::human(timeout)
+                ))
+                .into());
+            }
+            let url = shared_store(&store, "drain")?;
+            on_store(&url, store.member_ttl(), |stores| async move {
+                if cancel {
+                    drain::cancel(&stores, &group, &node, json).await
+                } else {
+                    drain::drain(&stores, &group, &node, hold, timeout, json).await
+                }
             })
         }
         Command::Members { json, store } => {
