@@ -28,18 +28,7 @@ const TIMINGS: [&str; 8] = [
 
 /// `tenure drain ARGS --store STORE --json`: (exit code, the JSON line, stderr).
 fn drain(store: &str, args: &[&str]) -> (i32, Value, String) {
-    let mut command = tenure();
-    command
-        .args(["drain", "--json", "--store", store])
-        .args(args);
-    let output = output_within(&mut command, Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
-    (
-        output.status.code().unwrap_or(-1),
-        line,
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::json_line("drain", store, args)
 }
 
 /// Starts member `node` of group `jobs` (6 shards): each shard's command appends

@@ -15,18 +15,7 @@ const LONG: Duration = Duration::from_secs(30);
 
 /// `tenure handoff ARGS --store STORE --json`: (exit code, the JSON line, stderr).
 fn handoff(store: &str, args: &[&str]) -> (i32, Value, String) {
-    let mut command = tenure();
-    command
-        .args(["handoff", "--json", "--store", store])
-        .args(args);
-    let output = output_within(&mut command, Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
-    (
-        output.status.code().unwrap_or(-1),
-        line,
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::json_line("handoff", store, args)
 }
 
 /// A `tenure run` whose command logs `start NAME` and `stop NAME` (on SIGTERM) to `log`.

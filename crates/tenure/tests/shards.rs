@@ -463,14 +463,13 @@ async fn a_crashed_members_shards_move_within_the_ttl_and_half_a_second() {
     );
 }
 
-/// Setup: 3 working members and one that heartbeats into the group but never works
-/// (a wedged elector). After the orphans' TTL every shard is worked on anyway.
-#[tokio::test(start_paused = true)]
-async fn a_wedged_member_strands_no_shard() {
+/// 3 working members on 24 shards and one that heartbeats into the group but never
+/// works (a wedged elector); the heartbeat runs while the handle lives.
+fn wedged_group() -> (Group, JoinHandle<tenure::Result<()>>) {
     let mut group = Group::in_memory();
     let mut metadata = Metadata::new();
     metadata.insert("group".to_owned(), GROUP.to_owned());
-    let _wedged = tenure::spawn_heartbeat(
+    let wedged = tenure::spawn_heartbeat(
         group.registry.clone(),
         "wedged",
         metadata,
@@ -480,6 +479,14 @@ async fn a_wedged_member_strands_no_shard() {
     for node in ["a", "b", "c"] {
         group.start(node, 24);
     }
+    (group, wedged)
+}
+
+/// Setup: 3 working members and one that heartbeats into the group but never works
+/// (a wedged elector). After the orphans' TTL every shard is worked on anyway.
+#[tokio::test(start_paused = true)]
+async fn a_wedged_member_strands_no_shard() {
+    let (group, _wedged) = wedged_group();
     tokio::time::sleep(3 * TTL).await;
     let workers = group.workers();
     assert_eq!(workers.len(), 24, "every shard is worked on: {workers:?}");
@@ -779,19 +786,7 @@ async fn bad_drain_requests_name_the_field() {
 /// are not handed to it again and again (handed over, orphaned for a TTL, rescued).
 #[tokio::test(start_paused = true)]
 async fn a_wedged_member_costs_every_shard_under_one_percent_over_ten_minutes() {
-    let mut group = Group::in_memory();
-    let mut metadata = Metadata::new();
-    metadata.insert("group".to_owned(), GROUP.to_owned());
-    let _wedged = tenure::spawn_heartbeat(
-        group.registry.clone(),
-        "wedged",
-        metadata,
-        TTL / 3,
-        CancellationToken::new(),
-    );
-    for node in ["a", "b", "c"] {
-        group.start(node, 24);
-    }
+    let (group, _wedged) = wedged_group();
     tokio::time::sleep(TTL).await;
     let step = Duration::from_millis(100);
     let samples = (Duration::from_secs(600).as_millis() / step.as_millis()) as usize;

@@ -34,6 +34,23 @@ pub fn json_report(output: &Output) -> serde_json::Value {
     })
 }
 
+/// `tenure COMMAND --json --store STORE ARGS` (a command answering one JSON line) run
+/// to completion within a minute: (exit code, the line, or null, stderr).
+pub fn json_line(command: &str, store: &str, args: &[&str]) -> (i32, serde_json::Value, String) {
+    let mut tenure = tenure();
+    tenure
+        .args([command, "--json", "--store", store])
+        .args(args);
+    let output = output_within(&mut tenure, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
+    (
+        output.status.code().unwrap_or(-1),
+        line,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// `tenure bench ARGS` in `dir`: exit 2, `needle` (the flag) on stderr, nothing on
 /// stdout, nothing created.
 pub fn assert_bench_usage(dir: &Path, args: &[&str], needle: &str) {
