@@ -242,7 +242,7 @@ impl ShardElector {
     }
 
     /// Drains this member (`true`) or ends its drain (`false`), as a drain request in
-    /// the store does (see [`drain`](self::drain)): while drained it is out of the
+    /// the store does (see [`request_drain`]): while drained it is out of the
     /// group's membership, contends for nothing and hands every shard over. Watch
     /// [`watch`](Self::watch)'s `owned` to see it drained.
     pub fn set_draining(&self, draining: bool) {
