@@ -102,6 +102,7 @@ mod fenced;
 mod handover_tests;
 mod queue;
 mod requests;
+mod seen;
 mod session;
 mod successor;
 mod term;
@@ -112,6 +113,7 @@ mod watch;
 use queue::{Candidacy, Handover};
 use requests::*;
 pub use requests::{acquire_txn, release_txn, renew_txn};
+use seen::{Holder, Seen, Step};
 use watch::until_watched;
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's
@@ -256,68 +258,6 @@ struct SpareLease {
     started: Sent,
     /// Usable until then: half its TTL after the request that (re)started it was sent.
     usable_until: tokio::time::Instant,
-}
-
-/// A role's state as one read saw it.
-#[derive(Clone, Debug)]
-enum Seen {
-    Absent,
-    /// No live term, and a handover under way has reserved the role (see `queue.rs`).
-    Handing,
-    Held(Holder),
-}
-
-#[derive(Clone, Debug)]
-struct Holder {
-    owner: String,
-    token: i64,
-    lease: i64,
-    /// The requested and granted TTLs, when the term record says them.
-    ttl_secs: Option<(i64, i64)>,
-    /// The expiry the holder was last told, when the term record is this term's (for
-    /// a term held under a session: the session's, once looked up).
-    expires_at: Option<SystemTime>,
-    /// The etcd lease of the session the term is held under, if it is.
-    session: Option<i64>,
-}
-
-impl Holder {
-    fn token(&self) -> FencingToken {
-        FencingToken::from(u64::try_from(self.token).unwrap_or(0))
-    }
-
-    /// The expiry to report at `now`: the recorded one, or `now + EXPIRY_GRACE` when it
-    /// has passed (or is unknown) but etcd still holds the key.
-    fn expires_at(&self, now: SystemTime) -> SystemTime {
-        match self.expires_at {
-            Some(at) if at > now => at,
-            _ => now + EXPIRY_GRACE,
-        }
-    }
-
-    fn refusal(&self, now: SystemTime) -> LeaseResult {
-        LeaseResult {
-            acquired: false,
-            fencing_token: self.token(),
-            expires_at: self.expires_at(now),
-            holder: self.owner.clone(),
-            now,
-        }
-    }
-}
-
-/// What one attempt ended with.
-enum Step {
-    Done(LeaseResult),
-    /// The role looked different than assumed; decide again from this.
-    Saw(Seen),
-    /// As `Saw`, and the caller is queued as a candidate.
-    Queued(Seen),
-    /// Read the role afresh.
-    Reread,
-    /// Our term's etcd lease is gone but its key may linger for etcd's expiry check:
-    /// wait (briefly) for the key to go, then read again.
-    Lapsing(FencingToken),
 }
 
 impl EtcdLeaseStore {

@@ -677,32 +677,3 @@ async fn wait_to_lead(s: &mut Setup, owner: &str, lapse: Duration) -> FencingTok
     }
     panic!("{owner} did not lead within {steps} steps of {step:?}: the role is stuck");
 }
-
-/// Generates one `#[tokio::test]` per queue fault scenario, as
-/// [`queue_scenarios!`](crate::queue_scenarios) does for the queue's rules.
-#[macro_export]
-macro_rules! queue_fault_scenarios {
-    ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::queue_fault_scenarios!(@each $backend; [$($key = $value),*];
-            scenario_fault_release_answer_lost,
-            scenario_fault_hand_over_answer_lost,
-            scenario_fault_queue_answer_lost,
-            scenario_fault_withdraw_answer_lost,
-            scenario_fault_late_queue_after_withdraw,
-            scenario_fault_late_queue_takes_a_free_role,
-            scenario_fault_hand_over_to_a_candidate_that_died,
-            scenario_fault_late_release_after_role_taken_again,
-            scenario_fault_late_hand_over_with_old_token,
-            scenario_fault_candidate_dies_before_release);
-    };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::queue_fault_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::queue_faults::$name(&backend).await;
-        }
-    };
-}
