@@ -328,10 +328,18 @@ impl SqliteDatabase {
     /// hard-linked since: a write there would be lost, or start tokens again at 1.
     pub async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>> {
         let pool = self.inner.pool.clone();
-        let tx = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
+        let begun = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
             .await
-            .map_err(|e| Error::store(BACKEND, "the write transaction task failed", e))?
-            .map_err(|e| Error::store(BACKEND, "cannot begin a write transaction", e))?;
+            .map_err(|e| Error::store(BACKEND, "the write transaction task failed", e))?;
+        let tx = match begun {
+            Ok(tx) => tx,
+            Err(e) => {
+                // A file deleted or replaced under the store can fail the BEGIN itself
+                // (its shared-memory file went with it): name that, not the symptom.
+                self.check_file()?;
+                return Err(Error::store(BACKEND, "cannot begin a write transaction", e));
+            }
+        };
         // Checked under the write lock, after every earlier write of this file committed.
         self.check_file()?;
         Ok(tx)
