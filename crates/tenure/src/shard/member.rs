@@ -283,6 +283,7 @@ impl Member<'_> {
     {
         let mut look = false;
         let mut pushed = Vec::new();
+        let mut seen = BTreeSet::new();
         for wake in wakes {
             match wake {
                 Wake::ShardChanged(shard) => {
@@ -292,9 +293,8 @@ impl Member<'_> {
                     let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
                     // A shard can be pushed twice in one burst (a probe's waiter and
                     // a contender's); it is taken once.
-                    let new = !pushed.contains(&(shard, false));
                     if self.targeted_here(shard) && cooled && !self.terms.contains_key(&shard) {
-                        if new {
+                        if seen.insert(shard) {
                             pushed.push((shard, false));
                         }
                     } else {
@@ -306,6 +306,8 @@ impl Member<'_> {
                 }
             }
         }
+        // Once per burst, not per ended term (see `contend`).
+        self.publish_owned();
         if !pushed.is_empty() {
             self.contend(pushed, work, wake_tx).await;
         }
@@ -371,7 +373,6 @@ impl Member<'_> {
                 Instant::now(),
             );
         }
-        self.publish_owned();
         !term.handing_over
     }
 

@@ -75,7 +75,7 @@ impl Member<'_> {
 
         // Hand over what is targeted at another member, a few at a time.
         self.working = owners.values().cloned().collect();
-        self.probes.seen(&self.working);
+        self.probes.seen(&self.working, &planned);
         start_handovers(
             &mut self.terms,
             &options,
@@ -238,6 +238,9 @@ impl Member<'_> {
                         };
                         self.answered(contended, &alive, work, wake_tx).await;
                     }
+                    // Once per batch: the view is rebuilt from every term held, so once
+                    // per shard made a cold start quadratic in the shards won.
+                    self.publish_owned();
                 }
                 Some(Ok(results)) => {
                     warn!(
@@ -337,7 +340,6 @@ impl Member<'_> {
                         probe: false,
                     },
                 );
-                self.publish_owned();
             }
             result => {
                 // Held elsewhere (a handover in progress): wake on the store's push. A

@@ -63,9 +63,13 @@ impl Probes {
         }
     }
 
-    /// The look saw `working`: targets working on some shard need no probe any more.
-    pub(super) fn seen(&mut self, working: &BTreeSet<String>) {
-        self.targets.retain(|target, _| !working.contains(target));
+    /// The look saw `working` among the `planned` members: targets working on some
+    /// shard need no probe any more, and targets no longer planned are forgotten (a
+    /// group that many members passed through keeps no state for them; one that comes
+    /// back starts over with the first wait).
+    pub(super) fn seen(&mut self, working: &BTreeSet<String>, planned: &[String]) {
+        self.targets
+            .retain(|target, _| !working.contains(target) && planned.binary_search(target).is_ok());
     }
 
     /// Probe `shard` was released: taken back at `until` unless its target took it.
@@ -94,5 +98,47 @@ impl Probes {
     /// When the first released probe is due to be taken back.
     pub(super) fn next_due(&self) -> Option<Instant> {
         self.released.values().min().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(1);
+
+    fn planned(members: &[&str]) -> Vec<String> {
+        members.iter().map(|m| (*m).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_target_is_probed_once_then_waits_longer_each_time() {
+        let mut probes = Probes::default();
+        let start = Instant::now();
+        assert!(probes.try_probe("b", start, TTL));
+        assert!(!probes.try_probe("b", start + TTL, TTL));
+        let first = start + TTL * super::super::RESCUE_HOLD;
+        assert!(probes.try_probe("b", first, TTL));
+        assert!(!probes.try_probe("b", first + TTL * 7, TTL));
+        assert!(probes.try_probe("b", first + TTL * 8, TTL));
+    }
+
+    #[test]
+    fn targets_that_work_or_left_the_plan_are_forgotten() {
+        let mut probes = Probes::default();
+        let now = Instant::now();
+        for target in ["b", "c", "d"] {
+            assert!(probes.try_probe(target, now, TTL));
+        }
+        let working = BTreeSet::from(["b".to_owned()]);
+        probes.seen(&working, &planned(&["a", "b", "c"]));
+        assert_eq!(
+            probes.targets.len(),
+            1,
+            "only c is still a wedged member of the plan"
+        );
+        assert!(!probes.try_probe("c", now, TTL), "c still waits");
+        // d left and came back: it is probed as a newcomer would be.
+        assert!(probes.try_probe("d", now, TTL));
     }
 }
