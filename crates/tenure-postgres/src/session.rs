@@ -129,8 +129,9 @@ impl SessionStatements {
                 let role: String = decode(row, "role")?;
                 match acquired(row, session, id)? {
                     Some(result) => {
-                        if let Some(asked) = asking.iter().find(|r| **r == role) {
-                            answers.insert(asked, result);
+                        // `asking` stays sorted: a row is matched in O(log n).
+                        if let Ok(at) = asking.binary_search(&role.as_str()) {
+                            answers.insert(asking[at], result);
                         }
                     }
                     None => tracing::debug!(role, %session,
