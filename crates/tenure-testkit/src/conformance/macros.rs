@@ -91,8 +91,8 @@ macro_rules! queue_fault_scenarios {
 macro_rules! shard_fault_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
         $crate::scenario_tests!(shard_faults; $backend; [$($key = $value),*];
-            scenario_shard_batch_answer_lost,
-            scenario_shard_batch_lands_late,
-            scenario_shard_batch_answer_lost_then_member_stops);
+            scenario_shard_fault_batch_answer_lost,
+            scenario_shard_fault_batch_lands_late,
+            scenario_shard_fault_answer_lost_then_member_stops);
     };
 }
