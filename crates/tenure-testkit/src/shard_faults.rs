@@ -27,7 +27,9 @@
 //! Members run on the tokio clock (renewals, looks) with short intervals derived from
 //! the fixture's TTL; the group's registry is in memory, on the same clock. On real
 //! servers time passes on the wall clock; on the in-memory backend the tests run on
-//! paused tokio time and its store reads that clock.
+//! paused tokio time and its store reads that clock; a store on a manual clock (SQLite's
+//! fixture) is moved on with the fixture's `pass_time` as the scenario waits, in step
+//! with the members' clock.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -90,8 +92,9 @@ struct Running {
 
 /// A group of members over one fixture's store behind a [`Faults`].
 struct Group {
-    /// Keeps the fixture's storage (and server connections) for the scenario's life.
-    _fx: Box<dyn LeaseFixture>,
+    /// The fixture: its storage (and server connections) for the scenario's life, and
+    /// its clock.
+    fx: Box<dyn LeaseFixture>,
     faults: Arc<Faults>,
     store: Arc<dyn LeaseStore>,
     reader: Arc<dyn LeaseStore>,
@@ -99,6 +102,9 @@ struct Group {
     ttl: Duration,
     log: WorkLog,
     members: BTreeMap<String, Running>,
+    /// The members' `max_clock_drift`: how much earlier than the store a member gives
+    /// up on a session it could not renew.
+    drift: f64,
 }
 
 impl Group {
@@ -112,7 +118,7 @@ impl Group {
         let registry = InMemoryNodeRegistry::with_clock(ttl, TokioClock::new())
             .expect("an in-memory registry with the fixture's TTL");
         Group {
-            _fx: fx,
+            fx,
             faults,
             store,
             reader,
@@ -120,6 +126,7 @@ impl Group {
             ttl,
             log: Arc::default(),
             members: BTreeMap::new(),
+            drift: ShardOptions::default().max_clock_drift,
         }
     }
 
@@ -131,6 +138,7 @@ impl Group {
             lease_ttl: self.ttl,
             renew_interval: self.renew(),
             retry_interval: (self.ttl / 8).min(Duration::from_millis(500)),
+            max_clock_drift: self.drift,
             ..Default::default()
         }
     }
@@ -282,7 +290,7 @@ impl Group {
                 "not settled within {within:?} ({why}): {wrong}; store: {:?}",
                 self.held().await
             );
-            tokio::time::sleep(step).await;
+            self.tick(step).await;
         }
     }
 
@@ -295,9 +303,20 @@ impl Group {
                 panic!("the group did not stay settled ({why}): {wrong}");
             }
             assert_eq!(self.held().await, *held, "the terms changed ({why})");
-            tokio::time::sleep(self.ttl / 20).await;
+            self.tick(self.ttl / 20).await;
         }
         self.check_history();
+    }
+
+    /// Waits `by` on the members' clock, and lets the store's time pass as much: a
+    /// fixture whose store reads a manual clock advances it (its `pass_time`) in step
+    /// with the members' renewals, so sessions nobody renews lapse as on a server and
+    /// the renewed ones do not.
+    async fn tick(&self, by: Duration) {
+        tokio::time::sleep(by).await;
+        if self.fx.exact_clock() {
+            self.fx.pass_time(by).await;
+        }
     }
 
     /// Per shard: one term's work ends before another holder's begins, and tokens
@@ -412,7 +431,7 @@ pub async fn scenario_shard_fault_batch_lands_late(backend: &dyn LeaseBackend) {
             "B took no shard: {:?}",
             g.held().await
         );
-        tokio::time::sleep(g.ttl / 40).await;
+        g.tick(g.ttl / 40).await;
     }
     let sessions = g.faults.sessions_of("node-a");
     assert_eq!(sessions.len(), 1, "A opened one session: {sessions:?}");
@@ -461,6 +480,87 @@ pub async fn scenario_shard_fault_batch_lands_late(backend: &dyn LeaseBackend) {
         }
     }
     g.stays(&held, g.renew() * 2, "after A's late batch landed")
+        .await;
+    g.stop_all().await;
+}
+
+/// Member A, alone, sends its first batch (every shard), held before the store, and its
+/// first session renewal, held too: A gives up on its session at its local deadline
+/// (with a large `max_clock_drift`, well before the store would) and on the batch with
+/// it, and its next `open_session` is held. Now the late renewal lands and keeps the
+/// abandoned session alive on the store for another TTL, and the late batch lands under
+/// it and takes A's targets, which B left free: shards held by a live session that
+/// nobody renews or works under. They must be worked on again within the TTL rules
+/// (that session's TTL from the late renewal, and the bound), under new terms whose
+/// tokens a fence prefers to the late batch's; no other term is touched.
+pub async fn scenario_shard_fault_late_batch_under_an_abandoned_session(
+    backend: &dyn LeaseBackend,
+) {
+    let mut g = Group::new(backend).await;
+    g.drift = 0.4;
+    let late_batch = g.faults.hold(ACQUIRE_MANY, "node-a");
+    let late_renewal = g.faults.hold("keep_alive_session", "node-a");
+    g.start("node-a");
+    late_batch.arrived().await;
+    let reopen = g.faults.hold("open_session", "node-a");
+    g.start("node-b");
+    g.wait_members(&["node-a", "node-b"]).await;
+    late_renewal.arrived().await;
+    // A gave up on the session (and the batch) at its local deadline: it is opening
+    // another.
+    reopen.arrived().await;
+    let before = g.held().await;
+    assert!(
+        before.values().all(|(holder, _)| holder == "node-b"),
+        "only B holds shards while A is stuck: {before:?}"
+    );
+    late_renewal.land();
+    match late_renewal.store_answer().await {
+        Reply::KeptAlive(Ok(Some(_))) => {}
+        other => panic!("the late renewal kept A's abandoned session alive: {other:?}"),
+    }
+    late_batch.land();
+    let answers = leases(late_batch.store_answer().await).expect("the late batch answered");
+    let late: BTreeMap<u32, FencingToken> = (0..SHARDS)
+        .zip(&answers)
+        .filter(|(_, answer)| answer.acquired)
+        .map(|(shard, answer)| (shard, answer.fencing_token))
+        .collect();
+    assert!(
+        !late.is_empty() && late.keys().all(|shard| !before.contains_key(shard)),
+        "the late batch took the free shards, and only those: {late:?}, before {before:?}"
+    );
+    reopen.land();
+    let held = g
+        .settle(
+            g.ttl + g.bound(),
+            "the shards a late batch took under an abandoned session",
+        )
+        .await;
+    let fence = Fence::new();
+    for (shard, late_token) in &late {
+        let role = format!("{GROUP}/{shard}");
+        let (holder, token) = &held[shard];
+        assert!(
+            token > late_token,
+            "shard {shard}: a new term ({holder}, {token}) after the late batch's {late_token}"
+        );
+        fence
+            .admit(&role, *token)
+            .expect("the fence admits the new term");
+        assert!(
+            fence.admit(&role, *late_token).is_err(),
+            "shard {shard}: the fence refuses the late batch's token {late_token}"
+        );
+    }
+    for (shard, term) in &before {
+        assert_eq!(
+            held.get(shard),
+            Some(term),
+            "B's term of shard {shard} untouched"
+        );
+    }
+    g.stays(&held, g.renew() * 2, "after the abandoned session lapsed")
         .await;
     g.stop_all().await;
 }

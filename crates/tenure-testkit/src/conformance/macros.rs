@@ -93,6 +93,7 @@ macro_rules! shard_fault_scenarios {
         $crate::scenario_tests!(shard_faults; $backend; [$($key = $value),*];
             scenario_shard_fault_batch_answer_lost,
             scenario_shard_fault_batch_lands_late,
+            scenario_shard_fault_late_batch_under_an_abandoned_session,
             scenario_shard_fault_answer_lost_then_member_stops);
     };
 }
