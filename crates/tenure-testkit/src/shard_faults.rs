@@ -213,13 +213,22 @@ impl Group {
 
     /// Waits (bounded) until the registry shows exactly `nodes` live.
     async fn wait_members(&self, nodes: &[&str]) {
-        let deadline = Instant::now() + PATIENCE;
+        self.wait_members_within(nodes, PATIENCE, "members join")
+            .await;
+    }
+
+    /// Waits until the registry shows exactly `nodes` live, for at most `within`.
+    async fn wait_members_within(&self, nodes: &[&str], within: Duration, why: &str) {
+        let deadline = Instant::now() + within;
         loop {
             let live = self.registry.live_nodes().await.expect("live members");
             if live == nodes {
                 return;
             }
-            assert!(Instant::now() < deadline, "members {live:?}, not {nodes:?}");
+            assert!(
+                Instant::now() < deadline,
+                "members {live:?}, not {nodes:?} within {within:?} ({why})"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -441,14 +450,12 @@ pub async fn scenario_shard_fault_batch_lands_late(backend: &dyn LeaseBackend) {
         .expect("A's session closed");
     assert!(ended, "A's session was live until now");
     g.members["node-a"].shutdown.cancel();
-    // A learns its session ended at its next renewal, gives up on the batch and leaves;
-    // B then takes A's shards: well before B would rescue them as orphans (a TTL).
-    let held = g
-        .settle(
-            g.ttl * 3 / 5,
-            "A gave up on its batch and left: B takes every shard",
-        )
+    // A learns its session ended at its next renewal, gives up on the batch and leaves
+    // (a member stuck on the batch would stay in the group, heartbeating); B then takes
+    // A's shards.
+    g.wait_members_within(&["node-b"], g.ttl, "A gave up on its batch and left")
         .await;
+    let held = g.settle(g.bound(), "A left: B takes every shard").await;
     assert!(
         held.values().all(|(holder, _)| holder == "node-b"),
         "B holds every shard: {held:?}"
