@@ -3,7 +3,7 @@
 //! checked every 500 ms, so scenarios use a 4 s TTL and `pass_time` sleeps past the
 //! requested time by [`common::EXPIRY_MARGIN`].
 //!
-//! The lease, session and queue scenarios run twice (the queue's fault scenarios once): with renewals (and session keep-alives)
+//! The lease, session and queue scenarios run twice (the queue's and the shard group's fault scenarios once): with renewals (and session keep-alives)
 //! that wait for the keep-alive before the transaction (the default, and what an etcd
 //! release with unsafe keep-alive answers gets) and with both sent together (what a
 //! fixed release gets).
@@ -145,6 +145,11 @@ tenure_testkit::queue_scenarios!(
     worker_threads = 2
 );
 tenure_testkit::queue_fault_scenarios!(
+    Etcd { safe_server: false },
+    flavor = "multi_thread",
+    worker_threads = 2
+);
+tenure_testkit::shard_fault_scenarios!(
     Etcd { safe_server: false },
     flavor = "multi_thread",
     worker_threads = 2

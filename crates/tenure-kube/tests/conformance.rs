@@ -100,3 +100,4 @@ tenure_testkit::session_scenarios!(Kube, flavor = "multi_thread", worker_threads
 tenure_testkit::registry_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_fault_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::shard_fault_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);

@@ -125,3 +125,4 @@ tenure_testkit::session_scenarios!(Postgres, flavor = "multi_thread", worker_thr
 tenure_testkit::registry_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_fault_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::shard_fault_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);

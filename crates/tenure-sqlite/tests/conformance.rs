@@ -125,3 +125,4 @@ tenure_testkit::registry_scenarios!(Sqlite, flavor = "multi_thread", worker_thre
 tenure_testkit::session_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_fault_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::shard_fault_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);

@@ -8,6 +8,8 @@
 //! - [`queue`]: the queue of candidates, handoff and `wait_for_successor`.
 //! - [`queue_faults`]: the queue under lost answers, late calls and candidates that die
 //!   in the queue, injected with `tenure::intercept` on the real store.
+//! - [`shard_faults`]: shard-group members whose batched acquires lose their answer or
+//!   reach the store late, on the real store.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
@@ -22,6 +24,7 @@ pub mod observe;
 pub mod queue;
 pub mod queue_faults;
 pub mod sessions;
+pub mod shard_faults;
 
 pub use calls::MustAnswer;
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};

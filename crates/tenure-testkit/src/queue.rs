@@ -436,22 +436,12 @@ pub async fn scenario_queue_bad_input(backend: &dyn LeaseBackend) {
 #[macro_export]
 macro_rules! queue_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::queue_scenarios!(@each $backend; [$($key = $value),*];
+        $crate::scenario_tests!(queue; $backend; [$($key = $value),*];
             scenario_queue_release_hands_to_oldest,
             scenario_queue_skips_lapsed_candidates,
             scenario_queue_withdraw_and_acquire_leave_it,
             scenario_hand_over_to_a_chosen_candidate,
             scenario_wait_for_successor_names_the_next_holder,
             scenario_queue_bad_input);
-    };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::queue_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::queue::$name(&backend).await;
-        }
     };
 }

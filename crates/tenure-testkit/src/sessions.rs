@@ -434,7 +434,7 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
 #[macro_export]
 macro_rules! session_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::session_scenarios!(@each $backend; [$($key = $value),*];
+        $crate::scenario_tests!(sessions; $backend; [$($key = $value),*];
             scenario_session_lives_while_kept_alive,
             scenario_session_holds_roles,
             scenario_session_close_releases_roles,
@@ -444,15 +444,5 @@ macro_rules! session_scenarios {
             scenario_session_acquire_many_rules,
             scenario_session_acquire_many_contention,
             scenario_session_bad_input);
-    };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::session_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::sessions::$name(&backend).await;
-        }
     };
 }

@@ -1,5 +1,23 @@
 //! The macros that turn every scenario into a `#[tokio::test]` of a backend's crate.
 
+/// Generates one `#[tokio::test]` per scenario `$name`, each building the backend with
+/// `$backend` and calling `$crate::$module::$name(&backend)`; `[key = value, ...]` is
+/// passed to `tokio::test`. The shape every `*_scenarios!` macro shares.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! scenario_tests {
+    (@one $module:ident; $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
+        #[tokio::test($($key = $value),*)]
+        async fn $name() {
+            let backend = $backend;
+            $crate::$module::$name(&backend).await;
+        }
+    };
+    ($module:ident; $backend:expr; $attrs:tt; $($name:ident),* $(,)?) => {
+        $( $crate::scenario_tests!(@one $module; $backend; $attrs; $name); )*
+    };
+}
+
 /// Generates one `#[tokio::test]` per lease scenario. `$backend` is an expression
 /// building the backend (evaluated in each test); `$flavor` is passed to `tokio::test`.
 ///
@@ -9,7 +27,7 @@
 #[macro_export]
 macro_rules! lease_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::lease_scenarios!(@each $backend; [$($key = $value),*];
+        $crate::scenario_tests!(conformance; $backend; [$($key = $value),*];
             scenario_first_acquire_gets_token_one,
             scenario_renew_keeps_token_and_extends,
             scenario_other_owner_refused_while_live,
@@ -30,23 +48,13 @@ macro_rules! lease_scenarios {
             scenario_observe_sees_expiry,
             scenario_observe_bad_role);
     };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::lease_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::conformance::$name(&backend).await;
-        }
-    };
 }
 
 /// Generates one `#[tokio::test]` per registry scenario; see [`lease_scenarios!`].
 #[macro_export]
 macro_rules! registry_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::registry_scenarios!(@each $backend; [$($key = $value),*];
+        $crate::scenario_tests!(conformance; $backend; [$($key = $value),*];
             scenario_heartbeat_liveness,
             scenario_heartbeat_boundary,
             scenario_live_set_sorted,
@@ -55,16 +63,6 @@ macro_rules! registry_scenarios {
             scenario_members_change_wakes_waiters,
             scenario_registry_bad_input);
     };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::registry_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::conformance::$name(&backend).await;
-        }
-    };
 }
 
 /// Generates one `#[tokio::test]` per queue fault scenario, as
@@ -72,7 +70,7 @@ macro_rules! registry_scenarios {
 #[macro_export]
 macro_rules! queue_fault_scenarios {
     ($backend:expr $(, $key:ident = $value:tt)*) => {
-        $crate::queue_fault_scenarios!(@each $backend; [$($key = $value),*];
+        $crate::scenario_tests!(queue_faults; $backend; [$($key = $value),*];
             scenario_fault_release_answer_lost,
             scenario_fault_hand_over_answer_lost,
             scenario_fault_queue_answer_lost,
@@ -84,14 +82,18 @@ macro_rules! queue_fault_scenarios {
             scenario_fault_late_hand_over_with_old_token,
             scenario_fault_candidate_dies_before_release);
     };
-    (@each $backend:expr; $attrs:tt; $($name:ident),*) => {
-        $( $crate::queue_fault_scenarios!(@one $backend; $attrs; $name); )*
-    };
-    (@one $backend:expr; [$($key:ident = $value:tt),*]; $name:ident) => {
-        #[tokio::test($($key = $value),*)]
-        async fn $name() {
-            let backend = $backend;
-            $crate::queue_faults::$name(&backend).await;
-        }
+}
+
+/// Generates one `#[tokio::test]` per shard fault scenario of
+/// [`shard_faults`](crate::shard_faults), as
+/// [`queue_fault_scenarios!`](crate::queue_fault_scenarios) does for the queue's.
+#[macro_export]
+macro_rules! shard_fault_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::scenario_tests!(shard_faults; $backend; [$($key = $value),*];
+            scenario_shard_fault_batch_answer_lost,
+            scenario_shard_fault_batch_lands_late,
+            scenario_shard_fault_late_batch_under_an_abandoned_session,
+            scenario_shard_fault_answer_lost_then_member_stops);
     };
 }
