@@ -309,7 +309,7 @@ impl Member<'_> {
         // Once per burst, not per ended term (see `contend`).
         self.publish_owned();
         if !pushed.is_empty() {
-            self.contend(pushed, work, wake_tx).await;
+            self.contend(pushed, work, wake_tx, None).await;
         }
         look
     }

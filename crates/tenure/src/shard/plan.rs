@@ -17,6 +17,9 @@ use super::probe::Probes;
 use super::session::Session;
 use super::*;
 
+/// A deadline no wait reaches.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl Member<'_> {
     /// Reads the group and acts on it: contend for the shards targeted here, hand over
     /// the ones targeted elsewhere, rescue orphans. Returns the live members seen.
@@ -118,8 +121,8 @@ impl Member<'_> {
                 .terms
                 .keys()
                 .all(|k| target.get(k) == Some(&options.node_id));
-        self.contend(wanted, work, wake_tx).await;
         self.publish(live.clone(), target);
+        self.contend(wanted, work, wake_tx, Some(&live)).await;
         Ok(live)
     }
 
@@ -181,11 +184,18 @@ impl Member<'_> {
     /// up to [`BATCHES_IN_FLIGHT`] at once: a member winning many shards at once (a
     /// join, a cold start) waits a round trip per batch, not one per shard. Answers are
     /// acted on as they come.
+    ///
+    /// With `planned_for` (the members a look planned with), no further batch is sent
+    /// once the group's membership differs from it: the plan is stale, and the next look
+    /// replans. Without it, a member that planned alone at a cold start would go on
+    /// contending for every shard of a large group, batch after batch, while the others
+    /// join and it looks at nothing.
     pub(super) async fn contend<W, Fut>(
         &mut self,
         wanted: Vec<(u32, bool)>,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
+        planned_for: Option<&[String]>,
     ) where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
@@ -218,8 +228,33 @@ impl Member<'_> {
         for batch in queue.by_ref().take(BATCHES_IN_FLIGHT) {
             send(&mut calls, batch);
         }
-        while let Some(joined) = calls.join_next().await {
-            if let Some(batch) = queue.next() {
+        let registry = self.elector.registry.clone();
+        let unsent = queue.len() > 0;
+        let members_changed = async {
+            match planned_for {
+                Some(members) if unsent => {
+                    registry
+                        .wait_for_members_change(members, Instant::now() + NEVER)
+                        .await
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::pin!(members_changed);
+        let mut stale = false;
+        loop {
+            let joined = tokio::select! {
+                joined = calls.join_next() => match joined {
+                    Some(joined) => joined,
+                    None => break,
+                },
+                () = &mut members_changed, if !stale => {
+                    debug!(unsent = queue.len(), "membership changed while contending; looking again first");
+                    stale = true;
+                    continue;
+                }
+            };
+            if let Some(batch) = queue.next().filter(|_| !stale) {
                 send(&mut calls, batch);
             }
             let Ok((shards, roles, answer)) = joined else {
