@@ -275,12 +275,15 @@ impl NodeRegistry for PgNodeRegistry {
 /// When node row `n` was last heard of: its own last heartbeat, or the last keep-alive
 /// (`kept_at`) of the session it names in session table `sessions`, while that session
 /// is open and held by the node, whichever is later. A closed session's expiry is its
-/// close; a forgotten one has no row: neither counts.
+/// close; a forgotten one has no row: neither counts. A row naming no session (every
+/// node of a registry made by [`PgNodeRegistry::new`], and long-gone nodes) reads no
+/// session row: `CASE` evaluates the lookup only for a row that names one.
 fn heard_sql(sessions: &str) -> String {
     format!(
-        "GREATEST(n.last_heartbeat, (SELECT s.kept_at FROM {sessions} s
-            WHERE s.id = n.session_id AND s.owner = n.node_id
-                AND s.expires_at > statement_timestamp()))"
+        "CASE WHEN n.session_id IS NULL THEN n.last_heartbeat ELSE
+            GREATEST(n.last_heartbeat, (SELECT s.kept_at FROM {sessions} s
+                WHERE s.id = n.session_id AND s.owner = n.node_id
+                    AND s.expires_at > statement_timestamp())) END"
     )
 }
 

@@ -55,14 +55,16 @@ const MEMBERSHIP_POLLS: u32 = 10;
 /// When node row `n` was last heard of at store time `now` (a parameter): its own last
 /// heartbeat, or the last keep-alive of the session it names while that session is open
 /// at `now` and held by the node, whichever is later. A closed session has no row; a
-/// migrated one not kept alive since has no `kept_at`: neither counts.
+/// migrated one not kept alive since has no `kept_at`: neither counts. A row naming no
+/// session reads no session row (`CASE` evaluates the lookup only for one that does).
 macro_rules! heard {
     ($now:literal) => {
         concat!(
-            "max(n.last_heartbeat, coalesce((SELECT s.kept_at FROM tenure_sessions s \
+            "CASE WHEN n.session_id IS NULL THEN n.last_heartbeat ELSE \
+             max(n.last_heartbeat, coalesce((SELECT s.kept_at FROM tenure_sessions s \
              WHERE s.id = n.session_id AND s.owner = n.node_id AND s.expires_at > ",
             $now,
-            "), n.last_heartbeat))"
+            "), n.last_heartbeat)) END"
         )
     };
 }
