@@ -195,7 +195,10 @@ impl Sql {
                 &table("tenure_sessions"),
                 &table("tenure_candidates"),
             ),
-            heartbeat: statements::heartbeat_statement(&table("tenure_nodes")),
+            heartbeat: statements::heartbeat_statement(
+                &table("tenure_nodes"),
+                &table("tenure_sessions"),
+            ),
             channel: channel(),
         }
     }
@@ -265,6 +268,7 @@ impl Client for RawClient {
             .bind(node)
             .bind(None::<String>)
             .bind(format!("tenure-members:{SCHEMA}"))
+            .bind(None::<i64>)
             .execute(&mut self.conn)
             .await
             .map_err(err("raw heartbeat"))?;

@@ -147,6 +147,7 @@ impl Client for RawClient {
         let (mut tx, now) = self.begin().await?;
         let current: Option<(i64, i64, String)> = sqlx::query_as(statements::READ_NODE)
             .bind(node)
+            .bind(now)
             .fetch_optional(&mut *tx)
             .await
             .map_err(err("raw node read"))?;
@@ -157,6 +158,7 @@ impl Client for RawClient {
             .bind(last.max(now))
             .bind(first)
             .bind(metadata)
+            .bind(None::<i64>)
             .execute(&mut *tx)
             .await
             .map_err(err("raw node write"))?;

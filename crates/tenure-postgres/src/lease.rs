@@ -73,8 +73,10 @@ use tokio::time::Instant;
 
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
+use crate::links::SessionLinks;
 use crate::notify::Notifier;
 use crate::queue::{self, Successor};
+use crate::registry::PgNodeRegistry;
 use crate::schema::Schema;
 use crate::session::{self, SessionStatements};
 use crate::succession::{began_sql, notify_sql};
@@ -102,7 +104,8 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// [`wait_for_term`](LeaseStore::wait_for_term) on.
 ///
 /// Needs `SELECT, INSERT, UPDATE` on `<schema>.tenure_leases` and
-/// `<schema>.tenure_sessions`, and also `DELETE` on `<schema>.tenure_candidates` (and
+/// `<schema>.tenure_sessions`, `SELECT` on `<schema>.tenure_nodes` (a keep-alive reads
+/// whether a node names the session), and also `DELETE` on `<schema>.tenure_candidates` (and
 /// `CREATE` for the migration). Runs at READ COMMITTED:
 /// a database or role whose `default_transaction_isolation` is stricter makes racing
 /// acquires fail with serialization errors (reported as store errors and retried by the
@@ -136,6 +139,9 @@ struct Inner {
     get_sql: String,
     list_sql: String,
     sessions: SessionStatements,
+    /// The sessions this store keeps alive, by owner: what its registries (see
+    /// [`PgLeaseStore::registry`]) count as heartbeats.
+    links: Arc<SessionLinks>,
 }
 
 impl PgLeaseStore {
@@ -144,6 +150,7 @@ impl PgLeaseStore {
         let t = schema.table("tenure_leases");
         let sessions = schema.table("tenure_sessions");
         let c = schema.table("tenure_candidates");
+        let nodes = schema.table("tenure_nodes");
         let acquire_sql = acquire_statement(&t, &sessions, &c);
         let acquire_value_sql = acquire_statement_with(&t, &sessions, &c, "$5", false);
         let queue_sql = acquire_statement_with(&t, &sessions, &c, "$5", true);
@@ -186,7 +193,8 @@ impl PgLeaseStore {
                 hand_over_to_sql,
                 get_sql,
                 list_sql,
-                sessions: SessionStatements::new(&t, &sessions, &c),
+                sessions: SessionStatements::new(&t, &sessions, &c, &nodes),
+                links: Arc::default(),
             }),
         }
     }
@@ -204,6 +212,22 @@ impl PgLeaseStore {
     /// The schema holding the tables.
     pub fn schema(&self) -> &Schema {
         &self.inner.schema
+    }
+
+    /// A [`PgNodeRegistry`] over this store's pool and schema, where a node is live for
+    /// `ttl` after its last heartbeat, that counts this store's session keep-alives as
+    /// heartbeats: a node that holds a session of this store (its id the session's
+    /// owner, as a shard group's member) names it in its heartbeat, and the registry
+    /// skips its own heartbeat write while the store keeps that session alive, so one
+    /// write per interval keeps both (see `registry.rs` and `docs/semantics.md`).
+    /// [`connect`](crate::connect) builds its registry this way.
+    pub fn registry(&self, ttl: Duration) -> Result<PgNodeRegistry> {
+        PgNodeRegistry::linked(
+            self.inner.pool.clone(),
+            self.inner.schema.clone(),
+            ttl,
+            self.inner.links.clone(),
+        )
     }
 
     /// A statement of the lease and its queue: `(role, owner, ttl or token, channel)`,
@@ -487,10 +511,16 @@ impl LeaseStore for PgLeaseStore {
     async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
         validate_open(owner, ttl, MIN_TTL, SystemTime::now())?;
         let micros = ttl_micros(ttl)?;
-        self.inner
+        let sent = Instant::now();
+        let grant = self
+            .inner
             .sessions
             .open(&self.inner.direct, owner, micros)
-            .await
+            .await?;
+        self.inner
+            .links
+            .kept(&grant.owner, grant.id.get(), sent, false);
+        Ok(grant)
     }
 
     async fn keep_alive_session(
@@ -500,10 +530,24 @@ impl LeaseStore for PgLeaseStore {
     ) -> Result<Option<SessionGrant>> {
         validate_ttl(ttl, MIN_TTL, SystemTime::now())?;
         let micros = ttl_micros(ttl)?;
-        self.inner
+        let sent = Instant::now();
+        let kept = self
+            .inner
             .sessions
             .keep_alive(&self.inner.direct, session, micros)
-            .await
+            .await?;
+        match kept {
+            Some((grant, named)) => {
+                self.inner
+                    .links
+                    .kept(&grant.owner, grant.id.get(), sent, named);
+                Ok(Some(grant))
+            }
+            None => {
+                self.inner.links.ended(session.get());
+                Ok(None)
+            }
+        }
     }
 
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
@@ -532,9 +576,12 @@ impl LeaseStore for PgLeaseStore {
 
     async fn close_session(&self, session: SessionId) -> Result<bool> {
         let channel = self.inner.schema.channel();
+        let members = self.inner.schema.members_channel();
+        // Before the statement: from now on the node's own heartbeats keep it alive.
+        self.inner.links.ended(session.get());
         self.inner
             .sessions
-            .close(&self.inner.direct, session, &channel)
+            .close(&self.inner.direct, session, &channel, &members)
             .await
     }
 }

@@ -13,6 +13,9 @@
 //!   the oldest live candidate in the statement that ends the term, and the
 //!   notification names the successor, so waiting contenders read nothing).
 //! - [`PgNodeRegistry`]: heartbeat membership on database time, metadata as `jsonb`.
+//!   One made from a store ([`PgLeaseStore::registry`], as [`connect`] does) counts the
+//!   store's session keep-alives as heartbeats of the session's owner and skips its own
+//!   heartbeat writes meanwhile, so a shard group's member writes once per interval.
 //! - [`PgFence`]: fenced transactions inside the caller's own transaction, and the
 //!   [`FenceStore`](tenure::FenceStore) the CLI uses.
 //! - [`AdvisoryLockElector`]: the connection-bound elector (a session advisory lock),
@@ -85,6 +88,7 @@ mod direct;
 mod error;
 mod fence;
 mod lease;
+mod links;
 mod notify;
 mod queue;
 mod registry;
@@ -154,7 +158,8 @@ pub struct PgBackend {
     pub pool: PgPool,
     /// The lease store.
     pub leases: PgLeaseStore,
-    /// The node registry.
+    /// The node registry, made from `leases` ([`PgLeaseStore::registry`]): a node that
+    /// holds a session of `leases` is kept alive by its keep-alives.
     pub registry: PgNodeRegistry,
     /// The fences.
     pub fence: PgFence,
@@ -219,9 +224,11 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
         .connect_with(connect_options)
         .await
         .map_err(|e| pg_error_scrubbed("could not connect to the database", e, &secrets))?;
-    let registry = PgNodeRegistry::new(pool.clone(), schema.clone(), options.registry_ttl)?;
+    let leases = PgLeaseStore::new(pool.clone(), schema.clone());
+    // The registry counts the store's session keep-alives as heartbeats.
+    let registry = leases.registry(options.registry_ttl)?;
     let backend = PgBackend {
-        leases: PgLeaseStore::new(pool.clone(), schema.clone()),
+        leases,
         fence: PgFence::new(pool.clone(), schema.clone()),
         registry,
         pool,

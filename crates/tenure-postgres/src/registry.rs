@@ -5,8 +5,24 @@
 //! that reads it, so hosts' clocks never matter. Metadata is stored as `jsonb`. A join (a
 //! node's first heartbeat, or its first after it lapsed) and a leave send `NOTIFY` on the
 //! schema's membership channel in the same statement, for membership waiters.
+//!
+//! **Membership through a session.** A registry made from a store
+//! ([`PgLeaseStore::registry`](crate::PgLeaseStore::registry)) shares the store's
+//! [`SessionLinks`]. A node that holds an open session of that store (the node id is the
+//! session's owner, as for a shard group's member) names it in its heartbeat
+//! (`tenure_nodes.session_id`), and every reader counts the session's last keep-alive
+//! (`tenure_sessions.kept_at`, on the database clock) as a heartbeat of the node while
+//! the session is open (`expires_at` in the future) and held by the node: the node's
+//! last heartbeat is the later of its own and that keep-alive. The registry then skips
+//! its own heartbeat write while the store's last keep-alive of that session was sent
+//! less than half the TTL ago and found the node's row naming the session, so one write
+//! per interval (the keep-alive) keeps both. When keep-alives stop, the node's own
+//! heartbeats resume at the first beat past half a TTL, before any reader sees it lapse
+//! (see `docs/semantics.md`). A closed session stops counting at once, and its close
+//! tells membership waiters; a leave deletes the row at once, as before.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,13 +35,17 @@ use tokio::time::Instant;
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::lease::{system_time, MAX_TTL};
+use crate::links::{Link, SessionLinks};
 use crate::notify::Notifier;
 use crate::schema::Schema;
 
 /// A [`NodeRegistry`] on PostgreSQL.
 ///
-/// Needs `SELECT, INSERT, UPDATE, DELETE` on `<schema>.tenure_nodes`. Heartbeats keep
-/// the connections they run on, as [`PgLeaseStore`](crate::PgLeaseStore) does.
+/// Needs `SELECT, INSERT, UPDATE, DELETE` on `<schema>.tenure_nodes` and `SELECT` on
+/// `<schema>.tenure_sessions`. Heartbeats keep the connections they run on, as
+/// [`PgLeaseStore`](crate::PgLeaseStore) does. Made by
+/// [`PgLeaseStore::registry`](crate::PgLeaseStore::registry), it counts that store's
+/// session keep-alives as heartbeats (see the module docs).
 #[derive(Clone, Debug)]
 pub struct PgNodeRegistry {
     pool: PgPool,
@@ -40,12 +60,38 @@ pub struct PgNodeRegistry {
     live_sql: String,
     members_sql: String,
     leave_sql: String,
+    /// The sessions a store keeps alive, by owner (no store's, for [`PgNodeRegistry::new`]).
+    links: Arc<SessionLinks>,
+    /// What this registry's last successful heartbeat of each node wrote.
+    own: Arc<Mutex<HashMap<String, OwnBeat>>>,
+}
+
+/// What a registry's last successful heartbeat of a node wrote.
+#[derive(Clone, Debug, Default)]
+struct OwnBeat {
+    /// The session the row was made to name.
+    session: Option<u64>,
+    /// The metadata last written, as JSON (`None` if never given).
+    metadata: Option<String>,
 }
 
 impl PgNodeRegistry {
     /// A registry over `pool` in `schema`, where a node is live for `ttl` after its
-    /// last heartbeat.
+    /// last heartbeat. It counts no store's keep-alives as heartbeats (a node's row
+    /// names no session); [`PgLeaseStore::registry`](crate::PgLeaseStore::registry)
+    /// makes one that does.
     pub fn new(pool: PgPool, schema: Schema, ttl: Duration) -> Result<PgNodeRegistry> {
+        PgNodeRegistry::linked(pool, schema, ttl, Arc::default())
+    }
+
+    /// A registry as [`new`](Self::new) makes, counting the keep-alives of the sessions
+    /// in `links` as heartbeats of their owners.
+    pub(crate) fn linked(
+        pool: PgPool,
+        schema: Schema,
+        ttl: Duration,
+        links: Arc<SessionLinks>,
+    ) -> Result<PgNodeRegistry> {
         if ttl.is_zero() {
             return Err(Error::invalid("ttl", "must be greater than zero"));
         }
@@ -58,7 +104,9 @@ impl PgNodeRegistry {
         let ttl_micros = i64::try_from(ttl.as_nanos().div_ceil(1_000))
             .map_err(|_| Error::invalid("ttl", "is too large"))?;
         let t = schema.table("tenure_nodes");
-        let live = LIVE;
+        let sessions = schema.table("tenure_sessions");
+        let heard = heard_sql(&sessions);
+        let live = live_sql(&sessions);
         let channel = schema.members_channel();
         Ok(PgNodeRegistry {
             direct: Arc::new(DirectConnections::for_pool(&pool)),
@@ -69,14 +117,17 @@ impl PgNodeRegistry {
             ttl_micros,
             // A node whose last heartbeat lapsed starts a new membership: first_seen
             // restarts. Metadata is replaced only when given ($3 not null).
-            heartbeat_sql: heartbeat_statement(&t),
+            heartbeat_sql: heartbeat_statement(&t, &sessions),
             live_sql: format!(
                 "SELECT node_id FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
             ),
             members_sql: format!(
-                "SELECT node_id, first_seen, last_heartbeat, metadata::text AS metadata,
-                     statement_timestamp() AS now
-                 FROM {t} n WHERE {live} ORDER BY node_id COLLATE \"C\""
+                "SELECT node_id, first_seen, last_heartbeat, metadata::text AS metadata, now
+                 FROM (SELECT node_id, first_seen, {heard} AS last_heartbeat, metadata,
+                         statement_timestamp() AS now
+                     FROM {t} n) n
+                 WHERE n.last_heartbeat + $1 * interval '1 microsecond' > n.now
+                 ORDER BY node_id COLLATE \"C\""
             ),
             leave_sql: format!(
                 "WITH gone AS (DELETE FROM {t} n WHERE node_id = $2 RETURNING {live} AS was_live),
@@ -84,7 +135,29 @@ impl PgNodeRegistry {
                  SELECT COALESCE((SELECT bool_or(was_live) FROM gone), false),
                      (SELECT count(*) FROM told)"
             ),
+            links,
+            own: Arc::default(),
         })
+    }
+
+    fn own(&self) -> MutexGuard<'_, HashMap<String, OwnBeat>> {
+        // A panic while holding the lock left a plain map behind: still usable.
+        self.own.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the heartbeat of `node_id` (metadata `json`, if given) may be skipped
+    /// because `link`'s keep-alive stood in for it: this registry's last write made the
+    /// row name that session with this metadata, the last keep-alive found the row still
+    /// naming it, and it was sent less than half the TTL ago, so when keep-alives stop
+    /// the node's own heartbeats resume before any reader sees it lapse.
+    fn kept_by(&self, node_id: &str, json: Option<&String>, link: Link) -> bool {
+        let Some(own) = self.own().get(node_id).cloned() else {
+            return false;
+        };
+        own.session == Some(link.id)
+            && link.named
+            && (json.is_none() || json == own.metadata.as_ref())
+            && Instant::now() < link.kept + self.ttl / 2
     }
 
     /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
@@ -98,13 +171,40 @@ impl PgNodeRegistry {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| Error::store(BACKEND, "could not encode metadata", e))?;
+        // Only a session whose id the database could have handed out is named.
+        let link = self
+            .links
+            .of(node_id)
+            .filter(|link| i64::try_from(link.id).is_ok());
+        if let Some(link) = link {
+            if self.kept_by(node_id, json.as_ref(), link) {
+                return Ok(());
+            }
+        }
+        let session = link.and_then(|link| i64::try_from(link.id).ok());
         const WHAT: &str = "could not record the heartbeat";
         let query = sqlx::query(&self.heartbeat_sql)
             .bind(self.ttl_micros)
             .bind(node_id)
-            .bind(json)
-            .bind(&self.channel);
-        self.direct.execute(WHAT, query).await
+            .bind(json.clone())
+            .bind(&self.channel)
+            .bind(session);
+        match self.direct.execute(WHAT, query).await {
+            Ok(()) => {
+                let mut own = self.own();
+                let beat = own.entry(node_id.to_owned()).or_default();
+                beat.session = link.map(|link| link.id);
+                if json.is_some() {
+                    beat.metadata = json;
+                }
+                Ok(())
+            }
+            Err(error) => {
+                // Unknown whether it was written: the next heartbeat writes.
+                self.own().remove(node_id);
+                Err(error)
+            }
+        }
     }
 }
 
@@ -151,6 +251,8 @@ impl NodeRegistry for PgNodeRegistry {
 
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
+        // Gone: a heartbeat after the leave writes, whatever keeps a session alive.
+        self.own().remove(node_id);
         sqlx::query_scalar(&self.leave_sql)
             .bind(self.ttl_micros)
             .bind(node_id)
@@ -170,24 +272,47 @@ impl NodeRegistry for PgNodeRegistry {
     }
 }
 
-/// A node is live while its last heartbeat is within the TTL ($1, in microseconds).
-const LIVE: &str = "n.last_heartbeat + $1 * interval '1 microsecond' > statement_timestamp()";
+/// When node row `n` was last heard of: its own last heartbeat, or the last keep-alive
+/// (`kept_at`) of the session it names in session table `sessions`, while that session
+/// is open and held by the node, whichever is later. A closed session's expiry is its
+/// close; a forgotten one has no row: neither counts. A row naming no session (every
+/// node of a registry made by [`PgNodeRegistry::new`], and long-gone nodes) reads no
+/// session row: `CASE` evaluates the lookup only for a row that names one.
+fn heard_sql(sessions: &str) -> String {
+    format!(
+        "CASE WHEN n.session_id IS NULL THEN n.last_heartbeat ELSE
+            GREATEST(n.last_heartbeat, (SELECT s.kept_at FROM {sessions} s
+                WHERE s.id = n.session_id AND s.owner = n.node_id
+                    AND s.expires_at > statement_timestamp())) END"
+    )
+}
 
-/// The heartbeat upsert on node table `t` (a quoted, qualified name): a node whose last
-/// heartbeat lapsed starts a new membership (first_seen restarts); metadata is replaced
-/// only when given ($3 not null); a join (a new membership) is announced on channel $4.
-/// Public only so the benchmark issues exactly the registry's statement.
+/// A node is live while it was last heard of within the TTL ($1, in microseconds).
+fn live_sql(sessions: &str) -> String {
+    format!(
+        "{} + $1 * interval '1 microsecond' > statement_timestamp()",
+        heard_sql(sessions)
+    )
+}
+
+/// The heartbeat upsert on node table `t` (a quoted, qualified name; `sessions` the
+/// session table): a node not live (see [`live_sql`]) starts a new membership
+/// (first_seen restarts); metadata is replaced only when given ($3 not null); a join (a
+/// new membership) is announced on channel $4; the row names session $5 (NULL for none)
+/// as keeping it alive. Public only so the benchmark issues exactly the registry's
+/// statement.
 #[doc(hidden)]
-pub fn heartbeat_statement(t: &str) -> String {
-    let live = LIVE;
+pub fn heartbeat_statement(t: &str, sessions: &str) -> String {
+    let live = live_sql(sessions);
     format!(
                 "WITH up AS (
-                     INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata)
-                     VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'))
+                     INSERT INTO {t} AS n (node_id, first_seen, last_heartbeat, metadata, session_id)
+                     VALUES ($2, statement_timestamp(), statement_timestamp(), COALESCE($3::jsonb, '{{}}'), $5)
                      ON CONFLICT (node_id) DO UPDATE SET
                          first_seen = CASE WHEN {live} THEN n.first_seen ELSE statement_timestamp() END,
                          last_heartbeat = GREATEST(n.last_heartbeat, statement_timestamp()),
-                         metadata = COALESCE($3::jsonb, n.metadata)
+                         metadata = COALESCE($3::jsonb, n.metadata),
+                         session_id = $5
                      RETURNING n.first_seen = statement_timestamp() AS joined
                  )
                  SELECT count(*) FROM (SELECT pg_notify($4, '') FROM up WHERE up.joined) n"

@@ -95,7 +95,8 @@ pub(crate) fn quote_ident(ident: &str) -> String {
 
 /// Creates the schema and tenure's tables if they do not exist (the queue's
 /// `tenure_candidates` among them, which a schema made by an earlier tenure lacks), and
-/// adds the columns such a schema lacks (`session_id`, `value`, `value_token`).
+/// adds the columns such a schema lacks (`session_id`, `value`, `value_token`, and for
+/// membership through sessions `tenure_sessions.kept_at` and `tenure_nodes.session_id`).
 ///
 /// Needs `CREATE` on the database (for the schema) or an existing schema the role may
 /// create tables in. Safe to call from many processes at once, and on every start.
@@ -171,27 +172,28 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
     }
     add_session_column(&mut tx, &leases).await?;
     add_value_columns(&mut tx, &leases).await?;
+    add_heartbeat_session_columns(&mut tx, &sessions, &nodes).await?;
     tx.commit()
         .await
         .map_err(|e| pg_error("migrate: could not commit", e))?;
     Ok(())
 }
 
-/// Whether lease table `leases` has the column `column`.
+/// Whether table `table` (a quoted, qualified name) has the column `column`.
 async fn has_column(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    leases: &str,
+    table: &str,
     column: &str,
 ) -> Result<bool> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_attribute
          WHERE attrelid = $1::regclass AND attname = $2 AND NOT attisdropped)",
     )
-    .bind(leases)
+    .bind(table)
     .bind(column)
     .fetch_one(&mut **tx)
     .await
-    .map_err(|e| pg_error("migrate: could not inspect the lease table", e))
+    .map_err(|e| pg_error("migrate: could not inspect a table", e))
 }
 
 /// Gives a lease table made before sessions existed its `session_id` column (the
@@ -247,5 +249,41 @@ async fn add_value_columns(
         .execute(&mut **tx)
         .await
         .map_err(|e| pg_error("migrate: could not add values to the lease table", e))?;
+    Ok(())
+}
+
+/// Gives tables made before membership came from sessions their columns (see
+/// `registry.rs`): `tenure_sessions.kept_at`, when the session was last opened or kept
+/// alive (NULL for a session kept alive only by an older tenure: it then keeps no member
+/// alive), and `tenure_nodes.session_id`, the session a node's heartbeat named as
+/// keeping it alive (NULL for none), with the partial index a keep-alive finds the node
+/// through. Checked first, as [`add_session_column`] is; the node column is added
+/// last, so its presence means all are there.
+async fn add_heartbeat_session_columns(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    sessions: &str,
+    nodes: &str,
+) -> Result<()> {
+    if has_column(tx, nodes, "session_id").await? {
+        return Ok(());
+    }
+    for statement in [
+        format!("ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS kept_at timestamptz"),
+        format!("ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS session_id bigint"),
+        format!(
+            "CREATE INDEX IF NOT EXISTS tenure_nodes_session_id ON {nodes} (session_id)
+             WHERE session_id IS NOT NULL"
+        ),
+    ] {
+        sqlx::query(&statement)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| {
+                pg_error(
+                    "migrate: could not add heartbeat sessions to the node and session tables",
+                    e,
+                )
+            })?;
+    }
     Ok(())
 }

@@ -57,14 +57,14 @@ pub(crate) struct SessionStatements {
 }
 
 impl SessionStatements {
-    /// The statements on lease table `t`, session table `sessions` and candidates
-    /// table `candidates` (all quoted, qualified names).
-    pub(crate) fn new(t: &str, sessions: &str, candidates: &str) -> SessionStatements {
+    /// The statements on lease table `t`, session table `sessions`, candidates table
+    /// `candidates` and node table `nodes` (all quoted, qualified names).
+    pub(crate) fn new(t: &str, sessions: &str, candidates: &str, nodes: &str) -> SessionStatements {
         SessionStatements {
             open: open_statement(t, sessions),
-            keep_alive: keep_alive_statement(sessions),
+            keep_alive: keep_alive_statement(sessions, nodes),
             acquire: acquire_statement(t, sessions, candidates),
-            close: close_statement(t, sessions),
+            close: close_statement(t, sessions, nodes),
         }
     }
 
@@ -82,13 +82,15 @@ impl SessionStatements {
         grant(&row)
     }
 
-    /// Keeps `session` alive for `micros` more microseconds; `None` once it ended.
+    /// Keeps `session` alive for `micros` more microseconds; `None` once it ended. With
+    /// the grant, whether the owner's node row names the session (so the keep-alive
+    /// was also the node's heartbeat).
     pub(crate) async fn keep_alive(
         &self,
         direct: &DirectConnections,
         session: SessionId,
         micros: i64,
-    ) -> Result<Option<SessionGrant>> {
+    ) -> Result<Option<(SessionGrant, bool)>> {
         let Ok(id) = i64::try_from(session.get()) else {
             // No such id was ever handed out.
             return Ok(None);
@@ -97,7 +99,8 @@ impl SessionStatements {
         let row = direct
             .fetch_optional("could not keep the session alive", query)
             .await?;
-        row.map(|row| grant(&row)).transpose()
+        row.map(|row| Ok((grant(&row)?, decode::<bool>(&row, "named")?)))
+            .transpose()
     }
 
     /// Acquires each of `roles` under `session` in one statement (run again for the
@@ -159,18 +162,23 @@ impl SessionStatements {
         ))
     }
 
-    /// Closes `session`, releasing its roles with a notification each on `channel`;
+    /// Closes `session`, releasing its roles with a notification each on `channel`,
+    /// and telling membership waiters on `members_channel` when a node names it;
     /// whether it was live.
     pub(crate) async fn close(
         &self,
         direct: &DirectConnections,
         session: SessionId,
         channel: &str,
+        members_channel: &str,
     ) -> Result<bool> {
         let Ok(id) = i64::try_from(session.get()) else {
             return Ok(false);
         };
-        let query = sqlx::query(&self.close).bind(id).bind(channel);
+        let query = sqlx::query(&self.close)
+            .bind(id)
+            .bind(channel)
+            .bind(members_channel);
         let row = direct
             .fetch_one("could not close the session", query)
             .await?;
@@ -235,7 +243,6 @@ pub(crate) fn term_end(sessions: &str, lock: bool) -> String {
     )
 }
 
-/// Opens a session: `(owner, ttl in microseconds)`, one row.
 /// Opens a session: `(owner, ttl in microseconds)`. It also forgets up to 100 ended
 /// sessions that no lease row names: every statement reads a missing session as ended,
 /// so forgetting one changes no answer, and the table stays as small as the sessions
@@ -249,8 +256,8 @@ fn open_statement(t: &str, sessions: &str) -> String {
                            WHERE expires_at <= statement_timestamp() ORDER BY id LIMIT 100)
               AND s.id NOT IN (SELECT session_id FROM {t} WHERE session_id IS NOT NULL)
         )
-        INSERT INTO {sessions} (owner, expires_at)
-         VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond')
+        INSERT INTO {sessions} (owner, expires_at, kept_at)
+         VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond', statement_timestamp())
          RETURNING id, owner, expires_at, statement_timestamp() AS now"
     )
 }
@@ -259,6 +266,11 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// One row version per call, whatever the number of roles held under it. Public only
 /// so a test can run the store's statement late.
 ///
+/// It also stamps `kept_at`, which readers of node table `nodes` count as a heartbeat
+/// of the node naming the session (see `registry.rs`), and answers `named`: whether the
+/// owner's node row names this session (read through the partial index on
+/// `tenure_nodes.session_id`; nothing is written there).
+///
 /// `held` locks the row before liveness is judged, and the judgement reads
 /// `clock_timestamp()` off the locked row: an `UPDATE`'s own `WHERE` is evaluated when
 /// the row is read, before the row lock, and a concurrent lock that is merely waited for
@@ -266,16 +278,19 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// Once `held` has the row, every takeover that locked it earlier has committed, and
 /// every later one waits for this statement.
 #[doc(hidden)]
-pub fn keep_alive_statement(sessions: &str) -> String {
+pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
     format!(
         "WITH held AS (
             SELECT id, expires_at FROM {sessions} WHERE id = $1 FOR NO KEY UPDATE
         )
         UPDATE {sessions} s
-         SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond')
+         SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond'),
+             kept_at = GREATEST(s.kept_at, statement_timestamp())
          FROM held
          WHERE s.id = held.id AND held.expires_at > clock_timestamp()
-         RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now"
+         RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now,
+             EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
+                 AS named"
     )
 }
 
@@ -341,12 +356,14 @@ fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
     )
 }
 
-/// Closes a session: `(id, channel)`, one row: whether it was live, and how many roles
-/// it released (each announced on the channel, as a release is). The roles go first
-/// (`ended` waits on `rel`), keeping the lease-then-session lock order. They are freed,
-/// not handed to a candidate: a release hands over, closing a session ends its terms
-/// (as the in-memory store does).
-fn close_statement(t: &str, sessions: &str) -> String {
+/// Closes a session: `(id, channel, members channel)`, one row: whether it was live,
+/// and how many roles it released (each announced on the channel, as a release is).
+/// The roles go first (`ended` waits on `rel`), keeping the lease-then-session lock
+/// order. They are freed, not handed to a candidate: a release hands over, closing a
+/// session ends its terms (as the in-memory store does). A node of node table `nodes`
+/// that names the session may go with it (see `registry.rs`): membership waiters are
+/// told on the members channel.
+fn close_statement(t: &str, sessions: &str, nodes: &str) -> String {
     let notify = notify_sql(
         "$2",
         &ended_sql("rel.role", "rel.fencing_token"),
@@ -366,6 +383,9 @@ fn close_statement(t: &str, sessions: &str) -> String {
             RETURNING id
         )
         SELECT (SELECT count(*) FROM ended) AS ended,
-            (SELECT count(*) FROM (SELECT {notify} FROM rel) n) AS released"
+            (SELECT count(*) FROM (SELECT {notify} FROM rel) n) AS released,
+            (SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ended
+                WHERE EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = ended.id)) m)
+                AS members_told"
     )
 }

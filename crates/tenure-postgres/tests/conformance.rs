@@ -90,7 +90,9 @@ impl LeaseFixture for PgFixture {
 impl RegistryBackend for Postgres {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let (server, pool, schema) = fresh().await;
-        let registry = Arc::new(PgNodeRegistry::new(pool, schema.clone(), ttl).expect("registry"));
+        // Made from a store, as `connect` makes it: it counts the store's sessions.
+        let store = PgLeaseStore::new(pool, schema.clone());
+        let registry = Arc::new(store.registry(ttl).expect("registry"));
         Box::new(PgRegistryFixture {
             server,
             schema,

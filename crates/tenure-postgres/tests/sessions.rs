@@ -119,10 +119,12 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
     let (pool, schema, store, opened, session, _) =
         short_session_holding("sessions-late", &["r"]).await;
 
-    let late_sql =
-        tenure_postgres::statements::keep_alive_statement(&table(&schema, "tenure_sessions"))
-            .replace("$1", &session.id.get().to_string())
-            .replace("$2", &LONG.as_micros().to_string());
+    let late_sql = tenure_postgres::statements::keep_alive_statement(
+        &table(&schema, "tenure_sessions"),
+        &table(&schema, "tenure_nodes"),
+    )
+    .replace("$1", &session.id.get().to_string())
+    .replace("$2", &LONG.as_micros().to_string());
     let late = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -262,8 +264,10 @@ async fn a_takeover_waits_for_a_keep_alive_in_flight() {
     let rival = store.open_session("node-c", LONG).await.unwrap();
 
     let mut tx = pool.begin().await.unwrap();
-    let keep_alive =
-        tenure_postgres::statements::keep_alive_statement(&table(&schema, "tenure_sessions"));
+    let keep_alive = tenure_postgres::statements::keep_alive_statement(
+        &table(&schema, "tenure_sessions"),
+        &table(&schema, "tenure_nodes"),
+    );
     let kept = sqlx::query(&keep_alive)
         .bind(i64::try_from(session.id.get()).unwrap())
         .bind(i64::try_from(LONG.as_micros()).unwrap())

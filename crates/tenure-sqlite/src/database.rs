@@ -25,6 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
 use crate::file::{refuse_hard_links, refuse_shared_file_system, FileIdentity, FsTarget};
+use crate::links::SessionLinks;
 use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::BACKEND;
 
@@ -174,6 +175,9 @@ struct Inner {
     /// queue here instead of in SQLite's busy handler, which sleeps 1 to 100 ms between
     /// tries (16 writers in one process fell to ~150 commits/s).
     writer: Arc<Semaphore>,
+    /// The sessions the stores over this database keep alive, by owner: what its
+    /// registries count as heartbeats (see `links.rs`).
+    links: SessionLinks,
 }
 
 impl fmt::Debug for SqliteDatabase {
@@ -261,6 +265,7 @@ impl SqliteDatabase {
                 path,
                 file,
                 writer: Arc::new(Semaphore::new(1)),
+                links: SessionLinks::default(),
             }),
         }
     }
@@ -300,7 +305,10 @@ impl SqliteDatabase {
     }
 
     /// A node registry over this database where a node is live for `ttl` after a
-    /// heartbeat; `ttl == 0` is [`Error::InvalidArgument`].
+    /// heartbeat; `ttl == 0` is [`Error::InvalidArgument`]. A node that holds a session
+    /// of a store over this database (its id the session's owner, as a shard group's
+    /// member) is kept alive by that session's keep-alives, and the registry skips its
+    /// own heartbeat writes meanwhile (see `docs/semantics.md`).
     pub fn node_registry(&self, ttl: Duration) -> Result<crate::SqliteNodeRegistry> {
         crate::SqliteNodeRegistry::new(self, ttl)
     }
@@ -481,6 +489,11 @@ impl SqliteDatabase {
                 return None;
             }
         }
+    }
+
+    /// The sessions the stores over this database keep alive, by owner.
+    pub(crate) fn links(&self) -> &SessionLinks {
+        &self.inner.links
     }
 
     pub(crate) fn signal_change(&self, role: &str) {

@@ -7,7 +7,10 @@
 //!   (a lease row is never deleted; release clears the holder and keeps the token), and
 //!   every write is one `BEGIN IMMEDIATE` transaction, so writers in any process
 //!   serialise on the file's write lock.
-//! - [`SqliteNodeRegistry`]: the [`tenure::NodeRegistry`] contract in the same file.
+//! - [`SqliteNodeRegistry`]: the [`tenure::NodeRegistry`] contract in the same file. A
+//!   node holding a session of a store over the same [`SqliteDatabase`] (a shard group's
+//!   member) is kept alive by the session's keep-alives: its own heartbeats write
+//!   nothing meanwhile.
 //! - [`fence_in_transaction`] and [`SqliteFence`]: the compare-and-reject that makes a
 //!   fencing token protect your own writes.
 //!
@@ -69,6 +72,7 @@ mod database;
 mod fence;
 mod file;
 mod lease;
+mod links;
 mod registry;
 mod schema;
 mod url;

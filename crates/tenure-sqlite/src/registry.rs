@@ -3,8 +3,25 @@
 //! One row per node: last heartbeat, first seen of its current membership, metadata as
 //! JSON text. Heartbeats are write transactions on the store's monotonic time; reads
 //! filter by liveness (nothing is live under a boot other than the file's) and never write.
+//!
+//! **Membership through a session.** The registries and stores of one
+//! [`SqliteDatabase`] share its [`SessionLinks`](crate::links::SessionLinks). A node that
+//! holds an open session of such a store (the node id is the session's owner, as for a
+//! shard group's member) names it in its heartbeat (`tenure_nodes.session_id`), and every
+//! reader counts the session's last keep-alive (`tenure_sessions.kept_at`, store time) as
+//! a heartbeat of the node while the session is open (its row there, `expires_at` in
+//! the future) and held by the node: the node's last heartbeat is the later of its own
+//! and that keep-alive. The registry skips its own heartbeat transaction while the last
+//! keep-alive of that session was less than half the TTL ago (on store time) and found
+//! the node's row naming the session, so one write transaction per interval (the
+//! keep-alive) keeps both; when keep-alives stop, the node's own heartbeats resume
+//! before any reader sees it lapse (see `docs/semantics.md`). A closed session (its row
+//! deleted) stops counting at once and wakes this database's membership waiters; a
+//! leave deletes the node's row at once.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::clock::StoreNow;
 use crate::database::{column, store_error, SqliteDatabase, SqliteOptions};
+use crate::links::Link;
 use crate::BACKEND;
 
 /// Rows of nodes that lapsed this long ago are deleted by later heartbeats, so ids of
@@ -24,7 +42,7 @@ const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The in-process change signal of the membership (a name no role can have: roles hold
 /// no NUL byte).
-const MEMBERSHIP: &str = "\0membership";
+pub(crate) const MEMBERSHIP: &str = "\0membership";
 
 /// A membership waiter polls the file every this many of the database's poll intervals
 /// (100 ms by default) for joins and leaves written by other processes.
@@ -34,20 +52,46 @@ const MEMBERSHIP_POLLS: u32 = 10;
 // `READ_BOOT`. Times are monotonic nanoseconds. Public (through `statements`) only so the benchmark issues exactly
 // the registry's statements.
 
-/// Reads node `?1`: `last_heartbeat, first_seen, metadata`.
+/// When node row `n` was last heard of at store time `now` (a parameter): its own last
+/// heartbeat, or the last keep-alive of the session it names while that session is open
+/// at `now` and held by the node, whichever is later. A closed session has no row; a
+/// migrated one not kept alive since has no `kept_at`: neither counts. A row naming no
+/// session reads no session row (`CASE` evaluates the lookup only for one that does).
+macro_rules! heard {
+    ($now:literal) => {
+        concat!(
+            "CASE WHEN n.session_id IS NULL THEN n.last_heartbeat ELSE \
+             max(n.last_heartbeat, coalesce((SELECT s.kept_at FROM tenure_sessions s \
+             WHERE s.id = n.session_id AND s.owner = n.node_id AND s.expires_at > ",
+            $now,
+            "), n.last_heartbeat)) END"
+        )
+    };
+}
+
+/// Reads node `?1` at store time `?2`: when it was last heard of (see `heard!`),
+/// `first_seen, metadata`.
 #[doc(hidden)]
-pub const READ_NODE: &str =
-    "SELECT last_heartbeat, first_seen, metadata FROM tenure_nodes WHERE node_id = ?1";
-/// Writes node `?1`: last heartbeat `?2`, first seen `?3`, metadata `?4`.
+pub const READ_NODE: &str = concat!(
+    "SELECT ",
+    heard!("?2"),
+    ", first_seen, metadata FROM tenure_nodes n WHERE node_id = ?1"
+);
+/// Writes node `?1`: last heartbeat `?2`, first seen `?3`, metadata `?4`, and the
+/// session `?5` (NULL for none) whose keep-alives count as its heartbeats.
 #[doc(hidden)]
 pub const UPSERT_NODE: &str =
-    "INSERT INTO tenure_nodes (node_id, last_heartbeat, first_seen, metadata) \
-     VALUES (?1, ?2, ?3, ?4) \
+    "INSERT INTO tenure_nodes (node_id, last_heartbeat, first_seen, metadata, session_id) \
+     VALUES (?1, ?2, ?3, ?4, ?5) \
      ON CONFLICT (node_id) DO UPDATE SET last_heartbeat = excluded.last_heartbeat, \
-     first_seen = excluded.first_seen, metadata = excluded.metadata";
-/// Deletes nodes whose last heartbeat is at or before `?1`.
+     first_seen = excluded.first_seen, metadata = excluded.metadata, \
+     session_id = excluded.session_id";
+/// Deletes nodes last heard of at or before `?1` (own heartbeats and the keep-alives
+/// of the session they name).
 #[doc(hidden)]
-pub const FORGET_NODES: &str = "DELETE FROM tenure_nodes WHERE last_heartbeat <= ?1";
+pub const FORGET_NODES: &str = "DELETE FROM tenure_nodes WHERE last_heartbeat <= ?1 \
+     AND NOT EXISTS (SELECT 1 FROM tenure_sessions s \
+         WHERE s.id = tenure_nodes.session_id AND s.kept_at > ?1)";
 
 /// The `last_heartbeat` at or below which a heartbeat at store time `now` deletes rows
 /// ([`FORGET_NODES`]): nodes lapsed for [`FORGET_AFTER`] beyond `ttl`.
@@ -102,6 +146,17 @@ fn live_bound(now: i64, ttl: Duration) -> i64 {
 pub struct SqliteNodeRegistry {
     db: SqliteDatabase,
     ttl: Duration,
+    /// What this registry's last successful heartbeat of each node wrote.
+    own: Arc<Mutex<HashMap<String, OwnBeat>>>,
+}
+
+/// What a registry's last successful heartbeat of a node wrote.
+#[derive(Clone, Debug, Default)]
+struct OwnBeat {
+    /// The session the row was made to name.
+    session: Option<u64>,
+    /// The metadata last written, as JSON (`None` if never given).
+    metadata: Option<String>,
 }
 
 impl SqliteNodeRegistry {
@@ -114,6 +169,7 @@ impl SqliteNodeRegistry {
         Ok(SqliteNodeRegistry {
             db: db.clone(),
             ttl,
+            own: Arc::default(),
         })
     }
 
@@ -139,16 +195,77 @@ impl SqliteNodeRegistry {
         &self.db
     }
 
+    fn own(&self) -> MutexGuard<'_, HashMap<String, OwnBeat>> {
+        // A panic while holding the lock left a plain map behind: still usable.
+        self.own.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the heartbeat of `node_id` (metadata `json`, if given) may be skipped
+    /// because `link`'s keep-alive stood in for it: this registry's last write made the
+    /// row name that session with this metadata, the last keep-alive found the row still
+    /// naming it, and it was less than half the TTL ago on store time, so when
+    /// keep-alives stop the node's own heartbeats resume before any reader sees it lapse.
+    fn kept_by(&self, node_id: &str, json: Option<&String>, link: Link) -> Result<bool> {
+        let Some(own) = self.own().get(node_id).cloned() else {
+            return Ok(false);
+        };
+        Ok(own.session == Some(link.id)
+            && link.named
+            && (json.is_none() || json == own.metadata.as_ref())
+            && is_live(link.kept, self.ttl / 2, self.db.now()?.mono))
+    }
+
     async fn record(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         validate_heartbeat(node_id, metadata)?;
         let metadata_json = metadata
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
+        // Only a session whose id the file could have handed out is named.
+        let link = self
+            .db
+            .links()
+            .of(node_id)
+            .filter(|link| i64::try_from(link.id).is_ok());
+        if let Some(link) = link {
+            if self.kept_by(node_id, metadata_json.as_ref(), link)? {
+                return Ok(());
+            }
+        }
+        let written = self
+            .write_heartbeat(node_id, metadata_json.clone(), link)
+            .await;
+        match written {
+            Ok(()) => {
+                let mut own = self.own();
+                let beat = own.entry(node_id.to_owned()).or_default();
+                beat.session = link.map(|link| link.id);
+                if metadata_json.is_some() {
+                    beat.metadata = metadata_json;
+                }
+                Ok(())
+            }
+            Err(error) => {
+                // Unknown whether it was written: the next heartbeat writes.
+                self.own().remove(node_id);
+                Err(error)
+            }
+        }
+    }
+
+    /// The heartbeat's write transaction, naming `link`'s session (if any).
+    async fn write_heartbeat(
+        &self,
+        node_id: &str,
+        metadata_json: Option<String>,
+        link: Option<Link>,
+    ) -> Result<()> {
+        let session = link.and_then(|link| i64::try_from(link.id).ok());
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let current = sqlx::query(READ_NODE)
             .bind(node_id)
+            .bind(now)
             .fetch_optional(&mut *tx)
             .await
             .map_err(store_error("cannot read the node"))?;
@@ -169,6 +286,7 @@ impl SqliteNodeRegistry {
             .bind(last)
             .bind(first_seen)
             .bind(metadata_json.unwrap_or(kept_metadata))
+            .bind(session)
             .execute(&mut *tx)
             .await
             .map_err(store_error("cannot record the heartbeat"))?;
@@ -195,17 +313,26 @@ impl SqliteNodeRegistry {
         let now = self.db.read_now()?;
         // Heartbeats recorded under another boot are stale, whatever their times say.
         let sql = if with_details {
-            "SELECT node_id, last_heartbeat, first_seen, metadata FROM tenure_nodes \
-             WHERE last_heartbeat > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
-             ORDER BY node_id"
+            concat!(
+                "SELECT node_id, heard, first_seen, metadata FROM \
+                 (SELECT node_id, ",
+                heard!("?3"),
+                " AS heard, first_seen, metadata FROM tenure_nodes n) \
+                 WHERE heard > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
+                 ORDER BY node_id"
+            )
         } else {
-            "SELECT node_id FROM tenure_nodes \
-             WHERE last_heartbeat > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
-             ORDER BY node_id"
+            concat!(
+                "SELECT node_id FROM tenure_nodes n WHERE ",
+                heard!("?3"),
+                " > ?1 AND (SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2 \
+                 ORDER BY node_id"
+            )
         };
         let rows = sqlx::query(sql)
             .bind(live_bound(now.mono, self.ttl))
             .bind(&now.boot_id)
+            .bind(now.mono)
             .fetch_all(self.db.pool())
             .await
             .map_err(store_error("cannot read nodes"))?;
@@ -252,15 +379,21 @@ impl NodeRegistry for SqliteNodeRegistry {
 
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
+        // Gone: a heartbeat after the leave writes, whatever keeps a session alive.
+        self.own().remove(node_id);
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
-        let last: Option<i64> = sqlx::query_scalar(
-            "DELETE FROM tenure_nodes WHERE node_id = ?1 RETURNING last_heartbeat",
-        )
-        .bind(node_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_error("cannot remove the node"))?;
+        let last: Option<i64> = sqlx::query_scalar(READ_NODE)
+            .bind(node_id)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error("cannot read the node"))?;
+        sqlx::query("DELETE FROM tenure_nodes WHERE node_id = ?1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error("cannot remove the node"))?;
         tx.commit()
             .await
             .map_err(store_error("cannot commit the leave"))?;

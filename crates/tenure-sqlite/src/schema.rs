@@ -1,6 +1,7 @@
 //! The file's tables and their versions: creating them, migrating a schema-1 file (wall
 //! clock) to monotonic time, a schema-2 file to sessions, a schema-3 file to
-//! advertised values and a schema-4 file to the queue of candidates, and starting a new
+//! advertised values, a schema-4 file to the queue of candidates and a schema-5 file to
+//! membership through sessions, and starting a new
 //! boot (every lease, session and candidacy ends, every token stays).
 
 use std::time::{Duration, SystemTime};
@@ -14,9 +15,9 @@ use crate::BACKEND;
 
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
 /// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions;
-/// version 3 no advertised values; version 4 no queue of candidates. Opening an older
-/// file migrates it.
-pub(crate) const SCHEMA_VERSION: i64 = 5;
+/// version 3 no advertised values; version 4 no queue of candidates; version 5 no
+/// membership through sessions. Opening an older file migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 6;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
@@ -37,6 +38,10 @@ pub(crate) const SCHEMA_VERSION: i64 = 5;
 /// [`SESSION_OBJECTS`]): a schema-3 tenure still running on a migrated file starts
 /// terms without touching either column, and its holder must not be shown the address
 /// of the term before it.
+///
+/// A session's `kept_at` is the store time of its last open or keep-alive; a node's
+/// `session_id` names the session whose keep-alives count as its heartbeats (see
+/// `registry.rs`; NULL for none).
 ///
 /// `tenure_candidates` is the queue of candidates (see `lease/queue.rs`): one row per
 /// `(role, owner)` waiting its turn, its place `seq` (a role's first candidate is 1, a
@@ -64,13 +69,15 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
 CREATE TABLE IF NOT EXISTS tenure_sessions (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     owner      TEXT NOT NULL,
-    expires_at INTEGER NOT NULL
+    expires_at INTEGER NOT NULL,
+    kept_at    INTEGER
 );
 CREATE TABLE IF NOT EXISTS tenure_nodes (
     node_id        TEXT PRIMARY KEY NOT NULL,
     last_heartbeat INTEGER NOT NULL,
     first_seen     INTEGER NOT NULL,
-    metadata       TEXT NOT NULL
+    metadata       TEXT NOT NULL,
+    session_id     INTEGER
 );
 CREATE INDEX IF NOT EXISTS tenure_nodes_last_heartbeat ON tenure_nodes (last_heartbeat);
 CREATE TABLE IF NOT EXISTS tenure_fences (
@@ -94,6 +101,8 @@ CREATE TABLE IF NOT EXISTS tenure_candidates (
 /// value it shows.
 const SESSION_OBJECTS: &str = "
 CREATE INDEX IF NOT EXISTS tenure_leases_session ON tenure_leases (session_id)
+    WHERE session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS tenure_nodes_session ON tenure_nodes (session_id)
     WHERE session_id IS NOT NULL;
 CREATE VIEW IF NOT EXISTS tenure_terms AS
     SELECT l.role, l.holder, l.token, coalesce(s.expires_at, l.expires_at) AS expires_at,
@@ -312,17 +321,24 @@ pub(crate) async fn create_schema_at(
             add_sessions(conn).await?;
             add_values(conn).await?;
             add_queue(conn).await?;
+            add_heartbeat_sessions(conn).await?;
         }
         Some(2) => {
             add_sessions(conn).await?;
             add_values(conn).await?;
             add_queue(conn).await?;
+            add_heartbeat_sessions(conn).await?;
         }
         Some(3) => {
             add_values(conn).await?;
             add_queue(conn).await?;
+            add_heartbeat_sessions(conn).await?;
         }
-        Some(4) => add_queue(conn).await?,
+        Some(4) => {
+            add_queue(conn).await?;
+            add_heartbeat_sessions(conn).await?;
+        }
+        Some(5) => add_heartbeat_sessions(conn).await?,
         Some(other) => {
             return Err(Error::store_msg(
                 BACKEND,
@@ -404,6 +420,38 @@ async fn add_values(conn: &mut SqliteConnection) -> Result<()> {
 async fn add_queue(conn: &mut SqliteConnection) -> Result<()> {
     record_version(conn, 5).await?;
     tracing::info!("migrated the sqlite store to schema 5: the queue of candidates");
+    Ok(())
+}
+
+/// Migrates a schema-5 file to membership through sessions: `tenure_sessions.kept_at`
+/// (NULL for the open sessions: they keep no node alive until kept alive again) and
+/// `tenure_nodes.session_id` (NULL: no node is kept alive by a session). A table the
+/// file created under this build's schema (`tenure_sessions` of a schema-2 file) has
+/// its column already. A schema-5 tenure still running on the file neither names nor
+/// stamps sessions: its heartbeats leave a node's `session_id` as it was (harmless: the
+/// session is its own, and a session it keeps alive stops counting a TTL after its
+/// last stamp), and a node it reads is live by its own heartbeats only.
+async fn add_heartbeat_sessions(conn: &mut SqliteConnection) -> Result<()> {
+    for (table, column, kind) in [
+        ("tenure_sessions", "kept_at", "INTEGER"),
+        ("tenure_nodes", "session_id", "INTEGER"),
+    ] {
+        let present: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
+                .bind(table)
+                .bind(column)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(store_error("cannot read the table's columns"))?;
+        if present == 0 {
+            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))
+                .execute(&mut *conn)
+                .await
+                .map_err(store_error("cannot add heartbeat sessions"))?;
+        }
+    }
+    record_version(conn, 6).await?;
+    tracing::info!("migrated the sqlite store to schema 6: membership through sessions");
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use tenure_testkit::MustAnswer;
 const TTL: Duration = Duration::from_secs(30);
 
 /// The schema version this build writes.
-const CURRENT: i64 = 5;
+const CURRENT: i64 = 6;
 
 /// The tables schemas 1 and 2 share, as those versions of tenure created them.
 macro_rules! old_tables {
@@ -427,4 +427,55 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
     assert_eq!(schema_version(&again).await, CURRENT);
     let info = again.lease_store().get("live").await.unwrap().unwrap();
     assert_eq!(info.live_holder(), Some("node-b"));
+}
+
+/// Setup: a schema-5 file (this schema without membership through sessions) with a live
+/// node and an open session. Opening it migrates it to the current schema: the node
+/// stays live, and a node kept alive by its session stays live without its own
+/// heartbeats; a second open changes nothing.
+#[tokio::test]
+async fn schema_5_file_gains_membership_through_sessions() {
+    use tenure::NodeRegistry;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v5.db");
+    let member_ttl = Duration::from_secs(2);
+    {
+        let db = SqliteDatabase::open(&path).await.unwrap();
+        db.node_registry(TTL)
+            .unwrap()
+            .heartbeat("old")
+            .await
+            .unwrap();
+        for statement in [
+            "DROP INDEX tenure_nodes_session",
+            "ALTER TABLE tenure_nodes DROP COLUMN session_id",
+            "ALTER TABLE tenure_sessions DROP COLUMN kept_at",
+            "UPDATE tenure_meta SET value = 5 WHERE key = 'schema_version'",
+        ] {
+            sqlx::query(statement).execute(db.pool()).await.unwrap();
+        }
+        db.pool().close().await;
+    }
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let registry = db.node_registry(member_ttl).unwrap();
+    assert_eq!(registry.live_nodes().await.unwrap(), ["old"]);
+    let store = db.lease_store();
+    let session = store.open_session("m", TTL).await.unwrap();
+    registry.heartbeat("m").await.unwrap();
+    let until = tokio::time::Instant::now() + member_ttl * 2;
+    while tokio::time::Instant::now() < until {
+        store.keep_alive_session(session.id, TTL).await.unwrap();
+        registry.heartbeat("m").await.unwrap();
+        tokio::time::sleep(member_ttl / 3).await;
+    }
+    assert!(registry
+        .live_nodes()
+        .await
+        .unwrap()
+        .contains(&"m".to_owned()));
+    db.pool().close().await;
+    let again = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(schema_version(&again).await, CURRENT);
 }

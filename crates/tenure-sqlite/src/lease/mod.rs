@@ -54,12 +54,21 @@ pub use term::{release_lease, write_lease, LeaseWrite};
 /// Forgets the sessions that ended before store time `?1` (their terms read as ended
 /// through their own `expires_at`, see the schema).
 const SWEEP_SESSIONS: &str = "DELETE FROM tenure_sessions WHERE expires_at <= ?1";
-/// Opens a session for owner `?1` expiring at `?2`.
-const OPEN_SESSION: &str = "INSERT INTO tenure_sessions (owner, expires_at) VALUES (?1, ?2)";
-/// Moves live session `?1`'s expiry to `?2` (never earlier) at store time `?3`: the one
-/// row a keep-alive writes.
-const KEEP_ALIVE_SESSION: &str = "UPDATE tenure_sessions SET expires_at = max(expires_at, ?2) \
-     WHERE id = ?1 AND expires_at > ?3 RETURNING owner, expires_at";
+/// Opens a session for owner `?1` expiring at `?2`, kept alive as of `?3`.
+const OPEN_SESSION: &str =
+    "INSERT INTO tenure_sessions (owner, expires_at, kept_at) VALUES (?1, ?2, ?3)";
+/// Moves live session `?1`'s expiry to `?2` (never earlier) at store time `?3`, and
+/// stamps it kept alive at `?3` (what readers count as a heartbeat of the node naming
+/// it, see `registry.rs`): the one row a keep-alive writes. Answers the owner, the
+/// expiry, and whether the owner's node row names the session (read through the
+/// partial index on `tenure_nodes.session_id`; nothing is written there).
+const KEEP_ALIVE_SESSION: &str = "UPDATE tenure_sessions \
+     SET expires_at = max(expires_at, ?2), kept_at = max(coalesce(kept_at, ?3), ?3) \
+     WHERE id = ?1 AND expires_at > ?3 RETURNING owner, expires_at, \
+     EXISTS (SELECT 1 FROM tenure_nodes n \
+         WHERE n.session_id = tenure_sessions.id AND n.node_id = tenure_sessions.owner)";
+/// Whether a node names session `?1` (closing it may end that node's membership).
+const SESSION_NAMED: &str = "SELECT EXISTS (SELECT 1 FROM tenure_nodes WHERE session_id = ?1)";
 /// Reads live session `?1` at store time `?2`: `owner, expires_at`.
 const READ_SESSION: &str =
     "SELECT owner, expires_at FROM tenure_sessions WHERE id = ?1 AND expires_at > ?2";
@@ -535,13 +544,16 @@ impl LeaseStore for SqliteLeaseStore {
         let id = sqlx::query(OPEN_SESSION)
             .bind(owner)
             .bind(expires_at)
+            .bind(now.mono)
             .execute(&mut *tx)
             .await
             .map_err(store_error("cannot open the session"))?
             .last_insert_rowid();
         commit(tx, "cannot commit the session").await?;
+        let id = session_from_db(id)?;
+        self.db.links().kept(owner, id.get(), now.mono, false);
         Ok(SessionGrant {
-            id: session_from_db(id)?,
+            id,
             owner: owner.to_owned(),
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
@@ -561,7 +573,7 @@ impl LeaseStore for SqliteLeaseStore {
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let renewed_until = ends_at(now.mono, ttl_nanos, ttl)?;
-        let kept: Option<(String, i64)> = sqlx::query_as(KEEP_ALIVE_SESSION)
+        let kept: Option<(String, i64, bool)> = sqlx::query_as(KEEP_ALIVE_SESSION)
             .bind(id)
             .bind(renewed_until)
             .bind(now.mono)
@@ -569,7 +581,11 @@ impl LeaseStore for SqliteLeaseStore {
             .await
             .map_err(store_error("cannot keep the session alive"))?;
         commit(tx, "cannot commit the keep-alive").await?;
-        kept.map(|(owner, expires_at)| {
+        match &kept {
+            Some((owner, _, named)) => self.db.links().kept(owner, session.get(), now.mono, *named),
+            None => self.db.links().ended(session.get()),
+        }
+        kept.map(|(owner, expires_at, _)| {
             Ok(SessionGrant {
                 id: session,
                 owner,
@@ -632,8 +648,15 @@ impl LeaseStore for SqliteLeaseStore {
         let Some(id) = session_to_db(session) else {
             return Ok(false);
         };
+        // Before the close: from now on the node's own heartbeats keep it alive.
+        self.db.links().ended(session.get());
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
+        let named: bool = sqlx::query_scalar(SESSION_NAMED)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error("cannot read the nodes the session keeps alive"))?;
         let ended: Option<i64> = sqlx::query_scalar(CLOSE_SESSION)
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -649,6 +672,10 @@ impl LeaseStore for SqliteLeaseStore {
         commit(tx, "cannot commit the close").await?;
         for role in &released {
             self.db.signal_change(role);
+        }
+        if named {
+            // A node kept alive by the session may have gone with it.
+            self.db.signal_change(crate::registry::MEMBERSHIP);
         }
         Ok(ended.is_some_and(|expires_at| now < expires_at))
     }
