@@ -437,6 +437,9 @@ impl KubeLeaseStore {
         {
             Ok(written) => {
                 self.wrote(object, &written, sent);
+                // Readers of the watch's copies in this process (`candidates`, the
+                // queue) see this write at once, not when the watch delivers it.
+                self.shared.fresher(&written, sent);
                 Ok(Some((sent, Record::read_any(written)?)))
             }
             Err(error) if is_conflict(&error) => Ok(None),
