@@ -79,3 +79,94 @@ pub fn validate_open(
     validate_name("owner", owner)?;
     validate_ttl(ttl, min_ttl, now)
 }
+
+/// An owner's open session as a store last kept it alive: see [`SessionLinks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLink<T> {
+    /// The session id.
+    pub id: u64,
+    /// When the last successful open or keep-alive of the session happened, on the
+    /// clock the backend judges it by (a monotonic instant, or store time).
+    pub kept: T,
+    /// Whether that keep-alive found the owner's membership naming the session, so that
+    /// every reader counted it as the owner's heartbeat (false after an open).
+    pub named: bool,
+}
+
+/// Which owner's session the stores of one connection last kept alive, by owner: for
+/// backends whose registry lets a shard member's session keep-alive stand in for its
+/// membership heartbeat (one write per member per interval instead of two). The store
+/// records each open and keep-alive here; the registry made from the same connection
+/// reads it to skip heartbeats the keep-alive already stood in for.
+///
+/// `T` is the time the backend judges by; a newer session of an owner replaces an
+/// older one, and an older answer never replaces a newer one.
+#[derive(Debug)]
+pub struct SessionLinks<T> {
+    by_owner: parking_lot::Mutex<std::collections::HashMap<String, SessionLink<T>>>,
+}
+
+impl<T> Default for SessionLinks<T> {
+    fn default() -> Self {
+        SessionLinks {
+            by_owner: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl<T: Copy + Ord> SessionLinks<T> {
+    /// Session `id` of `owner` was opened or kept alive at `kept`, and that write found
+    /// the owner's membership naming it (`named`).
+    pub fn kept(&self, owner: &str, id: u64, kept: T, named: bool) {
+        let mut links = self.by_owner.lock();
+        match links.get_mut(owner) {
+            Some(link) if link.id == id => {
+                if kept >= link.kept {
+                    link.kept = kept;
+                    link.named = named;
+                }
+            }
+            Some(link) if link.id > id => {}
+            _ => {
+                links.insert(owner.to_owned(), SessionLink { id, kept, named });
+            }
+        }
+    }
+
+    /// Session `id` ended (or is being closed): it keeps nobody alive any more.
+    pub fn ended(&self, id: u64) {
+        self.by_owner.lock().retain(|_, link| link.id != id);
+    }
+
+    /// `owner`'s open session, if a store sharing these links keeps one alive.
+    pub fn of(&self, owner: &str) -> Option<SessionLink<T>> {
+        self.by_owner.lock().get(owner).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_session_replaces_an_older_one_and_an_end_drops_it() {
+        let links = SessionLinks::default();
+        links.kept("a", 2, 10, false);
+        links.kept("a", 1, 11, true);
+        assert_eq!(
+            links.of("a").map(|l| l.id),
+            Some(2),
+            "an older session never wins"
+        );
+        links.kept("a", 2, 12, true);
+        links.kept("a", 2, 11, false);
+        let expected = SessionLink {
+            id: 2,
+            kept: 12,
+            named: true,
+        };
+        assert_eq!(links.of("a"), Some(expected), "an older answer never wins");
+        links.ended(2);
+        assert_eq!(links.of("a"), None);
+    }
+}

@@ -55,7 +55,7 @@ impl KubeLeaseStore {
             ended: false,
         };
         self.sessions.lock().insert(id, state);
-        self.conn.links.kept(owner, id, sent);
+        self.conn.links.kept(owner, id, sent, true);
         Ok(self.grant(id, owner, sent + ttl, sent))
     }
 
@@ -129,7 +129,7 @@ impl KubeLeaseStore {
                     state.record = written;
                     state.expires = state.expires.max(sent + ttl);
                     let grant = self.grant(id, &state.owner, state.expires, sent);
-                    self.conn.links.kept(&state.owner, id, sent);
+                    self.conn.links.kept(&state.owner, id, sent, true);
                     self.sessions.lock().insert(id, state);
                     return Ok(Some(grant));
                 }
