@@ -11,8 +11,5 @@
 //! kept which owner's session alive, and whether the keep-alive found the owner's node
 //! row naming the session.
 
-/// An owner's open session as its store last kept it alive.
-pub(crate) type Link = tenure::session::SessionLink<tokio::time::Instant>;
-
 /// The open sessions of the stores sharing one set of links, by owner.
 pub(crate) type SessionLinks = tenure::session::SessionLinks<tokio::time::Instant>;

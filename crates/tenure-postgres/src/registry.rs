@@ -21,21 +21,21 @@
 //! (see `docs/semantics.md`). A closed session stops counting at once, and its close
 //! tells membership waiters; a leave deletes the row at once, as before.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::validate_name;
 use tenure::registry::validate_heartbeat;
+use tenure::session::HeartbeatsWritten;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 use tokio::time::Instant;
 
 use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::lease::{system_time, MAX_TTL};
-use crate::links::{Link, SessionLinks};
+use crate::links::SessionLinks;
 use crate::notify::Notifier;
 use crate::schema::Schema;
 
@@ -63,16 +63,7 @@ pub struct PgNodeRegistry {
     /// The sessions a store keeps alive, by owner (no store's, for [`PgNodeRegistry::new`]).
     links: Arc<SessionLinks>,
     /// What this registry's last successful heartbeat of each node wrote.
-    own: Arc<Mutex<HashMap<String, OwnBeat>>>,
-}
-
-/// What a registry's last successful heartbeat of a node wrote.
-#[derive(Clone, Debug, Default)]
-struct OwnBeat {
-    /// The session the row was made to name.
-    session: Option<u64>,
-    /// The metadata last written, as JSON (`None` if never given).
-    metadata: Option<String>,
+    written: Arc<HeartbeatsWritten>,
 }
 
 impl PgNodeRegistry {
@@ -136,28 +127,8 @@ impl PgNodeRegistry {
                      (SELECT count(*) FROM told)"
             ),
             links,
-            own: Arc::default(),
+            written: Arc::default(),
         })
-    }
-
-    fn own(&self) -> MutexGuard<'_, HashMap<String, OwnBeat>> {
-        // A panic while holding the lock left a plain map behind: still usable.
-        self.own.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the heartbeat of `node_id` (metadata `json`, if given) may be skipped
-    /// because `link`'s keep-alive stood in for it: this registry's last write made the
-    /// row name that session with this metadata, the last keep-alive found the row still
-    /// naming it, and it was sent less than half the TTL ago, so when keep-alives stop
-    /// the node's own heartbeats resume before any reader sees it lapse.
-    fn kept_by(&self, node_id: &str, json: Option<&String>, link: Link) -> bool {
-        let Some(own) = self.own().get(node_id).cloned() else {
-            return false;
-        };
-        own.session == Some(link.id)
-            && link.named
-            && (json.is_none() || json == own.metadata.as_ref())
-            && Instant::now() < link.kept + self.ttl / 2
     }
 
     /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
@@ -176,8 +147,13 @@ impl PgNodeRegistry {
             .links
             .of(node_id)
             .filter(|link| i64::try_from(link.id).is_ok());
+        // Skipped while the store's keep-alive stood in for it and was sent less than
+        // half the TTL ago: when keep-alives stop, the node's own heartbeats resume
+        // before any reader sees it lapse.
         if let Some(link) = link {
-            if self.kept_by(node_id, json.as_ref(), link) {
+            if self.written.stood_in(node_id, json.as_deref(), &link)
+                && Instant::now() < link.kept + self.ttl / 2
+            {
                 return Ok(());
             }
         }
@@ -191,17 +167,12 @@ impl PgNodeRegistry {
             .bind(session);
         match self.direct.execute(WHAT, query).await {
             Ok(()) => {
-                let mut own = self.own();
-                let beat = own.entry(node_id.to_owned()).or_default();
-                beat.session = link.map(|link| link.id);
-                if json.is_some() {
-                    beat.metadata = json;
-                }
+                self.written.wrote(node_id, link.map(|link| link.id), json);
                 Ok(())
             }
             Err(error) => {
                 // Unknown whether it was written: the next heartbeat writes.
-                self.own().remove(node_id);
+                self.written.forget(node_id);
                 Err(error)
             }
         }
@@ -252,7 +223,7 @@ impl NodeRegistry for PgNodeRegistry {
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
         // Gone: a heartbeat after the leave writes, whatever keeps a session alive.
-        self.own().remove(node_id);
+        self.written.forget(node_id);
         sqlx::query_scalar(&self.leave_sql)
             .bind(self.ttl_micros)
             .bind(node_id)

@@ -19,14 +19,14 @@
 //! deleted) stops counting at once and wakes this database's membership waiters; a
 //! leave deletes the node's row at once.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
+use tenure::session::HeartbeatsWritten;
 use tenure::{Error, NodeRegistry, Result};
 use tokio::time::Instant;
 
@@ -147,16 +147,7 @@ pub struct SqliteNodeRegistry {
     db: SqliteDatabase,
     ttl: Duration,
     /// What this registry's last successful heartbeat of each node wrote.
-    own: Arc<Mutex<HashMap<String, OwnBeat>>>,
-}
-
-/// What a registry's last successful heartbeat of a node wrote.
-#[derive(Clone, Debug, Default)]
-struct OwnBeat {
-    /// The session the row was made to name.
-    session: Option<u64>,
-    /// The metadata last written, as JSON (`None` if never given).
-    metadata: Option<String>,
+    written: Arc<HeartbeatsWritten>,
 }
 
 impl SqliteNodeRegistry {
@@ -169,7 +160,7 @@ impl SqliteNodeRegistry {
         Ok(SqliteNodeRegistry {
             db: db.clone(),
             ttl,
-            own: Arc::default(),
+            written: Arc::default(),
         })
     }
 
@@ -195,26 +186,6 @@ impl SqliteNodeRegistry {
         &self.db
     }
 
-    fn own(&self) -> MutexGuard<'_, HashMap<String, OwnBeat>> {
-        // A panic while holding the lock left a plain map behind: still usable.
-        self.own.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the heartbeat of `node_id` (metadata `json`, if given) may be skipped
-    /// because `link`'s keep-alive stood in for it: this registry's last write made the
-    /// row name that session with this metadata, the last keep-alive found the row still
-    /// naming it, and it was less than half the TTL ago on store time, so when
-    /// keep-alives stop the node's own heartbeats resume before any reader sees it lapse.
-    fn kept_by(&self, node_id: &str, json: Option<&String>, link: Link) -> Result<bool> {
-        let Some(own) = self.own().get(node_id).cloned() else {
-            return Ok(false);
-        };
-        Ok(own.session == Some(link.id)
-            && link.named
-            && (json.is_none() || json == own.metadata.as_ref())
-            && is_live(link.kept, self.ttl / 2, self.db.now()?.mono))
-    }
-
     async fn record(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         validate_heartbeat(node_id, metadata)?;
         let metadata_json = metadata
@@ -227,8 +198,15 @@ impl SqliteNodeRegistry {
             .links()
             .of(node_id)
             .filter(|link| i64::try_from(link.id).is_ok());
+        // Skipped while the store's keep-alive stood in for it less than half the TTL
+        // ago on store time: when keep-alives stop, the node's own heartbeats resume
+        // before any reader sees it lapse.
         if let Some(link) = link {
-            if self.kept_by(node_id, metadata_json.as_ref(), link)? {
+            if self
+                .written
+                .stood_in(node_id, metadata_json.as_deref(), &link)
+                && is_live(link.kept, self.ttl / 2, self.db.now()?.mono)
+            {
                 return Ok(());
             }
         }
@@ -237,17 +215,13 @@ impl SqliteNodeRegistry {
             .await;
         match written {
             Ok(()) => {
-                let mut own = self.own();
-                let beat = own.entry(node_id.to_owned()).or_default();
-                beat.session = link.map(|link| link.id);
-                if metadata_json.is_some() {
-                    beat.metadata = metadata_json;
-                }
+                self.written
+                    .wrote(node_id, link.map(|link| link.id), metadata_json);
                 Ok(())
             }
             Err(error) => {
                 // Unknown whether it was written: the next heartbeat writes.
-                self.own().remove(node_id);
+                self.written.forget(node_id);
                 Err(error)
             }
         }
@@ -380,7 +354,7 @@ impl NodeRegistry for SqliteNodeRegistry {
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
         // Gone: a heartbeat after the leave writes, whatever keeps a session alive.
-        self.own().remove(node_id);
+        self.written.forget(node_id);
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let last: Option<i64> = sqlx::query_scalar(READ_NODE)

@@ -144,6 +144,61 @@ impl<T: Copy + Ord> SessionLinks<T> {
     }
 }
 
+/// What a registry's last successful heartbeat of each node wrote: the session the
+/// node's row was made to name, and its metadata. The registry half of
+/// [`SessionLinks`]: a heartbeat may be skipped only while the row still says what the
+/// skipped write would have said.
+#[derive(Debug, Default)]
+pub struct HeartbeatsWritten {
+    by_node: parking_lot::Mutex<std::collections::HashMap<String, HeartbeatWritten>>,
+}
+
+/// One node's entry in [`HeartbeatsWritten`].
+#[derive(Clone, Debug, Default)]
+struct HeartbeatWritten {
+    session: Option<u64>,
+    /// The metadata last written, encoded (`None` if never given).
+    metadata: Option<String>,
+}
+
+impl HeartbeatsWritten {
+    /// Whether `link`'s keep-alive stands in for a heartbeat of `node_id` with
+    /// `metadata` (`None`: keep what is there): the last write made the row name that
+    /// session with this metadata, and the last keep-alive found the row still naming
+    /// it. The caller adds its own test of how recent the keep-alive is.
+    pub fn stood_in<T>(
+        &self,
+        node_id: &str,
+        metadata: Option<&str>,
+        link: &SessionLink<T>,
+    ) -> bool {
+        let by_node = self.by_node.lock();
+        let Some(written) = by_node.get(node_id) else {
+            return false;
+        };
+        written.session == Some(link.id)
+            && link.named
+            && (metadata.is_none() || metadata == written.metadata.as_deref())
+    }
+
+    /// A heartbeat of `node_id` naming `session` wrote `metadata` (`None`: kept what
+    /// was there).
+    pub fn wrote(&self, node_id: &str, session: Option<u64>, metadata: Option<String>) {
+        let mut by_node = self.by_node.lock();
+        let written = by_node.entry(node_id.to_owned()).or_default();
+        written.session = session;
+        if metadata.is_some() {
+            written.metadata = metadata;
+        }
+    }
+
+    /// Nothing is known of `node_id`'s row any more (a heartbeat failed and may or may
+    /// not have been written, or the node left): its next heartbeat writes.
+    pub fn forget(&self, node_id: &str) {
+        self.by_node.lock().remove(node_id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +223,37 @@ mod tests {
         assert_eq!(links.of("a"), Some(expected), "an older answer never wins");
         links.ended(2);
         assert_eq!(links.of("a"), None);
+    }
+
+    #[test]
+    fn a_keep_alive_stands_in_only_for_what_the_last_write_said() {
+        let written = HeartbeatsWritten::default();
+        let link = |id, named| SessionLink { id, kept: 0, named };
+        assert!(
+            !written.stood_in("a", None, &link(1, true)),
+            "nothing written yet"
+        );
+        written.wrote("a", Some(1), Some("{}".to_owned()));
+        assert!(written.stood_in("a", None, &link(1, true)));
+        assert!(written.stood_in("a", Some("{}"), &link(1, true)));
+        assert!(
+            !written.stood_in("a", Some("{\"k\":1}"), &link(1, true)),
+            "new metadata"
+        );
+        assert!(
+            !written.stood_in("a", None, &link(2, true)),
+            "another session"
+        );
+        assert!(
+            !written.stood_in("a", None, &link(1, false)),
+            "the row no longer names it"
+        );
+        written.wrote("a", Some(1), None);
+        assert!(
+            written.stood_in("a", Some("{}"), &link(1, true)),
+            "metadata kept"
+        );
+        written.forget("a");
+        assert!(!written.stood_in("a", None, &link(1, true)));
     }
 }
