@@ -170,9 +170,62 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
             .await
             .map_err(|e| pg_error("migrate: could not create the tenure schema and tables (the role needs CREATE on the database, or on an existing schema)", e))?;
     }
-    add_session_column(&mut tx, &leases).await?;
-    add_value_columns(&mut tx, &leases).await?;
-    add_heartbeat_session_columns(&mut tx, &sessions, &nodes).await?;
+    // A lease table made before sessions existed: `session_id` (the session a term is
+    // held under; NULL for a plain lease) and the index closing a session releases its
+    // roles through. Partial: plain leases (the common case) never enter it, so their
+    // renewals stay HOT updates.
+    add_columns_unless_present(
+        &mut tx,
+        &leases,
+        "session_id",
+        &[
+            format!("ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS session_id bigint"),
+            format!(
+                "CREATE INDEX IF NOT EXISTS tenure_leases_session_id ON {leases} (session_id)
+                 WHERE session_id IS NOT NULL"
+            ),
+        ],
+        "sessions to the lease table",
+    )
+    .await?;
+    // A lease table made before advertised values existed: `value` (what the term
+    // advertised when it began; NULL for nothing, and after a release) and
+    // `value_token` (the token of the term that wrote `value`: readers show the value
+    // only while that term is the row's, so a term an older tenure starts, knowing
+    // neither column, never shows its predecessor's value). Existing rows advertised
+    // nothing. One statement, so the columns come together; `IF NOT EXISTS` for a table
+    // that has one of them already (a hand-made one).
+    add_columns_unless_present(
+        &mut tx,
+        &leases,
+        "value_token",
+        &[format!(
+            "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS value text,
+                ADD COLUMN IF NOT EXISTS value_token bigint"
+        )],
+        "values to the lease table",
+    )
+    .await?;
+    // Tables made before membership came from sessions (see `registry.rs`):
+    // `tenure_sessions.kept_at`, when the session was last opened or kept alive (NULL
+    // for a session kept alive only by an older tenure: it then keeps no member alive),
+    // and `tenure_nodes.session_id`, the session a node's heartbeat named as keeping it
+    // alive (NULL for none), with the partial index a keep-alive finds the node through.
+    add_columns_unless_present(
+        &mut tx,
+        &nodes,
+        "session_id",
+        &[
+            format!("ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS kept_at timestamptz"),
+            format!("ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS session_id bigint"),
+            format!(
+                "CREATE INDEX IF NOT EXISTS tenure_nodes_session_id ON {nodes} (session_id)
+                 WHERE session_id IS NOT NULL"
+            ),
+        ],
+        "heartbeat sessions to the node and session tables",
+    )
+    .await?;
     tx.commit()
         .await
         .map_err(|e| pg_error("migrate: could not commit", e))?;
@@ -196,94 +249,27 @@ async fn has_column(
     .map_err(|e| pg_error("migrate: could not inspect a table", e))
 }
 
-/// Gives a lease table made before sessions existed its `session_id` column (the
-/// session a term is held under; NULL for a plain lease) and the index closing a
-/// session releases its roles through. Checked first because `ALTER TABLE` takes an
-/// exclusive lock on the table even when the column is already there, and `migrate`
-/// runs on every start.
-async fn add_session_column(
+/// One step bringing a table an older tenure made up to date: runs `statements` unless
+/// `table` already has `marker`, the column the step adds last, so its presence means
+/// the whole step was done (the statements run in `migrate`'s transaction). Checked
+/// first because `ALTER TABLE` takes an exclusive lock on the table even when the column
+/// is already there, and `migrate` runs on every start. `what` names the step in the
+/// error.
+async fn add_columns_unless_present(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    leases: &str,
+    table: &str,
+    marker: &str,
+    statements: &[String],
+    what: &str,
 ) -> Result<()> {
-    if has_column(tx, leases, "session_id").await? {
+    if has_column(tx, table, marker).await? {
         return Ok(());
     }
-    for statement in [
-        format!("ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS session_id bigint"),
-        // Partial: plain leases (the common case) never enter it, so their renewals
-        // stay HOT updates.
-        format!(
-            "CREATE INDEX IF NOT EXISTS tenure_leases_session_id ON {leases} (session_id)
-             WHERE session_id IS NOT NULL"
-        ),
-    ] {
-        sqlx::query(&statement)
+    for statement in statements {
+        sqlx::query(statement)
             .execute(&mut **tx)
             .await
-            .map_err(|e| pg_error("migrate: could not add sessions to the lease table", e))?;
-    }
-    Ok(())
-}
-
-/// Gives a lease table made before advertised values existed its `value` column (what
-/// the term advertised when it began; NULL for nothing, and after a release) and
-/// `value_token` (the token of the term that wrote `value`: readers show the value
-/// only while that term is the row's, so a term an older tenure starts, knowing neither
-/// column, never shows its predecessor's value). Existing rows advertised nothing.
-/// Checked first, as [`add_session_column`] is, to take no exclusive lock on every
-/// start; `value_token` is added last, so its presence means both are there.
-async fn add_value_columns(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    leases: &str,
-) -> Result<()> {
-    if has_column(tx, leases, "value_token").await? {
-        return Ok(());
-    }
-    // One statement, so the columns come together; `IF NOT EXISTS` for a table that
-    // has one of them already (a hand-made one).
-    let statement = format!(
-        "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS value text,
-            ADD COLUMN IF NOT EXISTS value_token bigint"
-    );
-    sqlx::query(&statement)
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| pg_error("migrate: could not add values to the lease table", e))?;
-    Ok(())
-}
-
-/// Gives tables made before membership came from sessions their columns (see
-/// `registry.rs`): `tenure_sessions.kept_at`, when the session was last opened or kept
-/// alive (NULL for a session kept alive only by an older tenure: it then keeps no member
-/// alive), and `tenure_nodes.session_id`, the session a node's heartbeat named as
-/// keeping it alive (NULL for none), with the partial index a keep-alive finds the node
-/// through. Checked first, as [`add_session_column`] is; the node column is added
-/// last, so its presence means all are there.
-async fn add_heartbeat_session_columns(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    sessions: &str,
-    nodes: &str,
-) -> Result<()> {
-    if has_column(tx, nodes, "session_id").await? {
-        return Ok(());
-    }
-    for statement in [
-        format!("ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS kept_at timestamptz"),
-        format!("ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS session_id bigint"),
-        format!(
-            "CREATE INDEX IF NOT EXISTS tenure_nodes_session_id ON {nodes} (session_id)
-             WHERE session_id IS NOT NULL"
-        ),
-    ] {
-        sqlx::query(&statement)
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| {
-                pg_error(
-                    "migrate: could not add heartbeat sessions to the node and session tables",
-                    e,
-                )
-            })?;
+            .map_err(|e| pg_error(format!("migrate: could not add {what}"), e))?;
     }
     Ok(())
 }
