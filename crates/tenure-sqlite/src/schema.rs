@@ -316,29 +316,22 @@ pub(crate) async fn create_schema_at(
                 .map_err(|e| Error::store(BACKEND, "cannot record the schema version", e))?;
         }
         Some(SCHEMA_VERSION) => {}
-        Some(1) => {
-            migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await?;
-            add_sessions(conn).await?;
-            add_values(conn).await?;
-            add_queue(conn).await?;
+        // One step per schema the file lacks, oldest first.
+        Some(from @ 1..SCHEMA_VERSION) => {
+            if from == 1 {
+                migrate_from_wall_clock(conn, &StoreNow::from_host(clock.now()?)?).await?;
+            }
+            if from <= 2 {
+                add_sessions(conn).await?;
+            }
+            if from <= 3 {
+                add_values(conn).await?;
+            }
+            if from <= 4 {
+                add_queue(conn).await?;
+            }
             add_heartbeat_sessions(conn).await?;
         }
-        Some(2) => {
-            add_sessions(conn).await?;
-            add_values(conn).await?;
-            add_queue(conn).await?;
-            add_heartbeat_sessions(conn).await?;
-        }
-        Some(3) => {
-            add_values(conn).await?;
-            add_queue(conn).await?;
-            add_heartbeat_sessions(conn).await?;
-        }
-        Some(4) => {
-            add_queue(conn).await?;
-            add_heartbeat_sessions(conn).await?;
-        }
-        Some(5) => add_heartbeat_sessions(conn).await?,
         Some(other) => {
             return Err(Error::store_msg(
                 BACKEND,
