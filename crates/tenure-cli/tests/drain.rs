@@ -32,11 +32,12 @@ fn drain(store: &str, args: &[&str]) -> (i32, Value, String) {
 }
 
 /// Starts member `node` of group `jobs` (6 shards): each shard's command appends
-/// `start NODE SHARD TOKEN` to `log`, and `stop NODE SHARD TOKEN` when it is stopped.
+/// `start NODE SHARD TOKEN` to `log`, and `stop NODE SHARD TOKEN` when it is stopped (the
+/// trap comes first: a command stopped as it starts still says so).
 fn member(store: &str, node: &str, log: &Path) -> Proc {
     let script = format!(
-        "echo \"start {node} $TENURE_SHARD $TENURE_FENCING_TOKEN\" >> {log}; \
-         trap 'echo \"stop {node} $TENURE_SHARD $TENURE_FENCING_TOKEN\" >> {log}; exit 0' TERM; \
+        "trap 'echo \"stop {node} $TENURE_SHARD $TENURE_FENCING_TOKEN\" >> {log}; exit 0' TERM; \
+         echo \"start {node} $TENURE_SHARD $TENURE_FENCING_TOKEN\" >> {log}; \
          while :; do sleep 0.05; done",
         log = log.display()
     );

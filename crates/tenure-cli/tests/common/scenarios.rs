@@ -968,12 +968,23 @@ pub fn lost_term_stops_escaped_processes(store: &str, dir: &Path) {
 /// The shard count of the group scenario.
 const SHARDS: u32 = 6;
 
-/// One member: records `start|stop SHARD TOKEN OWNER ROLE SHARDS` lines in `log`.
+/// One member: records `start SHARD TOKEN OWNER ROLE SHARDS` and `stop SHARD TOKEN
+/// OWNER` lines in `log`. Each command holds an exclusive `flock` on its shard's file in
+/// the log's directory while it (or anything it started) runs, and records `overlap SHARD
+/// TOKEN OWNER` if it cannot take it at once: the kernel frees the lock only when the last
+/// process holding it is gone, so the record says two commands of a shard ran at once,
+/// however the first one ended. The stop line alone could not say it: a command SIGKILLed
+/// after `--kill-after` (its shell starved on a busy host) never writes one, and before
+/// the trap came first neither did one stopped between its start line and its trap.
 fn member(store: &str, node: &str, log: &Path) -> Proc {
+    let dir = log.parent().expect("the log is in a directory");
     let script = format!(
-        "echo \"start $TENURE_SHARD $TENURE_FENCING_TOKEN $TENURE_OWNER $TENURE_ROLE $TENURE_SHARDS\" >> {log}; \
-         trap 'echo \"stop $TENURE_SHARD $TENURE_FENCING_TOKEN $TENURE_OWNER\" >> {log}; exit 0' TERM; \
+        "trap 'echo \"stop $TENURE_SHARD $TENURE_FENCING_TOKEN $TENURE_OWNER\" >> {log}; exit 0' TERM; \
+         exec 9>>\"{dir}/shard-$TENURE_SHARD.lock\"; \
+         flock -n 9 || echo \"overlap $TENURE_SHARD $TENURE_FENCING_TOKEN $TENURE_OWNER\" >> {log}; \
+         echo \"start $TENURE_SHARD $TENURE_FENCING_TOKEN $TENURE_OWNER $TENURE_ROLE $TENURE_SHARDS\" >> {log}; \
          while :; do sleep 0.05; done",
+        dir = dir.display(),
         log = log.display()
     );
     Proc::spawn(&mut group_sh(
@@ -986,30 +997,62 @@ fn member(store: &str, node: &str, log: &Path) -> Proc {
     ))
 }
 
-/// Which member runs each shard now, from the log; panics if a shard ever had two
-/// commands at once (a start while its previous start has not stopped).
-fn shards_running(log: &Path) -> BTreeMap<u32, String> {
-    let mut now: BTreeMap<u32, String> = BTreeMap::new();
+/// Which member runs each shard now, from the log (a start stands until its own stop or
+/// the shard's next start); an error if a shard ever had two commands at once.
+fn shards_running(log: &Path) -> Result<BTreeMap<u32, String>, String> {
+    let mut now: BTreeMap<u32, (String, String)> = BTreeMap::new();
     for line in lines(log) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let shard: u32 = fields[1].parse().unwrap();
+        let term = (fields[3].to_owned(), fields[2].to_owned());
         match fields[0] {
+            "overlap" => {
+                return Err(format!(
+                    "shard {shard}: {} started while another command of it ran",
+                    fields[3]
+                ))
+            }
             "start" => {
-                if let Some(other) = now.get(&shard) {
-                    panic!(
-                        "shard {shard}: {} started while {other} runs: {:?}",
-                        fields[3],
-                        lines(log)
-                    );
-                }
-                now.insert(shard, fields[3].to_owned());
+                now.insert(shard, term);
             }
             _ => {
-                now.remove(&shard);
+                if now.get(&shard) == Some(&term) {
+                    now.remove(&shard);
+                }
             }
         }
     }
-    now
+    Ok(now
+        .into_iter()
+        .map(|(shard, (owner, _))| (shard, owner))
+        .collect())
+}
+
+/// Panics if a shard ever had two commands at once, with the log and what the members
+/// said.
+fn assert_no_overlap<'a>(log: &Path, members: impl IntoIterator<Item = &'a Proc>) {
+    if let Err(overlap) = shards_running(log) {
+        let said: Vec<String> = members.into_iter().map(Proc::stderr).collect();
+        panic!("{overlap}: {:?}\n{}", lines(log), said.join("\n"));
+    }
+}
+
+/// The shards whose lock a command (or something it started) still holds.
+fn shards_locked(log: &Path) -> Vec<u32> {
+    let dir = log.parent().expect("the log is in a directory");
+    (0..SHARDS)
+        .filter(|shard| {
+            let lock = dir.join(format!("shard-{shard}.lock"));
+            lock.exists()
+                && !std::process::Command::new("flock")
+                    .arg("-n")
+                    .arg(&lock)
+                    .arg("true")
+                    .status()
+                    .expect("run flock")
+                    .success()
+        })
+        .collect()
 }
 
 fn per_member(running: &BTreeMap<u32, String>) -> BTreeMap<String, usize> {
@@ -1032,10 +1075,13 @@ pub fn shard_group_shares_and_hands_over(store: &str, dir: &Path) {
         .map(|node| (node, member(store, node, &log)))
         .collect();
 
+    // An overlap ends the wait: it is reported, with what the members said, after it.
     let settled = |expect: usize| {
         let log = log.clone();
         move || {
-            let now = shards_running(&log);
+            let Ok(now) = shards_running(&log) else {
+                return true;
+            };
             now.len() == SHARDS as usize
                 && per_member(&now).len() == expect
                 && per_member(&now)
@@ -1043,8 +1089,10 @@ pub fn shard_group_shares_and_hands_over(store: &str, dir: &Path) {
                     .all(|&n| n == SHARDS as usize / expect)
         }
     };
+    let settled_3 = wait_until(Duration::from_secs(20), settled(3));
+    assert_no_overlap(&log, members.values());
     assert!(
-        wait_until(Duration::from_secs(20), settled(3)),
+        settled_3,
         "3 members never ran 2 shards each: {:?}",
         lines(&log)
     );
@@ -1073,14 +1121,15 @@ pub fn shard_group_shares_and_hands_over(store: &str, dir: &Path) {
     b.signal(Signal::SIGTERM);
     let mut b = b;
     assert_eq!(b.code_within(Duration::from_secs(20)), 0, "{}", b.stderr());
+    let settled_2 = wait_until(Duration::from_millis(1500), settled(2));
+    assert_no_overlap(&log, members.values().chain([&b]));
     assert!(
-        wait_until(Duration::from_millis(1500), settled(2)),
+        settled_2,
         "the others did not take b's shards at once: {:?}",
         lines(&log)
     );
-    for (_, member) in members {
+    for member in members.values_mut() {
         member.signal(Signal::SIGTERM);
-        let mut member = member;
         assert_eq!(
             member.code_within(Duration::from_secs(20)),
             0,
@@ -1088,9 +1137,11 @@ pub fn shard_group_shares_and_hands_over(store: &str, dir: &Path) {
             member.stderr()
         );
     }
+    assert_no_overlap(&log, members.values().chain([&b]));
+    let locked = shards_locked(&log);
     assert!(
-        shards_running(&log).is_empty(),
-        "every command stopped: {:?}",
+        locked.is_empty(),
+        "commands of shards {locked:?} outlived their members: {:?}",
         lines(&log)
     );
 }
