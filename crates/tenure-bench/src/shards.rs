@@ -223,6 +223,10 @@ pub struct HoldRow {
     pub cpu_percent: f64,
     /// Terms started during the window (all roles should have stayed put: 0).
     pub terms_restarted: u64,
+    /// For a group of two members or more: after the window, the member with the most
+    /// shards killed, and how soon the others ran its shards (hold TTL). `None` for
+    /// one member and for the per-role electors.
+    pub kill: Option<Kill>,
 }
 
 /// The churn scenario's findings.
@@ -244,12 +248,20 @@ pub struct Churn {
     pub join_settle_ms: f64,
     /// Each moved shard: the old owner's work ending to the new owner's work starting.
     pub handover: Latency,
-    /// Shards the killed member owned.
-    pub killed_shards: usize,
-    /// From the kill until every one of them ran on another member.
-    pub kill_reowned_ms: f64,
+    /// The member with the most shards killed.
+    pub kill: Kill,
     /// The lease (and member) TTL.
     pub ttl_ms: f64,
+}
+
+/// A member killed (as with SIGKILL: no release, no session close, no leave) and its
+/// shards taken over by the others.
+#[derive(Clone, Debug, Serialize)]
+pub struct Kill {
+    /// Shards the killed member owned.
+    pub shards: usize,
+    /// From the kill until every one of them ran on another member.
+    pub reowned_ms: f64,
 }
 
 /// The leave scenario's findings, beside electors on one role.

@@ -73,30 +73,7 @@ pub(super) async fn churn(
     }
 
     tracing::info!("churn: the member with the most shards is killed");
-    let victim = take_busiest(&mut members);
-    let victim_shards = victim.owned();
-    let killed = Instant::now();
-    victim.task.abort();
-    let all_owned_again = || {
-        let starts: Option<Vec<Instant>> = victim_shards
-            .iter()
-            .map(|s| scenario.log.first_start(*s, killed, Some(&victim.node)))
-            .collect();
-        Some(
-            starts?
-                .into_iter()
-                .max()
-                .unwrap_or(killed)
-                .duration_since(killed),
-        )
-    };
-    let some_not = || {
-        format!(
-            "the killed member's {} shards were not all owned again within {limit:?}",
-            victim_shards.len()
-        )
-    };
-    let reowned = wait_for(killed, limit, all_owned_again, some_not).await?;
+    let kill = scenario.kill_busiest(&mut members, limit).await?;
     for member in members {
         member.stop().await;
     }
@@ -109,8 +86,7 @@ pub(super) async fn churn(
         join_moved_to_newcomer: to_newcomer,
         join_settle_ms: millis(join_settle),
         handover: summarize(&handovers),
-        killed_shards: victim_shards.len(),
-        kill_reowned_ms: millis(reowned),
+        kill,
         ttl_ms: millis(scenario.ttl),
     })
 }

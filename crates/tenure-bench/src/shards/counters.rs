@@ -1,7 +1,7 @@
 //! What the scenarios count: lease-store calls by method and role, the terms that ran, and
 //! the server's and this process's counters read at one moment.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,6 +166,25 @@ impl TermLog {
             .filter(|t| t.shard == shard && t.start >= since && Some(t.member.as_str()) != not_by)
             .map(|t| t.start)
             .min()
+    }
+
+    /// When the last of `shards` first started again at or after `since` by someone other
+    /// than `not_by`; `None` while one has not. Reads only the terms started since (the
+    /// log is in order of start), so a wait can poll it however many shards there are.
+    pub(super) fn all_started(
+        &self,
+        shards: &BTreeSet<u32>,
+        since: Instant,
+        not_by: &str,
+    ) -> Option<Instant> {
+        let terms = self.terms.lock();
+        let mut first: BTreeMap<u32, Instant> = BTreeMap::new();
+        for term in terms.iter().rev().take_while(|t| t.start >= since) {
+            if term.member != not_by && shards.contains(&term.shard) {
+                first.insert(term.shard, term.start);
+            }
+        }
+        (first.len() == shards.len()).then(|| first.into_values().max().unwrap_or(since))
     }
 
     /// When `member`'s term of `shard` that was running at `at` ended.

@@ -12,8 +12,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::counters::{CallCounts, PerRoleAcquires, TermLog};
-use super::{LOOK_EVERY, MEMBER_POOL};
+use super::counters::{millis, CallCounts, PerRoleAcquires, TermLog};
+use super::{Kill, LOOK_EVERY, MEMBER_POOL};
 use crate::backend::Backend;
 use crate::BenchError;
 
@@ -172,6 +172,37 @@ impl Scenario<'_> {
             )
         };
         wait_for(since, limit, settled, unsettled).await
+    }
+}
+
+impl Scenario<'_> {
+    /// Kills the member owning the most shards (its task aborted: no release, no session
+    /// close, no leave, as with SIGKILL) and waits until each of its shards runs on
+    /// another member.
+    pub(super) async fn kill_busiest(
+        &self,
+        members: &mut Vec<RunningMember>,
+        limit: Duration,
+    ) -> Result<Kill, BenchError> {
+        let victim = take_busiest(members);
+        let shards = victim.owned();
+        let killed = Instant::now();
+        victim.task.abort();
+        let all_owned_again = || {
+            let last = self.log.all_started(&shards, killed, &victim.node)?;
+            Some(last.duration_since(killed))
+        };
+        let some_not = || {
+            format!(
+                "the killed member's {} shards were not all owned again within {limit:?}",
+                shards.len()
+            )
+        };
+        let reowned = wait_for(killed, limit, all_owned_again, some_not).await?;
+        Ok(Kill {
+            shards: shards.len(),
+            reowned_ms: millis(reowned),
+        })
     }
 }
 

@@ -92,6 +92,7 @@ pub(super) fn hold_row(
         cpu_percent: 100.0 * after.cpu.saturating_sub(before.cpu).as_secs_f64()
             / window.as_secs_f64(),
         terms_restarted: after.terms - before.terms,
+        kill: None,
     }
 }
 
@@ -117,9 +118,15 @@ pub(super) async fn hold_group(
         "settling the shard group"
     );
     let limit = settle_limit(backend, bench.shards / bench.members as u32, bench.hold_ttl);
-    let (members, settle) = scenario.start_settled(bench.members, limit).await?;
+    let (mut members, settle) = scenario.start_settled(bench.members, limit).await?;
     tracing::info!(window = ?bench.window, "measuring the shard group's hold");
     let (before, after) = hold_window(backend, &scenario.counts, &scenario.log, bench).await?;
+    let kill = if members.len() >= 2 {
+        tracing::info!("the member with the most shards is killed");
+        Some(scenario.kill_busiest(&mut members, limit).await?)
+    } else {
+        None
+    };
     for member in members {
         member.stop().await;
     }
@@ -149,6 +156,7 @@ pub(super) async fn hold_group(
     Ok(HoldRow {
         restart_settle_ms: restart_settle,
         per_role_settle_ms: Some(millis(per_role_settle)),
+        kill,
         ..hold_row(
             "shard group",
             bench.shards,

@@ -47,6 +47,13 @@ impl ShardReport {
                     row.holder
                 );
             }
+            if let Some(kill) = &row.kill {
+                let _ = writeln!(
+                    out,
+                    "  (then a member with {} shards killed: all owned again after {:.0}ms, ttl {:.0}ms)",
+                    kill.shards, kill.reowned_ms, s.hold_ttl_ms
+                );
+            }
             if let Some(per_role) = row.per_role_settle_ms {
                 let _ = writeln!(
                     out,
@@ -90,7 +97,7 @@ impl ShardReport {
             let _ = writeln!(
                 out,
                 "  a member with {} shards killed: all owned again after {:.0}ms (ttl {:.0}ms)",
-                c.killed_shards, c.kill_reowned_ms, c.ttl_ms
+                c.kill.shards, c.kill.reowned_ms, c.ttl_ms
             );
         }
         if let Some(l) = &self.leave {
