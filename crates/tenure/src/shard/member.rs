@@ -49,8 +49,11 @@ pub(super) enum Wake {
     /// The work of a shard's term ended (returned, or wound down after a cancel); the
     /// token tells a late wake of an earlier term from one of the current term.
     WorkEnded(u32, FencingToken),
-    /// The store pushed a change of a shard held elsewhere that this member waits for.
+    /// The store pushed a change of a shard held elsewhere that this member waits for
+    /// (or the wait ran out).
     ShardChanged(u32),
+    /// A probe's target took the shard, or the probe is due to be taken back.
+    ProbeSettled(u32),
 }
 
 /// The mutable side of one running member.
@@ -291,15 +294,22 @@ impl Member<'_> {
                     self.waiting.remove(&shard);
                     let now = Instant::now();
                     let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
-                    // A shard can be pushed twice in one burst (a probe's waiter and
-                    // a contender's); it is taken once.
-                    if self.targeted_here(shard) && cooled && !self.terms.contains_key(&shard) {
-                        if seen.insert(shard) {
-                            pushed.push((shard, false));
-                        }
-                    } else {
-                        look = true;
+                    // Taken here meanwhile, or targeted elsewhere since: nothing to act on
+                    // (a look per such wake read the whole group up to `MAX_WAITERS` times
+                    // as a group settled, when the waits ran out).
+                    if !self.targeted_here(shard) || self.terms.contains_key(&shard) {
+                        continue;
                     }
+                    // A shard can be pushed twice in one burst; it is taken once.
+                    if !cooled {
+                        look = true;
+                    } else if seen.insert(shard) {
+                        pushed.push((shard, false));
+                    }
+                }
+                Wake::ProbeSettled(shard) => {
+                    debug!(shard, "a probe was taken or is due back");
+                    look = true;
                 }
                 Wake::WorkEnded(shard, token) => {
                     look |= self.work_ended(shard, token, wake_tx).await
@@ -356,7 +366,7 @@ impl Member<'_> {
             let role = role(&self.options().group, shard);
             tokio::spawn(async move {
                 store.wait_for_term(&role, term.token, until).await;
-                let _ = wake.send(Wake::ShardChanged(shard));
+                let _ = wake.send(Wake::ProbeSettled(shard));
             });
         }
         if term.handing_over {
