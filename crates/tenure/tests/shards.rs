@@ -74,6 +74,14 @@ impl Group {
         }
     }
 
+    /// A group on the in-memory store whose calls are counted by method.
+    fn counted() -> (Group, Arc<Calls>) {
+        let calls = Arc::new(Calls::default());
+        let store = InMemoryLeaseStore::with_clock(TokioClock::new());
+        let store = InterceptStore::new(Arc::new(store)).with(calls.clone());
+        (Group::new(Arc::new(store)), calls)
+    }
+
     fn in_memory() -> Group {
         Group::new(Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())))
     }
@@ -512,10 +520,7 @@ impl Interceptor for Calls {
 /// session keep-alive per interval, never a per-shard renewal, and no term restarts.
 #[tokio::test(start_paused = true)]
 async fn renewal_costs_one_call_per_interval_however_many_shards() {
-    let calls = Arc::new(Calls::default());
-    let store = InterceptStore::new(Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())))
-        .with(calls.clone());
-    let mut group = Group::new(Arc::new(store));
+    let (mut group, calls) = Group::counted();
     group.start("solo", 200);
     tokio::time::sleep(RENEW / 2).await;
     group.assert_balanced(200);
@@ -545,10 +550,7 @@ async fn renewal_costs_one_call_per_interval_however_many_shards() {
 /// elsewhere while settling ran out after it, and each read the group again.
 #[tokio::test(start_paused = true)]
 async fn a_settled_group_reads_the_group_about_once_per_ttl() {
-    let calls = Arc::new(Calls::default());
-    let store = InterceptStore::new(Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new())))
-        .with(calls.clone());
-    let mut group = Group::new(Arc::new(store));
+    let (mut group, calls) = Group::counted();
     group.start("a", 1000);
     tokio::time::sleep(2 * RENEW).await;
     for node in ["b", "c", "d"] {
