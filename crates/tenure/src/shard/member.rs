@@ -80,9 +80,13 @@ pub(super) struct Member<'a> {
     /// Shards held elsewhere whose store push one waiter task is waiting for (one per
     /// shard: a waiter per reconcile would multiply with every wake).
     pub(super) waiting: BTreeSet<u32>,
-    /// When the last read of the group showed the first change due (a member's
-    /// membership or a term targeted here lapsing), if any.
+    /// When the last read of the group showed the first change due (a term targeted
+    /// here lapsing, a probe due back), if any.
     pub(super) next_look: Option<Instant>,
+    /// When the last read of the members showed the first other member's membership
+    /// lapsing unless it heartbeats, if any: a read of the members (not of every shard)
+    /// then tells whether the group must be read.
+    pub(super) next_lapse: Option<Instant>,
     /// Releases that failed or timed out, by shard: the store may still apply each
     /// one, so no work starts under its token (a late release would end that term under
     /// it); each look releases the shard again until one answers.
@@ -95,7 +99,8 @@ pub(super) struct Member<'a> {
     pub(super) lost_acquires: BTreeSet<u32>,
     /// The last look found nothing to do: every shard owned, none to take, hand over,
     /// wait for or release here. Looks are then a TTL apart (each reads every shard of
-    /// the group); joins and leaves are pushed, and a lapse has its own look.
+    /// the group); joins and leaves are pushed, and a membership due to lapse has its own
+    /// read of the members (a look if it did lapse).
     pub(super) settled: bool,
 }
 
@@ -161,8 +166,11 @@ impl Member<'_> {
             let look_again = (now + every)
                 .min(self.next_look.unwrap_or(now + every))
                 .max(now + MIN_LOOK);
+            let lapse_check = self.next_lapse.map_or(look_again, |lapse| {
+                lapse.max(now + MIN_LOOK).min(look_again)
+            });
             let registry = self.elector.registry.clone();
-            let members_changed = registry.wait_for_members_change(&observed, look_again);
+            let members_changed = registry.wait_for_members_change(&observed, lapse_check);
             let [local, stored] = &mut self.drains;
             let drains = async {
                 tokio::select! {
@@ -187,11 +195,28 @@ impl Member<'_> {
                     }
                     look = self.woken(wakes, work, wake_tx).await;
                 }
-                _ = members_changed => {}
+                _ = members_changed => {
+                    if Instant::now() < look_again {
+                        look = !self.members_unchanged(&observed).await;
+                    }
+                }
             }
         }
         self.stop_work().await;
         Ok(())
+    }
+
+    /// Reads the group's members: whether they are still `observed` (then the next lapse
+    /// to check is set from this read, and the group need not be read).
+    async fn members_unchanged(&mut self, observed: &[String]) -> bool {
+        let now = Instant::now();
+        match self.group_members().await {
+            Ok((live, lapse)) if live == observed => {
+                self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Drains or ends the drain as the drain requests now say: leaves the group's

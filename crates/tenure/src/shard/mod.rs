@@ -172,12 +172,12 @@ impl std::fmt::Debug for ShardElector {
     }
 }
 
-/// How long after a term or membership is due to lapse the member looks: store and
+/// How long after a term or membership is due to lapse the member reads: store and
 /// local clocks tick at about the same rate, and a look a moment early finds nothing.
 const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 
-/// The shortest wait between two looks at the group, so a lapse already due cannot
-/// make the member spin.
+/// The shortest wait between two looks at the group (or reads of its members), so a
+/// lapse already due cannot make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
 
 /// At most this many shards are asked for in one acquire call: enough that a member
@@ -302,6 +302,7 @@ impl ShardElector {
             last_seen: HashMap::new(),
             waiting: BTreeSet::new(),
             next_look: None,
+            next_lapse: None,
             pending_releases: BTreeMap::new(),
             lost_acquires: BTreeSet::new(),
             settled: false,

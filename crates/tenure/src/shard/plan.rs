@@ -58,8 +58,9 @@ impl Member<'_> {
             .collect();
         let target = place(&options.group, options.shards, &planned, &owners);
         // A crashed member's shards free when its session ends and its targets move when
-        // its membership lapses; neither is pushed, so look again right after the first
-        // of them rather than up to a retry interval later.
+        // its membership lapses; neither is pushed, so look again right after the session
+        // ends, and read the members right after the membership is due to lapse (a look
+        // only if it did), rather than up to a retry interval later.
         let expiry = held
             .iter()
             .filter(|(shard, (holder, _, _))| {
@@ -69,10 +70,10 @@ impl Member<'_> {
             .min();
         self.check_terms(&held);
         self.release_strays(&held, &target).await;
-        self.next_look = lapse
+        self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+        self.next_look = expiry
+            .map(|expiry| now + expiry + LAPSE_NUDGE)
             .into_iter()
-            .chain(expiry)
-            .map(|soonest| now + soonest + LAPSE_NUDGE)
             .chain(self.probes.next_due())
             .min();
 
