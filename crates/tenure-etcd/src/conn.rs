@@ -6,13 +6,19 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn,
-    TxnResponse, WatchOptions, WatchStream,
+    Client, DeleteOptions, DeleteResponse, GetOptions, GetResponse, KvClient,
+    LeaseTimeToLiveOptions, Txn, TxnResponse, WatchOptions, WatchStream,
 };
 use tenure::{Error, Result};
 
 /// The backend's name in errors.
 pub(crate) const BACKEND: &str = "etcd";
+
+/// The largest answer a read decodes. A shard group is read whole, about 300 bytes a
+/// shard (its lease, term and value keys): 40,000 shards are 11.8 MB, past gRPC's default
+/// 4 MB, which refused the read, so no member could look at the group. This bounds a
+/// million shards (about 300 MB) with room; the server is the one the user configured.
+const MAX_ANSWER_BYTES: usize = 1 << 30;
 
 pub(crate) fn store_err(what: &str, error: etcd_client::Error) -> Error {
     Error::store(BACKEND, what.to_owned(), error)
@@ -89,9 +95,16 @@ impl Conn {
         }
     }
 
+    /// A KV client that decodes answers up to [`MAX_ANSWER_BYTES`].
+    fn kv(&self) -> KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(MAX_ANSWER_BYTES)
+    }
+
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
         self.call(what, || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let txn = txn.clone();
             async move { kv.txn(txn).await }
         })
@@ -105,7 +118,7 @@ impl Conn {
         options: Option<GetOptions>,
     ) -> Result<GetResponse> {
         self.call(what, || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let options = options.clone();
             async move { kv.get(key, options).await }
         })
@@ -119,7 +132,7 @@ impl Conn {
         options: Option<DeleteOptions>,
     ) -> Result<DeleteResponse> {
         self.call(what, || {
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv();
             let options = options.clone();
             async move { kv.delete(key, options).await }
         })

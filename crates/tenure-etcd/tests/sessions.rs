@@ -292,3 +292,28 @@ async fn a_failed_keep_alive_does_not_end_the_session() {
         assert!(store.close_session(session.id).await.unwrap());
     }
 }
+
+/// A group of 40,000 shards held under one session: reading it whole is several
+/// megabytes, more than a gRPC client decodes by default (4 MB). The read must still
+/// answer, with every role live under the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_larger_than_a_grpc_message_is_read_whole() {
+    const SHARDS: usize = 40_000;
+    let (store, _client) = store("big-group", true).await;
+    // Long enough to outlast the acquires (a few seconds) without keep-alives.
+    let session = store
+        .open_session("node-a", Duration::from_secs(120))
+        .await
+        .unwrap();
+    let roles: Vec<String> = (0..SHARDS).map(|k| format!("big/{k}")).collect();
+    for batch in roles.chunks(64) {
+        let answers = store
+            .acquire_many_in_session(batch, session.id)
+            .await
+            .unwrap();
+        assert!(answers.iter().all(|a| a.acquired), "{answers:?}");
+    }
+    let leases = store.list_prefix("big/").await.unwrap();
+    assert_eq!(leases.len(), SHARDS);
+    assert!(leases.iter().all(|l| l.live_holder() == Some("node-a")));
+}
