@@ -134,6 +134,7 @@ impl Member<'_> {
     {
         let mut observed: Vec<String> = Vec::new();
         let mut look = true;
+        let mut looked_at = Instant::now();
         loop {
             if self.session.is_none() {
                 self.open_session(shutdown).await;
@@ -143,6 +144,7 @@ impl Member<'_> {
                 look = true;
             }
             if look {
+                looked_at = Instant::now();
                 observed = match self.reconcile(work, wake_tx).await {
                     Ok(members) => members,
                     Err(error) => {
@@ -155,16 +157,19 @@ impl Member<'_> {
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
-            // Look again after the retry interval (a TTL once settled), or sooner when
-            // the last read showed something about to lapse (see `reconcile`).
+            // Look again a retry interval (a TTL once settled) after the last look, or
+            // sooner when it showed something about to lapse (see `reconcile`). From the
+            // last look, not from now: wakes that do not look (a push acted on, a read of
+            // the members that found them unchanged) come as often as the store pushes,
+            // and must not put the next look off for good.
             let now = Instant::now();
             let every = if self.settled {
                 self.options().retry_interval.max(self.options().lease_ttl)
             } else {
                 self.options().retry_interval
             };
-            let look_again = (now + every)
-                .min(self.next_look.unwrap_or(now + every))
+            let look_again = (looked_at + every)
+                .min(self.next_look.unwrap_or(looked_at + every))
                 .max(now + MIN_LOOK);
             let lapse_check = self.next_lapse.map_or(look_again, |lapse| {
                 lapse.max(now + MIN_LOOK).min(look_again)
