@@ -173,9 +173,7 @@ impl Scenario<'_> {
         };
         wait_for(since, limit, settled, unsettled).await
     }
-}
 
-impl Scenario<'_> {
     /// Kills the member owning the most shards (its task aborted: no release, no session
     /// close, no leave, as with SIGKILL) and waits until each of its shards runs on
     /// another member.

@@ -322,14 +322,14 @@ impl Member<'_> {
                 Wake::ShardChanged(shard) => {
                     debug!(shard, "the store pushed a change of a shard held elsewhere");
                     self.waiting.remove(&shard);
-                    let now = Instant::now();
-                    let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
                     // Taken here meanwhile, or targeted elsewhere since: nothing to act on
                     // (a look per such wake read the whole group up to `MAX_WAITERS` times
                     // as a group settled, when the waits ran out).
                     if !self.targeted_here(shard) || self.terms.contains_key(&shard) {
                         continue;
                     }
+                    let now = Instant::now();
+                    let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
                     // A shard can be pushed twice in one burst; it is taken once.
                     if !cooled {
                         look = true;
