@@ -12,8 +12,12 @@
 //! (`lease::queue`), so they must not go back: a copy of a candidacy this process wrote
 //! or read itself (newer than every event the watch delivered before that version) is
 //! kept until the watch delivers that version, and an event older than it changes
-//! nothing. A relist (after the watch lost its place) replaces every copy, and an
-//! object the relist no longer lists is handled as deleted.
+//! nothing. A (re)list replaces the watch's copies, and an object it no longer lists is
+//! handled as deleted; but it may be older than this process's own copy (the API
+//! server answers the watch's list from its cache, which may lag a write this process
+//! already made), and versions are opaque, so an object it lists at another version
+//! than this process's copy is read once more before the list counts as done: the read
+//! is newer than both, and tells which one the watch will still deliver.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,6 +58,9 @@ pub(crate) struct Shared {
     fresh: Mutex<HashMap<String, (Lease, Instant)>>,
     /// The objects a relist in progress has listed so far (`None` outside one).
     relisted: Mutex<Option<HashSet<String>>>,
+    /// Objects the relist in progress listed at another version than this process's
+    /// own copy: settled by a read when it ends.
+    contested: Mutex<Vec<Contested>>,
     /// Whether the watch has delivered one complete list (its copies are the namespace's
     /// objects, give or take the events still on their way).
     synced: AtomicBool,
@@ -71,6 +78,7 @@ impl Shared {
             latest: Mutex::new(HashMap::new()),
             fresh: Mutex::new(HashMap::new()),
             relisted: Mutex::new(None),
+            contested: Mutex::new(Vec::new()),
             synced: AtomicBool::new(false),
             synced_notify: Notify::new(),
         })
@@ -170,8 +178,11 @@ impl Shared {
         *self.relisted.lock() = Some(HashSet::new());
     }
 
-    /// The end of a (re)list: an object it did not list was deleted meanwhile.
-    fn end_relist(&self) {
+    /// The end of a (re)list: an object it did not list was deleted meanwhile. Returns
+    /// the objects it listed at another version than this process's own copy; the list
+    /// counts as done ([`mark_synced`](Self::mark_synced)) once each is
+    /// [`settle`](Self::settle)d.
+    fn end_relist(&self) -> Vec<Contested> {
         let listed = self.relisted.lock().take().unwrap_or_default();
         let gone: Vec<Lease> = self
             .latest
@@ -183,8 +194,52 @@ impl Shared {
         for lease in gone {
             self.event(&lease, true);
         }
+        std::mem::take(&mut *self.contested.lock())
+    }
+
+    /// The watch's copies are the namespace's objects, give or take the events on
+    /// their way.
+    fn mark_synced(&self) {
         self.synced.store(true, Ordering::Release);
         self.synced_notify.notify_waiters();
+    }
+
+    /// Settles `contested` with `read`, the object read after the relist ended (`None`:
+    /// deleted; `Err`: the read failed, and the listed copy is taken, as the watch
+    /// delivers whatever came after it). Nothing changes if this process has since
+    /// seen its own copy delivered or written a newer one.
+    fn settle(&self, contested: Contested, read: std::result::Result<Option<Lease>, ()>) {
+        let Contested { name, listed, own } = contested;
+        {
+            let mut fresh = self.fresh.lock();
+            let version = fresh
+                .get(&name)
+                .map(|(copy, _)| copy.metadata.resource_version.clone());
+            if version != Some(own) {
+                return;
+            }
+            match &read {
+                // Newer than the list (it is newer than both copies and differs from the
+                // listed one): the watch, going on from the list, delivers it.
+                Ok(Some(lease))
+                    if lease.metadata.resource_version != listed.metadata.resource_version =>
+                {
+                    let version = lease.metadata.resource_version.as_deref();
+                    let now = self.observer.instant();
+                    let first = self.observer.saw(&name, version.unwrap_or_default(), now);
+                    fresh.insert(name, (lease.clone(), first));
+                    return;
+                }
+                _ => {
+                    fresh.remove(&name);
+                }
+            }
+        }
+        match read {
+            Ok(Some(lease)) => self.event(&lease, false),
+            Ok(None) => self.event(&listed, true),
+            Err(()) => self.event(&listed, false),
+        }
     }
 
     /// Whether an event for `lease` is older than the copy this process holds of that
@@ -197,16 +252,23 @@ impl Shared {
             return false;
         };
         let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
-        let relisting = self.relisted.lock().is_some();
         let older = if deleted {
             // A delete of an earlier incarnation than the one this process created.
             !same(&copy.metadata.uid, &lease.metadata.uid)
+        } else if same(
+            &copy.metadata.resource_version,
+            &lease.metadata.resource_version,
+        ) {
+            false
         } else {
-            !relisting
-                && !same(
-                    &copy.metadata.resource_version,
-                    &lease.metadata.resource_version,
-                )
+            if self.relisted.lock().is_some() {
+                self.contested.lock().push(Contested {
+                    name: name.to_owned(),
+                    listed: lease.clone(),
+                    own: copy.metadata.resource_version.clone(),
+                });
+            }
+            true
         };
         if !older {
             fresh.remove(name);
@@ -322,6 +384,16 @@ impl Shared {
     }
 }
 
+/// An object a relist listed at another version than this process's own copy.
+#[derive(Debug)]
+struct Contested {
+    name: String,
+    /// The object as listed.
+    listed: Lease,
+    /// The version of this process's copy when it was listed.
+    own: Option<String>,
+}
+
 /// What membership reads of an object, beyond its version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Mark {
@@ -373,7 +445,7 @@ impl Watch {
         }
         let config = watcher::Config::default().labels(&self.selector);
         let stream = watcher(api.clone(), config).default_backoff();
-        let shared = Arc::clone(shared);
+        let (api, shared) = (api.clone(), Arc::clone(shared));
         let stop = self.stop.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -389,7 +461,16 @@ impl Watch {
                     }
                     Some(Ok(watcher::Event::Delete(lease))) => shared.event(&lease, true),
                     Some(Ok(watcher::Event::Init)) => shared.begin_relist(),
-                    Some(Ok(watcher::Event::InitDone)) => shared.end_relist(),
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        for contested in shared.end_relist() {
+                            let read = tokio::select! {
+                                _ = stop.cancelled() => return,
+                                read = read_again(&api, &contested.name) => read,
+                            };
+                            shared.settle(contested, read);
+                        }
+                        shared.mark_synced();
+                    }
                     Some(Err(error)) => {
                         tracing::debug!(%error, "lease watch failed; retrying with backoff")
                     }
@@ -398,6 +479,23 @@ impl Watch {
         });
     }
 }
+
+/// `object` read for [`Shared::settle`]: a few tries, a moment apart.
+async fn read_again(api: &Api<Lease>, object: &str) -> std::result::Result<Option<Lease>, ()> {
+    let mut pause = std::time::Duration::from_millis(50);
+    for _ in 0..READ_AGAIN_TRIES {
+        match api.get_opt(object).await {
+            Ok(read) => return Ok(read),
+            Err(error) => tracing::debug!(%error, object, "reading a relisted object again failed"),
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+    }
+    Err(())
+}
+
+/// How often [`read_again`] tries.
+const READ_AGAIN_TRIES: u32 = 4;
 
 impl Watch {
     /// Whether the watch was started (it may be between reconnects).
@@ -409,5 +507,122 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn version(name: &str, resource_version: &str, holder: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+                uid: Some("uid-1".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn cached_version(shared: &Shared, name: &str) -> Option<String> {
+        shared
+            .cached(name)
+            .and_then(|(lease, _)| lease.metadata.resource_version)
+    }
+
+    /// Runs a relist that lists `listed` while this process holds `own`; the copies
+    /// it left to settle.
+    fn relist(shared: &Shared, own: &Lease, listed: &Lease) -> Vec<Contested> {
+        shared.fresher(own, Instant::now());
+        shared.begin_relist();
+        shared.event(listed, false);
+        shared.end_relist()
+    }
+
+    /// The initial list may come from the API server's cache, older than a write this
+    /// process made while it was on its way (a withdrawn candidacy listed as queued): the
+    /// copy does not go back to it, and the list is not done until a read settles it.
+    #[tokio::test]
+    async fn a_relist_older_than_an_own_write_does_not_take_its_place() {
+        let shared = Shared::new();
+        let (queued, withdrawn) = (version("c", "10", Some("node-b")), version("c", "12", None));
+        let contested = relist(&shared, &withdrawn, &queued);
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("12"));
+        assert_eq!(contested.len(), 1);
+        assert!(!shared.synced(), "done only once settled");
+
+        // The read shows the own write: the watch will deliver it, and only then does
+        // an event of another version count.
+        for contested in contested {
+            shared.settle(contested, Ok(Some(withdrawn.clone())));
+        }
+        shared.event(&version("c", "11", Some("node-b")), false);
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("12"));
+        shared.event(&withdrawn, false);
+        shared.event(&version("c", "13", Some("node-d")), false);
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("13"));
+    }
+
+    /// A relist newer than the own copy (the object changed since, elsewhere): the read
+    /// shows the listed version, which the watch will not deliver again, so it is taken.
+    #[tokio::test]
+    async fn a_relist_newer_than_an_own_write_is_taken_once_read() {
+        let shared = Shared::new();
+        let (own, listed) = (version("c", "12", None), version("c", "15", Some("node-e")));
+        for contested in relist(&shared, &own, &listed) {
+            shared.settle(contested, Ok(Some(listed.clone())));
+        }
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("15"));
+        shared.event(&version("c", "16", Some("node-f")), false);
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("16"));
+    }
+
+    /// Settling leaves a newer own write alone; a read that failed takes the listed copy;
+    /// a read that found nothing deletes the object; a relist showing the own version
+    /// leaves nothing to settle.
+    #[tokio::test]
+    async fn settling_a_relisted_copy() {
+        let shared = Shared::new();
+        let contested = relist(
+            &shared,
+            &version("c", "12", None),
+            &version("c", "10", None),
+        );
+        shared.fresher(&version("c", "14", Some("node-b")), Instant::now());
+        for contested in contested {
+            shared.settle(contested, Ok(Some(version("c", "13", None))));
+        }
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("14"));
+
+        let shared = Shared::new();
+        for contested in relist(
+            &shared,
+            &version("c", "12", None),
+            &version("c", "10", None),
+        ) {
+            shared.settle(contested, Err(()));
+        }
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("10"));
+
+        let shared = Shared::new();
+        for contested in relist(
+            &shared,
+            &version("c", "12", None),
+            &version("c", "10", None),
+        ) {
+            shared.settle(contested, Ok(None));
+        }
+        assert_eq!(cached_version(&shared, "c"), None);
+
+        let shared = Shared::new();
+        let own = version("c", "12", None);
+        assert!(relist(&shared, &own, &own).is_empty());
+        assert_eq!(cached_version(&shared, "c").as_deref(), Some("12"));
     }
 }
