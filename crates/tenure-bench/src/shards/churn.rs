@@ -43,7 +43,7 @@ pub(super) async fn churn(
     run_id: &str,
 ) -> Result<Churn, BenchError> {
     let scenario = churn_scenario(backend, bench, format!("{run_id}-churn"));
-    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
+    let limit = settle_limit(backend, CHURN_SHARDS, CHURN_MEMBERS + 1, scenario.ttl);
     tracing::info!("churn: a cold start of {CHURN_MEMBERS} members");
     let (mut members, cold) = scenario.start_settled(CHURN_MEMBERS, limit).await?;
     let cold_shares = members.iter().map(|m| m.owned().len()).collect();
@@ -97,7 +97,7 @@ pub(super) async fn leave(
     run_id: &str,
 ) -> Result<Leave, BenchError> {
     let scenario = churn_scenario(backend, bench, format!("{run_id}-leave"));
-    let limit = settle_limit(backend, CHURN_SHARDS, scenario.ttl);
+    let limit = settle_limit(backend, CHURN_SHARDS, LEAVE_MEMBERS, scenario.ttl);
     tracing::info!("leave: {LEAVE_MEMBERS} members settle {CHURN_SHARDS} shards");
     let (mut members, _) = scenario.start_settled(LEAVE_MEMBERS, limit).await?;
     tokio::time::sleep(scenario.renew).await;
@@ -196,7 +196,7 @@ pub(super) async fn elector_leave(
         });
         electors.push((format!("e{i}"), shutdown, task));
     }
-    let limit = settle_limit(backend, 1, ttl);
+    let limit = settle_limit(backend, 1, LEAVE_MEMBERS, ttl);
     let start = Instant::now();
     let running = || {
         let terms = log.terms.lock();

@@ -117,7 +117,12 @@ pub(super) async fn hold_group(
         members = bench.members,
         "settling the shard group"
     );
-    let limit = settle_limit(backend, bench.shards / bench.members as u32, bench.hold_ttl);
+    let limit = settle_limit(
+        backend,
+        bench.shards / bench.members as u32,
+        bench.members,
+        bench.hold_ttl,
+    );
     let (mut members, settle) = scenario.start_settled(bench.members, limit).await?;
     tracing::info!(window = ?bench.window, "measuring the shard group's hold");
     let (before, after) = hold_window(backend, &scenario.counts, &scenario.log, bench).await?;
@@ -212,7 +217,7 @@ pub(super) async fn hold_electors(
             elector.run(&role, work, stop).await
         }));
     }
-    let limit = settle_limit(backend, bench.shards, bench.hold_ttl);
+    let limit = settle_limit(backend, bench.shards, 1, bench.hold_ttl);
     let all_lead = || (log.started() >= u64::from(bench.shards)).then(|| start.elapsed());
     let some_wait = || {
         format!(
