@@ -8,6 +8,10 @@
 //! between calls: at most as many as the pool's `max_connections`, taken only when that
 //! many calls run at once.
 //!
+//! A session's keep-alive may also use one connection more, reserved for it: a member
+//! contending for or handing over many shards at once fills every other slot, often with
+//! statements waiting on row locks, and its session must not lapse behind its own calls.
+//!
 //! A connection goes back to the idle stack only after its statement completed. On an
 //! error, or when the caller's future is dropped mid-statement, it is closed instead:
 //! its protocol state is unknown, and the next call takes a fresh one. A connection-level
@@ -30,6 +34,8 @@ pub(crate) struct DirectConnections {
     pool: PgPool,
     idle: Mutex<Vec<PgConnection>>,
     slots: Semaphore,
+    /// The one slot more that only keep-alives take, when every one of `slots` is busy.
+    reserved: Semaphore,
     /// Set by a connection-level error: the pool's idle connections are likely dead too
     /// (it does not ping them before handing them out), so the next connection is a new
     /// one.
@@ -53,6 +59,7 @@ impl DirectConnections {
             pool: pool.clone(),
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(limit),
+            reserved: Semaphore::new(1),
             connect_fresh: AtomicBool::new(false),
         }
     }
@@ -64,7 +71,7 @@ impl DirectConnections {
         what: &str,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> tenure::Result<PgRow> {
-        let checkout = self.checkout(what).await?;
+        let checkout = self.checkout(what, false).await?;
         checkout
             .fetch_one(query)
             .await
@@ -77,7 +84,26 @@ impl DirectConnections {
         what: &str,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> tenure::Result<Option<PgRow>> {
-        let checkout = self.checkout(what).await?;
+        self.optional_row(what, query, false).await
+    }
+
+    /// As [`fetch_optional`](Self::fetch_optional), for a session's keep-alive: on the
+    /// reserved connection when every other one is busy.
+    pub(crate) async fn fetch_optional_reserved(
+        &self,
+        what: &str,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> tenure::Result<Option<PgRow>> {
+        self.optional_row(what, query, true).await
+    }
+
+    async fn optional_row(
+        &self,
+        what: &str,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        reserved: bool,
+    ) -> tenure::Result<Option<PgRow>> {
+        let checkout = self.checkout(what, reserved).await?;
         checkout
             .fetch_optional(query)
             .await
@@ -90,7 +116,7 @@ impl DirectConnections {
         what: &str,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> tenure::Result<Vec<PgRow>> {
-        let checkout = self.checkout(what).await?;
+        let checkout = self.checkout(what, false).await?;
         checkout
             .fetch_all(query)
             .await
@@ -103,13 +129,23 @@ impl DirectConnections {
         what: &str,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> tenure::Result<()> {
-        let checkout = self.checkout(what).await?;
+        let checkout = self.checkout(what, false).await?;
         checkout.execute(query).await.map_err(|e| pg_error(what, e))
     }
 
-    /// An idle connection, or a new one; waits while `max_connections` calls are running.
-    async fn checkout(&self, what: &str) -> tenure::Result<Checkout<'_>> {
-        let slot = self.slots.acquire().await.map_err(|_| {
+    /// An idle connection, or a new one; waits while `max_connections` calls are running
+    /// (and, with `reserved`, the reserved slot is taken too).
+    async fn checkout(&self, what: &str, reserved: bool) -> tenure::Result<Checkout<'_>> {
+        let slot = if reserved {
+            tokio::select! {
+                biased;
+                slot = self.slots.acquire() => slot,
+                slot = self.reserved.acquire() => slot,
+            }
+        } else {
+            self.slots.acquire().await
+        };
+        let slot = slot.map_err(|_| {
             tenure::Error::store_msg(crate::error::BACKEND, format!("{what}: store is closed"))
         })?;
         let idle = self.idle.lock().pop();

@@ -131,7 +131,8 @@ pub struct ConnectOptions {
     pub schema: String,
     /// The liveness TTL of the node registry. Default 15 s.
     pub registry_ttl: Duration,
-    /// The pool's size. Default 8.
+    /// The pool's size. Default 8. A session's keep-alive may use one connection more
+    /// when all of these are busy, so that a member's own calls never lapse its session.
     pub max_connections: u32,
     /// How long to wait for a connection. Default 10 s.
     pub connect_timeout: Duration,

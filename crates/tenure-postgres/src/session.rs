@@ -97,7 +97,7 @@ impl SessionStatements {
         };
         let query = sqlx::query(&self.keep_alive).bind(id).bind(micros);
         let row = direct
-            .fetch_optional("could not keep the session alive", query)
+            .fetch_optional_reserved("could not keep the session alive", query)
             .await?;
         row.map(|row| Ok((grant(&row)?, decode::<bool>(&row, "named")?)))
             .transpose()

@@ -411,3 +411,60 @@ async fn opening_a_session_forgets_ended_ones_no_lease_names() {
     assert!(taken.acquired);
     assert!(taken.fencing_token > held.fencing_token);
 }
+
+/// A session's keep-alive does not wait behind the store's other calls: with every
+/// connection the store may use taken by a call blocked on a row another process holds
+/// locked, the keep-alive still answers (a member contending for or handing over many
+/// shards at once must not lapse its own session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_does_not_wait_behind_blocked_calls() {
+    const APP: &str = "sessions-keep-alive-lane";
+    let (pool, schema) = common::migrated_with(APP, 1).await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let session = store.open_session("node-a", LONG).await.unwrap();
+    store
+        .try_acquire_or_renew("locked", "node-b", LONG)
+        .await
+        .unwrap();
+    let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
+    let other = common::pool(server, 2, "sessions-keep-alive-locker").await;
+    let mut lock = other.begin().await.unwrap();
+    let sql = format!(
+        "SELECT 1 FROM {} WHERE role = 'locked' FOR UPDATE",
+        table(&schema, "tenure_leases")
+    );
+    sqlx::query(&sql).execute(&mut *lock).await.unwrap();
+
+    let blocked = {
+        let store = store.clone();
+        tokio::spawn(async move { store.try_acquire_or_renew("locked", "node-b", LONG).await })
+    };
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    let started = Instant::now();
+    while sqlx::query_scalar::<_, i64>(waiting)
+        .bind(APP)
+        .fetch_one(&other)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the renewal never waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let kept = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.keep_alive_session(session.id, LONG),
+    )
+    .await;
+    lock.rollback().await.unwrap();
+    assert!(
+        matches!(kept, Ok(Ok(Some(_)))),
+        "the keep-alive answered while the store's only other connection waited: {kept:?}"
+    );
+    blocked.await.unwrap().unwrap();
+}
