@@ -8,6 +8,12 @@
 //! have two members working on it at once; after a quiet phase every shard is worked on
 //! by exactly one live member and each owns `floor(N/M)` or `ceil(N/M)`.
 //!
+//! Half the schedules run on a registry whose waits for a change of the members also end
+//! early at random, more often than members look (as a backend's watch wakes on changes
+//! that are no join or leave): such wakes must not put a member's periodic look off
+//! (with the look timed from the last wake, not the last look, seed 13 of 200 did not
+//! settle). A quarter run on stores that push no shard change at all.
+//!
 //! The negative controls must be caught working on one shard at once: every member's
 //! store lying about its sessions (keeping each for half the TTL asked and answering
 //! that it kept it for all of it, which is what a member computing its deadline from the
@@ -28,8 +34,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
-    FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, NodeRegistry, ShardElector,
-    ShardOptions, TokioClock,
+    FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeInfo,
+    NodeRegistry, ShardElector, ShardOptions, TokioClock,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -58,6 +64,9 @@ struct MemberFaults {
     /// Calls are applied late only until then (the quiet phase has none).
     late_until: Instant,
     broken: Broken,
+    /// The store pushes no change of a shard: each wait runs to its deadline, as on a
+    /// store whose pushes were lost, and members act on what their looks read.
+    no_pushes: bool,
 }
 
 /// A call the store applies after its caller stopped waiting, and what the caller got.
@@ -119,7 +128,11 @@ impl MemberFaults {
 #[async_trait::async_trait]
 impl Interceptor for MemberFaults {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
-        if matches!(call, Call::WaitForChange { .. }) {
+        if let Call::WaitForChange { deadline, .. } = call {
+            if self.no_pushes {
+                tokio::time::sleep_until(deadline).await;
+                return Reply::Changed;
+            }
             return next.run(call).await;
         }
         self.wait_out_stall().await;
@@ -178,6 +191,42 @@ impl Interceptor for MemberFaults {
     }
 }
 
+/// A registry whose waits for a change of the members end early at random, more often
+/// than a member looks (Kubernetes' members watch wakes on every session object that
+/// appears or goes, for one): each wake finds the members unchanged.
+struct SpuriousWakes {
+    inner: Arc<dyn NodeRegistry>,
+    rng: Mutex<SmallRng>,
+}
+
+#[async_trait::async_trait]
+impl NodeRegistry for SpuriousWakes {
+    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
+        self.inner.heartbeat(node_id).await
+    }
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
+        self.inner.heartbeat_with(node_id, metadata).await
+    }
+    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
+        self.inner.live_nodes().await
+    }
+    async fn members(&self) -> tenure::Result<Vec<NodeInfo>> {
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
+        self.inner.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        let early = Instant::now() + RETRY.mul_f64(self.rng.lock().random_range(0.05..0.9));
+        self.inner
+            .wait_for_members_change(observed, deadline.min(early))
+            .await
+    }
+}
+
 /// Who works on which shard now, and what went wrong.
 #[derive(Default)]
 struct Checker {
@@ -198,6 +247,8 @@ struct Sim {
     checker: Arc<Mutex<Checker>>,
     shards: u32,
     broken: Broken,
+    /// No member's store pushes shard changes (see [`MemberFaults::no_pushes`]).
+    no_pushes: bool,
     /// Faults (and work returning on its own) stop then; the quiet phase follows.
     faults_until: Instant,
     /// Decides how long each term's work runs, in the order terms start.
@@ -217,6 +268,7 @@ impl Sim {
             stalled_until: Mutex::new(Instant::now()),
             late_until: self.faults_until,
             broken: self.broken,
+            no_pushes: self.no_pushes,
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
         let elector = ShardElector::new(
@@ -375,12 +427,21 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let clock = TokioClock::new();
     let members = rng.random_range(3..=8);
+    let mut registry: Arc<dyn NodeRegistry> =
+        Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap());
+    if rng.random_bool(0.5) {
+        registry = Arc::new(SpuriousWakes {
+            inner: registry,
+            rng: Mutex::new(SmallRng::seed_from_u64(rng.random())),
+        });
+    }
     let mut sim = Sim {
-        store: Arc::new(InMemoryLeaseStore::with_clock(clock.clone())),
-        registry: Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock).unwrap()),
+        store: Arc::new(InMemoryLeaseStore::with_clock(clock)),
+        registry,
         checker: Arc::default(),
         shards: rng.random_range(4..=40),
         broken,
+        no_pushes: rng.random_bool(0.25),
         // Members start over up to 3.2 s, then 20 s of faults.
         faults_until: Instant::now() + Duration::from_millis(23_200),
         work_rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(rng.random()))),
@@ -419,7 +480,8 @@ fn seeds() -> std::ops::Range<u64> {
 
 /// Setup: seeded schedules of 3-8 members, 4-40 shards, 20 s of faults (leaves, crashes,
 /// restarts, drains asked through the store for up to two TTLs, stalls of up to two
-/// TTLs, store latency up to 60 ms), then 8 TTLs of quiet.
+/// TTLs, store latency up to 60 ms, half with spurious wakes of the members' waits, a
+/// quarter with no pushes of shard changes), then 8 TTLs of quiet.
 /// No shard ever had two members working on it; afterwards every shard is worked on and
 /// the live members share them evenly.
 #[test]
