@@ -64,7 +64,7 @@ fn in_cluster_config_comes_from_the_service_account() {
                      mount --bind \"$ACCOUNT\" /var/run/secrets/kubernetes.io/serviceaccount && \
                      exec \"$TENURE_BIN\" \"$@\"";
         let mut command = std::process::Command::new("unshare");
-        command
+        common::tenure_env(&mut command)
             .args([
                 "--user",
                 "--map-root-user",
@@ -76,14 +76,10 @@ fn in_cluster_config_comes_from_the_service_account() {
             ])
             .args(args)
             .env_remove("KUBECONFIG")
-            .env_remove("TENURE_STORE")
-            .env_remove("RUST_LOG")
-            .env("TENURE_BIN", common::BIN)
             .env("HOME", dir.path())
             .env("ACCOUNT", &account)
             .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-            .env("KUBERNETES_SERVICE_PORT", server.port().to_string())
-            .stdin(std::process::Stdio::null());
+            .env("KUBERNETES_SERVICE_PORT", server.port().to_string());
         common::output_within(&mut command, std::time::Duration::from_secs(60))
     };
 

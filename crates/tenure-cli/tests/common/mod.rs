@@ -111,6 +111,14 @@ pub fn tenure() -> Command {
     if let Some(kubeconfig) = KUBECONFIG.get() {
         command.env("KUBECONFIG", kubeconfig);
     }
+    tenure_env(&mut command);
+    command
+}
+
+/// What every `tenure` a test starts gets, directly or through a wrapper such as
+/// `unshare`: none of the caller's tenure variables or log filter, the binary's path in
+/// `TENURE_BIN`, and no stdin.
+pub fn tenure_env(command: &mut Command) -> &mut Command {
     command
         .env_remove("TENURE_STORE")
         .env_remove("TENURE_DEMO_STORE")
@@ -119,8 +127,7 @@ pub fn tenure() -> Command {
         .env_remove("TENURE_OWNER")
         .env_remove("RUST_LOG")
         .env("TENURE_BIN", BIN)
-        .stdin(Stdio::null());
-    command
+        .stdin(Stdio::null())
 }
 
 /// `tenure run --role ROLE --store STORE <FAST> EXTRA... -- sh -c SCRIPT`.
