@@ -244,8 +244,8 @@ impl Shared {
 
     /// Whether an event for `lease` is older than the copy this process holds of that
     /// object (see [`fresher`](Self::fresher)), and so changes nothing; forgets the copy
-    /// once the watch delivered its version (or anything after a relist, or the object's
-    /// deletion).
+    /// once the watch delivered its version (or the object's deletion). A relist's event
+    /// of another version is left for [`settle`](Self::settle), as it may be older.
     fn older_than_fresh(&self, lease: &Lease, name: &str, deleted: bool) -> bool {
         let mut fresh = self.fresh.lock();
         let Some((copy, _)) = fresh.get(name) else {
