@@ -222,9 +222,13 @@ impl PgServer {
     }
 
     /// Freezes every server process (SIGSTOP): connections stay open, nothing answers.
+    /// Returns once each of them is stopped.
     pub fn pause(&self) {
         if let Some(pid) = self.pid() {
             signal_tree(pid, libc::SIGSTOP);
+            for process in std::iter::once(pid).chain(children_of(pid)) {
+                crate::process::wait_stopped(process, Duration::from_secs(2));
+            }
         }
     }
 

@@ -259,10 +259,14 @@ impl ServerProcess {
         }
     }
 
-    /// SIGSTOP: its sockets stay open but it answers nothing.
+    /// SIGSTOP: its sockets stay open but it answers nothing. Returns once every thread
+    /// of it is stopped, so a test's next request cannot be served in the meantime.
     pub(crate) fn pause(&self) {
         if let Some(c) = lock(&self.child).as_ref() {
             signal(c, libc::SIGSTOP);
+            if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+                wait_stopped(pid, Duration::from_secs(2));
+            }
         }
     }
 
@@ -309,6 +313,32 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Waits until every thread of process `pid` is stopped (state `T` in
+/// `/proc/PID/task/TID/stat`), or it is gone, or `within` passes. `kill` only queues a
+/// stop: each thread stops when it next enters the kernel, which on a loaded machine can
+/// come after the caller's next request was read and answered.
+pub(crate) fn wait_stopped(pid: libc::pid_t, within: Duration) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        let all_stopped = tasks.flatten().all(|task| {
+            fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+                // The state follows the command name, which is in parentheses and may
+                // itself hold ") ".
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next())
+                    .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
+            })
+        });
+        if all_stopped {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn signal(child: &Child, sig: libc::c_int) {
