@@ -21,6 +21,9 @@
 //!   identity lease, which its request counters count with the bench's): the same
 //!   counters over a window as long as the hold's with nothing of the bench's running,
 //!   right after the group's hold, reported beside the hold rows.
+//! - **wedged** (when asked for a length): the hold's members and one more that
+//!   heartbeats into the group but never runs (its work never starts, it answers no
+//!   handover), on the hold's shards and TTL; how much of the time each shard ran.
 //!
 //! Every wait is bounded: a group that does not settle is an error, not a hang.
 //!
@@ -41,6 +44,7 @@ mod counters;
 mod group;
 mod hold;
 mod text;
+mod wedged;
 
 use churn::{churn, leave};
 use counters::millis;
@@ -77,6 +81,8 @@ pub struct ShardBench {
     pub baseline: bool,
     /// Also run the churn and leave scenarios.
     pub churn: bool,
+    /// Also run the wedged scenario for this long.
+    pub wedged: Option<Duration>,
 }
 
 impl ShardBench {
@@ -92,6 +98,7 @@ impl ShardBench {
             churn_ttl: Duration::from_secs(1),
             baseline: true,
             churn: true,
+            wedged: None,
         }
     }
 
@@ -114,6 +121,12 @@ impl ShardBench {
         if self.renew_every < Duration::from_millis(10) {
             return usage(format!(
                 "--renew-every {:?} is too short: at least 10ms",
+                self.renew_every
+            ));
+        }
+        if let Some(length) = self.wedged.filter(|l| *l < self.renew_every) {
+            return usage(format!(
+                "--wedged {length:?} must be at least one renew interval (--renew-every {:?})",
                 self.renew_every
             ));
         }
@@ -150,6 +163,8 @@ pub struct ShardReport {
     pub churn: Option<Churn>,
     /// A graceful leave among 30, when run.
     pub leave: Option<Leave>,
+    /// A group with a wedged member, when run.
+    pub wedged: Option<Wedged>,
     /// What `statements_per_interval` counts on this store.
     pub statements_counted: String,
     /// What `rows_written_per_interval` counts on this store.
@@ -290,6 +305,30 @@ pub struct Leave {
     pub electors: ElectorLeave,
 }
 
+/// The wedged scenario's findings: `members` working members and one wedged one.
+#[derive(Clone, Debug, Serialize)]
+pub struct Wedged {
+    /// Working members.
+    pub members: usize,
+    /// Shards.
+    pub shards: u32,
+    /// From the members' start until every shard had run at once.
+    pub all_ran_ms: f64,
+    /// How long it was sampled after that.
+    pub measured_ms: f64,
+    /// Samples taken (one every 100 ms).
+    pub samples: u64,
+    /// The share of the samples in which the least-run shard ran.
+    pub least_running_share: f64,
+    /// The mean over the shards of that share.
+    pub mean_running_share: f64,
+    /// Shards that ran in under 99% of the samples.
+    pub shards_under_99_percent: usize,
+    /// The share of the samples in which some working member's plan targeted a shard at
+    /// the wedged member.
+    pub targeted_at_wedged_share: f64,
+}
+
 /// One role, as many electors: the leader shuts down and another takes over.
 #[derive(Clone, Debug, Serialize)]
 pub struct ElectorLeave {
@@ -322,6 +361,13 @@ pub(crate) async fn measure(
         hold.push(hold_electors(backend, bench, run_id).await?);
     }
     let mut failed = Vec::new();
+    let mut stuck = None;
+    if let Some(length) = bench.wedged {
+        match wedged::wedged(backend, bench, run_id, length).await {
+            Ok(found) => stuck = Some(found),
+            Err(error) => failed.push(format!("wedged: {error}")),
+        }
+    }
     let (mut churned, mut left) = (None, None);
     if bench.churn {
         // A scenario that fails is reported as failed; the figures before it stand.
@@ -346,6 +392,7 @@ pub(crate) async fn measure(
         hold,
         churn: churned,
         leave: left,
+        wedged: stuck,
         statements_counted: backend.requests_label().to_owned(),
         rows_counted: backend.rows_label().to_owned(),
         quiet,

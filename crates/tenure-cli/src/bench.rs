@@ -64,6 +64,11 @@ pub struct BenchArgs {
     /// Skip the churn and leave scenarios.
     #[arg(long, requires = "shards")]
     no_churn: bool,
+    /// Also run the group beside a wedged member (one that heartbeats into it but never
+    /// runs its work or answers a handover) for this long, and report how much of the
+    /// time each shard ran on a working member (goal: 99% over 10m).
+    #[arg(long, requires = "shards", value_parser = parse_duration)]
+    wedged: Option<Duration>,
     /// Measure the herd instead: for each contender count (comma-separated, e.g.
     /// 30,100), that many electors wait on one role and each leads once; reports one
     /// handover's requests and release -> successor latency, with the queue and without
@@ -183,6 +188,7 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
         churn_ttl: args.ttl.unwrap_or(ShardBench::new(shards).churn_ttl),
         baseline: !args.no_baseline,
         churn: !args.no_churn,
+        wedged: args.wedged,
         ..ShardBench::new(shards)
     };
     bench.validate(&config.store).map_err(usage)?;
@@ -203,6 +209,12 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
             ""
         },
     );
+    if let Some(length) = bench.wedged {
+        eprintln!(
+            "tenure bench: then the same group beside a wedged member, for {}",
+            crate::output::human(length)
+        );
+    }
     let (machine, report) = runtime()?
         .block_on(tenure_bench::run_shards(config, bench))
         .map_err(usage)?;

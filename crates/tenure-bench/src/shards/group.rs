@@ -33,6 +33,11 @@ impl RunningMember {
         self.state.borrow().owned.keys().copied().collect()
     }
 
+    /// Whether this member's plan names `node` as the target of any shard.
+    pub(super) fn targets_any(&self, node: &str) -> bool {
+        self.state.borrow().target.values().any(|t| t == node)
+    }
+
     /// Shuts down gracefully: work cancelled, session closed, registry left.
     pub(super) async fn stop(self) {
         self.shutdown.cancel();

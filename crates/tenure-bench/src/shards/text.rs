@@ -76,6 +76,25 @@ impl ShardReport {
                 opt(q.rows_written_per_interval),
             );
         }
+        if let Some(w) = &self.wedged {
+            let _ = writeln!(
+                out,
+                "wedged: {} members and one wedged on {} shards (ttl {:.0}ms): every shard ran \
+                 after {:.0}ms; then over {:.1}s ({} samples) the least-run shard ran {:.2}% \
+                 of the time, the mean {:.2}%; {} shards under 99%; a plan targeted the wedged \
+                 member in {:.2}% of the samples",
+                w.members,
+                w.shards,
+                s.hold_ttl_ms,
+                w.all_ran_ms,
+                w.measured_ms / 1e3,
+                w.samples,
+                w.least_running_share * 100.0,
+                w.mean_running_share * 100.0,
+                w.shards_under_99_percent,
+                w.targeted_at_wedged_share * 100.0,
+            );
+        }
         if let Some(c) = &self.churn {
             let _ = writeln!(out, "churn: {} shards, ttl {:.0}ms", c.shards, c.ttl_ms);
             let _ = writeln!(
