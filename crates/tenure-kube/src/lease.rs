@@ -429,6 +429,7 @@ impl KubeLeaseStore {
 
     /// [`replace`](Self::replace), also returning the object as written.
     async fn replace_read(&self, object: &str, lease: &Lease) -> Result<Option<(Instant, Record)>> {
+        let sending = self.shared.sending(object);
         let sent = self.instant();
         match self
             .api
@@ -439,7 +440,7 @@ impl KubeLeaseStore {
                 self.wrote(object, &written, sent);
                 // Readers of the watch's copies in this process (`candidates`, the
                 // queue) see this write at once, not when the watch delivers it.
-                self.shared.fresher(&written, sent);
+                self.shared.fresher(&written, sent, &sending);
                 Ok(Some((sent, Record::read_any(written)?)))
             }
             Err(error) if is_conflict(&error) => Ok(None),

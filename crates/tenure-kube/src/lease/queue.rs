@@ -306,12 +306,13 @@ impl KubeLeaseStore {
 
     /// Reads a candidacy object, keeping the copy in place of the watch's.
     async fn read_candidacy(&self, object: &str) -> Result<Option<(Lease, Instant)>> {
+        let sending = self.shared.sending(object);
         let read = self
             .shared
             .get(&self.api, &self.conn.namespace, object)
             .await?;
         Ok(read.map(|(record, first, _)| {
-            self.shared.fresher(&record.lease, first);
+            self.shared.fresher(&record.lease, first, &sending);
             (record.lease, first)
         }))
     }
@@ -328,6 +329,7 @@ impl KubeLeaseStore {
     /// A conditional `PUT` of a candidacy; the object as written, `None` when it lost
     /// (409) or the object is gone (404).
     async fn write_candidacy(&self, object: &str, lease: &Lease) -> Result<Option<Lease>> {
+        let sending = self.shared.sending(object);
         let sent = self.instant();
         match self
             .api
@@ -336,7 +338,7 @@ impl KubeLeaseStore {
         {
             Ok(written) => {
                 self.wrote(object, &written, sent);
-                self.shared.fresher(&written, sent);
+                self.shared.fresher(&written, sent, &sending);
                 Ok(Some(written))
             }
             Err(error) if is_conflict(&error) => Ok(None),
@@ -410,11 +412,12 @@ impl KubeLeaseStore {
         let object = candidacy_name(role, owner);
         let mut lease = new_object(&object, CANDIDATE, Some(role));
         fill(&mut lease, role, owner, secs, value, Some(used));
+        let sending = self.shared.sending(&object);
         let sent = self.instant();
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(created) => {
                 self.wrote(&object, &created, sent);
-                self.shared.fresher(&created, sent);
+                self.shared.fresher(&created, sent, &sending);
                 Ok(true)
             }
             Err(error) if is_conflict(&error) => Ok(false),
