@@ -402,6 +402,7 @@ impl KubeLeaseStore {
         if let Some(place) = self.known_candidacy(role, owner) {
             let mut used = Used::of(record);
             used.spend(&place);
+            self.clear_dropped(role, &mut used).await?;
             used.write(&mut lease);
         }
         let token = token(epoch, transitions)?;

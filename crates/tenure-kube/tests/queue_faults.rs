@@ -232,3 +232,78 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
         .unwrap();
     assert!(c.acquired && c.fencing_token > x.fencing_token, "{c:?}");
 }
+
+/// Setup: 31 owners queue and lead in turn by handovers (31 places spent); o31 queues
+/// with a 2 s TTL and is handed the role (32 spent: the list is full); o32 queues, and
+/// when o31's term lapses takes the role over by itself (a 33rd place spent, so the
+/// list drops o00's). o00 never refreshed: its candidacy still shows its spent place,
+/// live for a minute. o32's release must not hand the role to o00 again: the write that
+/// dropped o00's place cleared its candidacy first. (Before, the acquire never cleared
+/// a dropped place, and a release cleared one only after its write, while the
+/// successor's release could already read the list without it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
+    let namespace = common::new_namespace("dropped-place");
+    let store = KubeLeaseStore::new(common::tenant(&namespace).await);
+    let long = Duration::from_secs(60);
+    let first = store
+        .try_acquire_or_queue(ROLE, "holder", long, None)
+        .await
+        .unwrap();
+    assert!(first.acquired);
+    let owners: Vec<String> = (0..31).map(|i| format!("o{i:02}")).collect();
+    for owner in &owners {
+        let answer = store
+            .try_acquire_or_queue(ROLE, owner, long, None)
+            .await
+            .unwrap();
+        assert!(!answer.acquired, "{owner} queues: {answer:?}");
+    }
+    let mut current = ("holder".to_owned(), first.fencing_token);
+    for owner in &owners {
+        assert!(store.release(ROLE, &current.0, current.1).await.unwrap());
+        current = holder(&store).await.expect("handed on");
+        assert_eq!(&current.0, owner, "handed in order");
+    }
+    let short = store
+        .try_acquire_or_queue(ROLE, "o31", Duration::from_secs(2), None)
+        .await
+        .unwrap();
+    assert!(!short.acquired);
+    assert!(store.release(ROLE, &current.0, current.1).await.unwrap());
+    let (next, _) = holder(&store).await.expect("handed to o31");
+    assert_eq!(next, "o31");
+    queued(&store, "o32").await;
+
+    // o31 never renews: its term lapses within its candidacy's 2 s, and o32 takes over.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let taken = loop {
+        let answer = store
+            .try_acquire_or_queue(ROLE, "o32", long, None)
+            .await
+            .unwrap();
+        if answer.acquired {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "o32 never took over: {answer:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(store
+        .release(ROLE, "o32", taken.fencing_token)
+        .await
+        .unwrap());
+    assert_eq!(
+        holder(&store).await,
+        None,
+        "every place was spent: the release frees the role"
+    );
+    assert_eq!(
+        field(
+            &namespace,
+            &candidacy_name(ROLE, "o00"),
+            "{.spec.holderIdentity}"
+        ),
+        "",
+        "o00's dropped place was cleared"
+    );
+}

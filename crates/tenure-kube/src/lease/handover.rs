@@ -102,6 +102,7 @@ impl KubeLeaseStore {
                     spec.renew_time = Some(micro_now());
                 }
             }
+            self.clear_dropped(role, &mut used).await?;
             used.write(&mut lease);
             // Whatever the answer, this store's copy of the term is over.
             self.own.lock().remove(role);

@@ -36,8 +36,10 @@
 //!   lapsed, with one conditional `PUT`, at most [`MAX_CLEARS`] per release, so that a
 //!   reader that starts later (and would count it live for one more TTL) never picks it.
 //!   A spent place needs no write while the role's list names it (a successor that
-//!   stopped refreshing its candidacy costs nothing); one dropped from the full list is
-//!   cleared the same way. Objects stay, one per (role, owner) that ever queued, as
+//!   stopped refreshing its candidacy costs nothing). One dropped from the full list is
+//!   cleared before the write that drops it, not after: in between, a release reading
+//!   the new list (the successor's own, a moment later) would find the place neither
+//!   listed nor cleared and hand it the role again. Objects stay, one per (role, owner) that ever queued, as
 //!   sessions' objects do; deleting a cleared one is always safe, and deleting a queued
 //!   one only withdraws it.
 //!
@@ -134,7 +136,8 @@ pub(crate) struct Used {
     uid: Option<String>,
     entries: Vec<(String, i64)>,
     /// Entries dropped to keep the list at [`MAX_USED`]: no longer protected by it, so
-    /// their candidacies are cleared.
+    /// their candidacies are cleared before the list is written without them
+    /// ([`KubeLeaseStore::clear_dropped`]).
     dropped: Vec<(String, i64)>,
 }
 
@@ -192,6 +195,17 @@ impl Used {
         }
         let excess = self.entries.len().saturating_sub(MAX_USED);
         self.dropped.extend(self.entries.drain(..excess));
+    }
+
+    /// Takes the dropped entries, to clear their candidacies.
+    fn take_dropped(&mut self) -> Vec<(String, i64)> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Puts back entries whose candidacy could not be cleared: the list names them
+    /// until a later write clears them (it then holds more than [`MAX_USED`]).
+    fn keep(&mut self, entries: Vec<(String, i64)>) {
+        self.entries.splice(0..0, entries);
     }
 
     /// Writes the list into `lease` (removing the annotation when it is empty).
@@ -476,22 +490,52 @@ impl KubeLeaseStore {
             .is_some())
     }
 
+    /// Clears the candidacies of the places `used` dropped from its list, before the
+    /// write of the role that drops them: once the list no longer names a place, only
+    /// its cleared candidacy keeps a release from handing it the role again, and a
+    /// release that reads the new list (the successor's own, a moment later) must find
+    /// it cleared. A place whose candidacy still shows it and could not be cleared goes
+    /// back on the list. Costs nothing until more than [`MAX_USED`] places were spent.
+    pub(super) async fn clear_dropped(&self, role: &str, used: &mut Used) -> Result<()> {
+        let mut kept = Vec::new();
+        for (object, at) in used.take_dropped() {
+            let Some((lease, first)) = self.candidacy_copy(&object).await? else {
+                continue;
+            };
+            let shows_place = Candidacy::of(lease, first, role)
+                .filter(|c| c.owner.is_some() && c.arrival == Some(at));
+            let Some(candidacy) = shows_place else {
+                continue;
+            };
+            match self.clear(&candidacy.record).await {
+                Ok(true) => {}
+                Ok(false) => kept.push((object, at)),
+                Err(error) => {
+                    tracing::debug!(object, %error, "clearing a spent candidacy failed");
+                    kept.push((object, at));
+                }
+            }
+        }
+        used.keep(kept);
+        Ok(())
+    }
+
     /// Clears, at once, up to [`MAX_CLEARS`] candidacies of `view` that nothing else
-    /// keeps a release from picking: lapsed at `now` and not spent in `used`, or dropped
-    /// from `used`. A spent place the list still names needs no write, so a successor
-    /// that stopped refreshing its candidacy costs nothing here. Housekeeping: a failure
-    /// is logged, and the next release tries again.
+    /// keeps a release from picking: lapsed at `now` and not spent in `used`. A spent
+    /// place the list still names needs no write, so a successor that stopped
+    /// refreshing its candidacy costs nothing here. Housekeeping: a failure is logged,
+    /// and the next release tries again.
     pub(super) async fn clear_lapsed(&self, view: &[Candidacy], used: &Used, now: Instant) {
         let clears = view
             .iter()
-            .filter(|c| {
-                c.owner.is_some() && ((c.lapsed(now) && !used.spent(c)) || listed(&used.dropped, c))
-            })
+            .filter(|c| c.owner.is_some() && c.lapsed(now) && !used.spent(c))
             .take(MAX_CLEARS)
-            .map(|c| self.clear(&c.record));
-        for result in futures_util::future::join_all(clears).await {
-            if let Err(error) = result {
-                tracing::debug!(%error, "clearing a lapsed candidacy failed");
+            .map(|c| async move { (&c.record.object, self.clear(&c.record).await) });
+        for (object, result) in futures_util::future::join_all(clears).await {
+            match result {
+                Ok(true) => tracing::debug!(object, "cleared a candidacy"),
+                Ok(false) => tracing::debug!(object, "a candidacy to clear changed meanwhile"),
+                Err(error) => tracing::debug!(object, %error, "clearing a candidacy failed"),
             }
         }
     }
