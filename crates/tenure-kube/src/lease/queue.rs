@@ -39,9 +39,9 @@
 //!   stopped refreshing its candidacy costs nothing). One dropped from the full list is
 //!   cleared before the write that drops it, not after: in between, a release reading
 //!   the new list (the successor's own, a moment later) would find the place neither
-//!   listed nor cleared and hand it the role again. Objects stay, one per (role, owner) that ever queued, as
-//!   sessions' objects do; deleting a cleared one is always safe, and deleting a queued
-//!   one only withdraws it.
+//!   listed nor cleared and hand it the role again. Objects stay, one per (role, owner)
+//!   that ever queued, as sessions' objects do; deleting a cleared one is always safe,
+//!   and deleting a queued one only withdraws it.
 //!
 //! The release that hands the role over is in [`super::handover`].
 
