@@ -55,8 +55,12 @@
 //! key. Between the two nobody holds the role and nobody but that candidate can take it;
 //! should the releaser stop there, the next contender to try (a candidate refreshes every
 //! retry interval) sends the second transaction itself. A handover costs etcd two
-//! transactions and the revoke of the old term's lease, plus the successor's renewal
-//! (one transaction beside one keep-alive), however many candidates wait: they learn
+//! transactions and the revoke of the old term's lease, however many candidates wait.
+//! The successor's first call then sends nothing: its candidacy's lease is the term's,
+//! and lasts its TTL from the candidacy's last keep-alive, so the answer counts from
+//! that (on an etcd whose keep-alive may answer for a lease it revokes, see
+//! [`EtcdLeaseStore::for_server`], it renews instead: one transaction after one
+//! keep-alive). The candidates learn
 //! who leads next from the events of one watch per role and store
 //! ([`wait_for_successor`](LeaseStore::wait_for_successor)), which they share and keep
 //! between waits. See `queue.rs` and `successor.rs`.
@@ -217,6 +221,11 @@ struct OwnTerm {
     lease_secs: i64,
     /// Whether `lease` is a session's (then it is never renewed or revoked for this term).
     in_session: bool,
+    /// Set when a handover began this term on our candidacy's etcd lease and no call has
+    /// answered for it yet: when the candidacy's last keep-alive was sent. The lease
+    /// lasts its TTL from then, so the successor's first call can answer from it without
+    /// a request (see `EtcdLeaseStore::answer_handed`).
+    handed: Option<Sent>,
 }
 
 impl OwnTerm {
@@ -306,8 +315,10 @@ impl EtcdLeaseStore {
     /// Tunes renewals to the server: against a release whose keep-alive answers are
     /// safe ([`EtcdVersion::keep_alive_is_safe`]) a renewal's keep-alive and transaction
     /// go out together (one round trip); against an older or unknown one (`None`), the
-    /// default, the transaction follows the keep-alive's answer (two round trips). Use
-    /// the version [`connect_client`](crate::connect_client) reports.
+    /// default, the transaction follows the keep-alive's answer (two round trips). Only
+    /// against a safe one does a successor answer its first call after a handover from
+    /// its candidacy's last keep-alive, with no request. Use the version
+    /// [`connect_client`](crate::connect_client) reports.
     pub fn for_server(mut self, version: Option<EtcdVersion>) -> Self {
         self.keep_alive_first = crate::version::keep_alive_first(version);
         self

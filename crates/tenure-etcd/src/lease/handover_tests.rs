@@ -290,3 +290,57 @@ async fn until_gone(s: &EtcdLeaseStore, owner: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The revision that last wrote the role's term record (every renewal writes it).
+async fn revision(store: &EtcdLeaseStore) -> i64 {
+    let mut kv = store.client().kv_client();
+    let answer = kv.get(store.keys.term(ROLE), None).await.unwrap();
+    answer.kvs().first().map_or(0, |kv| kv.mod_revision())
+}
+
+/// Setup: node-a holds, node-b queues, node-a releases: the release begins node-b's term
+/// on node-b's candidacy lease. Against an etcd whose keep-alive answers truly, node-b's
+/// first call answers from that lease's last keep-alive with no request (nothing is
+/// written); its next call renews (a write). Against one whose keep-alive may answer for
+/// a lease it revokes, the first call renews too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_term_answers_its_successor_from_the_candidacy_lease() {
+    for safe in [true, false] {
+        let prefix = unique_prefix("handover-answered");
+        let fixed = safe.then_some(crate::version::SAFE_KEEP_ALIVE_SINCE[0]);
+        let store = store(&prefix).await.for_server(fixed);
+        let a = held_with_queue(&store, &[("node-b", LONG)]).await;
+        let queued_at = Instant::now();
+        assert!(store.release(ROLE, "node-a", a).await.unwrap());
+        let handed = holder(&store).await.expect("node-b leads");
+        assert_eq!(handed.0, "node-b");
+
+        let before = revision(&store).await;
+        let sent = Instant::now();
+        let b = store
+            .try_acquire_or_queue(ROLE, "node-b", LONG, None)
+            .await
+            .unwrap();
+        assert!(b.acquired && b.fencing_token == handed.1, "{b:?}");
+        let first_wrote = revision(&store).await > before;
+        assert_eq!(first_wrote, !safe, "safe server {safe}: first call wrote");
+        // Answered from the candidacy: never past its TTL from when it queued.
+        assert!(
+            !safe || sent + b.remaining() <= queued_at + LONG,
+            "{:?} left",
+            b.remaining()
+        );
+        assert!(b.remaining() > LONG / 2, "{:?} left", b.remaining());
+
+        let before = revision(&store).await;
+        let again = store
+            .try_acquire_or_queue(ROLE, "node-b", LONG, None)
+            .await
+            .unwrap();
+        assert!(
+            again.acquired && again.fencing_token == handed.1,
+            "{again:?}"
+        );
+        assert!(revision(&store).await > before, "the second call renews");
+    }
+}

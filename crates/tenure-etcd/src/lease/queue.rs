@@ -294,7 +294,8 @@ impl EtcdLeaseStore {
 
     /// A handover began term `token` of `owner` on etcd lease `lease`: when that is the
     /// lease of `owner`'s candidacy here, the term is ours to renew, so this instance
-    /// remembers it and the successor's first renewal is one round trip with no read.
+    /// remembers it, and the successor's first call answers from the candidacy's last
+    /// keep-alive (or renews in one round trip with no read).
     pub(super) fn adopt_handed(&self, role: &str, owner: &str, token: i64, lease: i64) {
         let key = (role.to_owned(), owner.to_owned());
         let candidacy = {
@@ -314,6 +315,7 @@ impl EtcdLeaseStore {
                     ttl_secs: c.ttl_secs,
                     lease_secs: c.lease_secs,
                     in_session: false,
+                    handed: Some(c.kept),
                 },
             );
         }

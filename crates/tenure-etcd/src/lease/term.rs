@@ -28,7 +28,10 @@ impl EtcdLeaseStore {
             .filter(|t| t.owner == owner)
             .cloned();
         let mut step = match cached {
-            Some(term) if term.ttl_secs == secs => self.renew(role, owner, ttl, &term).await?,
+            Some(term) if term.ttl_secs == secs => match self.answer_handed(role, ttl, &term) {
+                Some(result) => return Ok(result),
+                None => self.renew(role, owner, ttl, &term).await?,
+            },
             // No read first: the acquire transaction answers with the current term when
             // it fails, and a contender that lost keeps its etcd lease as a spare, so a
             // woken contender takes a released role in one round trip.
@@ -74,6 +77,7 @@ impl EtcdLeaseStore {
                         ttl_secs,
                         lease_secs,
                         in_session: holder.session.is_some(),
+                        handed: None,
                     };
                     // A session's term becomes a plain lease of its own: renewing the
                     // session's etcd lease would renew the whole session instead.
@@ -95,6 +99,32 @@ impl EtcdLeaseStore {
             BACKEND,
             "the lease kept changing during the call; try again",
         ))
+    }
+
+    /// The first answer for a term a handover began on our candidacy's etcd lease,
+    /// without a request: the lease lasts its TTL from the candidacy's last keep-alive
+    /// (etcd counts it from when the keep-alive arrived), and only we end the term
+    /// before that (a release, or a `withdraw` that revokes the lease). So the successor
+    /// starts its work one round trip sooner and the handover costs two requests less.
+    /// `None` (renew instead) after the first answer, when less than half the lease is
+    /// left, or against an etcd whose keep-alive may answer for a lease it is revoking
+    /// (then only a transaction sent after the keep-alive proves the term outlived it).
+    fn answer_handed(&self, role: &str, ttl: Duration, term: &OwnTerm) -> Option<LeaseResult> {
+        let kept = term.handed?;
+        if let Some(cached) = self.terms.lock().get_mut(role) {
+            if cached.token == term.token {
+                cached.handed = None;
+            }
+        }
+        if self.keep_alive_first {
+            return None;
+        }
+        let length = lease_duration(ttl, term.ttl_secs, term.lease_secs);
+        if tokio::time::Instant::now() >= kept.mono + length / 2 {
+            return None;
+        }
+        let (expires_at, now) = kept.answer(length);
+        Some(held_result(&term.owner, term.token, expires_at, now))
     }
 
     /// Starts a new term advertising `value`: one transaction `key absent and no
@@ -233,6 +263,7 @@ impl EtcdLeaseStore {
                 ttl_secs: secs,
                 lease_secs,
                 in_session: false,
+                handed: None,
             },
         );
         let (expires_at, now) = if matches!(alive, Ok(true)) {
@@ -375,6 +406,7 @@ impl EtcdLeaseStore {
             ttl_secs: secs,
             lease_secs,
             in_session: false,
+            handed: None,
         };
         self.terms.lock().insert(role.to_owned(), term);
         let (expires_at, now) = sent.answer(length);
