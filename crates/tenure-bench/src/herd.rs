@@ -6,8 +6,11 @@
 //! leads, and once all N wait, each term's work runs for `work` and returns, so each
 //! contender leads once and leaves. Taken per round: every handover's latency (the
 //! predecessor's work returning -> the successor's work starting, the release
-//! included) and the server's request count over the round, as the backend counts
-//! them (PostgreSQL statements, etcd gRPC calls, Kubernetes API requests).
+//! included) and the server's request count from the moment all N wait to the end of
+//! the round, as the backend counts them (PostgreSQL statements, etcd gRPC calls,
+//! Kubernetes API requests): what joining costs differs by store (on etcd a lease grant
+//! beside the queueing transaction, on Kubernetes a candidacy object), and is not a
+//! handover's.
 //!
 //! Beside it, in alternating rounds of the same run, the **baseline without the queue**:
 //! the same electors through an interceptor that turns `try_acquire_or_queue` into
@@ -94,13 +97,13 @@ pub struct HerdRow {
     pub handovers: usize,
     /// Release -> successor's work running.
     pub latency: Latency,
-    /// Server requests per handover: the rounds' requests, less one first call per
-    /// contender, over the handovers. `None` when the store cannot count them.
+    /// Server requests per handover: the rounds' requests once every contender waited,
+    /// over the handovers. `None` when the store cannot count them.
     pub requests_per_handover: Option<f64>,
-    /// The rounds' requests in all.
+    /// The rounds' requests in all, from when every contender waited.
     pub requests: Option<u64>,
-    /// Store calls the electors made per handover (waits aside), counted on the client:
-    /// the calls, less one first call per contender, over the handovers.
+    /// Store calls the electors made per handover (waits aside), counted on the client
+    /// over the same span as the requests.
     pub calls_per_handover: Option<f64>,
 }
 
@@ -279,14 +282,11 @@ pub(crate) async fn measure(
                 tracing::info!(contenders = count, mode = mode.label(), round, "herd round");
                 match timeout(
                     ROUND_TIMEOUT,
-                    herd_round(backend, store, &role, count, bench.work),
+                    herd_round(backend, store, &calls, &role, count, bench.work),
                 )
                 .await
                 {
-                    Ok(Ok(mut measured)) => {
-                        measured.calls = calls.0.load(Ordering::Relaxed);
-                        rounds.push((mode, measured));
-                    }
+                    Ok(Ok(measured)) => rounds.push((mode, measured)),
                     Ok(Err(error)) => report.failed.push(format!(
                         "{count} contenders, {}, round {round}: {error}",
                         mode.label()
@@ -310,7 +310,6 @@ pub(crate) async fn measure(
                 .collect();
             let requests = of_mode.iter().map(|r| r.requests).sum::<Option<u64>>();
             let handovers = latencies.len();
-            let joins = (count * of_mode.len()) as u64;
             let calls: u64 = of_mode.iter().map(|r| r.calls).sum();
             report.rows.push(HerdRow {
                 contenders: count,
@@ -319,10 +318,9 @@ pub(crate) async fn measure(
                 latency: summarize(&latencies),
                 requests_per_handover: requests
                     .filter(|_| handovers > 0)
-                    .map(|r| r.saturating_sub(joins) as f64 / handovers as f64),
+                    .map(|r| r as f64 / handovers as f64),
                 requests,
-                calls_per_handover: (handovers > 0)
-                    .then(|| calls.saturating_sub(joins) as f64 / handovers as f64),
+                calls_per_handover: (handovers > 0).then(|| calls as f64 / handovers as f64),
             });
         }
     }
@@ -336,6 +334,7 @@ pub(crate) async fn measure(
 async fn herd_round(
     backend: &dyn Backend,
     store: Arc<dyn LeaseStore>,
+    calls: &Calls,
     role: &str,
     count: usize,
     work: Duration,
@@ -346,8 +345,6 @@ async fn herd_round(
     let marks: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
     // The first term waits until every contender waits.
     let (all_joined, joined) = watch::channel(false);
-    tokio::time::sleep(backend.counter_lag()).await;
-    let before = backend.requests().await.map_err(|e| e.to_string())?;
     let mut tasks = Vec::with_capacity(count);
     for index in 0..count {
         let options = LeaseLeaderOptions {
@@ -394,6 +391,10 @@ async fn herd_round(
             .map_err(|_| format!("contender {index} did not join within 10 s"))?
             .map_err(|_| format!("contender {index} stopped"))?;
     }
+    // Joining is not handing over: count from here (the first term's work waits).
+    tokio::time::sleep(backend.counter_lag()).await;
+    let before = backend.requests().await.map_err(|e| e.to_string())?;
+    let calls_before = calls.0.load(Ordering::Relaxed);
     let _ = all_joined.send(true);
     for task in tasks {
         match task.await {
@@ -420,6 +421,6 @@ async fn herd_round(
     Ok(Round {
         latencies,
         requests,
-        calls: 0,
+        calls: calls.0.load(Ordering::Relaxed) - calls_before,
     })
 }
