@@ -33,11 +33,7 @@ struct EtcdFixture {
 }
 
 async fn store_on(endpoints: &[String], prefix: &str, safe_server: bool) -> Arc<EtcdLeaseStore> {
-    let client = common::client(endpoints).await;
-    let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
-    let store = EtcdLeaseStore::new(client, prefix)
-        .unwrap()
-        .for_server(fixed);
+    let store = common::store_for(common::client(endpoints).await, prefix, safe_server);
     assert_eq!(store.keeps_alive_first(), !safe_server);
     Arc::new(store)
 }

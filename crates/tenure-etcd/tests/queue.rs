@@ -58,20 +58,15 @@ fn since(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
 }
 
 async fn store_on(endpoint: &str, prefix: &str) -> Arc<EtcdLeaseStore> {
-    Arc::new(EtcdLeaseStore::new(common::client(&[endpoint.to_owned()]).await, prefix).unwrap())
+    store_for(endpoint, prefix, false).await
 }
 
 /// A store as `connect` makes it for an etcd whose keep-alive answers truly (`safe`: a
 /// successor answers its first call from its candidacy's lease) or for one whose
 /// version it cannot trust (its first call renews, keep-alive first).
 async fn store_for(endpoint: &str, prefix: &str, safe: bool) -> Arc<EtcdLeaseStore> {
-    let fixed = safe.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
     let client = common::client(&[endpoint.to_owned()]).await;
-    Arc::new(
-        EtcdLeaseStore::new(client, prefix)
-            .unwrap()
-            .for_server(fixed),
-    )
+    Arc::new(common::store_for(client, prefix, safe))
 }
 
 /// A candidate as the elector waits: on `wait_for_successor`, keeping its place when the

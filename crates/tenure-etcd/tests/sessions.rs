@@ -19,10 +19,7 @@ const TTL: Duration = Duration::from_secs(4);
 async fn store(tag: &str, safe_server: bool) -> (EtcdLeaseStore, Client) {
     let client =
         common::client(&[EtcdServer::shared().expect("shared etcd server").endpoint()]).await;
-    let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
-    let store = EtcdLeaseStore::new(client.clone(), &common::unique_prefix(tag))
-        .unwrap()
-        .for_server(fixed);
+    let store = common::store_for(client.clone(), &common::unique_prefix(tag), safe_server);
     (store, client)
 }
 
@@ -245,10 +242,7 @@ async fn a_failed_keep_alive_does_not_end_the_session() {
     let server = EtcdServer::start().expect("start etcd");
     for safe_server in [false, true] {
         let client = common::client(&[server.endpoint()]).await;
-        let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
-        let store = EtcdLeaseStore::new(client, &common::unique_prefix("session-blip"))
-            .unwrap()
-            .for_server(fixed)
+        let store = common::store_for(client, &common::unique_prefix("session-blip"), safe_server)
             .with_request_timeout(Duration::from_millis(500))
             .unwrap();
         let session = store.open_session("node-a", TTL).await.unwrap();

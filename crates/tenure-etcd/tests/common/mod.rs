@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::Client;
+use tenure_etcd::EtcdLeaseStore;
 
 /// etcd checks lease expiry every 500 ms and then commits the revoke through raft;
 /// waiting this much past a TTL makes sure the term is gone.
@@ -15,6 +16,15 @@ pub async fn client(endpoints: &[String]) -> Client {
     Client::connect(endpoints, Some(tenure_etcd::connect_options()))
         .await
         .expect("connect etcd client")
+}
+
+/// A store on `client` under `prefix`, tuned as `connect` tunes it for an etcd whose
+/// keep-alive answers truly (`safe_server`) or for one it cannot trust (the default).
+pub fn store_for(client: Client, prefix: &str, safe_server: bool) -> EtcdLeaseStore {
+    let fixed = safe_server.then_some(tenure_etcd::version::SAFE_KEEP_ALIVE_SINCE[0]);
+    EtcdLeaseStore::new(client, prefix)
+        .expect("a valid prefix")
+        .for_server(fixed)
 }
 
 /// A key prefix no other test (or earlier run) uses.
