@@ -12,8 +12,10 @@
 //!   is counted as `early`, a violation. Up to [`STALL_PARALLEL`] trials overlap (each
 //!   mostly waits out its TTL). On a store that judges expiry by observation
 //!   (Kubernetes), handle B reads the role once right after the acquire, before the
-//!   follower starts: the TTL counts from that first sighting, so the time to it is the
-//!   floor of the excess, and is reported beside it.
+//!   follower starts, and the time until that read returns is reported beside the
+//!   excess. The TTL counts from the store's own first sighting of the term, which came
+//!   no later (the read's answer, or a watch event before it) and may come a little
+//!   earlier, so this is the floor of the excess give or take one read.
 
 use std::sync::Arc;
 use std::time::Duration;

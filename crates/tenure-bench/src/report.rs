@@ -157,13 +157,15 @@ pub struct StallFailover {
     /// The goal for the p99 excess, in milliseconds.
     pub goal_excess_ms: f64,
     /// On stores that judge expiry by observation (Kubernetes): from the stalled leader's
-    /// acquire being sent until the successor's store first read that term. The TTL
-    /// counts from that read, so the excess over the TTL cannot be below this; absent on
-    /// other stores.
+    /// acquire being sent until a read of the role through the successor's store
+    /// returned. The TTL counts from that store's first sighting of the term, which came
+    /// no later (a watch event may bring it before the read's answer), so this is an
+    /// upper bound of the excess's floor; absent on other stores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_sighting: Option<Latency>,
     /// On those stores: the successor's start, less the first sighting plus the TTL (the
-    /// excess over the floor).
+    /// excess over the floor, at least; 0 where the store had sighted the term before the
+    /// read returned and so started sooner).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub excess_over_sighting: Option<Latency>,
     /// The first few failures, if any.

@@ -204,8 +204,8 @@ fn left_behind(
 /// namespace's counter object; a renewal or release by the store that wrote the term is
 /// one PUT with no read); the extra rows beside client-go's fast path and takeover; the
 /// release floor is a raw watch-woken handover from the same run; the stall trials run at
-/// the 1 s minimum TTL and report the successor's first sighting, which the TTL counts
-/// from.
+/// the 1 s minimum TTL and report when the successor's store had sighted the term, which
+/// the TTL counts from.
 #[cfg(feature = "kube")]
 #[test]
 fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
@@ -268,11 +268,12 @@ fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
     assert_eq!(stall["ttl_ms"], 1000.0);
     assert_eq!(stall["first_sighting"]["count"], 5, "{stall}");
     assert_eq!(stall["excess_over_sighting"]["count"], 5, "{stall}");
-    // The excess over the TTL includes the time to the first sighting.
-    assert!(
-        num(stall, "/excess_over_ttl/p50_us") >= num(stall, "/first_sighting/p50_us"),
-        "{stall}"
-    );
+    // No successor started before the TTL had run from the stalled leader's acquire.
+    // (The excess is not compared with the sighting: the read that times the sighting
+    // returns after the store's own first sighting, sometimes by more than the excess's
+    // spread; a CI run saw p50 45.6 ms excess beside a 47.3 ms sighting.)
+    assert_eq!(stall["early"], 0, "{stall}");
+    assert_eq!(stall["completed"], 5, "{stall}");
     let left = left_behind(dir.path(), &["tenure-kube-", "tenure-etcd-"], pid);
     assert!(left.is_empty(), "left behind: {left:?}");
 }

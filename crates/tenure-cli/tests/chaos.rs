@@ -436,11 +436,19 @@ fn kube_without_the_fence_is_caught() {
     unfenced_is_caught(pauses("kube:throwaway", "12s", "5"));
 }
 
+/// A re-own's bound after an isolated pause on a store with one writer at a time
+/// (SQLite): a pause (1-3 TTLs) that strikes a member inside its write transaction
+/// holds the file's write lock until it wakes, and no survivor writes meanwhile, so the
+/// re-own takes up to the longest pause plus the takeover: 4 TTLs. Kills release the
+/// lock with the process and keep the 3-TTL bound.
+const ONE_WRITER_PAUSE_REOWN_MS: f64 = 4_000.0;
+
 /// Checks a passing shard-mode round's own figures: the group is reported, shards
 /// moved, and every kill and pause that struck a member holding shards was followed by
 /// all of them being owned again: within 3 TTLs when no other fault struck meanwhile
-/// and, when the store itself is not faulted (`quiet_store`), at the median too.
-fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool) {
+/// (a pause on a one-writer store: [`ONE_WRITER_PAUSE_REOWN_MS`]) and, when the store
+/// itself is not faulted (`quiet_store`), at the median too.
+fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool, one_writer: bool) {
     assert_eq!(report["shards"].as_u64(), Some(shards));
     let moves = &report["shard_moves"];
     assert!(moves["moved"].as_u64().unwrap() > 0, "no shard ever moved");
@@ -455,10 +463,20 @@ fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool) {
         if quiet_store {
             bounded.push("p50_ms");
         }
+        let isolated_bound = if one_writer && kind == "pause" {
+            ONE_WRITER_PAUSE_REOWN_MS
+        } else {
+            3_000.0
+        };
         for figure in bounded {
+            let bound = if figure == "isolated_p99_ms" {
+                isolated_bound
+            } else {
+                3_000.0
+            };
             assert!(
-                reown[figure].as_f64().unwrap_or(0.0) < 3_000.0,
-                "{kind}: {figure} of a re-own is more than 3 TTLs: {reown}"
+                reown[figure].as_f64().unwrap_or(0.0) < bound,
+                "{kind}: {figure} of a re-own is more than {bound} ms: {reown}"
             );
         }
     }
@@ -493,7 +511,7 @@ fn sqlite_shard_round_passes() {
             admitted: 500,
         },
     );
-    shard_round_checks(&report, 8, true);
+    shard_round_checks(&report, 8, true, true);
 }
 
 /// The negative control in shard mode: paused members wake and write to their old
@@ -532,7 +550,7 @@ fn postgres_shard_round_passes() {
             admitted: 500,
         },
     );
-    shard_round_checks(&report, 16, false);
+    shard_round_checks(&report, 16, false, false);
 }
 
 /// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8
@@ -563,7 +581,7 @@ fn server_shard_round_passes(store: &str, seed: &str, admitted: u64) {
             admitted,
         },
     );
-    shard_round_checks(&report, 8, false);
+    shard_round_checks(&report, 8, false, false);
 }
 
 /// Shard mode on a throwaway etcd server: members heartbeat through etcd leases and
