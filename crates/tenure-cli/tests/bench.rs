@@ -446,11 +446,13 @@ fn shard_bench_on_memory_renews_once_per_interval_and_moves_little() {
     check_churn(&r);
 }
 
-/// A group of 3 members beside a wedged one (it heartbeats into the group, never runs):
-/// shards are not handed to it over and over (each handover to it orphans the shard for
-/// a while before it is rescued); a probe at a time tries it, then less and less often.
-/// Measured here: with the probe rule a mean of 0.991-0.996 and 2-4 shards under 99%;
-/// with every member handing it its whole share instead, 0.975 and 6.
+/// `--wedged`: a group of 3 members beside a wedged one (it heartbeats into the group,
+/// never runs) on the wall clock, sampled and reported. The probe rule itself (a probe at
+/// a time tries the wedged member, then less and less often) is checked on paused time
+/// in `tenure`'s `tests/shards.rs`; here the report's figures are checked for sense
+/// only. Measured here: with the probe rule a mean of 0.982-0.996 and 2-6 shards under
+/// 99% (a CI run under load gave 0.982 and 6); with every member handing it its whole
+/// share instead, 0.975 and 6: too close to tell apart on a loaded machine.
 #[test]
 fn shard_bench_with_a_wedged_member_keeps_the_shards_running() {
     let dir = tempdir();
@@ -463,8 +465,14 @@ fn shard_bench_with_a_wedged_member_keeps_the_shards_running() {
     let r = json_report(&output_within(&mut command, Duration::from_secs(120)));
     let wedged = &r["shards"]["wedged"];
     assert!(num(wedged, "/samples") >= 150.0, "{wedged}");
-    assert!(num(wedged, "/mean_running_share") >= 0.985, "{wedged}");
-    assert!(num(wedged, "/shards_under_99_percent") <= 5.0, "{wedged}");
+    assert_eq!(num(wedged, "/shards"), 24.0, "{wedged}");
+    assert_eq!(num(wedged, "/members"), 3.0, "{wedged}");
+    let least = num(wedged, "/least_running_share");
+    let mean = num(wedged, "/mean_running_share");
+    assert!(0.5 < least && least <= mean && mean <= 1.0, "{wedged}");
+    assert!(num(wedged, "/shards_under_99_percent") <= 24.0, "{wedged}");
+    // Every working member's plan names the wedged member for its share.
+    assert!(num(wedged, "/targeted_at_wedged_share") > 0.0, "{wedged}");
 }
 
 /// PostgreSQL: one session renewal a statement, so the group's statements and rows per
