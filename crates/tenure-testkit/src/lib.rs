@@ -8,6 +8,7 @@
 //! - [`queue`]: the queue of candidates, handoff and `wait_for_successor`.
 //! - [`queue_faults`]: the queue under lost answers, late calls and candidates that die
 //!   in the queue, injected with `tenure::intercept` on the real store.
+//! - [`faults`]: the [`faults::Faults`] interceptor both fault sets inject with.
 //! - [`shard_faults`]: shard-group members whose batched acquires lose their answer or
 //!   reach the store late, on the real store.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
@@ -17,6 +18,7 @@
 
 mod calls;
 pub mod conformance;
+pub mod faults;
 mod fixture;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
@@ -29,3 +31,8 @@ pub mod shard_faults;
 pub use calls::MustAnswer;
 pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
 pub use tenure_throwaway::{etcd, kube, postgres};
+
+/// How long any one step of a fault scenario (a store call, a member's stop, a caught
+/// call's arrival) may take before the scenario fails instead of hanging: a loaded
+/// 2-core CI machine with a kube-apiserver answers well within it.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);

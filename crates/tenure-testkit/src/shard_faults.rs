@@ -44,16 +44,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue_faults::Faults;
+use crate::faults::Faults;
+use crate::PATIENCE;
 use crate::{LeaseBackend, LeaseFixture};
 
 const GROUP: &str = "sfault";
 const SHARDS: u32 = 8;
 const ACQUIRE_MANY: &str = "acquire_many_in_session";
-
-/// How long any one store call or stop may take before the scenario fails instead of
-/// hanging.
-const PATIENCE: Duration = Duration::from_secs(30);
 
 /// One term's work as a member's work closure logged it.
 #[derive(Clone, Debug)]
