@@ -172,6 +172,11 @@ impl FileIdentity {
         }
     }
 
+    /// The file's device and inode.
+    pub(crate) fn dev_ino(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
     /// Fails when the file was deleted, moved away, replaced or hard-linked since it
     /// was opened. One `stat`: it runs on every call.
     pub(crate) fn check(&self) -> Result<()> {

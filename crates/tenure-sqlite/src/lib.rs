@@ -76,6 +76,7 @@ mod links;
 mod registry;
 mod schema;
 mod url;
+mod wake;
 
 pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
 pub use database::{SqliteDatabase, SqliteOptions};

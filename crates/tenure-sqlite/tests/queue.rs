@@ -135,6 +135,67 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
     assert_eq!(candidates(holder.database(), "r").await.len(), 9);
 }
 
+/// A release wakes its successor in another process at once, and a planned handoff
+/// too: both stores poll every 10 s here, so only the wake can bring the news within
+/// the bound. (Linux: the wake is an abstract Unix socket per candidate.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_successor_in_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wake.db");
+    let clock = ManualHostClock::new(t0());
+    let open = || async {
+        let options = SqliteOptions::new()
+            .with_clock(clock.clone())
+            .poll_interval(Duration::from_secs(10));
+        let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+        Arc::new(db.lease_store())
+    };
+    let a = open().await;
+    let b = open().await;
+    let mut term = a
+        .try_acquire_or_queue("r", "node-a", TTL, None)
+        .await
+        .unwrap();
+    assert!(term.acquired);
+    for (from, to, by_handoff) in [(&a, "node-b", false), (&b, "node-a", true)] {
+        let next = if to == "node-b" { &b } else { &a };
+        let queued = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();
+        assert!(!queued.acquired, "{queued:?}");
+        let waiter = {
+            let next = Arc::clone(next);
+            tokio::spawn(async move {
+                next.wait_for_successor("r", queued.fencing_token, Instant::now() + TTL)
+                    .await
+            })
+        };
+        // The waiter has read the row once and sleeps on its 10 s poll.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let holder = term.holder.clone();
+        let ended = if by_handoff {
+            from.hand_over("r", &holder, term.fencing_token, Some(to))
+                .await
+        } else {
+            from.release("r", &holder, term.fencing_token).await
+        };
+        assert!(ended.unwrap());
+        let change = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{to} was not woken within 2 s of the release"))
+            .unwrap();
+        let token = FencingToken::from(term.fencing_token.get() + 1);
+        assert_eq!(
+            change,
+            TermChange::Began {
+                holder: to.to_owned(),
+                fencing_token: token
+            }
+        );
+        term = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();
+        assert!(term.acquired && term.fencing_token == token, "{term:?}");
+    }
+}
+
 /// Candidacies that lapsed are swept when a contender joins and when a term is handed
 /// over; a refresh sweeps nothing and a live candidacy is never swept. A term begun in
 /// a session ends its owner's candidacy, as any acquire does.

@@ -19,10 +19,10 @@
 //! **The queue of candidates** is `tenure_candidates` (see `queue.rs`): one row per
 //! `(role, owner)` with its place, expiry and value. Queueing, withdrawing, a release
 //! that hands the role to the oldest live candidate and a planned handoff are each one
-//! transaction, like every other write. There is no push between processes, so a
-//! waiter for a successor polls the role's row (as [`LeaseStore::wait_for_change`]
-//! does, and woken at once by a write through the same [`SqliteDatabase`]) and answers
-//! who leads next from the row it read; it never writes.
+//! transaction, like every other write. A waiter for a successor reads the role's row
+//! and answers who leads next from it; it never writes. It reads again when woken: by
+//! a write through the same [`SqliteDatabase`], or, in another process, by the
+//! release that handed its owner the role (`wake.rs`, Linux); and on a poll meanwhile.
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -48,7 +48,7 @@ use crate::BACKEND;
 mod queue;
 mod term;
 
-use term::{end_term, write_lease_with_value, write_term, Claim, LeaseRow, Successor};
+use term::{end_term, write_lease_with_value, write_term, Claim, Ended, LeaseRow, Successor};
 pub use term::{release_lease, write_lease, LeaseWrite};
 
 /// Forgets the sessions that ended before store time `?1` (their terms read as ended
@@ -271,6 +271,9 @@ impl SqliteLeaseStore {
         let write = write_lease_with_value(&mut tx, role, owner, now, expires_at, value).await?;
         if queue && matches!(write, LeaseWrite::Refused { .. }) {
             queue::enqueue(&mut tx, role, owner, expires_at, value, now).await?;
+            // Before the commit: a release in another process may hand it the role
+            // the moment the candidacy is in the file.
+            self.db.listen_for_wakes(owner);
         }
         self.answer(tx, role, owner, write, &store_now, expires_time)
             .await
@@ -293,10 +296,13 @@ impl SqliteLeaseStore {
         let now = self.db.write_now(&mut tx).await?.mono;
         let ended = end_term(&mut tx, role, owner, token, now, successor).await?;
         commit(tx, "cannot commit the release").await?;
-        if ended {
+        if let Ended::HandedTo(next) = &ended {
+            self.db.wake(next, role);
+        }
+        if ended != Ended::Not {
             self.db.signal_change(role);
         }
-        Ok(ended)
+        Ok(ended != Ended::Not)
     }
 
     /// Whether `(role, observed)` is still the live term, on store time.
@@ -504,7 +510,7 @@ impl LeaseStore for SqliteLeaseStore {
         }
         // A token above `i64::MAX` was never handed out: any live term is another.
         let observed = token_to_db(observed).ok();
-        let poll = self.db.poll_interval();
+        let poll = self.db.successor_poll();
         self.db
             .wait_polling_for(role, poll, deadline, || self.succession(role, observed))
             .await

@@ -278,7 +278,19 @@ pub async fn release_lease(
     token: i64,
     now: i64,
 ) -> Result<bool> {
-    end_term(conn, role, owner, token, now, Successor::OldestOrFree).await
+    let ended = end_term(conn, role, owner, token, now, Successor::OldestOrFree).await?;
+    Ok(ended != Ended::Not)
+}
+
+/// What [`end_term`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// Nothing: the term was not live, or the named candidate was not there.
+    Not,
+    /// The term ended and the role is free.
+    Freed,
+    /// The term ended and this candidate's began.
+    HandedTo(String),
 }
 
 /// Whom [`end_term`] hands the role to.
@@ -293,9 +305,9 @@ pub(super) enum Successor<'a> {
 /// Ends `owner`'s live term `token` on `role` at store time `now` and, in the same
 /// transaction, begins the next candidate's as `successor` says: token + 1, holder the
 /// candidate, its queued value, ending when its candidacy would have lapsed; the
-/// candidacy (and the role's lapsed ones) is deleted. Whether the term ended: never
-/// when it is not live, nor for [`Successor::Candidate`] without such a candidate
-/// (then nothing is written).
+/// candidacy (and the role's lapsed ones) is deleted. Whether the term ended, and to
+/// whom: it never ends when it is not live, nor for [`Successor::Candidate`] without
+/// such a candidate (then nothing is written).
 pub(super) async fn end_term(
     conn: &mut SqliteConnection,
     role: &str,
@@ -303,10 +315,10 @@ pub(super) async fn end_term(
     token: i64,
     now: i64,
     successor: Successor<'_>,
-) -> Result<bool> {
+) -> Result<Ended> {
     let row = match read_row(conn, role).await? {
         Some(row) if row.is_live_term(token, now) && row.holder.as_deref() == Some(owner) => row,
-        _ => return Ok(false),
+        _ => return Ok(Ended::Not),
     };
     let named = match successor {
         Successor::OldestOrFree => None,
@@ -323,6 +335,7 @@ pub(super) async fn end_term(
             };
             take_over(conn, role, term).await?;
             queue::sweep(conn, role, &next.owner, now).await?;
+            Ok(Ended::HandedTo(next.owner))
         }
         (None, Successor::OldestOrFree) => {
             sqlx::query(RELEASE_LEASE)
@@ -333,8 +346,8 @@ pub(super) async fn end_term(
                 .map_err(store_error("cannot release the lease"))?;
             // Any candidates left have lapsed.
             queue::sweep(conn, role, owner, now).await?;
+            Ok(Ended::Freed)
         }
-        (None, Successor::Candidate(_)) => return Ok(false),
+        (None, Successor::Candidate(_)) => Ok(Ended::Not),
     }
-    Ok(true)
 }
