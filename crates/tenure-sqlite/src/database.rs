@@ -28,9 +28,9 @@ use crate::file::{refuse_hard_links, refuse_shared_file_system, FileIdentity, Fs
 use crate::links::SessionLinks;
 use crate::schema::{create_schema_at, enter_boot, READ_BOOT, SCHEMA_VERSION};
 use crate::wake::{Signals, Wakes};
+use crate::BACKEND;
 
 mod wait;
-use crate::BACKEND;
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";

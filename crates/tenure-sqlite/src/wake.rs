@@ -20,6 +20,14 @@ use tokio::task::JoinHandle;
 /// The change signals of one database's waiters, by role (see `SqliteDatabase`).
 pub(crate) type Signals = Mutex<HashMap<String, Arc<Notify>>>;
 
+/// Wakes the waiters on `role` in `signals`, if any wait.
+pub(crate) fn notify(signals: &Signals, role: &str) {
+    let signal = signals.lock().get(role).cloned();
+    if let Some(signal) = signal {
+        signal.notify_waiters();
+    }
+}
+
 /// The longest role name a wake carries; a longer datagram is not a wake.
 const MAX_WAKE: usize = 1024;
 
@@ -27,10 +35,10 @@ const MAX_WAKE: usize = 1024;
 pub(crate) struct Wakes {
     /// The file's device and inode, so that two files never share a socket name.
     file: (u64, u64),
-    listening: Mutex<HashMap<String, JoinHandle<()>>>,
-    /// Owners that queued but could not listen (their name taken, or no abstract
-    /// sockets): their waiters must keep polling at the full rate.
-    deaf: Mutex<Vec<String>>,
+    /// Every owner that queued through this database: its listener, or `None` when it
+    /// could not listen (its name taken, or no abstract sockets) and its waiters must
+    /// keep polling at the full rate.
+    owners: Mutex<HashMap<String, Option<JoinHandle<()>>>>,
 }
 
 impl Wakes {
@@ -38,33 +46,33 @@ impl Wakes {
     pub(crate) fn new(dev: u64, ino: u64) -> Self {
         Wakes {
             file: (dev, ino),
-            listening: Mutex::new(HashMap::new()),
-            deaf: Mutex::new(Vec::new()),
+            owners: Mutex::new(HashMap::new()),
         }
     }
 
     /// Listens for wake-ups addressed to `owner` (once per owner), waking the waiters
     /// in `signals`.
     pub(crate) fn listen(&self, owner: &str, signals: Weak<Signals>) {
-        if self.listening.lock().contains_key(owner) || self.deaf.lock().iter().any(|o| o == owner)
-        {
+        // One lock over the check and the bind: two queue calls of one owner at once
+        // bind once.
+        let mut owners = self.owners.lock();
+        if owners.contains_key(owner) {
             return;
         }
-        match socket::bind(&self.name(owner)) {
-            Ok(socket) => {
-                let task = tokio::spawn(receive(socket, signals));
-                self.listening.lock().insert(owner.to_owned(), task);
-            }
+        let listener = match socket::bind(&self.name(owner)) {
+            Ok(socket) => Some(tokio::spawn(receive(socket, signals))),
             Err(error) => {
                 tracing::debug!(owner, %error, "cannot listen for wake-ups; polling instead");
-                self.deaf.lock().push(owner.to_owned());
+                None
             }
-        }
+        };
+        owners.insert(owner.to_owned(), listener);
     }
 
     /// Whether every owner that queued through this database hears its wake-ups.
     pub(crate) fn all_listening(&self) -> bool {
-        self.deaf.lock().is_empty() && !self.listening.lock().is_empty()
+        let owners = self.owners.lock();
+        !owners.is_empty() && owners.values().all(Option::is_some)
     }
 
     /// Tells `owner`'s process that `role` changed; a failure is only logged (the
@@ -87,7 +95,7 @@ impl Wakes {
 
 impl Drop for Wakes {
     fn drop(&mut self) {
-        for task in self.listening.lock().values() {
+        for task in self.owners.lock().values().flatten() {
             task.abort();
         }
     }
@@ -111,10 +119,7 @@ async fn receive(socket: tokio::net::UnixDatagram, signals: Weak<Signals>) {
         let Ok(role) = std::str::from_utf8(&buf[..len.min(MAX_WAKE)]) else {
             continue;
         };
-        let signal = signals.lock().get(role).cloned();
-        if let Some(signal) = signal {
-            signal.notify_waiters();
-        }
+        notify(&signals, role);
     }
 }
 

@@ -9,6 +9,7 @@ use tenure::Result;
 use tokio::sync::Notify;
 
 use super::SqliteDatabase;
+use crate::wake::notify;
 
 /// How often a waiter for a successor that hears its wake-ups polls the file (see
 /// [`SqliteDatabase::successor_poll`]).
@@ -120,9 +121,9 @@ impl SqliteDatabase {
         }
     }
 
+    /// Wakes this process's waiters on `role` (a write through this database changed
+    /// its term).
     pub(crate) fn signal_change(&self, role: &str) {
-        if let Some(signal) = self.inner.changes.lock().get(role) {
-            signal.notify_waiters();
-        }
+        notify(&self.inner.changes, role);
     }
 }
