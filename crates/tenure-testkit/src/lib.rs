@@ -25,6 +25,7 @@ pub mod fuzz;
 pub mod observe;
 pub mod queue;
 pub mod queue_faults;
+pub mod registry;
 pub mod sessions;
 pub mod shard_faults;
 

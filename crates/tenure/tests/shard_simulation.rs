@@ -28,6 +28,11 @@
 //! applying it (what a member that starts work under a token whose release may still
 //! land would act on).
 //!
+//! A quarter of the schedules have a node of another group heartbeating into the same
+//! registry: no change of the group, and no reason to read it (members once waited for
+//! the registry's whole live set to match their group's, and read in a loop). Every
+//! schedule counts the members' reads of the membership and fails past a cap.
+//!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40);
 //! `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
 
@@ -44,6 +49,7 @@ use tenure::{
     FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeInfo,
     NodeRegistry, ShardElector, ShardOptions, TokioClock,
 };
+use tenure_testkit::registry::CountedReads;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -233,6 +239,10 @@ impl NodeRegistry for SpuriousWakes {
             .await
     }
 }
+
+/// More membership reads than any schedule's members make without a read loop (a few
+/// thousand at most): the outermost registry of every schedule holds back reads past it.
+const READ_CAP: usize = 100_000;
 
 /// Who works on which shard now, and what went wrong.
 #[derive(Default)]
@@ -442,6 +452,7 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
     // Not drawn from `rng`: the schedules without one stay what they were.
     let wedged = seed % 3 == 2;
+    let outsider = seed % 4 == 1;
     let clock = TokioClock::new();
     let members = rng.random_range(3..=8);
     let mut registry: Arc<dyn NodeRegistry> =
@@ -452,6 +463,8 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
             rng: Mutex::new(SmallRng::seed_from_u64(rng.random())),
         });
     }
+    let counted = Arc::new(CountedReads::new(registry, READ_CAP));
+    let registry: Arc<dyn NodeRegistry> = counted.clone();
     let mut sim = Sim {
         store: Arc::new(InMemoryLeaseStore::with_clock(clock)),
         registry,
@@ -473,6 +486,17 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
         tenure::spawn_heartbeat(
             sim.registry.clone(),
             "wedged",
+            metadata,
+            TTL / 3,
+            stop_wedged.clone(),
+        );
+    }
+    if outsider {
+        let mut metadata = Metadata::new();
+        metadata.insert(tenure::shard::GROUP_KEY.to_owned(), "reports".to_owned());
+        tenure::spawn_heartbeat(
+            sim.registry.clone(),
+            "outsider",
             metadata,
             TTL / 3,
             stop_wedged.clone(),
@@ -504,6 +528,15 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
         member.shutdown.cancel();
         let _ = member.task.await;
     }
+    if counted.capped() {
+        let reads = counted.reads();
+        let problem = format!("the members read the membership {reads} times: a read loop");
+        verdict.1 = Some(
+            verdict
+                .1
+                .map_or(problem.clone(), |p| format!("{problem}; {p}")),
+        );
+    }
     verdict
 }
 
@@ -520,7 +553,8 @@ fn seeds() -> std::ops::Range<u64> {
 /// Setup: seeded schedules of 3-8 members, 4-40 shards, 20 s of faults (leaves, crashes,
 /// restarts, drains asked through the store for up to two TTLs, stalls of up to two
 /// TTLs, store latency up to 60 ms, half with spurious wakes of the members' waits, a
-/// quarter with no pushes of shard changes, a third beside a wedged member), then 8 TTLs
+/// quarter with no pushes of shard changes, a third beside a wedged member, a quarter
+/// beside a node of another group), then 8 TTLs
 /// of quiet.
 /// No shard ever had two members working on it; afterwards every shard is worked on and,
 /// without a wedged member, the live members share them evenly.

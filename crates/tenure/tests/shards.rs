@@ -14,6 +14,7 @@ use tenure::{
     Error, FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata,
     NodeRegistry, ShardElector, ShardOptions, ShardState, TokioClock,
 };
+use tenure_testkit::registry::CountedReads;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -358,6 +359,57 @@ impl NodeRegistry for NoPush {
     fn ttl(&self) -> Duration {
         self.0.ttl()
     }
+}
+
+/// Reads of the membership by two settled members of `jobs` (16 shards) over 30 s,
+/// with `outsider` (when given) heartbeating into the same registry for another group.
+async fn membership_reads_over_30s(outsider: Option<&str>) -> usize {
+    let mut group = Group::in_memory();
+    let counted = Arc::new(CountedReads::new(group.registry.clone(), 10_000));
+    group.registry = counted.clone();
+    let stop = CancellationToken::new();
+    if let Some(node) = outsider {
+        let mut metadata = Metadata::new();
+        metadata.insert("group".to_owned(), "reports".to_owned());
+        tenure::spawn_heartbeat(
+            counted.inner().clone(),
+            node.to_owned(),
+            metadata,
+            TTL / 3,
+            stop.clone(),
+        );
+    }
+    for node in ["a", "b"] {
+        group.start(node, 16);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    let before = counted.reads();
+    assert!(
+        before < 1000,
+        "{before} reads of the membership while two members settled (beside {outsider:?})"
+    );
+    group.assert_balanced(16);
+    tokio::time::sleep(30 * RENEW).await;
+    let reads = counted.reads() - before;
+    group.assert_balanced(16);
+    stop.cancel();
+    reads
+}
+
+/// Setup: a node of another group heartbeats into the registry a group's two members
+/// share. It is no change of their group: they read the membership about as often as
+/// without it. (The members once waited for the registry's whole live set to differ
+/// from their group's members, which it always did: every wait returned at once, and
+/// the members read the store in a loop.)
+#[tokio::test(start_paused = true)]
+async fn a_node_of_another_group_costs_no_reads() {
+    let alone = membership_reads_over_30s(None).await;
+    let beside = membership_reads_over_30s(Some("reporter")).await;
+    assert!(
+        beside <= alone + 10,
+        "{beside} reads of the membership in 30 s beside a node of another group, \
+         {alone} without it"
+    );
 }
 
 /// A crash is not pushed (nobody announces it), yet the survivors look again when the

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::membership::Membership;
-use super::plan::start_handovers;
+use super::plan::{start_handovers, MembersSeen};
 use super::probe::{Probes, PROBE_WAIT};
 use super::session::Session;
 use super::*;
@@ -132,7 +132,7 @@ impl Member<'_> {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        let mut observed: Vec<String> = Vec::new();
+        let mut observed = MembersSeen::default();
         let mut look = true;
         let mut looked_at = Instant::now();
         loop {
@@ -175,7 +175,7 @@ impl Member<'_> {
                 lapse.max(now + MIN_LOOK).min(look_again)
             });
             let registry = self.elector.registry.clone();
-            let members_changed = registry.wait_for_members_change(&observed, lapse_check);
+            let members_changed = registry.wait_for_members_change(&observed.registry, lapse_check);
             let [local, stored] = &mut self.drains;
             let drains = async {
                 tokio::select! {
@@ -202,7 +202,7 @@ impl Member<'_> {
                 }
                 _ = members_changed => {
                     if Instant::now() < look_again {
-                        look = !self.members_unchanged(&observed).await;
+                        look = !self.members_unchanged(&mut observed).await;
                     }
                 }
             }
@@ -211,13 +211,15 @@ impl Member<'_> {
         Ok(())
     }
 
-    /// Reads the group's members: whether they are still `observed` (then the next lapse
-    /// to check is set from this read, and the group need not be read).
-    async fn members_unchanged(&mut self, observed: &[String]) -> bool {
+    /// Reads the group's members: whether they are still those `observed` (then the
+    /// next lapse to check is set from this read, the registry's other nodes are
+    /// taken as they are now, and the group need not be read).
+    async fn members_unchanged(&mut self, observed: &mut MembersSeen) -> bool {
         let now = Instant::now();
         match self.group_members().await {
-            Ok((live, lapse)) if live == observed => {
-                self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+            Ok(seen) if seen.group == observed.group => {
+                self.next_lapse = seen.lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+                *observed = seen;
                 true
             }
             _ => false,

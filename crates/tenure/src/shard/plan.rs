@@ -17,6 +17,20 @@ use super::probe::Probes;
 use super::session::Session;
 use super::*;
 
+/// What one read of the membership showed.
+#[derive(Clone, Debug, Default)]
+pub(super) struct MembersSeen {
+    /// The group's live members, in the registry's order (sorted).
+    pub(super) group: Vec<String>,
+    /// Every live node of the registry, other groups' too: what a wait for a change of
+    /// the members compares with. Compared with the group's alone, a registry shared
+    /// with any other node would always differ, and every wait would return at once.
+    pub(super) registry: Vec<String>,
+    /// How soon the first other member's membership lapses unless it heartbeats (on
+    /// store time), if the group has another member.
+    pub(super) lapse: Option<Duration>,
+}
+
 /// A deadline no wait reaches.
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -27,7 +41,7 @@ impl Member<'_> {
         &mut self,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
-    ) -> Result<Vec<String>>
+    ) -> Result<MembersSeen>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
@@ -35,8 +49,9 @@ impl Member<'_> {
     {
         let options = self.options().clone();
         let now = Instant::now();
-        let (live, lapse) = self.group_members().await?;
-        for member in &live {
+        let seen = self.group_members().await?;
+        let (live, lapse) = (&seen.group, seen.lapse);
+        for member in live {
             self.last_seen.insert(member.clone(), now);
         }
         self.last_seen
@@ -123,8 +138,8 @@ impl Member<'_> {
                 .keys()
                 .all(|k| target.get(k) == Some(&options.node_id));
         self.publish(live.clone(), target);
-        self.contend(wanted, work, wake_tx, Some(&live)).await;
-        Ok(live)
+        self.contend(wanted, work, wake_tx, Some(live)).await;
+        Ok(seen)
     }
 
     /// Cancels every term the store no longer shows as this member's under its token
@@ -396,12 +411,13 @@ impl Member<'_> {
         }
     }
 
-    /// The live members of this group, sorted, and how soon the first other member's
-    /// membership lapses unless it heartbeats (on store time).
-    pub(super) async fn group_members(&self) -> Result<(Vec<String>, Option<Duration>)> {
+    /// One read of the membership: this group's live members, the registry's, and how
+    /// soon the first other member's membership lapses unless it heartbeats.
+    pub(super) async fn group_members(&self) -> Result<MembersSeen> {
         let options = self.options();
         let ttl = self.elector.registry.ttl();
         let members = self.elector.registry.members().await?;
+        let registry = members.iter().map(|m| m.node_id.clone()).collect();
         let mine: Vec<_> = members
             .into_iter()
             .filter(|m| m.metadata.get(GROUP_KEY) == Some(&options.group))
@@ -411,7 +427,11 @@ impl Member<'_> {
             .filter(|m| m.node_id != options.node_id)
             .map(|m| ttl.saturating_sub(m.heartbeat_age()))
             .min();
-        Ok((mine.into_iter().map(|m| m.node_id).collect(), lapse))
+        Ok(MembersSeen {
+            group: mine.into_iter().map(|m| m.node_id).collect(),
+            registry,
+            lapse,
+        })
     }
 
     /// The live owner of each shard, from the store, how long its term has left unless
