@@ -412,6 +412,36 @@ async fn a_node_of_another_group_costs_no_reads() {
     );
 }
 
+/// Setup: a lone member takes 1,000 shards (16 batches) beside a node of another group
+/// in its registry. The node is no change of the membership the member planned with, so
+/// it sends every batch from its first look (a member stops sending batches and looks
+/// again only once its group's membership changed): one or two reads of the group, not
+/// one per two batches.
+#[tokio::test(start_paused = true)]
+async fn a_node_of_another_group_does_not_cut_a_cold_start_short() {
+    let (mut group, calls) = Group::counted();
+    let mut metadata = Metadata::new();
+    metadata.insert("group".to_owned(), "reports".to_owned());
+    let stop = CancellationToken::new();
+    tenure::spawn_heartbeat(
+        group.registry.clone(),
+        "reporter".to_owned(),
+        metadata,
+        TTL / 3,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    group.start("solo", 1000);
+    tokio::time::sleep(RENEW / 2).await;
+    group.assert_balanced(1000);
+    let lists = calls.by_method.lock().get("list").copied().unwrap_or(0);
+    assert!(
+        lists <= 2,
+        "{lists} reads of the group to take 1,000 shards"
+    );
+    stop.cancel();
+}
+
 /// A crash is not pushed (nobody announces it), yet the survivors look again when the
 /// crashed member's membership and session are due to lapse: every shard is worked on
 /// again within the TTL plus a moment, not up to a retry interval later.

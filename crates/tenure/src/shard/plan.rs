@@ -138,7 +138,8 @@ impl Member<'_> {
                 .keys()
                 .all(|k| target.get(k) == Some(&options.node_id));
         self.publish(live.clone(), target);
-        self.contend(wanted, work, wake_tx, Some(live)).await;
+        self.contend(wanted, work, wake_tx, Some(&seen.registry))
+            .await;
         Ok(seen)
     }
 
@@ -201,9 +202,10 @@ impl Member<'_> {
     /// join, a cold start) waits a round trip per batch, not one per shard. Answers are
     /// acted on as they come.
     ///
-    /// With `planned_for` (the members a look planned with), no further batch is sent
-    /// once the group's membership differs from it: the plan is stale, and the next look
-    /// replans. Without it, a member that planned alone at a cold start would go on
+    /// With `planned_for` (the registry's live nodes when the look planned: see
+    /// [`MembersSeen::registry`]), no further batch is sent once the registry's live set
+    /// differs from it: the plan may be stale, and the next look replans (a join or leave
+    /// of another group sharing the registry costs that look too). Without it, a member that planned alone at a cold start would go on
     /// contending for every shard of a large group, batch after batch, while the others
     /// join and it looks at nothing.
     pub(super) async fn contend<W, Fut>(
