@@ -465,7 +465,7 @@ impl LeaseStore for PgLeaseStore {
         };
         self.inner
             .notifier
-            .wait(deadline, unchanged, |note| *note.role == *role)
+            .wait(deadline, None, unchanged, |note| *note.role == *role)
             .await;
     }
 
@@ -482,7 +482,7 @@ impl LeaseStore for PgLeaseStore {
         };
         self.inner
             .notifier
-            .wait(deadline, unchanged, |note| *note.role == *role)
+            .wait(deadline, None, unchanged, |note| *note.role == *role)
             .await;
     }
 

@@ -38,6 +38,16 @@ pub(crate) enum ListenState {
     Listening(u64),
 }
 
+/// Where the listener was at some moment: its subscription and how many notifications
+/// it had received on it. A read that begins after a mark and a wait that finds the
+/// listener still at that mark bracket a stretch in which nothing was notified: the
+/// wait needs no read to re-check what the read showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    generation: u64,
+    heard: u64,
+}
+
 /// The shared listener of one store.
 #[derive(Debug)]
 pub(crate) struct Notifier {
@@ -49,9 +59,17 @@ pub(crate) struct Notifier {
     stop: CancellationToken,
     /// On the lease channel: each role's latest state, as notifications said it.
     terms: Option<Arc<Terms>>,
-    /// The last subscription's number, kept across listener tasks so a number is never
-    /// reused.
-    generations: Arc<AtomicU64>,
+    /// Kept across listener tasks.
+    counts: Arc<Counts>,
+}
+
+/// What the listener counts, across its tasks.
+#[derive(Debug, Default)]
+struct Counts {
+    /// The last subscription's number, so a number is never reused.
+    generations: AtomicU64,
+    /// Notifications received, over every subscription.
+    heard: AtomicU64,
 }
 
 /// One waiter's subscription, taken while the listener listened as `generation`.
@@ -93,7 +111,19 @@ impl Notifier {
             task: Mutex::new(None),
             stop: CancellationToken::new(),
             terms,
-            generations: Arc::new(AtomicU64::new(0)),
+            counts: Arc::default(),
+        }
+    }
+
+    /// Where the listener is now, if it is listening (see [`Mark`]); taken before a read
+    /// whose answer a later [`wait`](Self::wait) may trust.
+    pub(crate) fn mark(&self) -> Option<Mark> {
+        match *self.state.borrow() {
+            ListenState::Listening(generation) => Some(Mark {
+                generation,
+                heard: self.counts.heard.load(Ordering::SeqCst),
+            }),
+            ListenState::Down => None,
         }
     }
 
@@ -115,7 +145,7 @@ impl Notifier {
                 self.events.clone(),
                 self.state.clone(),
                 self.terms.clone(),
-                Arc::clone(&self.generations),
+                Arc::clone(&self.counts),
                 self.stop.clone(),
             )));
         }
@@ -154,19 +184,31 @@ impl Notifier {
     /// Subscribes first, then runs `unchanged` (a read of what the caller observed:
     /// `Ok(true)` while nothing changed), then waits: a change committed between the read
     /// and the wait still arrives as a notification. Returns at once when the read says
-    /// something changed. Without a working listener (down, or notifications lost in a
+    /// something changed. With `since`, the mark taken before the read the caller's
+    /// observation came from, the re-check is skipped when the listener is still at that
+    /// mark once subscribed: nothing committed after that read's snapshot went unheard. Without a working listener (down, or notifications lost in a
     /// reconnect gap) it never spins: it sleeps until the listener is back or the
     /// deadline, and lets the caller read again.
     pub(crate) async fn wait(
         &self,
         deadline: Instant,
+        since: Option<Mark>,
         unchanged: impl Future<Output = tenure::Result<bool>>,
         matches: impl Fn(&Note) -> bool,
     ) {
         let Some(mut subscription) = self.listening(deadline).await else {
             return;
         };
-        match unchanged.await {
+        let now = Mark {
+            generation: subscription.generation,
+            heard: self.counts.heard.load(Ordering::SeqCst),
+        };
+        let checked = if since == Some(now) {
+            Ok(true)
+        } else {
+            unchanged.await
+        };
+        match checked {
             Ok(true) => {}
             Ok(false) => return,
             Err(error) => {
@@ -307,7 +349,7 @@ async fn listen_loop(
     events: broadcast::Sender<Arc<Note>>,
     state: watch::Sender<ListenState>,
     terms: Option<Arc<Terms>>,
-    generations: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     stop: CancellationToken,
 ) {
     // The memory of the terms follows the subscription: a gap may have lost some.
@@ -337,7 +379,7 @@ async fn listen_loop(
         };
         match result {
             Ok(mut listener) => {
-                let generation = generations.fetch_add(1, Ordering::Relaxed) + 1;
+                let generation = counts.generations.fetch_add(1, Ordering::Relaxed) + 1;
                 backoff = BACKOFF_MIN;
                 debug!(channel = %channel, generation, "listening for lease changes");
                 set_state(ListenState::Listening(generation));
@@ -348,6 +390,9 @@ async fn listen_loop(
                     };
                     match received {
                         Ok(Some(notification)) => {
+                            // Counted before it is sent: a waiter that subscribed after
+                            // reading the count gets every later one.
+                            counts.heard.fetch_add(1, Ordering::SeqCst);
                             let note = Note::parse(notification.payload());
                             let note = match &terms {
                                 Some(terms) => terms.take_in(notification.process_id(), note),

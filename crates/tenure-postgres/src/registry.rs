@@ -20,8 +20,16 @@
 //! heartbeats resume at the first beat past half a TTL, before any reader sees it lapse
 //! (see `docs/semantics.md`). A closed session stops counting at once, and its close
 //! tells membership waiters; a leave deletes the row at once, as before.
+//!
+//! **Waits without a read.** A wait for a change of the members re-reads them after
+//! subscribing, so that a change between the caller's read and the wait is not missed.
+//! When the caller's observation is what this registry's last read showed, and the
+//! listener heard no notification since that read began (same subscription, same
+//! count), nothing committed after the read's snapshot can have gone unheard: the wait
+//! skips its read. A shard member waits after every read of the members, so this saves
+//! a statement per read.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -36,7 +44,7 @@ use crate::direct::DirectConnections;
 use crate::error::{pg_error, BACKEND};
 use crate::lease::{system_time, MAX_TTL};
 use crate::links::SessionLinks;
-use crate::notify::Notifier;
+use crate::notify::{Mark, Notifier};
 use crate::schema::Schema;
 
 /// A [`NodeRegistry`] on PostgreSQL.
@@ -64,6 +72,17 @@ pub struct PgNodeRegistry {
     links: Arc<SessionLinks>,
     /// What this registry's last successful heartbeat of each node wrote.
     written: Arc<HeartbeatsWritten>,
+    /// The live nodes the last read showed, with the listener's mark taken before it:
+    /// a wait for a change of those needs no read of its own while nothing was notified
+    /// since (a member's wait after each read of the members).
+    last_read: Arc<Mutex<Option<LastRead>>>,
+}
+
+/// The live nodes a read showed, and the listener's mark taken before it began.
+#[derive(Debug)]
+struct LastRead {
+    mark: Mark,
+    live: Vec<String>,
 }
 
 impl PgNodeRegistry {
@@ -128,7 +147,15 @@ impl PgNodeRegistry {
             ),
             links,
             written: Arc::default(),
+            last_read: Arc::default(),
         })
+    }
+
+    /// Keeps what a read that began at `mark` showed (nothing without a mark: the
+    /// listener was not listening, so a wait must read).
+    fn remember(&self, mark: Option<Mark>, live: Vec<String>) {
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) =
+            mark.map(|mark| LastRead { mark, live });
     }
 
     /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
@@ -190,20 +217,25 @@ impl NodeRegistry for PgNodeRegistry {
     }
 
     async fn live_nodes(&self) -> Result<Vec<String>> {
-        sqlx::query_scalar(&self.live_sql)
+        let mark = self.notifier.mark();
+        let live: Vec<String> = sqlx::query_scalar(&self.live_sql)
             .bind(self.ttl_micros)
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| pg_error("could not read live nodes", e))
+            .map_err(|e| pg_error("could not read live nodes", e))?;
+        self.remember(mark, live.clone());
+        Ok(live)
     }
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {
+        let mark = self.notifier.mark();
         let rows = sqlx::query(&self.members_sql)
             .bind(self.ttl_micros)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| pg_error("could not read members", e))?;
-        rows.iter()
+        let members: Vec<NodeInfo> = rows
+            .iter()
             .map(|row| {
                 let get = |e| pg_error("could not decode a member", e);
                 let metadata: String = row.try_get("metadata").map_err(get)?;
@@ -217,7 +249,9 @@ impl NodeRegistry for PgNodeRegistry {
                     now: system_time(row.try_get("now").map_err(get)?),
                 })
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        self.remember(mark, members.iter().map(|m| m.node_id.clone()).collect());
+        Ok(members)
     }
 
     async fn leave(&self, node_id: &str) -> Result<bool> {
@@ -238,8 +272,17 @@ impl NodeRegistry for PgNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        let since = self
+            .last_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|read| read.live == observed)
+            .map(|read| read.mark);
         let unchanged = async { Ok(self.live_nodes().await? == observed) };
-        self.notifier.wait(deadline, unchanged, |_| true).await;
+        self.notifier
+            .wait(deadline, since, unchanged, |_| true)
+            .await;
     }
 }
 

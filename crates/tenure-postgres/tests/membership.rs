@@ -256,3 +256,51 @@ async fn migrate_adds_the_heartbeat_session_columns() {
     keep_alive_and_beat(&store, &registry, session.id, "m", EVERY).await;
     assert_eq!(registry.live_nodes().await.unwrap(), ["m", "old"]);
 }
+
+/// A wait for a change trusts the read it follows only while the listener heard
+/// nothing since that read began: a join notified between the read and the wait (and
+/// delivered before the wait subscribed) still ends the wait at once. With nothing
+/// notified, the wait lasts to its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_between_a_read_and_the_wait_is_not_missed() {
+    let (pool, schema, store) = setup("membership-between").await;
+    let registry = store.registry(TTL).unwrap();
+    let other = PgNodeRegistry::new(pool.clone(), schema.clone(), TTL).unwrap();
+    registry.heartbeat("a").await.unwrap();
+    // Nothing changes: the wait lasts (and starts the listener).
+    let observed = registry.live_nodes().await.unwrap();
+    let started = Instant::now();
+    registry
+        .wait_for_members_change(&observed, started + Duration::from_millis(500))
+        .await;
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let observed = member_ids(&registry).await;
+    assert_eq!(observed, ["a"]);
+    let started = Instant::now();
+    registry
+        .wait_for_members_change(&observed, started + Duration::from_millis(500))
+        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "nothing changed after the read: the wait lasts"
+    );
+    let observed = member_ids(&registry).await;
+    other.heartbeat("b").await.unwrap();
+    // The join's notification reaches the listener before the wait begins.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    registry
+        .wait_for_members_change(&observed, started + Duration::from_secs(30))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a join after the read was missed: waited {:?}",
+        started.elapsed()
+    );
+}
+
+/// The ids `members()` shows, in its order.
+async fn member_ids(registry: &dyn NodeRegistry) -> Vec<String> {
+    let members = registry.members().await.unwrap();
+    members.into_iter().map(|m| m.node_id).collect()
+}
