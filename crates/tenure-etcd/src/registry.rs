@@ -40,6 +40,16 @@ pub struct EtcdNodeRegistry {
     /// live one is one round trip (its transaction beside the keep-alive) instead of a
     /// read first. A stale entry only costs a failed compare and the read after it.
     own: Arc<Mutex<HashMap<String, OwnMembership>>>,
+    /// The live nodes the last read showed, and the revision it read at: a wait for a
+    /// change of those watches from the next revision instead of reading again.
+    last_read: Arc<Mutex<Option<LastRead>>>,
+}
+
+/// The live nodes a read showed, and the store revision it read at.
+#[derive(Debug)]
+struct LastRead {
+    revision: i64,
+    live: Vec<String>,
 }
 
 /// A membership this registry wrote: its etcd lease, the key's mod revision after the
@@ -150,6 +160,7 @@ impl EtcdNodeRegistry {
             ttl,
             ttl_secs,
             own: Arc::default(),
+            last_read: Arc::default(),
         })
     }
 
@@ -168,14 +179,15 @@ impl EtcdNodeRegistry {
     /// Watches membership from now on: joins and departures (including etcd expiring a
     /// node's lease) as they happen.
     pub async fn watch_members(&self) -> Result<MembershipWatch> {
+        self.watch_members_with(WatchOptions::new().with_prefix())
+            .await
+    }
+
+    async fn watch_members_with(&self, options: WatchOptions) -> Result<MembershipWatch> {
         let dir = self.keys.nodes_dir();
         let stream = self
             .conn
-            .watch(
-                "watching membership",
-                &dir,
-                WatchOptions::new().with_prefix(),
-            )
+            .watch("watching membership", &dir, options)
             .await?;
         Ok(MembershipWatch {
             stream,
@@ -366,6 +378,7 @@ impl EtcdNodeRegistry {
             .conn
             .get("listing nodes", &dir, Some(GetOptions::new().with_prefix()))
             .await?;
+        let revision = response.header().map(|h| h.revision());
         let now = SystemTime::now();
         let mut nodes: Vec<NodeInfo> = response
             .kvs()
@@ -383,6 +396,10 @@ impl EtcdNodeRegistry {
             })
             .collect();
         nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        *self.last_read.lock() = revision.map(|revision| LastRead {
+            revision,
+            live: nodes.iter().map(|n| n.node_id.clone()).collect(),
+        });
         Ok(nodes)
     }
 }
@@ -454,11 +471,30 @@ impl NodeRegistry for EtcdNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
-        // Watch first, then read: a change between the two is in the read or the watch.
+        let read_at = (self.last_read.lock().as_ref())
+            .filter(|read| read.live == observed)
+            .map(|read| read.revision);
         let changed = async {
-            let mut watch = self.watch_members().await?;
-            if self.live_nodes().await? == observed {
-                watch.next().await?;
+            match read_at {
+                // What the caller observed is this registry's last read: watching from
+                // the revision after it sees every change since, with no read. A watch
+                // etcd cancels (that revision was compacted) ends the wait early; the
+                // caller reads again.
+                Some(revision) => {
+                    let options = WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision.saturating_add(1));
+                    let mut watch = self.watch_members_with(options).await?;
+                    let _ = watch.next().await;
+                }
+                // Watch first, then read: a change between the two is in the read or
+                // the watch.
+                None => {
+                    let mut watch = self.watch_members().await?;
+                    if self.live_nodes().await? == observed {
+                        watch.next().await?;
+                    }
+                }
             }
             Ok::<(), Error>(())
         };

@@ -15,6 +15,7 @@ use tenure::{
 };
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, MembershipChange};
 use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::registry::waited_for_change;
 use tenure_testkit::MustAnswer;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -338,6 +339,64 @@ async fn membership_stream_reports_joins_and_departures() {
         }
     );
     assert!(registry.live_nodes().await.unwrap().is_empty());
+}
+
+/// Setup: the shared etcd, a registry read once. A wait for a change of what that read
+/// showed watches from the read's revision on, with no read of its own: it lasts while
+/// nothing changes, and a join made after the read (even one made before the wait
+/// began) ends it at once. A wait whose revision etcd compacted away ends early rather
+/// than sleeping to its deadline (the caller reads again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_wait_watches_from_the_last_read() {
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix("members-wait");
+    let registry = EtcdNodeRegistry::new(
+        common::client(std::slice::from_ref(&endpoint)).await,
+        &prefix,
+        30 * SECOND,
+    )
+    .unwrap();
+    let other = EtcdNodeRegistry::new(
+        common::client(std::slice::from_ref(&endpoint)).await,
+        &prefix,
+        30 * SECOND,
+    )
+    .unwrap();
+    registry.heartbeat("n1").await.unwrap();
+    let observed = registry.live_nodes().await.unwrap();
+    let started = tokio::time::Instant::now();
+    registry
+        .wait_for_members_change(&observed, started + Duration::from_millis(500))
+        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "nothing changed"
+    );
+
+    let observed = registry.live_nodes().await.unwrap();
+    other.heartbeat("n2").await.unwrap();
+    let waited = waited_for_change(&registry, &observed, 30 * SECOND).await;
+    assert!(
+        waited < 5 * SECOND,
+        "a join after the read was missed: {waited:?}"
+    );
+
+    let observed = registry.live_nodes().await.unwrap();
+    let mut client = common::client(&[endpoint]).await;
+    let mut revision = 0;
+    for i in 0..3 {
+        let put = client
+            .put(format!("{prefix}/elsewhere/{i}"), "x", None)
+            .await
+            .unwrap();
+        revision = put.header().unwrap().revision();
+    }
+    client.compact(revision, None).await.unwrap();
+    let waited = waited_for_change(&registry, &observed, 30 * SECOND).await;
+    assert!(
+        waited < 5 * SECOND,
+        "a wait from a compacted revision: {waited:?}"
+    );
 }
 
 /// Setup: the shared etcd. TTLs etcd cannot honour, malformed prefixes and malformed

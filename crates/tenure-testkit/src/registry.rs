@@ -76,3 +76,17 @@ impl NodeRegistry for CountedReads {
         self.inner.wait_for_members_change(observed, deadline).await
     }
 }
+
+/// How long `registry.wait_for_members_change(observed, ..)` waited, given `limit`
+/// from now as its deadline.
+pub async fn waited_for_change(
+    registry: &dyn NodeRegistry,
+    observed: &[String],
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    registry
+        .wait_for_members_change(observed, started + limit)
+        .await;
+    started.elapsed()
+}
