@@ -6,6 +6,10 @@
 //! filtered by `now < last_heartbeat + ttl` on this host's clock, so a node is gone at
 //! its TTL even in the up to 500 ms before etcd's expiry check deletes its key. Times are
 //! this host's clock (etcd has none to offer): membership is a hint, not a lease.
+//!
+//! A wait for a change of the members whose caller observed this registry's last read
+//! watches from the revision after that read, so it needs no read of its own: every
+//! join and leave since the read is in the watch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
