@@ -186,9 +186,10 @@ impl Notifier {
     /// and the wait still arrives as a notification. Returns at once when the read says
     /// something changed. With `since`, the mark taken before the read the caller's
     /// observation came from, the re-check is skipped when the listener is still at that
-    /// mark once subscribed: nothing committed after that read's snapshot went unheard. Without a working listener (down, or notifications lost in a
-    /// reconnect gap) it never spins: it sleeps until the listener is back or the
-    /// deadline, and lets the caller read again.
+    /// mark once subscribed: nothing committed after that read's snapshot went unheard.
+    /// Without a working listener (down, or notifications lost in a reconnect gap) it
+    /// never spins: it sleeps until the listener is back or the deadline, and lets the
+    /// caller read again.
     pub(crate) async fn wait(
         &self,
         deadline: Instant,
