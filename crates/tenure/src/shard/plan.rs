@@ -206,9 +206,8 @@ impl Member<'_> {
     /// [`MembersSeen::registry`]), no further batch is sent once the registry's live set
     /// differs from it: the plan may be stale, and the next look replans (a join or leave
     /// of another group sharing the registry costs that look too). Without it, a member
-    /// that planned alone at a cold start would go on
-    /// contending for every shard of a large group, batch after batch, while the others
-    /// join and it looks at nothing.
+    /// that planned alone at a cold start would go on contending for every shard of a
+    /// large group, batch after batch, while the others join and it looks at nothing.
     pub(super) async fn contend<W, Fut>(
         &mut self,
         wanted: Vec<(u32, bool)>,
