@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use tenure::{
-    spawn_heartbeat, Clock, Error, InMemoryNodeRegistry, Metadata, NodeInfo, NodeRegistry, Result,
-    TokioClock,
+    spawn_heartbeat, Clock, Error, InMemoryNodeRegistry, Metadata, NodeRegistry, Result, TokioClock,
 };
+use tenure_testkit::registry::{Filtered, RegistryFilter};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(3);
@@ -28,46 +27,20 @@ fn metadata() -> Metadata {
     Metadata::from([("addr".to_owned(), "10.0.0.7:8080".to_owned())])
 }
 
-/// Delegates to the in-memory registry; while `failing` is set, heartbeats (and leave)
-/// fail with `Error::Store`.
-struct FlakyRegistry {
-    inner: Arc<InMemoryNodeRegistry>,
+/// While `failing` is set, heartbeats (and leave) fail with `Error::Store`.
+#[derive(Default)]
+struct Flaky {
     failing: AtomicBool,
     failed: AtomicUsize,
 }
 
-impl FlakyRegistry {
-    fn fail(&self) -> Result<()> {
+impl RegistryFilter for Flaky {
+    fn before_write(&self) -> Result<bool> {
         if self.failing.load(Ordering::SeqCst) {
             self.failed.fetch_add(1, Ordering::SeqCst);
             return Err(Error::store_msg("memory", "injected failure"));
         }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl NodeRegistry for FlakyRegistry {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
-        self.fail()?;
-        self.inner.heartbeat(node_id).await
-    }
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        self.fail()?;
-        self.inner.heartbeat_with(node_id, metadata).await
-    }
-    async fn live_nodes(&self) -> Result<Vec<String>> {
-        self.inner.live_nodes().await
-    }
-    async fn members(&self) -> Result<Vec<NodeInfo>> {
-        self.inner.members().await
-    }
-    async fn leave(&self, node_id: &str) -> Result<bool> {
-        self.fail()?;
-        self.inner.leave(node_id).await
-    }
-    fn ttl(&self) -> Duration {
-        self.inner.ttl()
+        Ok(true)
     }
 }
 
@@ -117,17 +90,13 @@ async fn heartbeat_keeps_a_node_live_and_cancel_leaves_at_once() {
     assert!(registry.live_nodes().await.unwrap().is_empty());
 }
 
-/// Setup: a FlakyRegistry (TTL 3 s, heartbeat every 1 s). Heartbeats fail for 1 s (less
+/// Setup: a flaky registry (TTL 3 s, heartbeat every 1 s). Heartbeats fail for 1 s (less
 /// than the TTL: the node stays live), then for 6 s (the node lapses), then succeed
 /// again: the loop never ends and the node comes back with a new first-seen time.
 #[tokio::test(start_paused = true)]
 async fn heartbeat_failures_do_not_end_the_loop() {
     let clock = clock();
-    let flaky = Arc::new(FlakyRegistry {
-        inner: registry(&clock),
-        failing: AtomicBool::new(false),
-        failed: AtomicUsize::new(0),
-    });
+    let flaky = Arc::new(Filtered::new(registry(&clock), Flaky::default()));
     let cancel = CancellationToken::new();
     let handle = spawn_heartbeat(
         flaky.clone(),
@@ -140,30 +109,30 @@ async fn heartbeat_failures_do_not_end_the_loop() {
     let first_seen = flaky.members().await.unwrap()[0].first_seen;
 
     tracing::info!("--- failures shorter than the TTL");
-    flaky.failing.store(true, Ordering::SeqCst);
+    flaky.filter().failing.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    flaky.failing.store(false, Ordering::SeqCst);
-    assert_eq!(flaky.failed.load(Ordering::SeqCst), 1);
+    flaky.filter().failing.store(false, Ordering::SeqCst);
+    assert_eq!(flaky.filter().failed.load(Ordering::SeqCst), 1);
     assert_eq!(flaky.live_nodes().await.unwrap(), ["node-a"]);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(flaky.members().await.unwrap()[0].first_seen, first_seen);
 
     tracing::info!("--- failures longer than the TTL");
-    flaky.failing.store(true, Ordering::SeqCst);
+    flaky.filter().failing.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(flaky.live_nodes().await.unwrap().is_empty(), "lapsed");
     assert!(!handle.is_finished(), "failures never end the loop");
-    flaky.failing.store(false, Ordering::SeqCst);
+    flaky.filter().failing.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let members = flaky.members().await.unwrap();
     assert_eq!(members.len(), 1, "back after the failures");
     assert!(members[0].first_seen > first_seen, "a new membership");
 
     tracing::info!("--- cancel while leave fails: the loop still ends cleanly");
-    flaky.failing.store(true, Ordering::SeqCst);
+    flaky.filter().failing.store(true, Ordering::SeqCst);
     cancel.cancel();
     handle.await.unwrap().unwrap();
-    flaky.failing.store(false, Ordering::SeqCst);
+    flaky.filter().failing.store(false, Ordering::SeqCst);
     assert_eq!(
         flaky.live_nodes().await.unwrap(),
         ["node-a"],

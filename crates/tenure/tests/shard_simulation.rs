@@ -46,10 +46,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{
-    FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeInfo,
-    NodeRegistry, ShardElector, ShardOptions, TokioClock,
+    FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeRegistry,
+    ShardElector, ShardOptions, TokioClock,
 };
-use tenure_testkit::registry::CountedReads;
+use tenure_testkit::registry::{CountedReads, Filtered, RegistryFilter};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -207,36 +207,13 @@ impl Interceptor for MemberFaults {
 /// A registry whose waits for a change of the members end early at random, more often
 /// than a member looks (Kubernetes' members watch wakes on every session object that
 /// appears or goes, for one): each wake finds the members unchanged.
-struct SpuriousWakes {
-    inner: Arc<dyn NodeRegistry>,
-    rng: Mutex<SmallRng>,
-}
+struct SpuriousWakes(Mutex<SmallRng>);
 
 #[async_trait::async_trait]
-impl NodeRegistry for SpuriousWakes {
-    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
-        self.inner.heartbeat(node_id).await
-    }
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
-        self.inner.heartbeat_with(node_id, metadata).await
-    }
-    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
-        self.inner.live_nodes().await
-    }
-    async fn members(&self) -> tenure::Result<Vec<NodeInfo>> {
-        self.inner.members().await
-    }
-    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
-        self.inner.leave(node_id).await
-    }
-    fn ttl(&self) -> Duration {
-        self.inner.ttl()
-    }
-    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
-        let early = Instant::now() + RETRY.mul_f64(self.rng.lock().random_range(0.05..0.9));
-        self.inner
-            .wait_for_members_change(observed, deadline.min(early))
-            .await
+impl RegistryFilter for SpuriousWakes {
+    fn wait_until(&self, deadline: Instant) -> Option<Instant> {
+        let early = Instant::now() + RETRY.mul_f64(self.0.lock().random_range(0.05..0.9));
+        Some(deadline.min(early))
     }
 }
 
@@ -458,12 +435,10 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
     let mut registry: Arc<dyn NodeRegistry> =
         Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap());
     if rng.random_bool(0.5) {
-        registry = Arc::new(SpuriousWakes {
-            inner: registry,
-            rng: Mutex::new(SmallRng::seed_from_u64(rng.random())),
-        });
+        let wakes = SpuriousWakes(Mutex::new(SmallRng::seed_from_u64(rng.random())));
+        registry = Arc::new(Filtered::new(registry, wakes));
     }
-    let counted = Arc::new(CountedReads::new(registry, READ_CAP));
+    let counted = Arc::new(CountedReads::counting(registry, READ_CAP));
     let registry: Arc<dyn NodeRegistry> = counted.clone();
     let mut sim = Sim {
         store: Arc::new(InMemoryLeaseStore::with_clock(clock)),

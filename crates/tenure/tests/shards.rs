@@ -14,7 +14,7 @@ use tenure::{
     Error, FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata,
     NodeRegistry, ShardElector, ShardOptions, ShardState, TokioClock,
 };
-use tenure_testkit::registry::CountedReads;
+use tenure_testkit::registry::{CountedReads, Filtered, RegistryFilter};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -94,10 +94,7 @@ impl Group {
     /// Starts a member, or returns why `ShardElector::new` refused it.
     fn try_start(&mut self, node: &str, shards: u32) -> tenure::Result<()> {
         let dead = Arc::new(AtomicBool::new(false));
-        let registry = Arc::new(Mortal {
-            inner: self.registry.clone(),
-            dead: dead.clone(),
-        });
+        let registry = Arc::new(Filtered::new(self.registry.clone(), Mortal(dead.clone())));
         let elector = ShardElector::new(self.store.clone(), registry, options(node, shards))?;
         let state = elector.watch();
         let shutdown = CancellationToken::new();
@@ -290,74 +287,21 @@ async fn a_crashed_members_shards_are_taken_within_the_ttl() {
 /// A member's view of the shared registry that goes silent once the member is dead: a
 /// process killed with SIGKILL sends no more heartbeats and never leaves, whereas an
 /// aborted task would still leave from its heartbeat's drop guard.
-struct Mortal {
-    inner: Arc<dyn NodeRegistry>,
-    dead: Arc<AtomicBool>,
-}
+struct Mortal(Arc<AtomicBool>);
 
-impl Mortal {
-    fn dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+impl RegistryFilter for Mortal {
+    fn before_write(&self) -> tenure::Result<bool> {
+        Ok(!self.0.load(Ordering::SeqCst))
     }
 }
 
-#[async_trait::async_trait]
-impl NodeRegistry for Mortal {
-    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
-        if self.dead() {
-            return Ok(());
-        }
-        self.inner.heartbeat(node_id).await
-    }
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
-        if self.dead() {
-            return Ok(());
-        }
-        self.inner.heartbeat_with(node_id, metadata).await
-    }
-    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
-        self.inner.live_nodes().await
-    }
-    async fn members(&self) -> tenure::Result<Vec<tenure::NodeInfo>> {
-        self.inner.members().await
-    }
-    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
-        if self.dead() {
-            return Ok(false);
-        }
-        self.inner.leave(node_id).await
-    }
-    fn ttl(&self) -> Duration {
-        self.inner.ttl()
-    }
-    async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
-        self.inner.wait_for_members_change(observed, deadline).await
-    }
-}
+/// Makes the registry's wait push nothing (the trait's default), as a backend that
+/// announces joins and leaves but never a lapse behaves for a crash.
+struct NoPush;
 
-/// The in-memory registry whose wait pushes nothing (the trait's default), as a
-/// backend that announces joins and leaves but never a lapse behaves for a crash.
-struct NoPush(Arc<dyn NodeRegistry>);
-
-#[async_trait::async_trait]
-impl NodeRegistry for NoPush {
-    async fn heartbeat(&self, node_id: &str) -> tenure::Result<()> {
-        self.0.heartbeat(node_id).await
-    }
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> tenure::Result<()> {
-        self.0.heartbeat_with(node_id, metadata).await
-    }
-    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
-        self.0.live_nodes().await
-    }
-    async fn members(&self) -> tenure::Result<Vec<tenure::NodeInfo>> {
-        self.0.members().await
-    }
-    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
-        self.0.leave(node_id).await
-    }
-    fn ttl(&self) -> Duration {
-        self.0.ttl()
+impl RegistryFilter for NoPush {
+    fn wait_until(&self, _: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        None
     }
 }
 
@@ -365,7 +309,7 @@ impl NodeRegistry for NoPush {
 /// with `outsider` (when given) heartbeating into the same registry for another group.
 async fn membership_reads_over_30s(outsider: Option<&str>) -> usize {
     let mut group = Group::in_memory();
-    let counted = Arc::new(CountedReads::new(group.registry.clone(), 10_000));
+    let counted = Arc::new(CountedReads::counting(group.registry.clone(), 10_000));
     group.registry = counted.clone();
     let stop = CancellationToken::new();
     if let Some(node) = outsider {
@@ -448,7 +392,7 @@ async fn a_node_of_another_group_does_not_cut_a_cold_start_short() {
 #[tokio::test(start_paused = true)]
 async fn a_crashed_members_shards_are_taken_as_its_session_lapses() {
     let mut group = Group::in_memory();
-    group.registry = Arc::new(NoPush(group.registry.clone()));
+    group.registry = Arc::new(Filtered::new(group.registry.clone(), NoPush));
     for node in ["a", "b", "d"] {
         group.start(node, 64);
     }
