@@ -22,7 +22,7 @@ use etcd_client::{
 };
 use parking_lot::Mutex;
 use tenure::lease::validate_name;
-use tenure::registry::validate_heartbeat;
+use tenure::registry::{validate_heartbeat, LastRead};
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 
 use crate::conn::{next_response, Conn, BACKEND};
@@ -46,14 +46,7 @@ pub struct EtcdNodeRegistry {
     own: Arc<Mutex<HashMap<String, OwnMembership>>>,
     /// The live nodes the last read showed, and the revision it read at: a wait for a
     /// change of those watches from the next revision instead of reading again.
-    last_read: Arc<Mutex<Option<LastRead>>>,
-}
-
-/// The live nodes a read showed, and the store revision it read at.
-#[derive(Debug)]
-struct LastRead {
-    revision: i64,
-    live: Vec<String>,
+    last_read: Arc<LastRead<i64>>,
 }
 
 /// A membership this registry wrote: its etcd lease, the key's mod revision after the
@@ -400,10 +393,8 @@ impl EtcdNodeRegistry {
             })
             .collect();
         nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-        *self.last_read.lock() = revision.map(|revision| LastRead {
-            revision,
-            live: nodes.iter().map(|n| n.node_id.clone()).collect(),
-        });
+        let live = nodes.iter().map(|n| n.node_id.clone()).collect();
+        self.last_read.remember(revision, live);
         Ok(nodes)
     }
 }
@@ -475,9 +466,7 @@ impl NodeRegistry for EtcdNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
-        let read_at = (self.last_read.lock().as_ref())
-            .filter(|read| read.live == observed)
-            .map(|read| read.revision);
+        let read_at = self.last_read.since(observed);
         let changed = async {
             match read_at {
                 // What the caller observed is this registry's last read: watching from

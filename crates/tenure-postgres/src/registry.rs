@@ -29,13 +29,13 @@
 //! skips its read. A shard member waits after every read of the members, so this saves
 //! a statement per read.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::validate_name;
-use tenure::registry::validate_heartbeat;
+use tenure::registry::{validate_heartbeat, LastRead};
 use tenure::session::HeartbeatsWritten;
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 use tokio::time::Instant;
@@ -75,14 +75,7 @@ pub struct PgNodeRegistry {
     /// The live nodes the last read showed, with the listener's mark taken before it:
     /// a wait for a change of those needs no read of its own while nothing was notified
     /// since (a member's wait after each read of the members).
-    last_read: Arc<Mutex<Option<LastRead>>>,
-}
-
-/// The live nodes a read showed, and the listener's mark taken before it began.
-#[derive(Debug)]
-struct LastRead {
-    mark: Mark,
-    live: Vec<String>,
+    last_read: Arc<LastRead<Mark>>,
 }
 
 impl PgNodeRegistry {
@@ -151,13 +144,6 @@ impl PgNodeRegistry {
         })
     }
 
-    /// Keeps what a read that began at `mark` showed (nothing without a mark: the
-    /// listener was not listening, so a wait must read).
-    fn remember(&self, mark: Option<Mark>, live: Vec<String>) {
-        *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) =
-            mark.map(|mark| LastRead { mark, live });
-    }
-
     /// Creates the schema and tables if missing; see [`migrate`](crate::migrate).
     pub async fn migrate(&self, schema: &Schema) -> Result<()> {
         crate::schema::migrate(&self.pool, schema).await
@@ -223,7 +209,7 @@ impl NodeRegistry for PgNodeRegistry {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| pg_error("could not read live nodes", e))?;
-        self.remember(mark, live.clone());
+        self.last_read.remember(mark, live.clone());
         Ok(live)
     }
 
@@ -250,7 +236,8 @@ impl NodeRegistry for PgNodeRegistry {
                 })
             })
             .collect::<Result<_>>()?;
-        self.remember(mark, members.iter().map(|m| m.node_id.clone()).collect());
+        self.last_read
+            .remember(mark, members.iter().map(|m| m.node_id.clone()).collect());
         Ok(members)
     }
 
@@ -272,13 +259,7 @@ impl NodeRegistry for PgNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
-        let since = self
-            .last_read
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .filter(|read| read.live == observed)
-            .map(|read| read.mark);
+        let since = self.last_read.since(observed);
         let unchanged = async { Ok(self.live_nodes().await? == observed) };
         self.notifier
             .wait(deadline, since, unchanged, |_| true)

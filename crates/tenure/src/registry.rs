@@ -87,6 +87,40 @@ pub trait NodeRegistry: Send + Sync + 'static {
     }
 }
 
+/// The live nodes a registry's last read of the members showed, tagged with where the
+/// store stood when that read began (an etcd revision, a listener's count of
+/// notifications): for backends, so that a wait for a change of exactly those nodes can
+/// start from that point instead of reading again.
+#[derive(Debug)]
+pub struct LastRead<M> {
+    read: parking_lot::Mutex<Option<(M, Vec<String>)>>,
+}
+
+impl<M> Default for LastRead<M> {
+    fn default() -> Self {
+        LastRead {
+            read: parking_lot::Mutex::new(None),
+        }
+    }
+}
+
+impl<M: Copy> LastRead<M> {
+    /// Keeps what a read that began `at` showed; `None` (the store cannot say where it
+    /// stood) forgets the last one, so the next wait reads.
+    pub fn remember(&self, at: Option<M>, live: Vec<String>) {
+        *self.read.lock() = at.map(|at| (at, live));
+    }
+
+    /// Where the last read began, if it showed exactly `observed`: a wait for a change
+    /// of `observed` may start from there.
+    pub fn since(&self, observed: &[String]) -> Option<M> {
+        let read = self.read.lock();
+        read.as_ref()
+            .filter(|(_, live)| live == observed)
+            .map(|(at, _)| *at)
+    }
+}
+
 /// Checks metadata against the size limits.
 pub fn validate_metadata(metadata: &Metadata) -> Result<()> {
     if metadata.len() > MAX_METADATA_ENTRIES {
