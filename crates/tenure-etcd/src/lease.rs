@@ -88,7 +88,7 @@ use etcd_client::{
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
-use tenure::lease::{validate_acquire, validate_name, validate_value};
+use tenure::lease::{validate_name, AcquireRequest, EndRequest};
 use tenure::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
     SessionId, SystemClock, TermChange,
@@ -114,7 +114,7 @@ mod term;
 mod tests;
 mod watch;
 
-use queue::{Candidacy, Handover};
+use queue::Candidacy;
 use requests::*;
 pub use requests::{acquire_txn, release_txn, renew_txn};
 use seen::{Holder, Seen, Step};
@@ -435,27 +435,11 @@ impl EtcdLeaseStore {
 impl LeaseStore for EtcdLeaseStore {
     /// A new term writes `value` to `values/R` in the transaction that starts it; a
     /// renewal (and a change of TTL) leaves `values/R` alone, so the term keeps the
-    /// value it began with whatever a renewal offers.
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.contend(role, owner, ttl, value, false).await
-    }
-
-    /// The acquire transaction's failure branch queues the caller (see `queue.rs`): one
+    /// value it began with whatever a renewal offers. With `queue`, the acquire
+    /// transaction's failure branch queues the caller (see `queue.rs`): one
     /// transaction, beside a keep-alive of the candidacy's etcd lease.
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.contend(role, owner, ttl, value, true).await
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        self.acquire_or_renew(request).await
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
@@ -488,23 +472,12 @@ impl LeaseStore for EtcdLeaseStore {
             .collect()
     }
 
-    /// Two transactions, not one (etcd cannot delete and create one key in one): see
-    /// `queue.rs`. Should the named candidate leave between them, the oldest one left
-    /// (or nobody) gets the role, and the answer is still `true`: the term has ended.
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::To(successor))
-            .await
-    }
-
-    /// With candidates queued, two transactions, not one: see `queue.rs`.
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::Release).await
+    /// With candidates queued, and for a handover to a candidate, two transactions, not
+    /// one (etcd cannot delete and create one key in one): see `queue.rs`. Should the
+    /// named candidate leave between them, the oldest one left (or nobody) gets the
+    /// role, and the answer is still `true`: the term has ended.
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        self.close_term(end).await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {

@@ -33,7 +33,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use tenure::lease::validate_name;
+use tenure::lease::{validate_name, AcquireRequest, EndRequest};
 use tenure::{
     Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
     TermChange,
@@ -56,7 +56,7 @@ mod session;
 mod wait;
 
 use epochs::{AllocationHook, Epochs};
-use handover::Handover;
+
 use queue::Used;
 use session::SessionState;
 
@@ -527,24 +527,8 @@ fn set_session(lease: &mut Lease, session: Option<u64>) {
 
 #[async_trait]
 impl LeaseStore for KubeLeaseStore {
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, false).await
-    }
-
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, true).await
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        self.acquire(request).await
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
@@ -556,19 +540,8 @@ impl LeaseStore for KubeLeaseStore {
         self.queued(role).await
     }
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::Release).await
-    }
-
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::To(successor))
-            .await
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        self.close_term(end).await
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {

@@ -60,8 +60,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
-    only_answer, validate_acquire, validate_name, validate_release, validate_roles, validate_ttl,
-    validate_value,
+    only_answer, validate_name, validate_release, validate_roles, validate_ttl, AcquireRequest,
+    EndRequest, Handover,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -265,18 +265,12 @@ impl PgLeaseStore {
 
     /// Acquire-or-renew, queueing the caller when `queue` and another owner holds the
     /// live term.
-    async fn acquire(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-        queue: bool,
-    ) -> Result<LeaseResult> {
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        let (role, owner, ttl) = (request.role, request.owner, request.ttl);
+        let (value, queue) = (request.value, request.queue);
         // The overflow check needs some "now"; the host's is close enough to the
         // database's for a bound measured in centuries.
-        validate_acquire(role, owner, ttl, MIN_TTL, SystemTime::now())?;
-        validate_value("value", value)?;
+        request.validate(MIN_TTL, SystemTime::now())?;
         let micros = ttl_micros(ttl)?;
         let (sql, fifth) = match (queue, value) {
             (true, value) => (&self.inner.queue_sql, Some(value)),
@@ -309,7 +303,7 @@ impl PgLeaseStore {
     /// Runs `sql`, a statement ending the live term `(role, owner, token)` (see
     /// `queue::end_term_statement`), with `successor` as `$5` when given; whether the
     /// term ended. Arguments are validated by the caller; failures start with `what`.
-    async fn end_term(
+    async fn close_term(
         &self,
         what: &str,
         role: &str,
@@ -375,24 +369,8 @@ fn ttl_micros(ttl: Duration) -> Result<i64> {
 
 #[async_trait]
 impl LeaseStore for PgLeaseStore {
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, false).await
-    }
-
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, true).await
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        self.acquire(request).await
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
@@ -416,30 +394,19 @@ impl LeaseStore for PgLeaseStore {
         rows.iter().map(|row| decode(row, "owner")).collect()
     }
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        validate_release(role, owner)?;
-        let sql = &self.inner.release_sql;
-        self.end_term("could not release the lease", role, owner, token, sql, None)
-            .await
-    }
-
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        validate_release(role, owner)?;
-        let sql = match successor {
-            Some(successor) => {
-                validate_name("successor", successor)?;
-                &self.inner.hand_over_to_sql
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        end.validate()?;
+        let (what, sql, successor) = match end.how {
+            Handover::Release => ("could not release the lease", &self.inner.release_sql, None),
+            Handover::To(successor) => {
+                let sql = match successor {
+                    Some(_) => &self.inner.hand_over_to_sql,
+                    None => &self.inner.hand_over_sql,
+                };
+                ("could not hand the lease over", sql, successor.map(Some))
             }
-            None => &self.inner.hand_over_sql,
         };
-        let what = "could not hand the lease over";
-        self.end_term(what, role, owner, token, sql, successor.map(Some))
+        self.close_term(what, end.role, end.owner, end.token, sql, successor)
             .await
     }
 

@@ -65,8 +65,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant, SessionId,
-    TermChange,
+    AcquireRequest, EndRequest, Error, FencingToken, Handover, LeaseInfo, LeaseResult, LeaseStore,
+    Result, SessionGrant, SessionId, TermChange,
 };
 
 /// One call to a [`LeaseStore`], with its arguments, as an [`Interceptor`] sees it.
@@ -396,23 +396,18 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             owner,
             ttl,
             value,
-            queue: false,
-        } => Reply::Lease(
-            store
-                .try_acquire_or_renew_with_value(&role, &owner, ttl, value.as_deref())
-                .await,
-        ),
-        Call::TryAcquireOrRenew {
-            role,
-            owner,
-            ttl,
-            value,
-            queue: true,
-        } => Reply::Lease(
-            store
-                .try_acquire_or_queue(&role, &owner, ttl, value.as_deref())
-                .await,
-        ),
+            queue,
+        } => {
+            let value = value.as_deref();
+            let request = AcquireRequest {
+                role: &role,
+                owner: &owner,
+                ttl,
+                value,
+                queue,
+            };
+            Reply::Lease(store.contend(request).await)
+        }
         Call::Withdraw { role, owner } => Reply::Released(store.withdraw(&role, &owner).await),
         Call::Candidates { role } => Reply::Candidates(store.candidates(&role).await),
         Call::HandOver {
@@ -502,36 +497,13 @@ impl InterceptStore {
 
 #[async_trait]
 impl LeaseStore for InterceptStore {
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
         let call = Call::TryAcquireOrRenew {
-            role: role.to_owned(),
-            owner: owner.to_owned(),
-            ttl,
-            value: value.map(str::to_owned),
-            queue: false,
-        };
-        self.call(call).await.into_lease()
-    }
-
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        let call = Call::TryAcquireOrRenew {
-            role: role.to_owned(),
-            owner: owner.to_owned(),
-            ttl,
-            value: value.map(str::to_owned),
-            queue: true,
+            role: request.role.to_owned(),
+            owner: request.owner.to_owned(),
+            ttl: request.ttl,
+            value: request.value.map(str::to_owned),
+            queue: request.queue,
         };
         self.call(call).await.into_lease()
     }
@@ -551,22 +523,6 @@ impl LeaseStore for InterceptStore {
         self.call(call).await.into_released()
     }
 
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        let call = Call::HandOver {
-            role: role.to_owned(),
-            owner: owner.to_owned(),
-            token,
-            successor: successor.map(str::to_owned),
-        };
-        self.call(call).await.into_released()
-    }
-
     async fn wait_for_successor(
         &self,
         role: &str,
@@ -581,11 +537,16 @@ impl LeaseStore for InterceptStore {
         self.call(call).await.into_succession()
     }
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        let call = Call::Release {
-            role: role.to_owned(),
-            owner: owner.to_owned(),
-            token,
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        let (role, owner, token) = (end.role.to_owned(), end.owner.to_owned(), end.token);
+        let call = match end.how {
+            Handover::Release => Call::Release { role, owner, token },
+            Handover::To(successor) => Call::HandOver {
+                role,
+                owner,
+                token,
+                successor: successor.map(str::to_owned),
+            },
         };
         self.call(call).await.into_released()
     }

@@ -21,6 +21,80 @@ pub const MAX_NAME_LEN: usize = 255;
 /// The longest value a term can advertise (a URL, `host:port`), in bytes.
 pub const MAX_VALUE_LEN: usize = 1024;
 
+/// One contender's call of [`LeaseStore::contend`]: renew its live term, start a
+/// new one, or learn who holds the role; with `queue`, also wait in line for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireRequest<'a> {
+    /// The role contended for.
+    pub role: &'a str,
+    /// Who contends.
+    pub owner: &'a str,
+    /// How long the term lasts from the store's now, unless renewed.
+    pub ttl: Duration,
+    /// What a term this call starts advertises (see
+    /// [`LeaseStore::try_acquire_or_renew_with_value`]).
+    pub value: Option<&'a str>,
+    /// Whether a caller refused because another owner holds the live term joins the
+    /// role's queue (see [`LeaseStore::try_acquire_or_queue`]).
+    pub queue: bool,
+}
+
+impl AcquireRequest<'_> {
+    /// Checks every field as the contract rules (names, a TTL of at least `min_ttl`
+    /// with `now + ttl` representable, the value) and returns `now + ttl`. Every
+    /// backend calls it before touching its store, so bad input is refused alike.
+    pub fn validate(&self, min_ttl: Duration, now: SystemTime) -> Result<SystemTime> {
+        validate_name("role", self.role)?;
+        validate_name("owner", self.owner)?;
+        let ends = validate_ttl(self.ttl, min_ttl, now)?;
+        validate_value("value", self.value)?;
+        Ok(ends)
+    }
+}
+
+/// How a holder ends its term, for [`LeaseStore::end_term`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover<'a> {
+    /// [`LeaseStore::release`]: to the oldest live candidate, or free.
+    Release,
+    /// [`LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or not at
+    /// all.
+    To(Option<&'a str>),
+}
+
+impl<'a> Handover<'a> {
+    /// The candidate named, if any.
+    pub fn successor(&self) -> Option<&'a str> {
+        match self {
+            Handover::Release => None,
+            Handover::To(successor) => *successor,
+        }
+    }
+}
+
+/// One holder's call of [`LeaseStore::end_term`]: its live term `(role, owner, token)`
+/// and how that term ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndRequest<'a> {
+    /// The role held.
+    pub role: &'a str,
+    /// Who holds it.
+    pub owner: &'a str,
+    /// The token of the term that ends.
+    pub token: FencingToken,
+    /// Who gets the role next.
+    pub how: Handover<'a>,
+}
+
+impl EndRequest<'_> {
+    /// Checks the names (role, owner, and the successor named, if any) as the contract
+    /// rules. Every backend calls it before touching its store.
+    pub fn validate(&self) -> Result<()> {
+        validate_release(self.role, self.owner)?;
+        validate_successor(self.how.successor())
+    }
+}
+
 /// The answer to [`LeaseStore::try_acquire_or_renew`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseResult {
@@ -146,12 +220,41 @@ pub trait LeaseStore: Send + Sync + 'static {
         owner: &str,
         ttl: Duration,
         value: Option<&str>,
-    ) -> Result<LeaseResult>;
+    ) -> Result<LeaseResult> {
+        let queue = false;
+        self.contend(AcquireRequest {
+            role,
+            owner,
+            ttl,
+            value,
+            queue,
+        })
+        .await
+    }
+
+    /// The one step behind [`try_acquire_or_renew_with_value`](Self::try_acquire_or_renew_with_value)
+    /// and [`try_acquire_or_queue`](Self::try_acquire_or_queue), which every backend
+    /// implements: `request.queue` says which of the two is asked.
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult>;
 
     /// Ends the term `(role, owner, token)` at once so a successor need not wait out the
     /// TTL. Returns whether it did; releasing a term that is no longer live is a no-op
     /// returning `false`.
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool>;
+    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
+        let how = Handover::Release;
+        self.end_term(EndRequest {
+            role,
+            owner,
+            token,
+            how,
+        })
+        .await
+    }
+
+    /// The one step behind [`release`](Self::release) and
+    /// [`hand_over`](Self::hand_over), which every backend implements: `end.how` says
+    /// which of the two is asked.
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool>;
 
     /// [`try_acquire_or_renew_with_value`](Self::try_acquire_or_renew_with_value) for a
     /// contender that waits its turn in line: when another owner holds the live term,
@@ -176,7 +279,17 @@ pub trait LeaseStore: Send + Sync + 'static {
         owner: &str,
         ttl: Duration,
         value: Option<&str>,
-    ) -> Result<LeaseResult>;
+    ) -> Result<LeaseResult> {
+        let queue = true;
+        self.contend(AcquireRequest {
+            role,
+            owner,
+            ttl,
+            value,
+            queue,
+        })
+        .await
+    }
 
     /// Removes `owner` from `role`'s queue of candidates (see
     /// [`try_acquire_or_queue`](Self::try_acquire_or_queue)); returns whether it was
@@ -205,7 +318,16 @@ pub trait LeaseStore: Send + Sync + 'static {
         owner: &str,
         token: FencingToken,
         successor: Option<&str>,
-    ) -> Result<bool>;
+    ) -> Result<bool> {
+        let how = Handover::To(successor);
+        self.end_term(EndRequest {
+            role,
+            owner,
+            token,
+            how,
+        })
+        .await
+    }
 
     /// Reads a role's lease without changing it; `None` if the role never had one.
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>>;
@@ -432,19 +554,6 @@ pub fn validate_ttl(ttl: Duration, min: Duration, now: SystemTime) -> Result<Sys
     }
     now.checked_add(ttl)
         .ok_or_else(|| Error::invalid("ttl", format!("{ttl:?} is too large: now + ttl overflows")))
-}
-
-/// Checks the arguments of [`LeaseStore::try_acquire_or_renew`] and returns `now + ttl`.
-pub fn validate_acquire(
-    role: &str,
-    owner: &str,
-    ttl: Duration,
-    min_ttl: Duration,
-    now: SystemTime,
-) -> Result<SystemTime> {
-    validate_name("role", role)?;
-    validate_name("owner", owner)?;
-    validate_ttl(ttl, min_ttl, now)
 }
 
 /// Checks every role of a batch ([`LeaseStore::acquire_many_in_session`]) before

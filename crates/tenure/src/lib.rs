@@ -92,7 +92,9 @@ pub use elector::{
 };
 pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
-pub use lease::{LeaseInfo, LeaseResult, LeaseStore, TermChange};
+pub use lease::{
+    AcquireRequest, EndRequest, Handover, LeaseInfo, LeaseResult, LeaseStore, TermChange,
+};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
 pub use observe::{observe, Leader, LeaderObserver};
 pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};

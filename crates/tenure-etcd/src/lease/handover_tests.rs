@@ -9,8 +9,9 @@
 use tenure_testkit::etcd::EtcdServer;
 use tokio::time::Instant;
 
-use super::queue::{Ended, Handover, Pending};
+use super::queue::{Ended, Pending};
 use super::*;
+use tenure::lease::Handover;
 
 const ROLE: &str = "handed";
 const LONG: Duration = Duration::from_secs(20);

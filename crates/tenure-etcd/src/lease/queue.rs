@@ -33,7 +33,7 @@
 use std::time::Duration;
 
 use etcd_client::{DeleteOptions, TxnResponse};
-use tenure::lease::{validate_release, validate_successor};
+use tenure::lease::{validate_release, EndRequest, Handover};
 
 use super::*;
 use crate::schema::{CandidateRecord, HandoffRecord};
@@ -53,15 +53,6 @@ pub(super) struct Candidacy {
     /// Until then (half its TTL after `kept`) an acquire may start a term on its lease,
     /// as on a spare one; later the lease might expire as the put lands.
     pub(super) usable_until: tokio::time::Instant,
-}
-
-/// How a holder ends its term.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Handover<'a> {
-    /// [`LeaseStore::release`]: to the oldest live candidate, or free.
-    Release,
-    /// [`LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or not at all.
-    To(Option<&'a str>),
 }
 
 /// A handover under way, as read: step 2 of the module docs is sent with it.
@@ -345,19 +336,10 @@ impl EtcdLeaseStore {
     /// [`LeaseStore::release`] and [`LeaseStore::hand_over`]: ends the live term
     /// `(role, owner, token)` and, when it began a handover, finishes it (step 2 of the
     /// module docs) before the term's etcd lease is revoked.
-    pub(super) async fn end_term(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        how: Handover<'_>,
-    ) -> Result<bool> {
-        validate_release(role, owner)?;
-        let successor = match how {
-            Handover::Release => None,
-            Handover::To(successor) => successor,
-        };
-        validate_successor(successor)?;
+    pub(super) async fn close_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        end.validate()?;
+        let (role, owner, token, how) = (end.role, end.owner, end.token, end.how);
+        let successor = how.successor();
         let Ok(revision) = i64::try_from(token.get()) else {
             return Ok(false);
         };

@@ -10,16 +10,13 @@ use super::*;
 impl EtcdLeaseStore {
     /// [`LeaseStore::try_acquire_or_renew_with_value`], queueing the caller when `queue`
     /// is set and another owner holds the role.
-    pub(super) async fn contend(
+    pub(super) async fn acquire_or_renew(
         &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-        queue: bool,
+        request: AcquireRequest<'_>,
     ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.wall())?;
-        validate_value("value", value)?;
+        let (role, owner, ttl) = (request.role, request.owner, request.ttl);
+        let (value, queue) = (request.value, request.queue);
+        request.validate(self.min_ttl(), self.wall())?;
         let secs = ttl_secs(ttl)?;
         let cached = self
             .terms

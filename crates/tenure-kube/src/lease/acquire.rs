@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use tenure::lease::{validate_acquire, validate_value};
+use tenure::lease::AcquireRequest;
 use tenure::{LeaseResult, LeaseStore, Result};
 
 use super::queue::Used;
@@ -25,16 +25,10 @@ use crate::record::{micro_now, spec, ttl_secs};
 impl KubeLeaseStore {
     /// One acquire-or-renew step; `queue` also keeps the caller's place in the queue
     /// when another owner holds the live term.
-    pub(super) async fn acquire(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-        queue: bool,
-    ) -> Result<LeaseResult> {
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.shared.observer.now())?;
-        validate_value("value", value)?;
+    pub(super) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        let (role, owner, ttl) = (request.role, request.owner, request.ttl);
+        let (value, queue) = (request.value, request.queue);
+        request.validate(self.min_ttl(), self.shared.observer.now())?;
         let secs = ttl_secs("ttl", ttl)?;
         if queue {
             // Releases, and this contender's waits, judge candidacies from the watch: it

@@ -24,38 +24,19 @@
 //! candidates it judged lapsed (housekeeping, see [`super::queue`]): one request per dead
 //! candidate, once.
 
-use tenure::lease::{validate_release, validate_successor};
-use tenure::{FencingToken, Result};
+use tenure::lease::{EndRequest, Handover};
+use tenure::Result;
 
 use super::queue::{next_in_line, Candidacy, Used};
 use super::{set_session, KubeLeaseStore, ATTEMPTS};
 use crate::record::{annotate, begin_term, micro_now, spec, token, Record, EPOCH, VALUE};
 
-/// How a holder ends its term.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Handover<'a> {
-    /// [`tenure::LeaseStore::release`]: to the oldest live candidate, or free.
-    Release,
-    /// [`tenure::LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or
-    /// not at all.
-    To(Option<&'a str>),
-}
-
 impl KubeLeaseStore {
     /// Ends the live term `(role, owner, token)` as `how` says; whether it did.
-    pub(super) async fn end_term(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        how: Handover<'_>,
-    ) -> Result<bool> {
-        validate_release(role, owner)?;
-        let successor = match how {
-            Handover::Release => None,
-            Handover::To(successor) => successor,
-        };
-        validate_successor(successor)?;
+    pub(super) async fn close_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        end.validate()?;
+        let (role, owner, token, how) = (end.role, end.owner, end.token, end.how);
+        let successor = how.successor();
         // Later releases by this store judge candidates from the watch.
         self.watch.ensure(&self.api, &self.shared);
         let mut known = self

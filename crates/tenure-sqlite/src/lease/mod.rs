@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
-    only_answer, validate_acquire, validate_name, validate_release, validate_roles,
-    validate_successor, validate_ttl, validate_value,
+    only_answer, validate_name, validate_release, validate_roles, validate_ttl, AcquireRequest,
+    EndRequest, Handover,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -250,17 +250,11 @@ impl SqliteLeaseStore {
 
     /// Acquire-or-renew in one transaction, queueing the caller as a candidate until
     /// `now + ttl` when `queue` is set and another owner holds the live term.
-    async fn acquire(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-        queue: bool,
-    ) -> Result<LeaseResult> {
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        let (role, owner, ttl) = (request.role, request.owner, request.ttl);
+        let (value, queue) = (request.value, request.queue);
         // Bad input is refused before the store is touched.
-        validate_acquire(role, owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
-        validate_value("value", value)?;
+        request.validate(self.min_ttl(), self.db.now()?.wall)?;
         let ttl_nanos = ttl_nanos(ttl)?;
         let (_writer, mut tx) = self.db.begin_write().await?;
         let store_now = self.db.write_now(&mut tx).await?;
@@ -281,7 +275,7 @@ impl SqliteLeaseStore {
 
     /// Ends the live term `(role, owner, token)` in one transaction, handing the role as
     /// `successor` says (see `term::end_term`); waiters in this process are woken.
-    async fn end_term(
+    async fn close_term(
         &self,
         role: &str,
         owner: &str,
@@ -411,24 +405,8 @@ impl SqliteLeaseStore {
 
 #[async_trait]
 impl LeaseStore for SqliteLeaseStore {
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, false).await
-    }
-
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, true).await
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        self.acquire(request).await
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
@@ -456,22 +434,13 @@ impl LeaseStore for SqliteLeaseStore {
         .map_err(store_error("cannot read the queue"))
     }
 
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        validate_release(role, owner)?;
-        self.end_term(role, owner, token, Successor::OldestOrFree)
-            .await
-    }
-
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        validate_release(role, owner)?;
-        validate_successor(successor)?;
-        self.end_term(role, owner, token, Successor::Candidate(successor))
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        end.validate()?;
+        let successor = match end.how {
+            Handover::Release => Successor::OldestOrFree,
+            Handover::To(successor) => Successor::Candidate(successor),
+        };
+        self.close_term(end.role, end.owner, end.token, successor)
             .await
     }
 

@@ -11,7 +11,8 @@ use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
 use crate::lease::{
-    validate_acquire, validate_name, validate_release, validate_ttl, validate_value,
+    validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, EndRequest,
+    Handover,
 };
 use crate::session::validate_open;
 use crate::{
@@ -271,16 +272,10 @@ fn first_slot(
 }
 
 impl InMemoryLeaseStore {
-    /// [`LeaseStore::try_acquire_or_renew_with_value`], queueing the caller when `queue`
-    /// is set and another owner holds the live term.
-    fn acquire(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-        queue: bool,
-    ) -> Result<LeaseResult> {
+    /// [`LeaseStore::contend`].
+    fn acquire(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        let (role, owner, ttl) = (request.role, request.owner, request.ttl);
+        let (value, queue) = (request.value, request.queue);
         let now = self.clock.now();
         let expires_at = validate_ttl(ttl, Duration::from_nanos(1), now)?;
         validate_value("value", value)?;
@@ -302,7 +297,8 @@ impl InMemoryLeaseStore {
                 });
             }
         }
-        validate_acquire(role, owner, ttl, Duration::from_nanos(1), now)?;
+        validate_name("role", role)?;
+        validate_name("owner", owner)?;
         let Some(slot) = shard.get_mut(role) else {
             shard.insert(role.to_owned(), first_slot(owner, expires_at, None, value));
             self.created.notify_waiters();
@@ -350,18 +346,10 @@ impl InMemoryLeaseStore {
         })
     }
 
-    /// Ends the live term `(role, owner, token)` as `how` says.
-    fn end_term(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        how: Handover<'_>,
-    ) -> Result<bool> {
-        validate_release(role, owner)?;
-        if let Handover::To(Some(successor)) = how {
-            validate_name("successor", successor)?;
-        }
+    /// [`LeaseStore::end_term`].
+    fn close_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        end.validate()?;
+        let (role, owner, token, how) = (end.role, end.owner, end.token, end.how);
         let now = self.clock.now();
         let mut shard = self.shard(role).lock();
         let Some(slot) = shard.get_mut(role) else {
@@ -382,35 +370,10 @@ impl InMemoryLeaseStore {
     }
 }
 
-/// How a holder ends its term.
-#[derive(Clone, Copy)]
-enum Handover<'a> {
-    /// [`LeaseStore::release`]: to the oldest live candidate, or free.
-    Release,
-    /// [`LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or not at all.
-    To(Option<&'a str>),
-}
-
 #[async_trait]
 impl LeaseStore for InMemoryLeaseStore {
-    async fn try_acquire_or_renew_with_value(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, false)
-    }
-
-    async fn try_acquire_or_queue(
-        &self,
-        role: &str,
-        owner: &str,
-        ttl: Duration,
-        value: Option<&str>,
-    ) -> Result<LeaseResult> {
-        self.acquire(role, owner, ttl, value, true)
+    async fn contend(&self, request: AcquireRequest<'_>) -> Result<LeaseResult> {
+        self.acquire(request)
     }
 
     async fn withdraw(&self, role: &str, owner: &str) -> Result<bool> {
@@ -435,18 +398,8 @@ impl LeaseStore for InMemoryLeaseStore {
         }))
     }
 
-    async fn hand_over(
-        &self,
-        role: &str,
-        owner: &str,
-        token: FencingToken,
-        successor: Option<&str>,
-    ) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::To(successor))
-    }
-
-    async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        self.end_term(role, owner, token, Handover::Release)
+    async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
+        self.close_term(end)
     }
 
     async fn get(&self, role: &str) -> Result<Option<LeaseInfo>> {
