@@ -163,13 +163,7 @@ impl EtcdNodeRegistry {
 
     /// Sets the timeout of each etcd request (default 5 s).
     pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
-        if timeout.is_zero() {
-            return Err(Error::invalid(
-                "request_timeout",
-                "must be greater than zero",
-            ));
-        }
-        self.conn.timeout = timeout;
+        self.conn.set_timeout(timeout)?;
         Ok(self)
     }
 
@@ -420,21 +414,8 @@ pub fn node_txn(key: &str, observed_revision: i64, record: &NodeRecord, lease: i
 
 #[async_trait]
 impl NodeRegistry for EtcdNodeRegistry {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
-        self.beat(node_id, None).await
-    }
-
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        self.beat(node_id, Some(metadata)).await
-    }
-
-    async fn live_nodes(&self) -> Result<Vec<String>> {
-        Ok(self
-            .read_nodes()
-            .await?
-            .into_iter()
-            .map(|n| n.node_id)
-            .collect())
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        self.beat(node_id, metadata).await
     }
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {

@@ -305,21 +305,8 @@ fn heartbeat_session(record: &Record) -> Option<u64> {
 
 #[async_trait]
 impl NodeRegistry for KubeNodeRegistry {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
-        self.beat(node_id, None).await
-    }
-
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        self.beat(node_id, Some(metadata)).await
-    }
-
-    async fn live_nodes(&self) -> Result<Vec<String>> {
-        Ok(self
-            .members()
-            .await?
-            .into_iter()
-            .map(|member| member.node_id)
-            .collect())
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        self.beat(node_id, metadata).await
     }
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {

@@ -194,12 +194,8 @@ impl PgNodeRegistry {
 
 #[async_trait]
 impl NodeRegistry for PgNodeRegistry {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
-        self.record(node_id, None).await
-    }
-
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        self.record(node_id, Some(metadata)).await
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        self.record(node_id, metadata).await
     }
 
     async fn live_nodes(&self) -> Result<Vec<String>> {

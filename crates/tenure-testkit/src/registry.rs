@@ -59,17 +59,11 @@ impl<F: RegistryFilter> Filtered<F> {
 
 #[async_trait::async_trait]
 impl<F: RegistryFilter> NodeRegistry for Filtered<F> {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         if !self.filter.before_write()? {
             return Ok(());
         }
-        self.inner.heartbeat(node_id).await
-    }
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        if !self.filter.before_write()? {
-            return Ok(());
-        }
-        self.inner.heartbeat_with(node_id, metadata).await
+        self.inner.record_heartbeat(node_id, metadata).await
     }
     async fn live_nodes(&self) -> Result<Vec<String>> {
         self.filter.before_read().await;

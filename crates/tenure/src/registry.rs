@@ -53,13 +53,26 @@ impl NodeInfo {
 #[async_trait]
 pub trait NodeRegistry: Send + Sync + 'static {
     /// Records that `node_id` is alive as of store now, keeping its metadata.
-    async fn heartbeat(&self, node_id: &str) -> Result<()>;
+    async fn heartbeat(&self, node_id: &str) -> Result<()> {
+        self.record_heartbeat(node_id, None).await
+    }
 
     /// Records that `node_id` is alive as of store now and replaces its metadata.
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()>;
+    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
+        self.record_heartbeat(node_id, Some(metadata)).await
+    }
 
-    /// The ids of live nodes, sorted.
-    async fn live_nodes(&self) -> Result<Vec<String>>;
+    /// The one step behind [`heartbeat`](Self::heartbeat) and
+    /// [`heartbeat_with`](Self::heartbeat_with), which every backend implements:
+    /// `Some(metadata)` replaces the node's metadata, `None` keeps it.
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()>;
+
+    /// The ids of live nodes, sorted. The default reads [`members`](Self::members); a
+    /// backend with a cheaper read of the ids alone overrides it.
+    async fn live_nodes(&self) -> Result<Vec<String>> {
+        let members = self.members().await?;
+        Ok(members.into_iter().map(|member| member.node_id).collect())
+    }
 
     /// Live nodes with their heartbeat times and metadata, sorted by id.
     async fn members(&self) -> Result<Vec<NodeInfo>>;

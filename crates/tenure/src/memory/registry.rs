@@ -94,12 +94,8 @@ fn is_live(last: SystemTime, ttl: Duration, now: SystemTime) -> bool {
 
 #[async_trait]
 impl NodeRegistry for InMemoryNodeRegistry {
-    async fn heartbeat(&self, node_id: &str) -> Result<()> {
-        self.record(node_id, None)
-    }
-
-    async fn heartbeat_with(&self, node_id: &str, metadata: &Metadata) -> Result<()> {
-        self.record(node_id, Some(metadata))
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        self.record(node_id, metadata)
     }
 
     async fn live_nodes(&self) -> Result<Vec<String>> {
