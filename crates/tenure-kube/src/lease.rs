@@ -430,6 +430,19 @@ impl KubeLeaseStore {
 
     /// [`replace`](Self::replace), also returning the object as written.
     async fn replace_read(&self, object: &str, lease: &Lease) -> Result<Option<(Instant, Record)>> {
+        match self.put(object, lease).await? {
+            Some((sent, written)) => Ok(Some((sent, Record::read_any(written)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// A conditional `PUT` of any object of this store: the send time and the object as
+    /// written, `None` when it lost (409) or the object is gone (404).
+    pub(super) async fn put(
+        &self,
+        object: &str,
+        lease: &Lease,
+    ) -> Result<Option<(Instant, Lease)>> {
         let sending = self.shared.sending(object);
         let sent = self.instant();
         match self
@@ -442,7 +455,7 @@ impl KubeLeaseStore {
                 // Readers of the watch's copies in this process (`candidates`, the
                 // queue) see this write at once, not when the watch delivers it.
                 self.shared.fresher(&written, sent, &sending);
-                Ok(Some((sent, Record::read_any(written)?)))
+                Ok(Some((sent, written)))
             }
             Err(error) if is_conflict(&error) => Ok(None),
             Err(error) if matches!(&error, kube::Error::Api(s) if s.code == 404) => Ok(None),

@@ -343,22 +343,8 @@ impl KubeLeaseStore {
     /// A conditional `PUT` of a candidacy; the object as written, `None` when it lost
     /// (409) or the object is gone (404).
     async fn write_candidacy(&self, object: &str, lease: &Lease) -> Result<Option<Lease>> {
-        let sending = self.shared.sending(object);
-        let sent = self.instant();
-        match self
-            .api
-            .replace(object, &PostParams::default(), lease)
-            .await
-        {
-            Ok(written) => {
-                self.wrote(object, &written, sent);
-                self.shared.fresher(&written, sent, &sending);
-                Ok(Some(written))
-            }
-            Err(error) if is_conflict(&error) => Ok(None),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(error) => Err(self.error("update", object, error)),
-        }
+        let written = self.put(object, lease).await?;
+        Ok(written.map(|(_, lease)| lease))
     }
 
     /// Queues `owner` for `role` for `secs` (the refresh of a live place keeps it),
