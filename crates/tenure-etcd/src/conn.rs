@@ -69,6 +69,19 @@ pub(crate) struct Conn {
 const MAX_SENDS: usize = 4;
 
 impl Conn {
+    /// Sets the timeout of each request; a zero one is refused (nothing would ever be
+    /// answered in time).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "request_timeout",
+                "must be greater than zero",
+            ));
+        }
+        self.timeout = timeout;
+        Ok(())
+    }
+
     async fn call<T, F, Fut>(&self, what: &str, mut make: F) -> Result<T>
     where
         F: FnMut() -> Fut,

@@ -333,13 +333,7 @@ impl EtcdLeaseStore {
     /// Sets the timeout of each etcd request (default [`DEFAULT_REQUEST_TIMEOUT`]); a
     /// request without an answer by then fails with `Error::Store`.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
-        if timeout.is_zero() {
-            return Err(Error::invalid(
-                "request_timeout",
-                "must be greater than zero",
-            ));
-        }
-        self.conn.timeout = timeout;
+        self.conn.set_timeout(timeout)?;
         Ok(self)
     }
 
