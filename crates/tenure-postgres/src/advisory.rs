@@ -23,6 +23,15 @@
 //! Each term still gets a fencing token: a per-role counter in
 //! `<schema>.tenure_advisory_terms`, incremented by the winner while it holds the lock,
 //! so downstream fences reject a former leader's late writes.
+//!
+//! **Why a loop of its own, not [`tenure::LeaseLeaderElector`]'s.** That elector's loop
+//! is built on a [`tenure::LeaseStore`]: a term there has a deadline it renews, a local
+//! deadline it stops at, a queue it waits in and hand-offs. Here a term is a connection
+//! that holds a lock: it has no deadline, nothing to renew, and ends when a liveness
+//! check of that connection fails. Fitting it into the lease loop would need a store
+//! whose every renewal is a check of one connection the store cannot hand between
+//! calls. What the two share (the work's outcome and the state channel) is shared:
+//! [`tenure::work_outcome`], [`ElectionState`].
 
 use std::future::Future;
 use std::time::Duration;
