@@ -6,18 +6,16 @@
 //! same file (which shares no store's sessions, as every registry did before): there
 //! every heartbeat writes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{LeaseStore, Metadata, NodeRegistry};
+use tenure_testkit::session_membership::{
+    self as scenario, group, keep_alive_and_beat, EVERY, SESSION_TTL, TTL,
+};
+
+use tenure::{LeaseStore, NodeRegistry};
 use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry};
 use tokio::time::Instant;
-
-/// The member TTL: several round trips fit in it on a loaded 2-core machine.
-const TTL: Duration = Duration::from_secs(2);
-/// The session TTL (a shard member's `lease_ttl` is at least the registry's TTL).
-const SESSION_TTL: Duration = Duration::from_secs(6);
-/// The keep-alive and heartbeat period: a third of the member TTL, as a shard member's.
-const EVERY: Duration = Duration::from_millis(666);
 
 /// A fresh file, the database over it and a store over that database.
 async fn setup() -> (tempfile::TempDir, SqliteDatabase, SqliteLeaseStore) {
@@ -25,10 +23,6 @@ async fn setup() -> (tempfile::TempDir, SqliteDatabase, SqliteLeaseStore) {
     let db = SqliteDatabase::open(dir.path().join("m.db")).await.unwrap();
     let store = db.lease_store();
     (dir, db, store)
-}
-
-fn group() -> Metadata {
-    Metadata::from([("group".to_owned(), "g".to_owned())])
 }
 
 /// The node row's own `last_heartbeat` (moved only by a heartbeat write).
@@ -46,27 +40,6 @@ async fn own_heartbeat(db: &SqliteDatabase, node: &str) -> Option<i64> {
 fn same_time(a: std::time::SystemTime, b: std::time::SystemTime) -> bool {
     let apart = a.duration_since(b).or_else(|_| b.duration_since(a));
     apart.is_ok_and(|apart| apart < Duration::from_millis(5))
-}
-
-/// Runs a shard member's two loops for `for_how_long`: the session kept alive and a
-/// heartbeat, each every [`EVERY`].
-async fn keep_alive_and_beat(
-    store: &SqliteLeaseStore,
-    registry: &dyn NodeRegistry,
-    session: tenure::SessionId,
-    node: &str,
-    for_how_long: Duration,
-) {
-    let until = Instant::now() + for_how_long;
-    while Instant::now() < until {
-        let kept = store
-            .keep_alive_session(session, SESSION_TTL)
-            .await
-            .unwrap();
-        assert!(kept.is_some(), "the session lives");
-        registry.heartbeat_with(node, &group()).await.unwrap();
-        tokio::time::sleep(EVERY).await;
-    }
 }
 
 /// The point: while the session is kept alive, the member's heartbeats write nothing
@@ -135,74 +108,20 @@ async fn an_unlinked_registry_writes_every_heartbeat() {
     assert!(registry.live_nodes().await.unwrap().is_empty());
 }
 
-/// A member kept alive by its session goes at once when the session closes (waking a
-/// membership waiter), though its row is there; and when the session is kept alive but
-/// the member leaves, it goes at once too, and its next heartbeat joins again.
+/// The scenario of that name: a closed session or a leave removes the member at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_session_or_a_leave_removes_the_member_at_once() {
     let (_dir, db, store) = setup().await;
-    let registry = db.node_registry(TTL).unwrap();
-    let session = store.open_session("m", SESSION_TTL).await.unwrap();
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    // Past the member's own heartbeat by more than a TTL: live through the session.
-    keep_alive_and_beat(&store, &registry, session.id, "m", TTL + TTL / 2).await;
-    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
-
-    // A leave while the session is kept alive.
-    assert!(registry.leave("m").await.unwrap());
-    assert!(registry.live_nodes().await.unwrap().is_empty());
-    store
-        .keep_alive_session(session.id, SESSION_TTL)
-        .await
-        .unwrap();
-    assert!(registry.live_nodes().await.unwrap().is_empty());
-    // Joining again writes, naming the session again.
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
-    keep_alive_and_beat(&store, &registry, session.id, "m", TTL + TTL / 2).await;
-    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
-
-    // The close wakes a waiter at once and the member is gone.
-    let observed = registry.live_nodes().await.unwrap();
-    let waiter = {
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            registry
-                .wait_for_members_change(&observed, started + Duration::from_secs(30))
-                .await;
-            started.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(store.close_session(session.id).await.unwrap());
-    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the close woke the waiter")
-        .unwrap();
-    assert!(waited < Duration::from_secs(10), "{waited:?}");
-    assert!(registry.live_nodes().await.unwrap().is_empty());
-    assert!(registry.members().await.unwrap().is_empty());
+    let registry = Arc::new(db.node_registry(TTL).unwrap());
+    scenario::a_closed_session_or_a_leave_removes_the_member_at_once(&store, registry).await;
 }
 
-/// A session whose keep-alives stop stops counting a TTL after its last keep-alive
-/// (when `members()` said it would), though the session row itself lives on.
+/// The scenario of that name: a member goes a TTL after its session's last keep-alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive() {
     let (_dir, db, store) = setup().await;
     let registry = db.node_registry(TTL).unwrap();
-    let session = store.open_session("m", SESSION_TTL).await.unwrap();
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    keep_alive_and_beat(&store, &registry, session.id, "m", TTL + TTL / 2).await;
-    // Both loops stop (a stalled process); the session has SESSION_TTL left.
-    let member = registry.members().await.unwrap().remove(0);
-    let lapses = member.last_heartbeat + TTL;
-    assert!(lapses > member.now, "{member:?}");
-    let left = lapses.duration_since(member.now).unwrap();
-    tokio::time::sleep(left.saturating_sub(Duration::from_millis(300))).await;
-    assert_eq!(registry.live_nodes().await.unwrap(), ["m"], "not yet");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(registry.live_nodes().await.unwrap().is_empty(), "lapsed");
+    scenario::a_member_goes_a_ttl_after_its_sessions_last_keep_alive(&store, &registry).await;
 }
 
 /// When keep-alives stop but the heartbeat loop goes on, the member's own heartbeats

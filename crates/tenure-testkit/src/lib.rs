@@ -26,6 +26,7 @@ pub mod observe;
 pub mod queue;
 pub mod queue_faults;
 pub mod registry;
+pub mod session_membership;
 pub mod sessions;
 pub mod shard_faults;
 

@@ -1,0 +1,113 @@
+//! Membership through a session, as scenarios for every backend whose registry counts
+//! the keep-alives of a store's sessions as heartbeats (PostgreSQL, SQLite). Each takes
+//! the store and a registry that shares its sessions; the tests of each backend make
+//! them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{LeaseStore, Metadata, NodeRegistry};
+use tokio::time::Instant;
+
+/// The member TTL: several round trips fit in it on a loaded 2-core machine.
+pub const TTL: Duration = Duration::from_secs(2);
+/// The session TTL (a shard member's `lease_ttl` is at least the registry's TTL).
+pub const SESSION_TTL: Duration = Duration::from_secs(6);
+/// The keep-alive and heartbeat period: a third of the member TTL, as a shard member's.
+pub const EVERY: Duration = Duration::from_millis(666);
+
+/// The metadata the member heartbeats with.
+pub fn group() -> Metadata {
+    Metadata::from([("group".to_owned(), "g".to_owned())])
+}
+
+/// Runs a shard member's two loops for `for_how_long`: the session kept alive and a
+/// heartbeat, each every [`EVERY`].
+pub async fn keep_alive_and_beat(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+    session: tenure::SessionId,
+    node: &str,
+    for_how_long: Duration,
+) {
+    let until = Instant::now() + for_how_long;
+    while Instant::now() < until {
+        let kept = store
+            .keep_alive_session(session, SESSION_TTL)
+            .await
+            .unwrap();
+        assert!(kept.is_some(), "the session lives");
+        registry.heartbeat_with(node, &group()).await.unwrap();
+        tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// A member kept alive by its session goes at once when the session closes (waking a
+/// membership waiter), though its row is there; and when the session is kept alive but
+/// the member leaves, it goes at once too, and its next heartbeat joins again.
+pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
+    store: &dyn LeaseStore,
+    registry: Arc<dyn NodeRegistry>,
+) {
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    // Past the member's own heartbeat by more than a TTL: live through the session.
+    keep_alive_and_beat(store, registry.as_ref(), session.id, "m", TTL + TTL / 2).await;
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+
+    // A leave while the session is kept alive.
+    assert!(registry.leave("m").await.unwrap());
+    assert!(registry.live_nodes().await.unwrap().is_empty());
+    store
+        .keep_alive_session(session.id, SESSION_TTL)
+        .await
+        .unwrap();
+    assert!(registry.live_nodes().await.unwrap().is_empty());
+    // Joining again writes, naming the session again.
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+    keep_alive_and_beat(store, registry.as_ref(), session.id, "m", TTL + TTL / 2).await;
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+
+    // The close wakes a waiter at once and the member is gone.
+    let observed = registry.live_nodes().await.unwrap();
+    let waiter = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            registry
+                .wait_for_members_change(&observed, started + Duration::from_secs(30))
+                .await;
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.close_session(session.id).await.unwrap());
+    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the close woke the waiter")
+        .unwrap();
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    assert!(registry.live_nodes().await.unwrap().is_empty());
+    assert!(registry.members().await.unwrap().is_empty());
+}
+
+/// A session whose keep-alives stop stops counting a TTL after its last keep-alive
+/// (when `members()` said it would), though the session row itself lives on.
+pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+) {
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    keep_alive_and_beat(store, registry, session.id, "m", TTL + TTL / 2).await;
+    // Both loops stop (a stalled process); the session has SESSION_TTL left.
+    let member = registry.members().await.unwrap().remove(0);
+    let lapses = member.last_heartbeat + TTL;
+    assert!(lapses > member.now, "{member:?}");
+    let left = lapses.duration_since(member.now).unwrap();
+    tokio::time::sleep(left.saturating_sub(Duration::from_millis(300))).await;
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"], "not yet");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(registry.live_nodes().await.unwrap().is_empty(), "lapsed");
+}
