@@ -13,25 +13,9 @@ use tenure_kube::names::{object_name, Kind};
 use tenure_kube::{KubeLeaseStore, KubeNodeRegistry};
 use tenure_testkit::MustAnswer;
 
+use common::{field, kubectl};
+
 const TTL: Duration = Duration::from_secs(2);
-
-fn kubectl(args: &[&str]) -> String {
-    common::server()
-        .kubectl(args)
-        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
-}
-
-fn field(namespace: &str, object: &str, path: &str) -> String {
-    kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        namespace,
-        object,
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
-}
 
 async fn term(store: &KubeLeaseStore, role: &str, owner: &str) -> FencingToken {
     let result = store.try_acquire(role, owner, TTL).await;

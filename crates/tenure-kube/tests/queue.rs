@@ -13,32 +13,12 @@ use tenure::{FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore, T
 use tenure_kube::names::{candidacy_name, object_name, role_label, Kind};
 use tenure_kube::KubeLeaseStore;
 use tokio::time::Instant;
+
+use common::{field, put};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(4);
 const ROLE: &str = "jobs/queue";
-
-fn kubectl(args: &[&str]) -> String {
-    common::server()
-        .kubectl(args)
-        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
-}
-
-fn field(namespace: &str, object: &str, path: &str) -> String {
-    kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        namespace,
-        object,
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
-}
-
-fn put(namespace: &str, object: &str) -> String {
-    format!("PUT /apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{object}")
-}
 
 async fn queued(store: &KubeLeaseStore, owner: &str, ttl: Duration) {
     let answer = store

@@ -13,30 +13,10 @@ use tenure_kube::names::{candidacy_name, object_name, Kind};
 use tenure_kube::KubeLeaseStore;
 use tokio::time::Instant;
 
+use common::{field, kubectl, put};
+
 const TTL: Duration = Duration::from_secs(8);
 const ROLE: &str = "jobs/faulted";
-
-fn kubectl(args: &[&str]) -> String {
-    common::server()
-        .kubectl(args)
-        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
-}
-
-fn field(namespace: &str, object: &str, path: &str) -> String {
-    kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        namespace,
-        object,
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
-}
-
-fn put(namespace: &str, object: &str) -> String {
-    format!("PUT /apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{object}")
-}
 
 async fn holder(store: &KubeLeaseStore) -> Option<(String, FencingToken)> {
     let info = store.get(ROLE).await.unwrap()?;

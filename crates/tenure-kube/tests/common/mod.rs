@@ -131,3 +131,28 @@ pub async fn counted(namespace: &str) -> (KubeConnection, Requests) {
         .build();
     (KubeConnection::new(client, namespace), requests)
 }
+
+/// Runs `kubectl` as the admin against the shared server; a failure fails the test.
+pub fn kubectl(args: &[&str]) -> String {
+    server()
+        .kubectl(args)
+        .unwrap_or_else(|error| panic!("kubectl {args:?}: {error}"))
+}
+
+/// One field of a Lease object, by JSONPath.
+pub fn field(namespace: &str, object: &str, path: &str) -> String {
+    kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        namespace,
+        object,
+        "-o",
+        &format!("jsonpath={path}"),
+    ])
+}
+
+/// The request line of a `PUT` of a Lease object, as the request log shows it.
+pub fn put(namespace: &str, object: &str) -> String {
+    format!("PUT /apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{object}")
+}
