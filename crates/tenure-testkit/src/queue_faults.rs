@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::intercept::InterceptStore;
-use tenure::{FencingToken, LeaseStore};
+use tenure::{FencingToken, LeaseResult, LeaseStore};
+use tokio::task::JoinHandle;
 
-use crate::faults::Faults;
+use crate::faults::{Caught, Faults};
 use crate::{LeaseBackend, PATIENCE};
 
 const ROLE: &str = "faulted";
@@ -71,6 +72,21 @@ impl Setup {
         assert!(acquired, "{owner} acquires the free role");
         self.history.expect(owner, token).await;
         token
+    }
+
+    /// `owner` asks `try_acquire_or_queue` in a task of its own, and the call is held
+    /// once it reaches the store's door: the held call, to land when the test says, and
+    /// the caller's task.
+    async fn late_queue(
+        &self,
+        owner: &str,
+    ) -> (Arc<Caught>, JoinHandle<tenure::Result<LeaseResult>>) {
+        let late = self.faults.hold("try_acquire_or_queue", owner);
+        let (store, ttl, owner) = (self.store.clone(), self.ttl, owner.to_owned());
+        let call =
+            tokio::spawn(async move { store.try_acquire_or_queue(ROLE, &owner, ttl, None).await });
+        late.arrived().await;
+        (late, call)
     }
 
     /// Queues `owner` behind the live holder.
@@ -310,13 +326,7 @@ pub async fn scenario_fault_late_queue_after_withdraw(backend: &dyn LeaseBackend
     let mut s = Setup::new(backend).await;
     let a = s.acquire("node-a").await;
     s.queue("node-b", s.ttl).await;
-    let late = s.faults.hold("try_acquire_or_queue", "node-b");
-    let refresh = {
-        let store = s.store.clone();
-        let ttl = s.ttl;
-        tokio::spawn(async move { store.try_acquire_or_queue(ROLE, "node-b", ttl, None).await })
-    };
-    late.arrived().await;
+    let (late, refresh) = s.late_queue("node-b").await;
     assert!(
         bounded(s.store.withdraw(ROLE, "node-b")).await.unwrap(),
         "node-b withdraws its place"
@@ -355,13 +365,7 @@ pub async fn scenario_fault_late_queue_takes_a_free_role(backend: &dyn LeaseBack
     let mut s = Setup::new(backend).await;
     let a = s.acquire("node-a").await;
     s.queue("node-b", s.ttl).await;
-    let late = s.faults.hold("try_acquire_or_queue", "node-b");
-    let refresh = {
-        let store = s.store.clone();
-        let ttl = s.ttl;
-        tokio::spawn(async move { store.try_acquire_or_queue(ROLE, "node-b", ttl, None).await })
-    };
-    late.arrived().await;
+    let (late, refresh) = s.late_queue("node-b").await;
     assert!(bounded(s.store.withdraw(ROLE, "node-b")).await.unwrap());
     assert!(s.release("node-a", a).await);
     assert_eq!(
