@@ -188,24 +188,11 @@ struct NoQueue;
 
 #[async_trait]
 impl Interceptor for NoQueue {
-    async fn intercept(&self, call: Call, next: Next) -> Reply {
+    async fn intercept(&self, mut call: Call, next: Next) -> Reply {
+        if let Call::TryAcquireOrRenew { queue, .. } = &mut call {
+            *queue = false;
+        }
         match call {
-            Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                ..
-            } => {
-                next.run(Call::TryAcquireOrRenew {
-                    role,
-                    owner,
-                    ttl,
-                    value,
-                    queue: false,
-                })
-                .await
-            }
             Call::WaitForSuccessor {
                 role,
                 observed,

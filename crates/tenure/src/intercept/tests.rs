@@ -143,24 +143,11 @@ async fn a_hook_rewrites_the_arguments_and_the_answer() {
     let inner = memory();
     let store = InterceptStore::new(inner.clone()).with(hook(|call, next| {
         Box::pin(async move {
-            let Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                queue,
-            } = call
-            else {
+            let mut call = call;
+            let Call::TryAcquireOrRenew { ttl, .. } = &mut call else {
                 return next.run(call).await;
             };
-            let ttl = ttl / 2;
-            let call = Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                queue,
-            };
+            *ttl /= 2;
             let mut reply = next.run(call).await;
             if let Reply::Lease(Ok(answer)) = &mut reply {
                 answer.fencing_token = FencingToken::from(answer.fencing_token.get() + 1);
