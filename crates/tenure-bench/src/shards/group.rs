@@ -2,11 +2,16 @@
 //! waiting for them to settle, and reading who owns what.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tenure::intercept::InterceptStore;
-use tenure::{FencingToken, LeaseStore, ShardElector, ShardOptions, ShardState};
+use tenure::{
+    FencingToken, LeaseStore, Metadata, NodeInfo, NodeRegistry, ShardElector, ShardOptions,
+    ShardState,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -23,6 +28,8 @@ pub(super) struct RunningMember {
     state: watch::Receiver<ShardState>,
     shutdown: CancellationToken,
     pub(super) task: JoinHandle<tenure::Result<()>>,
+    /// Set when the member is killed: its registry then drops every write.
+    dead: Arc<AtomicBool>,
     /// A member dropped without [`stop`](RunningMember::stop) (a scenario that failed
     /// part-way) shuts down anyway, so it does not load the store for the next one.
     _stop_on_drop: DropGuard,
@@ -36,6 +43,14 @@ impl RunningMember {
     /// Whether this member's plan names `node` as the target of any shard.
     pub(super) fn targets_any(&self, node: &str) -> bool {
         self.state.borrow().target.values().any(|t| t == node)
+    }
+
+    /// Kills the member as SIGKILL would: its task stops where it is, and nothing it
+    /// leaves behind writes again (its heartbeat task, cancelled by the drop, would
+    /// otherwise leave the registry).
+    pub(super) fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.task.abort();
     }
 
     /// Shuts down gracefully: work cancelled, session closed, registry left.
@@ -88,12 +103,17 @@ impl Scenario<'_> {
         for node in nodes {
             let handles = self.backend.stores(MEMBER_POOL, self.ttl).await?;
             let leases = self.counted(handles.leases);
-            let elector = ShardElector::new(leases, handles.registry, self.options(node))?;
-            electors.push((node.clone(), Arc::new(elector)));
+            let dead = Arc::new(AtomicBool::new(false));
+            let registry = Arc::new(Mortal {
+                inner: handles.registry,
+                dead: dead.clone(),
+            });
+            let elector = ShardElector::new(leases, registry, self.options(node))?;
+            electors.push((node.clone(), Arc::new(elector), dead));
         }
         Ok(electors
             .into_iter()
-            .map(|(node, elector)| {
+            .map(|(node, elector, dead)| {
                 let state = elector.watch();
                 let shutdown = CancellationToken::new();
                 let (log, member) = (Arc::clone(&self.log), node.clone());
@@ -105,6 +125,7 @@ impl Scenario<'_> {
                 RunningMember {
                     node,
                     state,
+                    dead,
                     _stop_on_drop: shutdown.clone().drop_guard(),
                     shutdown,
                     task,
@@ -191,7 +212,7 @@ impl Scenario<'_> {
         let victim = take_busiest(members);
         let shards = victim.owned();
         let killed = Instant::now();
-        victim.task.abort();
+        victim.kill();
         let all_owned_again = || {
             let last = self.log.all_started(&shards, killed, &victim.node)?;
             Some(last.duration_since(killed))
@@ -274,4 +295,49 @@ pub(super) fn owners(members: &[RunningMember]) -> BTreeMap<u32, String> {
         .iter()
         .flat_map(|m| m.owned().into_iter().map(|s| (s, m.node.clone())))
         .collect()
+}
+
+/// A member's registry that drops its writes once the member is dead, as for a process
+/// killed with SIGKILL: no more heartbeats, and no leave.
+struct Mortal {
+    inner: Arc<dyn NodeRegistry>,
+    dead: Arc<AtomicBool>,
+}
+
+impl Mortal {
+    fn dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl NodeRegistry for Mortal {
+    async fn record_heartbeat(
+        &self,
+        node_id: &str,
+        metadata: Option<&Metadata>,
+    ) -> tenure::Result<()> {
+        if self.dead() {
+            return Ok(());
+        }
+        self.inner.record_heartbeat(node_id, metadata).await
+    }
+    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
+        self.inner.live_nodes().await
+    }
+    async fn members(&self) -> tenure::Result<Vec<NodeInfo>> {
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
+        if self.dead() {
+            return Ok(false);
+        }
+        self.inner.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        self.inner.wait_for_members_change(observed, deadline).await
+    }
 }
