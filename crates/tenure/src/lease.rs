@@ -41,8 +41,9 @@ pub struct AcquireRequest<'a> {
 
 impl AcquireRequest<'_> {
     /// Checks every field as the contract rules (names, a TTL of at least `min_ttl`
-    /// with `now + ttl` representable, the value) and returns `now + ttl`. Every
-    /// backend calls it before touching its store, so bad input is refused alike.
+    /// with `now + ttl` representable, the value) and returns `now + ttl`. The backends
+    /// call it before touching their store, so bad input is refused alike (the
+    /// in-memory store checks the same rules, the names after its renewal fast path).
     pub fn validate(&self, min_ttl: Duration, now: SystemTime) -> Result<SystemTime> {
         validate_name("role", self.role)?;
         validate_name("owner", self.owner)?;
