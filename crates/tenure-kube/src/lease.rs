@@ -56,7 +56,6 @@ mod session;
 mod wait;
 
 use epochs::{AllocationHook, Epochs};
-
 use queue::Used;
 use session::SessionState;
 

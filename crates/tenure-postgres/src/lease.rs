@@ -396,15 +396,11 @@ impl LeaseStore for PgLeaseStore {
 
     async fn end_term(&self, end: EndRequest<'_>) -> Result<bool> {
         end.validate()?;
+        let handing = "could not hand the lease over";
         let (what, sql, successor) = match end.how {
             Handover::Release => ("could not release the lease", &self.inner.release_sql, None),
-            Handover::To(successor) => {
-                let sql = match successor {
-                    Some(_) => &self.inner.hand_over_to_sql,
-                    None => &self.inner.hand_over_sql,
-                };
-                ("could not hand the lease over", sql, successor.map(Some))
-            }
+            Handover::To(None) => (handing, &self.inner.hand_over_sql, None),
+            Handover::To(Some(named)) => (handing, &self.inner.hand_over_to_sql, Some(Some(named))),
         };
         self.close_term(what, end.role, end.owner, end.token, sql, successor)
             .await

@@ -222,13 +222,12 @@ pub trait LeaseStore: Send + Sync + 'static {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        let queue = false;
         self.contend(AcquireRequest {
             role,
             owner,
             ttl,
             value,
-            queue,
+            queue: false,
         })
         .await
     }
@@ -242,12 +241,11 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// TTL. Returns whether it did; releasing a term that is no longer live is a no-op
     /// returning `false`.
     async fn release(&self, role: &str, owner: &str, token: FencingToken) -> Result<bool> {
-        let how = Handover::Release;
         self.end_term(EndRequest {
             role,
             owner,
             token,
-            how,
+            how: Handover::Release,
         })
         .await
     }
@@ -281,13 +279,12 @@ pub trait LeaseStore: Send + Sync + 'static {
         ttl: Duration,
         value: Option<&str>,
     ) -> Result<LeaseResult> {
-        let queue = true;
         self.contend(AcquireRequest {
             role,
             owner,
             ttl,
             value,
-            queue,
+            queue: true,
         })
         .await
     }
@@ -320,12 +317,11 @@ pub trait LeaseStore: Send + Sync + 'static {
         token: FencingToken,
         successor: Option<&str>,
     ) -> Result<bool> {
-        let how = Handover::To(successor);
         self.end_term(EndRequest {
             role,
             owner,
             token,
-            how,
+            how: Handover::To(successor),
         })
         .await
     }
