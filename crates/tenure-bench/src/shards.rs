@@ -277,6 +277,11 @@ pub struct Kill {
     pub shards: usize,
     /// From the kill until every one of them ran on another member.
     pub reowned_ms: f64,
+    /// From the kill until the killed member's session deadline (as it last knew it):
+    /// the part of `reowned_ms` spent waiting for the session to lapse, which depends
+    /// on when in its renew interval the member died. `reowned_ms - lapse_ms` is what
+    /// the survivors took.
+    pub lapse_ms: f64,
 }
 
 /// The leave scenario's findings, beside electors on one role.

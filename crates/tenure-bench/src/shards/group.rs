@@ -26,6 +26,8 @@ use crate::BenchError;
 pub(super) struct RunningMember {
     pub(super) node: String,
     state: watch::Receiver<ShardState>,
+    /// The member's session deadline, as it last knew it.
+    deadline: watch::Receiver<Option<Instant>>,
     shutdown: CancellationToken,
     pub(super) task: JoinHandle<tenure::Result<()>>,
     /// Set when the member is killed: its registry then drops every write.
@@ -114,7 +116,7 @@ impl Scenario<'_> {
         Ok(electors
             .into_iter()
             .map(|(node, elector, dead)| {
-                let state = elector.watch();
+                let (state, deadline) = (elector.watch(), elector.deadline());
                 let shutdown = CancellationToken::new();
                 let (log, member) = (Arc::clone(&self.log), node.clone());
                 let work = move |shard, _token: FencingToken, leadership| {
@@ -125,6 +127,7 @@ impl Scenario<'_> {
                 RunningMember {
                     node,
                     state,
+                    deadline,
                     dead,
                     _stop_on_drop: shutdown.clone().drop_guard(),
                     shutdown,
@@ -213,6 +216,11 @@ impl Scenario<'_> {
         let shards = victim.owned();
         let killed = Instant::now();
         victim.kill();
+        // The session's end as the member last knew it: a little before the store's
+        // expiry (it counts from when the keep-alive was sent, less the drift margin).
+        let lapse = victim.deadline.borrow().map_or(Duration::ZERO, |deadline| {
+            deadline.saturating_duration_since(killed)
+        });
         let all_owned_again = || {
             let last = self.log.all_started(&shards, killed, &victim.node)?;
             Some(last.duration_since(killed))
@@ -227,6 +235,7 @@ impl Scenario<'_> {
         Ok(Kill {
             shards: shards.len(),
             reowned_ms: millis(reowned),
+            lapse_ms: millis(lapse),
         })
     }
 }

@@ -50,8 +50,8 @@ impl ShardReport {
             if let Some(kill) = &row.kill {
                 let _ = writeln!(
                     out,
-                    "  (then a member with {} shards killed: all owned again after {:.0}ms, ttl {:.0}ms)",
-                    kill.shards, kill.reowned_ms, s.hold_ttl_ms
+                    "  (then a member with {} shards killed: all owned again after {:.0}ms, ttl {:.0}ms; its session lapsed after {:.0}ms, the others took {:.0}ms more)",
+                    kill.shards, kill.reowned_ms, s.hold_ttl_ms, kill.lapse_ms, kill.reowned_ms - kill.lapse_ms
                 );
             }
             if let Some(per_role) = row.per_role_settle_ms {
@@ -115,8 +115,8 @@ impl ShardReport {
             );
             let _ = writeln!(
                 out,
-                "  a member with {} shards killed: all owned again after {:.0}ms (ttl {:.0}ms)",
-                c.kill.shards, c.kill.reowned_ms, c.ttl_ms
+                "  a member with {} shards killed: all owned again after {:.0}ms (ttl {:.0}ms; its session lapsed after {:.0}ms)",
+                c.kill.shards, c.kill.reowned_ms, c.ttl_ms, c.kill.lapse_ms
             );
         }
         if let Some(l) = &self.leave {
