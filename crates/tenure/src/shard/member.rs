@@ -68,6 +68,9 @@ pub(super) struct Member<'a> {
     pub(super) drains: [watch::Receiver<bool>; 2],
     /// The members the last look saw working on some shard.
     pub(super) working: BTreeSet<String>,
+    /// The live owner of each shard at the last look: whose shards a member that left
+    /// since held (see `take_departed`).
+    pub(super) owners: BTreeMap<u32, String>,
     /// Probes of targets that work on no shard yet.
     pub(super) probes: Probes,
     pub(super) terms: BTreeMap<u32, Term>,

@@ -295,6 +295,7 @@ impl ShardElector {
             draining: false,
             drains: [self.draining.subscribe(), store_drain],
             working: BTreeSet::new(),
+            owners: BTreeMap::new(),
             probes: Default::default(),
             terms: BTreeMap::new(),
             cooling: HashMap::new(),

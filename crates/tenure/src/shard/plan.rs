@@ -65,6 +65,15 @@ impl Member<'_> {
             planned.insert(options.node_id.clone());
         }
         let planned: Vec<String> = planned.into_iter().collect();
+        let departed = self.departed_shards(&planned);
+        if !departed.is_empty() {
+            debug!(
+                shards = departed.len(),
+                "taking the shards of members that left before reading the group"
+            );
+            self.contend(departed, work, wake_tx, Some(&seen.registry))
+                .await;
+        }
 
         let held = self.live_owners().await?;
         let owners: BTreeMap<u32, String> = held
@@ -137,10 +146,39 @@ impl Member<'_> {
                 .terms
                 .keys()
                 .all(|k| target.get(k) == Some(&options.node_id));
+        self.owners = owners;
         self.publish(live.clone(), target);
         self.contend(wanted, work, wake_tx, Some(&seen.registry))
             .await;
         Ok(seen)
+    }
+
+    /// The shards that the last look saw owned by members now gone (not in `planned`)
+    /// and that the placement now targets here: contended for before the group is read,
+    /// so a crashed member's shards run again without waiting for that read, which lists
+    /// every shard of the group. The view may be stale, but an acquire is conditional: a
+    /// shard still held (its owner's session outlives its membership) is refused, and
+    /// waited on as any shard held elsewhere.
+    fn departed_shards(&self, planned: &[String]) -> Vec<(u32, bool)> {
+        let options = self.options();
+        let node = &options.node_id;
+        // `planned` is sorted (it comes from a set).
+        let departed = |owner: &String| owner != node && planned.binary_search(owner).is_err();
+        if self.draining || !self.owners.values().any(departed) {
+            return Vec::new();
+        }
+        let target = place(&options.group, options.shards, planned, &self.owners);
+        let now = Instant::now();
+        self.owners
+            .iter()
+            .filter(|(shard, owner)| {
+                departed(owner)
+                    && target.get(shard) == Some(node)
+                    && !self.terms.contains_key(shard)
+                    && self.cooling.get(shard).is_none_or(|until| now >= *until)
+            })
+            .map(|(shard, _)| (*shard, false))
+            .collect()
     }
 
     /// Cancels every term the store no longer shows as this member's under its token
