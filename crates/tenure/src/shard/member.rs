@@ -69,7 +69,7 @@ pub(super) struct Member<'a> {
     /// The members the last look saw working on some shard.
     pub(super) working: BTreeSet<String>,
     /// The live owner of each shard at the last look: whose shards a member that left
-    /// since held (see `take_departed`).
+    /// since held (see `departed_shards`).
     pub(super) owners: BTreeMap<u32, String>,
     /// Probes of targets that work on no shard yet.
     pub(super) probes: Probes,
@@ -334,7 +334,7 @@ impl Member<'_> {
                         continue;
                     }
                     let now = Instant::now();
-                    let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+                    let cooled = self.cooled(shard, now);
                     // A shard can be pushed twice in one burst; it is taken once.
                     if !cooled {
                         look = true;
@@ -357,6 +357,12 @@ impl Member<'_> {
             self.contend(pushed, work, wake_tx, None).await;
         }
         look
+    }
+
+    /// Whether `shard` may be taken again at `now`: its last term here did not return on
+    /// its own less than a retry interval ago.
+    pub(super) fn cooled(&self, shard: u32, now: Instant) -> bool {
+        self.cooling.get(&shard).is_none_or(|until| now >= *until)
     }
 
     /// Whether the last look targeted `shard` at this member.

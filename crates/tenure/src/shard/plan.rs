@@ -133,7 +133,7 @@ impl Member<'_> {
             let taken_back = owner.is_none() && self.probes.take_back(shard, now);
             let rescue =
                 owner.is_none() && (orphan_for > options.lease_ttl || taken_back) && !self.draining;
-            let cooled = self.cooling.get(&shard).is_none_or(|until| now >= *until);
+            let cooled = self.cooled(shard, now);
             if (mine || rescue) && cooled {
                 wanted.push((shard, !mine));
             }
@@ -175,7 +175,7 @@ impl Member<'_> {
                 departed(owner)
                     && target.get(shard) == Some(node)
                     && !self.terms.contains_key(shard)
-                    && self.cooling.get(shard).is_none_or(|until| now >= *until)
+                    && self.cooled(**shard, now)
             })
             .map(|(shard, _)| (*shard, false))
             .collect()
