@@ -134,7 +134,11 @@ impl Member<'_> {
             let rescue =
                 owner.is_none() && (orphan_for > options.lease_ttl || taken_back) && !self.draining;
             let cooled = self.cooled(shard, now);
-            if (mine || rescue) && cooled {
+            // Held elsewhere with a waiter on it already (set by the contention for a
+            // departed member's shards just before): its push, or its wait running out,
+            // brings the next acquire, not this look.
+            let waited = owner.is_some() && self.waiting.contains(&shard);
+            if (mine || rescue) && cooled && !waited {
                 wanted.push((shard, !mine));
             }
         }
