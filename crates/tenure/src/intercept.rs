@@ -359,6 +359,13 @@ pub trait Interceptor: Send + Sync + 'static {
     fn min_ttl(&self, below: Duration) -> Duration {
         below
     }
+
+    /// The store's [`LeaseStore::acquire_batch_size`] as seen through this interceptor,
+    /// given `below`, that of the interceptors after it and the store. Unchanged by
+    /// default.
+    fn acquire_batch_size(&self, below: usize) -> usize {
+        below
+    }
 }
 
 /// The rest of an [`InterceptStore`]'s stack after one interceptor: the interceptors
@@ -590,6 +597,15 @@ impl LeaseStore for InterceptStore {
             .iter()
             .rev()
             .fold(self.store.min_ttl(), |below, hook| hook.min_ttl(below))
+    }
+
+    fn acquire_batch_size(&self) -> usize {
+        self.hooks
+            .iter()
+            .rev()
+            .fold(self.store.acquire_batch_size(), |below, hook| {
+                hook.acquire_batch_size(below)
+            })
     }
 
     async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {

@@ -15,6 +15,9 @@ use crate::{Error, FencingToken, Result};
 /// How many calls the default [`LeaseStore::acquire_many_in_session`] makes at once.
 pub const ACQUIRE_MANY_IN_FLIGHT: usize = 16;
 
+/// The default of [`LeaseStore::acquire_batch_size`].
+pub const ACQUIRE_BATCH_SIZE: usize = 64;
+
 /// The longest role, owner or node id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -392,6 +395,15 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The smallest TTL this backend can honour (etcd: one second).
     fn min_ttl(&self) -> Duration {
         Duration::from_millis(1)
+    }
+
+    /// How many roles a caller with many to take (a shard member taking over thousands)
+    /// should put in one [`acquire_many_in_session`](Self::acquire_many_in_session) call:
+    /// as many as one round trip carries without holding the store's locks so long that
+    /// the renewals queued behind them miss their deadlines. [`ACQUIRE_BATCH_SIZE`] by
+    /// default; never 0.
+    fn acquire_batch_size(&self) -> usize {
+        ACQUIRE_BATCH_SIZE
     }
 
     /// Opens a session for `owner`, live until `now + ttl` on store time (see

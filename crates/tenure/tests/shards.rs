@@ -599,6 +599,45 @@ impl Interceptor for Calls {
     }
 }
 
+/// A store whose batches of acquires are `size` roles at most; records each batch's
+/// length.
+struct Batches {
+    size: usize,
+    seen: Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl Interceptor for Batches {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        if let Call::AcquireManyInSession { roles, .. } = &call {
+            self.seen.lock().push(roles.len());
+        }
+        next.run(call).await
+    }
+
+    fn acquire_batch_size(&self, _below: usize) -> usize {
+        self.size
+    }
+}
+
+/// Setup: one member takes 64 shards from a store whose acquire batches hold 7 roles at
+/// most. It asks for them in batches of no more than 7, and takes them all.
+#[tokio::test(start_paused = true)]
+async fn a_member_batches_its_acquires_as_the_store_says() {
+    let batches = Arc::new(Batches {
+        size: 7,
+        seen: Mutex::default(),
+    });
+    let hook = batches.clone();
+    let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
+    group.start("solo", 64);
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(64);
+    let seen = batches.seen.lock().clone();
+    assert!(seen.iter().all(|len| *len <= 7), "batches: {seen:?}");
+    assert!(seen.iter().sum::<usize>() >= 64, "batches: {seen:?}");
+}
+
 /// Setup: one member holds 200 shards for 20 renew intervals. Keeping them costs one
 /// session keep-alive per interval, never a per-shard renewal, and no term restarts.
 #[tokio::test(start_paused = true)]

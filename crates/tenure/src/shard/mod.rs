@@ -180,11 +180,6 @@ const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 /// lapse already due cannot make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
 
-/// At most this many shards are asked for in one acquire call: enough that a member
-/// taking 10,000 shards makes 20 calls, few enough that one call's transaction holds its
-/// rows (and SQLite's write lock) for milliseconds, not seconds.
-const ACQUIRE_BATCH: usize = 64;
-
 /// At most this many acquire calls of one member are in flight at once.
 const BATCHES_IN_FLIGHT: usize = 2;
 

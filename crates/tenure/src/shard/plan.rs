@@ -238,11 +238,11 @@ impl Member<'_> {
         }
     }
 
-    /// Contends for `wanted` (shard, taken as a rescue) in batches of up to
-    /// [`ACQUIRE_BATCH`] shards, one [`LeaseStore::acquire_many_in_session`] call each,
-    /// up to [`BATCHES_IN_FLIGHT`] at once: a member winning many shards at once (a
-    /// join, a cold start) waits a round trip per batch, not one per shard. Answers are
-    /// acted on as they come.
+    /// Contends for `wanted` (shard, taken as a rescue) in batches of up to the store's
+    /// [`LeaseStore::acquire_batch_size`], one [`LeaseStore::acquire_many_in_session`]
+    /// call each, up to [`BATCHES_IN_FLIGHT`] at once: a member winning many shards at
+    /// once (a join, a cold start) waits a round trip per batch, not one per shard.
+    /// Answers are acted on as they come.
     ///
     /// With `planned_for` (the registry's live nodes when the look planned: see
     /// [`MembersSeen::registry`]), no further batch is sent once the registry's live set
@@ -265,7 +265,7 @@ impl Member<'_> {
         let (id, alive) = (session.id, session.alive.clone());
         let (store, group) = (self.elector.store.clone(), self.options().group.clone());
         let mut queue = wanted
-            .chunks(ACQUIRE_BATCH)
+            .chunks(store.acquire_batch_size().max(1))
             .map(<[(u32, bool)]>::to_vec)
             .collect::<Vec<_>>()
             .into_iter();
