@@ -21,7 +21,6 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 use tenure::{Error, FencingToken, Result};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
 use crate::file::{refuse_hard_links, refuse_shared_file_system, FileIdentity, FsTarget};
@@ -31,6 +30,9 @@ use crate::wake::{Signals, Wakes};
 use crate::BACKEND;
 
 mod wait;
+mod writer;
+
+use writer::{install_busy_handler, WriterQueue, WriterSlot};
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
@@ -180,10 +182,9 @@ struct Inner {
     path: Option<PathBuf>,
     /// The file `open` opened, to notice it deleted, replaced or hard-linked later.
     file: Option<FileIdentity>,
-    /// One of the stores' write transactions at a time in this process: the others
-    /// queue here instead of in SQLite's busy handler, which sleeps 1 to 100 ms between
-    /// tries (16 writers in one process fell to ~150 commits/s).
-    writer: Arc<Semaphore>,
+    /// One of the stores' write transactions at a time in this process (see
+    /// `writer.rs`).
+    writer: WriterQueue,
     /// The sessions the stores over this database keep alive, by owner: what its
     /// registries count as heartbeats (see `links.rs`).
     links: SessionLinks,
@@ -225,8 +226,11 @@ impl SqliteDatabase {
             .busy_timeout(options.busy_timeout)
             // Tokens must survive power loss: every commit reaches the disk.
             .synchronous(SqliteSynchronous::Full);
+        let busy_timeout = options.busy_timeout;
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
+            // Replaces the handler `busy_timeout` set: the same wait, tried every ms.
+            .after_connect(move |conn, _| Box::pin(install_busy_handler(conn, busy_timeout)))
             // A local file cannot drop a connection: a ping before each checkout would
             // only add a round trip to sqlx's worker thread.
             .test_before_acquire(false)
@@ -277,7 +281,7 @@ impl SqliteDatabase {
                     Wakes::new(dev, ino)
                 }),
                 file,
-                writer: Arc::new(Semaphore::new(1)),
+                writer: WriterQueue::new(),
                 links: SessionLinks::default(),
             }),
         }
@@ -379,13 +383,8 @@ impl SqliteDatabase {
     /// taking this process's writer slot; keep the slot until the transaction ends.
     /// (Other processes, and the caller's own `begin_immediate` transactions, still
     /// meet at SQLite's write lock.)
-    pub(crate) async fn begin_write(
-        &self,
-    ) -> Result<(OwnedSemaphorePermit, Transaction<'static, Sqlite>)> {
-        let slot = Arc::clone(&self.inner.writer)
-            .acquire_owned()
-            .await
-            .map_err(|e| Error::store(BACKEND, "the writer queue is closed", e))?;
+    pub(crate) async fn begin_write(&self) -> Result<(WriterSlot, Transaction<'static, Sqlite>)> {
+        let slot = self.inner.writer.take().await?;
         Ok((slot, self.begin_immediate().await?))
     }
 
