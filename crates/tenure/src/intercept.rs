@@ -21,6 +21,8 @@
 //! last. Adding a [`LeaseStore`] method means editing this file only: a [`Call`]
 //! variant, its [`Reply`], and the one place that forwards calls to the store.
 //!
+//! Node registries have their own, smaller wrapper: [`FilteredRegistry`].
+//!
 //! # Examples
 //!
 //! A store that is down while a switch is on:
@@ -68,6 +70,10 @@ use crate::{
     AcquireRequest, EndRequest, Error, FencingToken, Handover, LeaseInfo, LeaseResult, LeaseStore,
     Result, SessionGrant, SessionId, TermChange,
 };
+
+mod registry;
+
+pub use registry::{FilteredRegistry, RegistryFilter};
 
 /// One call to a [`LeaseStore`], with its arguments, as an [`Interceptor`] sees it.
 ///

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tenure::intercept::{FilteredRegistry, RegistryFilter};
 use tenure::{
     spawn_heartbeat, Clock, Error, InMemoryNodeRegistry, Metadata, NodeRegistry, Result, TokioClock,
 };
-use tenure_testkit::registry::{Filtered, RegistryFilter};
 use tokio_util::sync::CancellationToken;
 
 const TTL: Duration = Duration::from_secs(3);
@@ -96,7 +96,7 @@ async fn heartbeat_keeps_a_node_live_and_cancel_leaves_at_once() {
 #[tokio::test(start_paused = true)]
 async fn heartbeat_failures_do_not_end_the_loop() {
     let clock = clock();
-    let flaky = Arc::new(Filtered::new(registry(&clock), Flaky::default()));
+    let flaky = Arc::new(FilteredRegistry::new(registry(&clock), Flaky::default()));
     let cancel = CancellationToken::new();
     let handle = spawn_heartbeat(
         flaky.clone(),

@@ -45,11 +45,12 @@ use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::intercept::{FilteredRegistry, RegistryFilter};
 use tenure::{
     FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeRegistry,
     ShardElector, ShardOptions, TokioClock,
 };
-use tenure_testkit::registry::{CountedReads, Filtered, RegistryFilter};
+use tenure_testkit::registry::counting_reads;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -436,9 +437,9 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
         Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap());
     if rng.random_bool(0.5) {
         let wakes = SpuriousWakes(Mutex::new(SmallRng::seed_from_u64(rng.random())));
-        registry = Arc::new(Filtered::new(registry, wakes));
+        registry = Arc::new(FilteredRegistry::new(registry, wakes));
     }
-    let counted = Arc::new(CountedReads::counting(registry, READ_CAP));
+    let counted = Arc::new(counting_reads(registry, READ_CAP));
     let registry: Arc<dyn NodeRegistry> = counted.clone();
     let mut sim = Sim {
         store: Arc::new(InMemoryLeaseStore::with_clock(clock)),
@@ -503,8 +504,8 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
         member.shutdown.cancel();
         let _ = member.task.await;
     }
-    if counted.capped() {
-        let reads = counted.reads();
+    if counted.filter().capped() {
+        let reads = counted.filter().reads();
         let problem = format!("the members read the membership {reads} times: a read loop");
         verdict.1 = Some(
             verdict

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::intercept::{FilteredRegistry, RegistryFilter};
 use tenure::{
     Error, FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata,
     NodeRegistry, ShardElector, ShardOptions, ShardState, TokioClock,
 };
-use tenure_testkit::registry::{CountedReads, Filtered, RegistryFilter};
+use tenure_testkit::registry::counting_reads;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +102,10 @@ impl Group {
     /// Starts a member, or returns why `ShardElector::new` refused it.
     fn try_start(&mut self, node: &str, shards: u32) -> tenure::Result<()> {
         let dead = Arc::new(AtomicBool::new(false));
-        let registry = Arc::new(Filtered::new(self.registry.clone(), Mortal(dead.clone())));
+        let registry = Arc::new(FilteredRegistry::new(
+            self.registry.clone(),
+            Mortal(dead.clone()),
+        ));
         let elector = ShardElector::new(self.store.clone(), registry, options(node, shards))?;
         let state = elector.watch();
         let shutdown = CancellationToken::new();
@@ -360,7 +364,7 @@ impl RegistryFilter for NoPush {
 /// with `outsider` (when given) heartbeating into the same registry for another group.
 async fn membership_reads_over_30s(outsider: Option<&str>) -> usize {
     let mut group = Group::in_memory();
-    let counted = Arc::new(CountedReads::counting(group.registry.clone(), 10_000));
+    let counted = Arc::new(counting_reads(group.registry.clone(), 10_000));
     group.registry = counted.clone();
     let stop = CancellationToken::new();
     if let Some(node) = outsider {
@@ -378,14 +382,14 @@ async fn membership_reads_over_30s(outsider: Option<&str>) -> usize {
         group.start(node, 16);
     }
     tokio::time::sleep(2 * RENEW).await;
-    let before = counted.reads();
+    let before = counted.filter().reads();
     assert!(
         before < 1000,
         "{before} reads of the membership while two members settled (beside {outsider:?})"
     );
     group.assert_balanced(16);
     tokio::time::sleep(30 * RENEW).await;
-    let reads = counted.reads() - before;
+    let reads = counted.filter().reads() - before;
     group.assert_balanced(16);
     stop.cancel();
     reads
@@ -443,7 +447,7 @@ async fn a_node_of_another_group_does_not_cut_a_cold_start_short() {
 #[tokio::test(start_paused = true)]
 async fn a_crashed_members_shards_are_taken_as_its_session_lapses() {
     let mut group = Group::in_memory();
-    group.registry = Arc::new(Filtered::new(group.registry.clone(), NoPush));
+    group.registry = Arc::new(FilteredRegistry::new(group.registry.clone(), NoPush));
     for node in ["a", "b", "d"] {
         group.start(node, 64);
     }

@@ -6,12 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tenure::intercept::InterceptStore;
-use tenure::{
-    FencingToken, LeaseStore, Metadata, NodeInfo, NodeRegistry, ShardElector, ShardOptions,
-    ShardState,
-};
+use tenure::intercept::{FilteredRegistry, InterceptStore, RegistryFilter};
+use tenure::{FencingToken, LeaseStore, ShardElector, ShardOptions, ShardState};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -106,10 +102,10 @@ impl Scenario<'_> {
             let handles = self.backend.stores(MEMBER_POOL, self.ttl).await?;
             let leases = self.counted(handles.leases);
             let dead = Arc::new(AtomicBool::new(false));
-            let registry = Arc::new(Mortal {
-                inner: handles.registry,
-                dead: dead.clone(),
-            });
+            let registry = Arc::new(FilteredRegistry::new(
+                handles.registry,
+                Mortal(dead.clone()),
+            ));
             let elector = ShardElector::new(leases, registry, self.options(node))?;
             electors.push((node.clone(), Arc::new(elector), dead));
         }
@@ -306,47 +302,12 @@ pub(super) fn owners(members: &[RunningMember]) -> BTreeMap<u32, String> {
         .collect()
 }
 
-/// A member's registry that drops its writes once the member is dead, as for a process
-/// killed with SIGKILL: no more heartbeats, and no leave.
-struct Mortal {
-    inner: Arc<dyn NodeRegistry>,
-    dead: Arc<AtomicBool>,
-}
+/// Drops a member's registry writes once it is dead, as for a process killed with
+/// SIGKILL: no more heartbeats, and no leave.
+struct Mortal(Arc<AtomicBool>);
 
-impl Mortal {
-    fn dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl NodeRegistry for Mortal {
-    async fn record_heartbeat(
-        &self,
-        node_id: &str,
-        metadata: Option<&Metadata>,
-    ) -> tenure::Result<()> {
-        if self.dead() {
-            return Ok(());
-        }
-        self.inner.record_heartbeat(node_id, metadata).await
-    }
-    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
-        self.inner.live_nodes().await
-    }
-    async fn members(&self) -> tenure::Result<Vec<NodeInfo>> {
-        self.inner.members().await
-    }
-    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
-        if self.dead() {
-            return Ok(false);
-        }
-        self.inner.leave(node_id).await
-    }
-    fn ttl(&self) -> Duration {
-        self.inner.ttl()
-    }
-    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
-        self.inner.wait_for_members_change(observed, deadline).await
+impl RegistryFilter for Mortal {
+    fn before_write(&self) -> tenure::Result<bool> {
+        Ok(!self.0.load(Ordering::SeqCst))
     }
 }
