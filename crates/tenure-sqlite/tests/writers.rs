@@ -15,10 +15,11 @@ const TTL: Duration = Duration::from_secs(60);
 
 /// Setup: two handles on one file. Through the first, two tasks send batches of 64
 /// acquires back to back (a member taking thousands of shards); through the second, a
-/// session is kept alive every 50 ms for 3 s. Each keep-alive is answered within 500 ms
-/// (a session's TTL is seconds). SQLite's own busy handler let a waiting writer sleep up
-/// to 100 ms between tries while the busy handle took the lock again at once: keep-alives
-/// waited seconds, and members lost their sessions in `tenure bench --shards 10000`.
+/// session is kept alive every 50 ms for 3 s. Each keep-alive is answered within a
+/// second (a session's TTL is seconds; 22-162 ms seen). SQLite's own busy handler let a
+/// waiting writer sleep up to 100 ms between tries while the busy handle took the lock
+/// again at once: a keep-alive waited 4.9 s, near the busy timeout, and members lost
+/// their sessions in `tenure bench --shards 10000`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_is_not_starved_by_another_handles_stream_of_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,7 +73,7 @@ async fn a_keep_alive_is_not_starved_by_another_handles_stream_of_writes() {
         "the busy handle hardly wrote: {batches} batches"
     );
     assert!(
-        longest < Duration::from_millis(500),
+        longest < Duration::from_secs(1),
         "a keep-alive waited {longest:?} ({} keep-alives: {waits:?})",
         waits.len()
     );
