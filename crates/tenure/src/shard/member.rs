@@ -100,11 +100,10 @@ pub(super) struct Member<'a> {
     /// it (targeted elsewhere) whenever the store shows it held by this member with no
     /// term here. Kept for the session's life: the request may still be on its way.
     pub(super) lost_acquires: BTreeSet<u32>,
-    /// The last look found nothing to do: every shard owned by the member the plan
-    /// targets, none to take, hand over, wait for or release here. Looks are then
-    /// [`SETTLED_LOOK_TTLS`] TTLs apart (each reads every shard of the group); joins and
-    /// leaves are pushed, and a membership due to lapse has its own read of the members
-    /// (a look if it did lapse).
+    /// The last look found nothing to do: every shard owned, none to take, hand over,
+    /// wait for or release here. Looks are then a TTL apart (each reads every shard of
+    /// the group); joins and leaves are pushed, and a membership due to lapse has its own
+    /// read of the members (a look if it did lapse).
     pub(super) settled: bool,
 }
 
@@ -161,14 +160,14 @@ impl Member<'_> {
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
-            // Look again a retry interval (SETTLED_LOOK_TTLS TTLs once settled) after the
-            // last look, or sooner when it showed something about to lapse (see
-            // `reconcile`). From the last look, not from now: wakes that do not look (a
-            // push acted on, a read of the members that found them unchanged) come as
-            // often as the store pushes, and must not put the next look off for good.
+            // Look again a retry interval (a TTL once settled) after the last look, or
+            // sooner when it showed something about to lapse (see `reconcile`). From the
+            // last look, not from now: wakes that do not look (a push acted on, a read of
+            // the members that found them unchanged) come as often as the store pushes,
+            // and must not put the next look off for good.
             let now = Instant::now();
             let every = if self.settled {
-                (self.options().lease_ttl * SETTLED_LOOK_TTLS).max(self.options().retry_interval)
+                self.options().retry_interval.max(self.options().lease_ttl)
             } else {
                 self.options().retry_interval
             };

@@ -176,13 +176,6 @@ impl std::fmt::Debug for ShardElector {
 /// local clocks tick at about the same rate, and a look a moment early finds nothing.
 const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 
-/// A settled member (its last look found nothing to do) looks again this many TTLs
-/// later, unless something wakes it first. Nothing it must act on goes unannounced
-/// then: joins and leaves are pushed, a crash is a membership lapse (read when due),
-/// and its own shards end with its session; the look is a safety net, and each one
-/// reads every shard of the group.
-const SETTLED_LOOK_TTLS: u32 = 10;
-
 /// The shortest wait between two looks at the group (or reads of its members), so a
 /// lapse already due cannot make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);

@@ -142,15 +142,8 @@ impl Member<'_> {
                 wanted.push((shard, !mine));
             }
         }
-        // Settled only when the whole group is as planned from here, not only this
-        // member's part: a shard targeted here but cooling down, or held by a member
-        // that should hand it over, is released with no push to this member (it has no
-        // waiter on it), and a settled member would not look again for many TTLs.
         self.settled = wanted.is_empty()
             && owners.len() == options.shards as usize
-            && owners
-                .iter()
-                .all(|(shard, owner)| target.get(shard) == Some(owner))
             && self.waiting.is_empty()
             && self.pending_releases.is_empty()
             && self
