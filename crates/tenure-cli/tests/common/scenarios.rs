@@ -857,17 +857,25 @@ pub fn every_ttl_alone_starts(store: &str, dir: &Path) {
     );
 }
 
-/// Starts a leader on `role` whose command writes its pid to `NAME.pid` and appends a
-/// `tick` line to `NAME.ticks` every 50 ms; returns once it runs.
-fn ticking(store: &str, role: &str, name: &str, dir: &Path) -> (Proc, Pid, PathBuf) {
+/// Starts a leader on `role` with `flags` whose command writes its pid to `NAME.pid` and
+/// appends a `tick` line to `NAME.ticks` every 50 ms; returns once it runs.
+fn ticking(
+    store: &str,
+    role: &str,
+    flags: &[&str],
+    name: &str,
+    dir: &Path,
+) -> (Proc, Pid, PathBuf) {
     let ticks = dir.join(format!("{name}.ticks"));
+    let pid_file = dir.join(format!("{name}.pid"));
     let script = format!(
         "echo $$ > '{pid}'; while :; do echo tick >> '{ticks}'; sleep 0.05; done",
-        pid = dir.join(format!("{name}.pid")).display(),
+        pid = pid_file.display(),
         ticks = ticks.display()
     );
-    let pid_file = dir.join(format!("{name}.pid"));
-    let (leader, child) = start_run_sh(store, role, &[], &script, &pid_file, LONG);
+    let mut leader = Proc::spawn(&mut run_sh_with(store, role, flags, &script));
+    let child = read_pid(&pid_file, LONG);
+    leader.own_group(child);
     (leader, child, ticks)
 }
 
@@ -883,7 +891,17 @@ fn await_stopped(pid: Pid, stopped: bool, what: &str) {
 /// Ctrl-Z (SIGTSTP to `tenure`) stops the command as well as tenure, as a shell stops a
 /// job; SIGCONT to `tenure` resumes both, and the command goes on under the same term.
 pub fn ctrl_z_suspends_the_command_too(store: &str, dir: &Path) {
-    let (leader, child, ticks) = ticking(store, "tstp", "first", dir);
+    // The whole suspension must fit in one term: a TTL long enough that a loaded machine
+    // (the test observing the stop late, a slow renewal before it) cannot lose it.
+    let flags = [
+        "--ttl",
+        "30s",
+        "--renew-every",
+        "300ms",
+        "--kill-after",
+        "300ms",
+    ];
+    let (leader, child, ticks) = ticking(store, "tstp", &flags, "first", dir);
     leader.signal(Signal::SIGTSTP);
     await_stopped(leader.pid(), true, "tenure");
     await_stopped(child, true, "the command");
@@ -906,7 +924,7 @@ pub fn ctrl_z_suspends_the_command_too(store: &str, dir: &Path) {
 /// on SIGCONT, whichever comes first: it never runs again, no tick after the
 /// suspension), and on SIGCONT tenure exits 4.
 pub fn lost_while_suspended_is_killed_not_resumed(store: &str, dir: &Path) {
-    let (mut first, child, ticks) = ticking(store, "tstp-lost", "first", dir);
+    let (mut first, child, ticks) = ticking(store, "tstp-lost", &FAST, "first", dir);
     let taken = dir.join("taken");
     let mut second = Proc::spawn(&mut run_sh(
         store,
