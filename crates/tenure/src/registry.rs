@@ -189,6 +189,7 @@ pub async fn run_heartbeat(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => break,
             _ = ticker.tick() => {
                 if let Err(error) = registry.heartbeat_with(&node_id, &metadata).await {

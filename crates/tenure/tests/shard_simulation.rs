@@ -33,8 +33,11 @@
 //! the registry's whole live set to match their group's, and read in a loop). Every
 //! schedule counts the members' reads of the membership and fails past a cap.
 //!
-//! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40);
-//! `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
+//! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40), from seed
+//! `TENURE_SHARD_SIM_FROM` (default 0); `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
+//! A schedule replays the same alone as in a run of many: every `select!` on its path is
+//! `biased` (tokio's random choice of branch cannot be seeded on stable Rust), time is
+//! paused, and each schedule has its own runtime and random sources.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -318,6 +321,7 @@ impl Sim {
                             match returns_after {
                                 Some(after) => {
                                     tokio::select! {
+                                        biased;
                                         _ = leadership.cancelled() => {}
                                         _ = tokio::time::sleep(after) => {}
                                     }
@@ -516,13 +520,16 @@ async fn schedule(seed: u64, broken: Broken) -> (Vec<String>, Option<String>) {
     verdict
 }
 
-/// The seeds to run: `TENURE_SHARD_SIM_SEED` alone, or the first
-/// `TENURE_SHARD_SIM_SCHEDULES` (default 40).
+/// The seeds to run: `TENURE_SHARD_SIM_SEED` alone, or `TENURE_SHARD_SIM_SCHEDULES`
+/// (default 40) from `TENURE_SHARD_SIM_FROM` (default 0).
 fn seeds() -> std::ops::Range<u64> {
     let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     match var("TENURE_SHARD_SIM_SEED") {
         Some(seed) => seed..seed + 1,
-        None => 0..var("TENURE_SHARD_SIM_SCHEDULES").unwrap_or(40),
+        None => {
+            let from = var("TENURE_SHARD_SIM_FROM").unwrap_or(0);
+            from..from + var("TENURE_SHARD_SIM_SCHEDULES").unwrap_or(40)
+        }
     }
 }
 

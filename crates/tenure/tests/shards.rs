@@ -669,13 +669,12 @@ async fn renewal_costs_one_call_per_interval_however_many_shards() {
 }
 
 /// Setup: one member takes 1,000 shards, three join, all settle; then 30 s pass. A
-/// settled member reads the whole group about once per TTL (36 reads seen, 40 when
-/// another member's coming lapse was a read of the whole group rather than of the
-/// members). On paused time handovers are instant, so this does not produce what the
-/// bench showed on real time: waits set on shards held elsewhere while settling ran out
-/// after it, and each read the group again.
+/// settled member reads the whole group about once per 10 TTLs (4 reads seen by the 4
+/// members; 40 when settled members looked every TTL). On paused time handovers are
+/// instant, so this does not produce what the bench showed on real time: waits set on
+/// shards held elsewhere while settling ran out after it, and each read the group again.
 #[tokio::test(start_paused = true)]
-async fn a_settled_group_reads_the_group_about_once_per_ttl() {
+async fn a_settled_group_reads_the_group_about_once_per_ten_ttls() {
     let (mut group, calls) = Group::counted();
     group.start("a", 1000);
     tokio::time::sleep(2 * RENEW).await;
@@ -690,8 +689,8 @@ async fn a_settled_group_reads_the_group_about_once_per_ttl() {
     tokio::time::sleep(30 * RENEW).await;
     let read = lists() - before;
     assert!(
-        read <= 4 * 10,
-        "{read} reads of the group by 4 settled members in 30 s: {:?}",
+        read <= 4 * 2,
+        "{read} reads of the group by 4 settled members in 30 s (10 TTLs): {:?}",
         calls.by_method.lock()
     );
     assert_eq!(group.running.terms.lock().len(), terms, "no term restarted");

@@ -100,10 +100,15 @@ pub(super) struct Member<'a> {
     /// it (targeted elsewhere) whenever the store shows it held by this member with no
     /// term here. Kept for the session's life: the request may still be on its way.
     pub(super) lost_acquires: BTreeSet<u32>,
-    /// The last look found nothing to do: every shard owned, none to take, hand over,
-    /// wait for or release here. Looks are then a TTL apart (each reads every shard of
-    /// the group); joins and leaves are pushed, and a membership due to lapse has its own
-    /// read of the members (a look if it did lapse).
+    /// When the last acquire was lost (see `lost_acquires`). Such an acquire may land
+    /// with no push here: the member is not settled for [`LOST_ACQUIRE_LANDS_TTLS`]
+    /// TTLs after, so it keeps looking every retry interval while it is likely to.
+    pub(super) lost_acquire_at: Option<Instant>,
+    /// The last look found nothing to do: every shard owned by the member the plan
+    /// targets, none to take, hand over, wait for or release here. Looks are then
+    /// [`SETTLED_LOOK_TTLS`] TTLs apart (each reads every shard of the group); joins and
+    /// leaves are pushed, and a membership due to lapse has its own read of the members
+    /// (a look if it did lapse).
     pub(super) settled: bool,
 }
 
@@ -160,14 +165,14 @@ impl Member<'_> {
             let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
                 continue;
             };
-            // Look again a retry interval (a TTL once settled) after the last look, or
-            // sooner when it showed something about to lapse (see `reconcile`). From the
-            // last look, not from now: wakes that do not look (a push acted on, a read of
-            // the members that found them unchanged) come as often as the store pushes,
-            // and must not put the next look off for good.
+            // Look again a retry interval (SETTLED_LOOK_TTLS TTLs once settled) after the
+            // last look, or sooner when it showed something about to lapse (see
+            // `reconcile`). From the last look, not from now: wakes that do not look (a
+            // push acted on, a read of the members that found them unchanged) come as
+            // often as the store pushes, and must not put the next look off for good.
             let now = Instant::now();
             let every = if self.settled {
-                self.options().retry_interval.max(self.options().lease_ttl)
+                (self.options().lease_ttl * SETTLED_LOOK_TTLS).max(self.options().retry_interval)
             } else {
                 self.options().retry_interval
             };
@@ -182,6 +187,7 @@ impl Member<'_> {
             let [local, stored] = &mut self.drains;
             let drains = async {
                 tokio::select! {
+                    biased;
                     _ = changed(local) => {}
                     _ = changed(stored) => {}
                 }
@@ -256,6 +262,7 @@ impl Member<'_> {
         loop {
             let sent = Instant::now();
             let attempt = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return,
                 attempt = self.elector.store.open_session(&options.node_id, options.lease_ttl) => attempt,
             };
@@ -274,6 +281,7 @@ impl Member<'_> {
                 Err(error) => warn!(%error, "opening a session failed; retrying"),
             }
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(options.retry_interval) => {}
             }
@@ -287,6 +295,7 @@ impl Member<'_> {
         // cannot end a later term: those take new tokens.
         self.pending_releases.clear();
         self.lost_acquires.clear();
+        self.lost_acquire_at = None;
         self.session = None;
         self.elector.deadline.send_replace(None);
     }

@@ -176,6 +176,18 @@ impl std::fmt::Debug for ShardElector {
 /// local clocks tick at about the same rate, and a look a moment early finds nothing.
 const LAPSE_NUDGE: Duration = Duration::from_millis(5);
 
+/// A settled member (its last look found nothing to do) looks again this many TTLs
+/// later, unless something wakes it first. Nothing it must act on goes unannounced
+/// then: joins and leaves are pushed, a crash is a membership lapse (read when due),
+/// and its own shards end with its session; the look is a safety net, and each one
+/// reads every shard of the group.
+const SETTLED_LOOK_TTLS: u32 = 10;
+
+/// How many TTLs after an acquire was lost (answered with an error, or with a wrong
+/// count) the member expects it may still land: it is not settled until then. One that
+/// lands later leaves its shard held here with no work until the next settled look.
+const LOST_ACQUIRE_LANDS_TTLS: u32 = 2;
+
 /// The shortest wait between two looks at the group (or reads of its members), so a
 /// lapse already due cannot make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
@@ -274,6 +286,7 @@ impl ShardElector {
             let (store, stop) = (self.store.clone(), watching.clone());
             tokio::spawn(async move {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => {}
                     _ = drain::watch_requests(store, drain, store_drain_tx) => {}
                 }
@@ -301,6 +314,7 @@ impl ShardElector {
             next_lapse: None,
             pending_releases: BTreeMap::new(),
             lost_acquires: BTreeSet::new(),
+            lost_acquire_at: None,
             settled: false,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();

@@ -142,14 +142,30 @@ impl Member<'_> {
                 wanted.push((shard, !mine));
             }
         }
+        // Settled only when the whole group is as planned from here: every shard held by
+        // the member the plan targets, and this member working on exactly its own. A
+        // shard of its own with no term here (cooling down after its work returned, or
+        // freed by a stray release above, after `owners` was read), or one held by a
+        // member that should hand it over, frees with no push to this member, which would
+        // not look again for many TTLs. Nothing may be pending either: a handover (one
+        // begun when the shard was targeted elsewhere releases it whatever the target is
+        // now), a wait, a release, an acquire that may still land.
+        let targeted_here = target.values().filter(|t| **t == options.node_id).count();
         self.settled = wanted.is_empty()
             && owners.len() == options.shards as usize
-            && self.waiting.is_empty()
-            && self.pending_releases.is_empty()
+            && owners
+                .iter()
+                .all(|(shard, owner)| target.get(shard) == Some(owner))
+            && self.terms.len() == targeted_here
             && self
                 .terms
-                .keys()
-                .all(|k| target.get(k) == Some(&options.node_id));
+                .iter()
+                .all(|(k, term)| target.get(k) == Some(&options.node_id) && !term.handing_over)
+            && self.waiting.is_empty()
+            && self.pending_releases.is_empty()
+            && self.lost_acquire_at.is_none_or(|at| {
+                now.duration_since(at) >= options.lease_ttl * LOST_ACQUIRE_LANDS_TTLS
+            });
         self.owners = owners;
         self.publish(live.clone(), target);
         self.contend(wanted, work, wake_tx, Some(&seen.registry))
@@ -279,6 +295,7 @@ impl Member<'_> {
                 // answer that then grants the shards would leave them held by a live
                 // session with no work on them.
                 let answer = tokio::select! {
+                    biased;
                     answer = store.acquire_many_in_session(&roles, id) => Some(answer),
                     _ = alive.cancelled() => None,
                 };
@@ -304,6 +321,7 @@ impl Member<'_> {
         let mut stale = false;
         loop {
             let joined = tokio::select! {
+                biased;
                 joined = calls.join_next() => match joined {
                     Some(joined) => joined,
                     None => break,
@@ -343,7 +361,7 @@ impl Member<'_> {
                         answered = results.len(),
                         "the store answered a batch of acquires with a wrong count; retrying"
                     );
-                    self.lost_acquires.extend(shards.iter().map(|(k, _)| *k));
+                    self.record_lost_acquires(shards.iter().map(|(k, _)| *k));
                 }
                 Some(Err(Error::SessionEnded(_))) => {
                     if self.session.is_some() {
@@ -355,11 +373,18 @@ impl Member<'_> {
                     warn!(shards = shards.len(), %error, "could not contend for the shards; retrying");
                     // Any of them may have been granted all the same, now or later (the
                     // request may still be on its way).
-                    self.lost_acquires.extend(shards.iter().map(|(k, _)| *k));
+                    self.record_lost_acquires(shards.iter().map(|(k, _)| *k));
                 }
                 None => debug!(shards = shards.len(), "the session ended while contending"),
             }
         }
+    }
+
+    /// Records acquires of `shards` whose answers were lost (see
+    /// [`Member::lost_acquires`]).
+    fn record_lost_acquires(&mut self, shards: impl IntoIterator<Item = u32>) {
+        self.lost_acquires.extend(shards);
+        self.lost_acquire_at = Some(Instant::now());
     }
 
     /// Acts on the answer to contending for a shard: start its term, wait for it, or
@@ -388,7 +413,7 @@ impl Member<'_> {
                 // shard for this session with no work on it: a look takes care of it.)
                 if let Some(term) = self.terms.get(&shard) {
                     if term.token != result.fencing_token {
-                        self.lost_acquires.insert(shard);
+                        self.record_lost_acquires([shard]);
                     }
                     debug!(shard, token = %result.fencing_token, "already worked on here");
                     return;
