@@ -560,6 +560,26 @@ fn seeded_shard_schedules_keep_invariant_7() {
     }
 }
 
+/// Seeds that once caught a shard left idle after the quiet phase, each by an event that
+/// freed it with no push while every member counted itself settled (and so looked again
+/// only 10 TTLs later): 637 and 1785, a shard of the member's own with no term on it
+/// (cooling, or freed by the look's stray release); 819, an acquire answered with an error
+/// and granted later; 3061, a handover that ended after its shard was targeted back here.
+/// Run whatever `TENURE_SHARD_SIM_SCHEDULES` is (CI runs the first 1,000 seeds).
+#[test]
+fn seeds_that_once_left_a_shard_idle_keep_invariant_7() {
+    for seed in [637, 819, 1785, 3061] {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let (overlaps, problem) = runtime.block_on(schedule(seed, Broken::default()));
+        assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
+        assert_eq!(problem, None, "seed {seed}: after the quiet phase");
+    }
+}
+
 /// The first of 40 schedules under `broken` that has two members working on one shard.
 fn first_overlap(broken: Broken) -> Option<(u64, Vec<String>)> {
     (0..40).find_map(|seed| {
