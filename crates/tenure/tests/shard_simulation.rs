@@ -566,11 +566,7 @@ fn seeds() -> std::ops::Range<u64> {
 #[test]
 fn seeded_shard_schedules_keep_invariant_7() {
     for seed in seeds() {
-        let Outcome {
-            overlaps, problem, ..
-        } = run_schedule(seed, Broken::default());
-        assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
-        assert_eq!(problem, None, "seed {seed}: after the quiet phase");
+        assert_keeps_invariant_7(seed);
     }
     let [asked, drained] = DRAINS.each_ref().map(|n| n.load(Ordering::Relaxed));
     eprintln!("drains asked {asked}, of which ended drained {drained}");
@@ -588,12 +584,18 @@ fn seeded_shard_schedules_keep_invariant_7() {
 #[test]
 fn seeds_that_once_left_a_shard_idle_keep_invariant_7() {
     for seed in [637, 819, 1785, 3061] {
-        let Outcome {
-            overlaps, problem, ..
-        } = run_schedule(seed, Broken::default());
-        assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
-        assert_eq!(problem, None, "seed {seed}: after the quiet phase");
+        assert_keeps_invariant_7(seed);
     }
+}
+
+/// Runs schedule `seed` and asserts invariant 7: no overlap, and after the quiet phase
+/// every shard worked on (evenly without a wedged member).
+fn assert_keeps_invariant_7(seed: u64) {
+    let Outcome {
+        overlaps, problem, ..
+    } = run_schedule(seed, Broken::default());
+    assert!(overlaps.is_empty(), "seed {seed}: {overlaps:?}");
+    assert_eq!(problem, None, "seed {seed}: after the quiet phase");
 }
 
 /// Runs schedule `seed` under `broken` on a runtime of its own.

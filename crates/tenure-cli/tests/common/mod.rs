@@ -232,7 +232,14 @@ pub fn start_run_sh(
     pid_file: &Path,
     within: Duration,
 ) -> (Proc, Pid) {
-    let mut run = Proc::spawn(&mut run_sh(store, role, extra, script));
+    start_writing_pid(&mut run_sh(store, role, extra, script), pid_file, within)
+}
+
+/// Starts `run`, a `tenure run` whose command writes its own pid to `pid_file` once it
+/// runs, and waits up to `within` for it ([`read_pid`]). Returns tenure and the command's
+/// pid, whose process group is registered for cleanup.
+pub fn start_writing_pid(run: &mut Command, pid_file: &Path, within: Duration) -> (Proc, Pid) {
+    let mut run = Proc::spawn(run);
     let command = read_pid(pid_file, within);
     run.own_group(command);
     (run, command)

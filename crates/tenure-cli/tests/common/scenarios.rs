@@ -873,9 +873,8 @@ fn ticking(
         pid = pid_file.display(),
         ticks = ticks.display()
     );
-    let mut leader = Proc::spawn(&mut run_sh_with(store, role, flags, &script));
-    let child = read_pid(&pid_file, LONG);
-    leader.own_group(child);
+    let run = &mut run_sh_with(store, role, flags, &script);
+    let (leader, child) = start_writing_pid(run, &pid_file, LONG);
     (leader, child, ticks)
 }
 

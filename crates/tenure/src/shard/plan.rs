@@ -150,17 +150,17 @@ impl Member<'_> {
         // not look again for many TTLs. Nothing may be pending either: a handover (one
         // begun when the shard was targeted elsewhere releases it whatever the target is
         // now), a wait, a release, an acquire that may still land.
-        let targeted_here = target.values().filter(|t| **t == options.node_id).count();
+        let targeted_here = target
+            .iter()
+            .filter(|(_, t)| **t == options.node_id)
+            .map(|(k, _)| k);
         self.settled = wanted.is_empty()
             && owners.len() == options.shards as usize
             && owners
                 .iter()
                 .all(|(shard, owner)| target.get(shard) == Some(owner))
-            && self.terms.len() == targeted_here
-            && self
-                .terms
-                .iter()
-                .all(|(k, term)| target.get(k) == Some(&options.node_id) && !term.handing_over)
+            && self.terms.keys().eq(targeted_here)
+            && self.terms.values().all(|term| !term.handing_over)
             && self.waiting.is_empty()
             && self.pending_releases.is_empty()
             && self.lost_acquire_at.is_none_or(|at| {
