@@ -503,11 +503,15 @@ impl LeaseStore for PgLeaseStore {
     ) -> Result<Option<SessionGrant>> {
         validate_ttl(ttl, MIN_TTL, SystemTime::now())?;
         let micros = ttl_micros(ttl)?;
+        let registry_ttl = match self.inner.links.peers_ttl() {
+            Some(ttl) => Some((ttl, ttl_micros(ttl)?)),
+            None => None,
+        };
         let sent = Instant::now();
         let kept = self
             .inner
             .sessions
-            .keep_alive(&self.inner.direct, session, micros)
+            .keep_alive(&self.inner.direct, session, micros, registry_ttl)
             .await?;
         match kept {
             Some((grant, named)) => {

@@ -106,6 +106,7 @@ impl PgNodeRegistry {
         }
         let ttl_micros = i64::try_from(ttl.as_nanos().div_ceil(1_000))
             .map_err(|_| Error::invalid("ttl", "is too large"))?;
+        links.registry_made(ttl);
         let t = schema.table("tenure_nodes");
         let sessions = schema.table("tenure_sessions");
         let heard = heard_sql(&sessions);
@@ -269,7 +270,7 @@ impl NodeRegistry for PgNodeRegistry {
 /// close; a forgotten one has no row: neither counts. A row naming no session (every
 /// node of a registry made by [`PgNodeRegistry::new`], and long-gone nodes) reads no
 /// session row: `CASE` evaluates the lookup only for a row that names one.
-fn heard_sql(sessions: &str) -> String {
+pub(crate) fn heard_sql(sessions: &str) -> String {
     format!(
         "CASE WHEN n.session_id IS NULL THEN n.last_heartbeat ELSE
             GREATEST(n.last_heartbeat, (SELECT s.kept_at FROM {sessions} s

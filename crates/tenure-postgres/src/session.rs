@@ -32,13 +32,15 @@
 //! so these statements cannot deadlock each other.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use tenure::{Error, LeaseResult, Result, SessionGrant, SessionId};
+use tenure::{Error, LeaseResult, PeersLapse, Result, SessionGrant, SessionId};
 
 use crate::direct::DirectConnections;
 use crate::error::BACKEND;
 use crate::lease::{decode, system_time, token_from_db};
+use crate::registry::heard_sql;
 use crate::succession::{began_sql, ended_sql, notify_sql};
 
 /// How often [`SessionStatements::acquire`] runs its statement again when the snapshot
@@ -84,23 +86,39 @@ impl SessionStatements {
 
     /// Keeps `session` alive for `micros` more microseconds; `None` once it ended. With
     /// the grant, whether the owner's node row names the session (so the keep-alive
-    /// was also the node's heartbeat).
+    /// was also the node's heartbeat). With `registry_ttl` (the TTL of the registry
+    /// sharing the store's links, and it in microseconds), the grant tells when the
+    /// other nodes lapse.
     pub(crate) async fn keep_alive(
         &self,
         direct: &DirectConnections,
         session: SessionId,
         micros: i64,
+        registry_ttl: Option<(Duration, i64)>,
     ) -> Result<Option<(SessionGrant, bool)>> {
         let Ok(id) = i64::try_from(session.get()) else {
             // No such id was ever handed out.
             return Ok(None);
         };
-        let query = sqlx::query(&self.keep_alive).bind(id).bind(micros);
+        let query = sqlx::query(&self.keep_alive)
+            .bind(id)
+            .bind(micros)
+            .bind(registry_ttl.map(|(_, micros)| micros));
         let row = direct
             .fetch_optional_reserved("could not keep the session alive", query)
             .await?;
-        row.map(|row| Ok((grant(&row)?, decode::<bool>(&row, "named")?)))
-            .transpose()
+        row.map(|row| {
+            let mut grant = grant(&row)?;
+            let lapse_at = decode::<Option<_>>(&row, "peers_lapse_at")?;
+            grant.peers_lapse = lapse_at.zip(registry_ttl).map(|(at, (ttl, _))| PeersLapse {
+                after: system_time(at)
+                    .duration_since(grant.now)
+                    .unwrap_or_default(),
+                ttl,
+            });
+            Ok((grant, decode::<bool>(&row, "named")?))
+        })
+        .transpose()
     }
 
     /// Acquires each of `roles` under `session` in one statement (run again for the
@@ -196,6 +214,7 @@ fn grant(row: &PgRow) -> Result<SessionGrant> {
         owner: decode(row, "owner")?,
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),
+        peers_lapse: None,
     })
 }
 
@@ -262,14 +281,23 @@ fn open_statement(t: &str, sessions: &str) -> String {
     )
 }
 
-/// Keeps a live session alive: `(id, ttl in microseconds)`; no row when it has ended.
-/// One row version per call, whatever the number of roles held under it. Public only
-/// so a test can run the store's statement late.
+/// Keeps a live session alive: `(id, ttl in microseconds, registry ttl in microseconds
+/// or NULL)`; no row when it has ended. One row version per call, whatever the number
+/// of roles held under it. Public only so a test can run the store's statement late.
 ///
 /// It also stamps `kept_at`, which readers of node table `nodes` count as a heartbeat
 /// of the node naming the session (see `registry.rs`), and answers `named`: whether the
 /// owner's node row names this session (read through the partial index on
 /// `tenure_nodes.session_id`; nothing is written there).
+///
+/// With a registry TTL it answers `peers_lapse_at`: when the first other node lapses
+/// unless it is heard from again, judged as the registry's readers judge it (the later
+/// of a node's heartbeat and its open session's keep-alive). A node last heard of (by
+/// its heartbeat or its session's last keep-alive, even once the session ended: with it
+/// the node's liveness falls back to its own heartbeat, which may be long past) less
+/// than two TTLs ago still counts, so one that lapsed less than a TTL ago makes the
+/// answer past and the caller reads the members. With no other node it is a TTL from now (a node that comes later joins,
+/// which is announced).
 ///
 /// `held` locks the row before liveness is judged, and the judgement reads
 /// `clock_timestamp()` off the locked row: an `UPDATE`'s own `WHERE` is evaluated when
@@ -279,9 +307,10 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// every later one waits for this statement.
 #[doc(hidden)]
 pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
+    let heard = heard_sql(sessions);
     format!(
         "WITH held AS (
-            SELECT id, expires_at FROM {sessions} WHERE id = $1 FOR NO KEY UPDATE
+            SELECT id, owner, expires_at FROM {sessions} WHERE id = $1 FOR NO KEY UPDATE
         )
         UPDATE {sessions} s
          SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond'),
@@ -290,7 +319,16 @@ pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
          WHERE s.id = held.id AND held.expires_at > clock_timestamp()
          RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now,
              EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
-                 AS named"
+                 AS named,
+             CASE WHEN $3::bigint IS NOT NULL THEN
+                 (SELECT COALESCE(min(p.heard), statement_timestamp())
+                         + $3::bigint * interval '1 microsecond'
+                  FROM (SELECT {heard} AS heard, GREATEST(n.last_heartbeat,
+                          (SELECT k.kept_at FROM {sessions} k
+                           WHERE k.id = n.session_id AND k.owner = n.node_id)) AS recent
+                        FROM {nodes} n WHERE n.node_id <> held.owner) p
+                  WHERE p.recent + 2 * $3::bigint * interval '1 microsecond' > statement_timestamp())
+             END AS peers_lapse_at"
     )
 }
 

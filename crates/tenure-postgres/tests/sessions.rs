@@ -124,7 +124,8 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
         &table(&schema, "tenure_nodes"),
     )
     .replace("$1", &session.id.get().to_string())
-    .replace("$2", &LONG.as_micros().to_string());
+    .replace("$2", &LONG.as_micros().to_string())
+    .replace("$3", "NULL");
     let late = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -271,6 +272,7 @@ async fn a_takeover_waits_for_a_keep_alive_in_flight() {
     let kept = sqlx::query(&keep_alive)
         .bind(i64::try_from(session.id.get()).unwrap())
         .bind(i64::try_from(LONG.as_micros()).unwrap())
+        .bind(None::<i64>)
         .fetch_optional(&mut *tx)
         .await
         .unwrap();

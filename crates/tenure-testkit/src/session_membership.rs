@@ -111,3 +111,73 @@ pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(registry.live_nodes().await.unwrap().is_empty(), "lapsed");
 }
+
+/// A keep-alive tells when the first other member lapses
+/// ([`SessionGrant::peers_lapse`](tenure::SessionGrant::peers_lapse)), as `members()`
+/// judges it: a TTL from now when there is none, the other member's lapse while it is
+/// kept alive and after it stops, and zero once it lapsed, though its session ended with
+/// its membership and its own heartbeat is older than two TTLs. `store` must tell it (its
+/// registry is `registry`, made from it).
+pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+) {
+    let rounding = Duration::from_millis(1);
+    let near = |told: Duration, expected: Duration| told.abs_diff(expected) <= rounding;
+    let a = store.open_session("a", SESSION_TTL).await.unwrap();
+    let b = store.open_session("b", TTL).await.unwrap();
+    registry.heartbeat_with("a", &group()).await.unwrap();
+    let alone = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
+    let alone = alone
+        .expect("a lives")
+        .peers_lapse
+        .expect("the store tells");
+    assert_eq!(alone.ttl, TTL, "judged by the registry's TTL");
+    assert!(
+        near(alone.after, TTL),
+        "no other member: a TTL, told {alone:?}"
+    );
+
+    // b's session lives as long as its membership, and keeps it for more than two TTLs
+    // after b's own last heartbeat: when b's session ends, so does its membership, and
+    // its own heartbeat is long past.
+    registry.heartbeat_with("b", &group()).await.unwrap();
+    let until = Instant::now() + 2 * TTL + TTL / 2;
+    while Instant::now() < until {
+        for session in [a.id, b.id] {
+            let ttl = if session == b.id { TTL } else { SESSION_TTL };
+            let kept = store.keep_alive_session(session, ttl).await.unwrap();
+            assert!(kept.is_some(), "the session lives");
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    let b_lapses = |members: Vec<tenure::NodeInfo>| {
+        let b = members
+            .into_iter()
+            .find(|m| m.node_id == "b")
+            .expect("b is live");
+        b.last_heartbeat + TTL
+    };
+    let lapses_at = b_lapses(registry.members().await.unwrap());
+    // b's keep-alives stop; a's go on: each tells b's lapse, sooner and sooner.
+    for _ in 0..2 {
+        let told = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
+        let told = told.expect("a lives");
+        let lapse = told.peers_lapse.expect("the store tells").after;
+        let expected = lapses_at.duration_since(told.now).unwrap_or_default();
+        assert!(
+            near(lapse, expected),
+            "b lapses in {expected:?}, told {lapse:?}"
+        );
+        tokio::time::sleep(TTL / 3).await;
+    }
+    let told = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
+    let left = lapses_at
+        .duration_since(told.expect("a lives").now)
+        .unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(200)).await;
+    assert_eq!(registry.live_nodes().await.unwrap(), ["a"], "b lapsed");
+    let told = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
+    let lapse = told.expect("a lives").peers_lapse.expect("the store tells");
+    assert_eq!(lapse.after, Duration::ZERO, "b lapsed less than a TTL ago");
+}

@@ -100,6 +100,6 @@ pub use observe::{observe, Leader, LeaderObserver};
 pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};
 pub use placement::place;
 pub use registry::{spawn_heartbeat, Metadata, NodeInfo, NodeRegistry};
-pub use session::{SessionGrant, SessionId};
+pub use session::{PeersLapse, SessionGrant, SessionId};
 pub use shard::{DrainOutcome, ShardElector, ShardOptions, ShardState};
 pub use token::FencingToken;

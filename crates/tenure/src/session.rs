@@ -58,6 +58,25 @@ pub struct SessionGrant {
     pub expires_at: SystemTime,
     /// The store time at which the call was decided.
     pub now: SystemTime,
+    /// When the other nodes of the registry made from the same connection lapse, told
+    /// by a keep-alive of a store whose registry counts keep-alives as heartbeats;
+    /// `None` otherwise. A shard member reads the group's members only when this is
+    /// due, so a group in which every member keeps its session alive is not read at all.
+    #[serde(default)]
+    pub peers_lapse: Option<PeersLapse>,
+}
+
+/// When the first of the other nodes of a registry lapses unless it is heard from again,
+/// as a keep-alive saw it ([`SessionGrant::peers_lapse`]): judged as the registry's reads
+/// of the members judge it, at the grant's `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PeersLapse {
+    /// How long after the grant's `now` the first other live node lapses: zero if a node
+    /// lapsed less than `ttl` before `now`, and `ttl` if there is no other node (a node
+    /// that comes later joins, which is announced).
+    pub after: Duration,
+    /// The registry's TTL it was judged by: only a registry with this TTL may use it.
+    pub ttl: Duration,
 }
 
 impl SessionGrant {
@@ -104,12 +123,33 @@ pub struct SessionLink<T> {
 #[derive(Debug)]
 pub struct SessionLinks<T> {
     by_owner: parking_lot::Mutex<std::collections::HashMap<String, SessionLink<T>>>,
+    registry_ttls: parking_lot::Mutex<std::collections::BTreeSet<Duration>>,
 }
 
 impl<T> Default for SessionLinks<T> {
     fn default() -> Self {
         SessionLinks {
             by_owner: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            registry_ttls: parking_lot::Mutex::default(),
+        }
+    }
+}
+
+impl<T> SessionLinks<T> {
+    /// A registry judging nodes live for `ttl` after they were last heard of now
+    /// shares these links.
+    pub fn registry_made(&self, ttl: Duration) {
+        self.registry_ttls.lock().insert(ttl);
+    }
+
+    /// The TTL by which a keep-alive judges when the other nodes lapse
+    /// ([`SessionGrant::peers_lapse`]): the registry's, while every registry sharing
+    /// these links has the same one (which would it be otherwise?).
+    pub fn peers_ttl(&self) -> Option<Duration> {
+        let ttls = self.registry_ttls.lock();
+        match ttls.len() {
+            1 => ttls.first().copied(),
+            _ => None,
         }
     }
 }

@@ -99,6 +99,7 @@ impl KnownSession {
             owner: self.owner.clone(),
             expires_at,
             now,
+            peers_lapse: None,
         }
     }
 }

@@ -65,6 +65,7 @@ impl KubeLeaseStore {
             owner: owner.to_owned(),
             expires_at: self.wall(expires),
             now: self.wall(at),
+            peers_lapse: None,
         }
     }
 

@@ -540,6 +540,7 @@ impl LeaseStore for SqliteLeaseStore {
             owner: owner.to_owned(),
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
+            peers_lapse: None,
         })
     }
 
@@ -574,6 +575,7 @@ impl LeaseStore for SqliteLeaseStore {
                 owner,
                 expires_at: now.wall_at(expires_at)?,
                 now: now.wall,
+                peers_lapse: None,
             })
         })
         .transpose()

@@ -522,6 +522,7 @@ impl LeaseStore for InMemoryLeaseStore {
             owner: owner.to_owned(),
             expires_at,
             now,
+            peers_lapse: None,
         })
     }
 
@@ -548,6 +549,7 @@ impl LeaseStore for InMemoryLeaseStore {
             owner: entry.owner.clone(),
             expires_at: entry.expires_at,
             now,
+            peers_lapse: None,
         }))
     }
 

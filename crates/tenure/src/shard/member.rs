@@ -179,6 +179,7 @@ impl Member<'_> {
             let look_again = (looked_at + every)
                 .min(self.next_look.unwrap_or(looked_at + every))
                 .max(now + MIN_LOOK);
+            self.take_peers_lapse();
             let lapse_check = self.next_lapse.map_or(look_again, |lapse| {
                 lapse.max(now + MIN_LOOK).min(look_again)
             });
@@ -210,14 +211,33 @@ impl Member<'_> {
                     look = self.woken(wakes, work, wake_tx).await;
                 }
                 _ = members_changed => {
-                    if Instant::now() < look_again {
-                        look = !self.members_unchanged(&mut observed).await;
+                    let now = Instant::now();
+                    // Due to read the members, unless a keep-alive since says no member
+                    // lapses yet: wait again (a change that also woke the wait wakes the
+                    // next one at once).
+                    let lapse_put_off = now >= lapse_check && {
+                        self.take_peers_lapse();
+                        self.next_lapse.is_some_and(|lapse| lapse > now)
+                    };
+                    if now < look_again {
+                        look = !lapse_put_off && !self.members_unchanged(&mut observed).await;
                     }
                 }
             }
         }
         self.stop_work().await;
         Ok(())
+    }
+
+    /// Puts the next read of the members off to when the last keep-alive says the
+    /// first other member lapses, if its account covers every member that may have
+    /// lapsed since the last (see [`PeersLapseSeen::bound`]).
+    fn take_peers_lapse(&mut self) {
+        let told = self.session.as_ref().and_then(Session::peers_lapse);
+        if let (Some(told), Some(known)) = (told, self.next_lapse) {
+            let ttl = self.elector.registry.ttl();
+            self.next_lapse = Some(told.bound(known, ttl));
+        }
     }
 
     /// Reads the group's members: whether they are still those `observed` (then the

@@ -2,6 +2,7 @@
 //! member's loop.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -16,6 +17,8 @@ pub(super) struct Session {
     pub(super) id: SessionId,
     /// The local deadline of the last successful renewal (or the opening).
     pub(super) deadline: watch::Receiver<Instant>,
+    /// When the other members lapse, as the last keep-alive that told it said.
+    peers_lapse: watch::Receiver<Option<PeersLapseSeen>>,
     /// Cancelled when the session is over locally: at the deadline without a renewal,
     /// when the store says it ended, or when the member drops it. Every shard's
     /// `leadership` is a child of it.
@@ -36,6 +39,7 @@ impl Session {
         let alive = CancellationToken::new();
         let (mut deadline, mut next_renew) = lifetime(&timing, sent, grant);
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
+        let (peers_lapse_tx, peers_lapse_rx) = watch::channel(None);
         published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
         tokio::spawn(async move {
@@ -59,6 +63,13 @@ impl Session {
                     Ok(Ok(Some(grant))) => {
                         (deadline, next_renew) = lifetime(&timing, sent, &grant);
                         deadline_tx.send_replace(deadline);
+                        if let Some(told) = grant.peers_lapse {
+                            peers_lapse_tx.send_replace(Some(PeersLapseSeen {
+                                at: sent + told.after + LAPSE_NUDGE,
+                                answered: Instant::now(),
+                                ttl: told.ttl,
+                            }));
+                        }
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
                         }
@@ -82,12 +93,48 @@ impl Session {
         Session {
             id,
             deadline: deadline_rx,
+            peers_lapse: peers_lapse_rx,
             alive,
         }
     }
 
     pub(super) fn deadline(&self) -> Instant {
         *self.deadline.borrow()
+    }
+
+    /// When the other members lapse, if the store's keep-alives tell.
+    pub(super) fn peers_lapse(&self) -> Option<PeersLapseSeen> {
+        *self.peers_lapse.borrow()
+    }
+}
+
+/// A keep-alive's [`PeersLapse`](crate::PeersLapse), on the local clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PeersLapseSeen {
+    /// When the first other member lapses unless heard from again: the keep-alive's
+    /// answer counted from when it was sent, so never later than the store's account
+    /// (but for [`LAPSE_NUDGE`], as after a read of the members).
+    pub(super) at: Instant,
+    /// When the answer came, so no later than when the store judged.
+    pub(super) answered: Instant,
+    /// The registry TTL it was judged by.
+    pub(super) ttl: Duration,
+}
+
+impl PeersLapseSeen {
+    /// A time before which no member of the group lapses, given `known`, one such time
+    /// by an earlier account (joins, leaves and closed sessions are pushed, so no member
+    /// came since), for a registry of TTL `ttl`. The keep-alive's account covers every
+    /// node that lapsed less than a TTL before it was judged; it adds to `known` only
+    /// when that reaches back to `known`, so a member that lapsed between the two
+    /// accounts cannot be missed.
+    pub(super) fn bound(&self, known: Instant, ttl: Duration) -> Instant {
+        // `known` carries a read's nudge too.
+        if self.ttl == ttl && self.answered + LAPSE_NUDGE < known + ttl {
+            known.max(self.at)
+        } else {
+            known
+        }
     }
 }
 
@@ -110,4 +157,33 @@ pub(super) fn lifetime(
         sent + timing.leadership_window_for(granted),
         sent + timing.renew_after(granted),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    fn seen(at: Instant, answered: Instant, ttl: Duration) -> PeersLapseSeen {
+        PeersLapseSeen { at, answered, ttl }
+    }
+
+    /// A keep-alive's account puts the next read off only when it covers every member
+    /// that may have lapsed since the last bound, and was judged by the registry's TTL.
+    #[test]
+    fn a_keep_alive_puts_the_read_off_only_when_its_account_reaches_back() {
+        let known = Instant::now();
+        let later = known + 2 * TTL;
+        let answered = known + TTL / 3;
+        assert_eq!(seen(later, answered, TTL).bound(known, TTL), later);
+        // Never sooner than what is known.
+        assert_eq!(seen(known - TTL, answered, TTL).bound(known, TTL), known);
+        // Answered a TTL or more after the known bound: a member that lapsed right at it
+        // may have dropped out of the keep-alive's account.
+        let late = known + TTL;
+        assert_eq!(seen(later, late, TTL).bound(known, TTL), known);
+        // Judged by another registry's TTL.
+        assert_eq!(seen(later, answered, TTL * 2).bound(known, TTL), known);
+    }
 }
