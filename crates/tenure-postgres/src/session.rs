@@ -110,12 +110,17 @@ impl SessionStatements {
         row.map(|row| {
             let mut grant = grant(&row)?;
             let lapse_at = decode::<Option<_>>(&row, "peers_lapse_at")?;
-            grant.peers_lapse = lapse_at.zip(registry_ttl).map(|(at, (ttl, _))| PeersLapse {
-                after: system_time(at)
-                    .duration_since(grant.now)
-                    .unwrap_or_default(),
-                ttl,
-            });
+            let live = decode::<Option<i64>>(&row, "peers_live")?;
+            grant.peers_lapse = match (lapse_at, live, registry_ttl) {
+                (Some(at), Some(live), Some((ttl, _))) => Some(PeersLapse {
+                    after: system_time(at)
+                        .duration_since(grant.now)
+                        .unwrap_or_default(),
+                    live: usize::try_from(live).unwrap_or(usize::MAX),
+                    ttl,
+                }),
+                _ => None,
+            };
             Ok((grant, decode::<bool>(&row, "named")?))
         })
         .transpose()
@@ -290,14 +295,16 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// owner's node row names this session (read through the partial index on
 /// `tenure_nodes.session_id`; nothing is written there).
 ///
-/// With a registry TTL it answers `peers_lapse_at`: when the first other node lapses
-/// unless it is heard from again, judged as the registry's readers judge it (the later
-/// of a node's heartbeat and its open session's keep-alive). A node last heard of (by
-/// its heartbeat or its session's last keep-alive, even once the session ended: with it
-/// the node's liveness falls back to its own heartbeat, which may be long past) less
-/// than two TTLs ago still counts, so one that lapsed less than a TTL ago makes the
-/// answer past and the caller reads the members. With no other node it is a TTL from now (a node that comes later joins,
-/// which is announced).
+/// With a registry TTL it answers `peers_lapse_at`, when the first other node lapses
+/// unless it is heard from again, and `peers_live`, how many other nodes are live, both
+/// judged as the registry's readers judge them (the later of a node's heartbeat and its
+/// open session's keep-alive). A node last heard of (by its heartbeat or its session's
+/// last keep-alive, even once the session ended: with it the node's liveness falls back
+/// to its own heartbeat, which may be long past) less than two TTLs ago still counts, so
+/// one that lapsed less than a TTL ago makes the answer past and the caller reads the
+/// members. With no other node it is a TTL from now (a node that comes later joins,
+/// which is announced). The peers are read in the statement's snapshot, as `RETURNING`
+/// would read them.
 ///
 /// `held` locks the row before liveness is judged, and the judgement reads
 /// `clock_timestamp()` off the locked row: an `UPDATE`'s own `WHERE` is evaluated when
@@ -308,27 +315,31 @@ fn open_statement(t: &str, sessions: &str) -> String {
 #[doc(hidden)]
 pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
     let heard = heard_sql(sessions);
+    let ttl = "$3::bigint * interval '1 microsecond'";
     format!(
         "WITH held AS (
             SELECT id, owner, expires_at FROM {sessions} WHERE id = $1 FOR NO KEY UPDATE
+        ),
+        kept AS (
+            UPDATE {sessions} s
+             SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond'),
+                 kept_at = GREATEST(s.kept_at, statement_timestamp())
+             FROM held
+             WHERE s.id = held.id AND held.expires_at > clock_timestamp()
+             RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now,
+                 EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
+                     AS named
         )
-        UPDATE {sessions} s
-         SET expires_at = GREATEST(s.expires_at, statement_timestamp() + $2 * interval '1 microsecond'),
-             kept_at = GREATEST(s.kept_at, statement_timestamp())
-         FROM held
-         WHERE s.id = held.id AND held.expires_at > clock_timestamp()
-         RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now,
-             EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
-                 AS named,
-             CASE WHEN $3::bigint IS NOT NULL THEN
-                 (SELECT COALESCE(min(p.heard), statement_timestamp())
-                         + $3::bigint * interval '1 microsecond'
-                  FROM (SELECT {heard} AS heard, GREATEST(n.last_heartbeat,
-                          (SELECT k.kept_at FROM {sessions} k
-                           WHERE k.id = n.session_id AND k.owner = n.node_id)) AS recent
-                        FROM {nodes} n WHERE n.node_id <> held.owner) p
-                  WHERE p.recent + 2 * $3::bigint * interval '1 microsecond' > statement_timestamp())
-             END AS peers_lapse_at"
+        SELECT kept.*, peers.lapse_at AS peers_lapse_at, peers.live AS peers_live
+        FROM kept LEFT JOIN LATERAL (
+            SELECT COALESCE(min(p.heard), statement_timestamp()) + {ttl} AS lapse_at,
+                count(*) FILTER (WHERE p.heard + {ttl} > statement_timestamp()) AS live
+            FROM (SELECT {heard} AS heard, GREATEST(n.last_heartbeat,
+                    (SELECT k.kept_at FROM {sessions} k
+                     WHERE k.id = n.session_id AND k.owner = n.node_id)) AS recent
+                  FROM {nodes} n WHERE n.node_id <> kept.owner) p
+            WHERE p.recent + 2 * {ttl} > statement_timestamp()
+        ) peers ON $3::bigint IS NOT NULL"
     )
 }
 

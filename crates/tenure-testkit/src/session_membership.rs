@@ -114,7 +114,7 @@ pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
 
 /// A keep-alive tells when the first other member lapses
 /// ([`SessionGrant::peers_lapse`](tenure::SessionGrant::peers_lapse)), as `members()`
-/// judges it: a TTL from now when there is none, the other member's lapse while it is
+/// judges it, and how many others are live: a TTL from now when there is none, the other member's lapse while it is
 /// kept alive and after it stops, and zero once it lapsed, though its session ended with
 /// its membership and its own heartbeat is older than two TTLs. `store` must tell it (its
 /// registry is `registry`, made from it).
@@ -137,6 +137,7 @@ pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
         near(alone.after, TTL),
         "no other member: a TTL, told {alone:?}"
     );
+    assert_eq!(alone.live, 0, "no other member");
 
     // b's session lives as long as its membership, and keeps it for more than two TTLs
     // after b's own last heartbeat: when b's session ends, so does its membership, and
@@ -163,7 +164,9 @@ pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
     for _ in 0..2 {
         let told = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
         let told = told.expect("a lives");
-        let lapse = told.peers_lapse.expect("the store tells").after;
+        let lapse = told.peers_lapse.expect("the store tells");
+        assert_eq!(lapse.live, 1, "b is live");
+        let lapse = lapse.after;
         let expected = lapses_at.duration_since(told.now).unwrap_or_default();
         assert!(
             near(lapse, expected),
@@ -180,4 +183,5 @@ pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
     let told = store.keep_alive_session(a.id, SESSION_TTL).await.unwrap();
     let lapse = told.expect("a lives").peers_lapse.expect("the store tells");
     assert_eq!(lapse.after, Duration::ZERO, "b lapsed less than a TTL ago");
+    assert_eq!(lapse.live, 0, "b lapsed");
 }

@@ -75,6 +75,9 @@ pub struct PeersLapse {
     /// lapsed less than `ttl` before `now`, and `ttl` if there is no other node (a node
     /// that comes later joins, which is announced).
     pub after: Duration,
+    /// How many other nodes were live: fewer than a reader last saw, and one lapsed
+    /// since (more are joins, which are announced).
+    pub live: usize,
     /// The registry's TTL it was judged by: only a registry with this TTL may use it.
     pub ttl: Duration,
 }

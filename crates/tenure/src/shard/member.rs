@@ -179,7 +179,7 @@ impl Member<'_> {
             let look_again = (looked_at + every)
                 .min(self.next_look.unwrap_or(looked_at + every))
                 .max(now + MIN_LOOK);
-            self.take_peers_lapse();
+            self.take_peers_lapse(&observed);
             let lapse_check = self.next_lapse.map_or(look_again, |lapse| {
                 lapse.max(now + MIN_LOOK).min(look_again)
             });
@@ -216,7 +216,7 @@ impl Member<'_> {
                     // lapses yet: wait again (a change that also woke the wait wakes the
                     // next one at once).
                     let lapse_put_off = now >= lapse_check && {
-                        self.take_peers_lapse();
+                        self.take_peers_lapse(&observed);
                         self.next_lapse.is_some_and(|lapse| lapse > now)
                     };
                     if now < look_again {
@@ -232,11 +232,13 @@ impl Member<'_> {
     /// Puts the next read of the members off to when the last keep-alive says the
     /// first other member lapses, if its account covers every member that may have
     /// lapsed since the last (see [`PeersLapseSeen::bound`]).
-    fn take_peers_lapse(&mut self) {
+    fn take_peers_lapse(&mut self, observed: &MembersSeen) {
         let told = self.session.as_ref().and_then(Session::peers_lapse);
         if let (Some(told), Some(known)) = (told, self.next_lapse) {
+            let me = &self.options().node_id;
+            let live = observed.registry.iter().filter(|node| *node != me).count();
             let ttl = self.elector.registry.ttl();
-            self.next_lapse = Some(told.bound(known, ttl));
+            self.next_lapse = Some(told.bound(known, live, ttl));
         }
     }
 

@@ -67,6 +67,7 @@ impl Session {
                             peers_lapse_tx.send_replace(Some(PeersLapseSeen {
                                 at: sent + told.after + LAPSE_NUDGE,
                                 answered: Instant::now(),
+                                live: told.live,
                                 ttl: told.ttl,
                             }));
                         }
@@ -117,20 +118,23 @@ pub(super) struct PeersLapseSeen {
     pub(super) at: Instant,
     /// When the answer came, so no later than when the store judged.
     pub(super) answered: Instant,
+    /// How many other nodes of the registry were live.
+    pub(super) live: usize,
     /// The registry TTL it was judged by.
     pub(super) ttl: Duration,
 }
 
 impl PeersLapseSeen {
     /// A time before which no member of the group lapses, given `known`, one such time
-    /// by an earlier account (joins, leaves and closed sessions are pushed, so no member
-    /// came since), for a registry of TTL `ttl`. The keep-alive's account covers every
-    /// node that lapsed less than a TTL before it was judged; it adds to `known` only
-    /// when that reaches back to `known`, so a member that lapsed between the two
-    /// accounts cannot be missed.
-    pub(super) fn bound(&self, known: Instant, ttl: Duration) -> Instant {
+    /// by an earlier account that saw `live` other nodes of the registry (joins, leaves
+    /// and closed sessions are pushed, so no member came since), for a registry of TTL
+    /// `ttl`. The keep-alive's account covers every node that lapsed less than a TTL
+    /// before it was judged; it adds to `known` only when that reaches back to `known`,
+    /// so a member that lapsed between the two accounts cannot be missed, and when it
+    /// counts as many other nodes live, so none lapsed (even one whose session is gone).
+    pub(super) fn bound(&self, known: Instant, live: usize, ttl: Duration) -> Instant {
         // `known` carries a read's nudge too.
-        if self.ttl == ttl && self.answered + LAPSE_NUDGE < known + ttl {
+        if self.ttl == ttl && self.live == live && self.answered + LAPSE_NUDGE < known + ttl {
             known.max(self.at)
         } else {
             known
@@ -165,25 +169,39 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(3);
 
-    fn seen(at: Instant, answered: Instant, ttl: Duration) -> PeersLapseSeen {
-        PeersLapseSeen { at, answered, ttl }
+    fn seen(at: Instant, answered: Instant, live: usize, ttl: Duration) -> PeersLapseSeen {
+        PeersLapseSeen {
+            at,
+            answered,
+            live,
+            ttl,
+        }
     }
 
     /// A keep-alive's account puts the next read off only when it covers every member
-    /// that may have lapsed since the last bound, and was judged by the registry's TTL.
+    /// that may have lapsed since the last bound, counts as many live, and was judged by
+    /// the registry's TTL.
     #[test]
     fn a_keep_alive_puts_the_read_off_only_when_its_account_reaches_back() {
         let known = Instant::now();
         let later = known + 2 * TTL;
         let answered = known + TTL / 3;
-        assert_eq!(seen(later, answered, TTL).bound(known, TTL), later);
+        assert_eq!(seen(later, answered, 3, TTL).bound(known, 3, TTL), later);
         // Never sooner than what is known.
-        assert_eq!(seen(known - TTL, answered, TTL).bound(known, TTL), known);
+        assert_eq!(
+            seen(known - TTL, answered, 3, TTL).bound(known, 3, TTL),
+            known
+        );
         // Answered a TTL or more after the known bound: a member that lapsed right at it
         // may have dropped out of the keep-alive's account.
         let late = known + TTL;
-        assert_eq!(seen(later, late, TTL).bound(known, TTL), known);
+        assert_eq!(seen(later, late, 3, TTL).bound(known, 3, TTL), known);
+        // One fewer live: one lapsed, whatever the lapse says.
+        assert_eq!(seen(later, answered, 2, TTL).bound(known, 3, TTL), known);
         // Judged by another registry's TTL.
-        assert_eq!(seen(later, answered, TTL * 2).bound(known, TTL), known);
+        assert_eq!(
+            seen(later, answered, 3, TTL * 2).bound(known, 3, TTL),
+            known
+        );
     }
 }
