@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
 use tenure::session::HeartbeatsWritten;
-use tenure::{Error, NodeRegistry, Result};
+use tenure::{Error, NodeRegistry, PeersLapse, Result};
 use tokio::time::Instant;
 
 use crate::clock::StoreNow;
@@ -67,6 +67,51 @@ macro_rules! heard {
             "), n.last_heartbeat)) END"
         )
     };
+}
+
+/// Reads, at store time `?1`, the nodes other than `?2` last heard of (by their own
+/// heartbeat or their session's last keep-alive, even once the session ended, when their
+/// liveness falls back to their own heartbeat) after `?4`: when the first of them was
+/// last heard of (see `heard!`), and how many were heard of after `?3` (are live).
+const PEERS: &str = concat!(
+    "SELECT min(heard), count(*) FILTER (WHERE heard > ?3) FROM (SELECT ",
+    heard!("?1"),
+    " AS heard, max(n.last_heartbeat, coalesce((SELECT k.kept_at FROM tenure_sessions k \
+     WHERE k.id = n.session_id AND k.owner = n.node_id), n.last_heartbeat)) AS recent \
+     FROM tenure_nodes n WHERE n.node_id <> ?2) WHERE recent > ?4"
+);
+
+/// When the first node other than `owner` lapses unless heard from again, for a
+/// registry of TTL `ttl`, read at store time `now` in a write transaction (so under the
+/// current boot): see [`PeersLapse`]. A node that lapsed less than a TTL ago makes it
+/// zero, though its session ended.
+pub(crate) async fn peers_lapse(
+    conn: &mut sqlx::SqliteConnection,
+    now: &StoreNow,
+    owner: &str,
+    ttl: Duration,
+) -> Result<PeersLapse> {
+    let (first, live): (Option<i64>, i64) = sqlx::query_as(PEERS)
+        .bind(now.mono)
+        .bind(owner)
+        .bind(live_bound(now.mono, ttl))
+        .bind(live_bound(now.mono, ttl.saturating_mul(2)))
+        .fetch_one(conn)
+        .await
+        .map_err(store_error("cannot read the other members"))?;
+    let after = match first {
+        None => ttl,
+        Some(heard) => {
+            let lapses = i128::from(heard).saturating_add(nanos(ttl));
+            let after = (lapses - i128::from(now.mono)).max(0);
+            Duration::from_nanos(u64::try_from(after).unwrap_or(u64::MAX))
+        }
+    };
+    Ok(PeersLapse {
+        after,
+        live: usize::try_from(live).unwrap_or(usize::MAX),
+        ttl,
+    })
 }
 
 /// Reads node `?1` at store time `?2`: when it was last heard of (see `heard!`),
@@ -157,6 +202,7 @@ impl SqliteNodeRegistry {
         if ttl.is_zero() {
             return Err(Error::invalid("ttl", "must be greater than zero"));
         }
+        db.links().registry_made(ttl);
         Ok(SqliteNodeRegistry {
             db: db.clone(),
             ttl,

@@ -124,6 +124,16 @@ async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive() {
     scenario::a_member_goes_a_ttl_after_its_sessions_last_keep_alive(&store, &registry).await;
 }
 
+/// The scenario of that name: a keep-alive tells when the first other member lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
+    let (_dir, db, store) = setup().await;
+    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&store, |ttl| {
+        db.node_registry(ttl).unwrap()
+    })
+    .await;
+}
+
 /// When keep-alives stop but the heartbeat loop goes on, the member's own heartbeats
 /// resume before any reader sees it lapse: it stays live past a TTL after the last
 /// keep-alive, in one membership.

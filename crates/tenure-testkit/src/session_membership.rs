@@ -116,12 +116,26 @@ pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
 /// ([`SessionGrant::peers_lapse`](tenure::SessionGrant::peers_lapse)), as `members()`
 /// judges it, and how many others are live: a TTL from now when there is none, the other member's lapse while it is
 /// kept alive and after it stops, and zero once it lapsed, though its session ended with
-/// its membership and its own heartbeat is older than two TTLs. `store` must tell it (its
-/// registry is `registry`, made from it).
-pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
+/// its membership and its own heartbeat is older than two TTLs. `registry` makes a
+/// registry of the given TTL sharing `store`'s sessions: the store tells nothing before
+/// there is one, nor when two have different TTLs.
+pub async fn a_keep_alive_tells_when_the_first_other_member_lapses<R: NodeRegistry>(
     store: &dyn LeaseStore,
-    registry: &dyn NodeRegistry,
+    registry: impl Fn(Duration) -> R,
 ) {
+    let untold = || async {
+        let session = store.open_session("m", SESSION_TTL).await.unwrap();
+        let kept = store.keep_alive_session(session.id, SESSION_TTL).await;
+        kept.unwrap().expect("m lives").peers_lapse
+    };
+    assert_eq!(untold().await, None, "no registry");
+    let one = registry(TTL);
+    keep_alive_tells_lapses(store, &one).await;
+    let _longer = registry(TTL * 2);
+    assert_eq!(untold().await, None, "two registry TTLs");
+}
+
+async fn keep_alive_tells_lapses(store: &dyn LeaseStore, registry: &dyn NodeRegistry) {
     let rounding = Duration::from_millis(1);
     let near = |told: Duration, expected: Duration| told.abs_diff(expected) <= rounding;
     let a = store.open_session("a", SESSION_TTL).await.unwrap();

@@ -564,6 +564,12 @@ impl LeaseStore for SqliteLeaseStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(store_error("cannot keep the session alive"))?;
+        let peers_lapse = match (&kept, self.db.links().peers_ttl()) {
+            (Some((owner, ..)), Some(ttl)) => {
+                Some(crate::registry::peers_lapse(&mut tx, &now, owner, ttl).await?)
+            }
+            _ => None,
+        };
         commit(tx, "cannot commit the keep-alive").await?;
         match &kept {
             Some((owner, _, named)) => self.db.links().kept(owner, session.get(), now.mono, *named),
@@ -575,7 +581,7 @@ impl LeaseStore for SqliteLeaseStore {
                 owner,
                 expires_at: now.wall_at(expires_at)?,
                 now: now.wall,
-                peers_lapse: None,
+                peers_lapse,
             })
         })
         .transpose()
