@@ -146,8 +146,8 @@ impl<T> SessionLinks<T> {
     }
 
     /// The TTL by which a keep-alive judges when the other nodes lapse
-    /// ([`SessionGrant::peers_lapse`]): the registry's, while every registry sharing
-    /// these links has the same one (which would it be otherwise?).
+    /// ([`SessionGrant::peers_lapse`]): the registry's, while every registry ever made
+    /// over these links (a dropped one too: nothing tells them apart) has the same one.
     pub fn peers_ttl(&self) -> Option<Duration> {
         let ttls = self.registry_ttls.lock();
         match ttls.len() {

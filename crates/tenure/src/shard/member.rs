@@ -212,14 +212,14 @@ impl Member<'_> {
                 }
                 _ = members_changed => {
                     let now = Instant::now();
-                    // Due to read the members, unless a keep-alive since says no member
-                    // lapses yet: wait again (a change that also woke the wait wakes the
-                    // next one at once).
-                    let lapse_put_off = now >= lapse_check && {
-                        self.take_peers_lapse(&observed);
-                        self.next_lapse.is_some_and(|lapse| lapse > now)
-                    };
                     if now < look_again {
+                        // Due to read the members, unless a keep-alive since says no
+                        // member lapses yet: wait again (a change that also woke the
+                        // wait wakes the next one at once).
+                        let lapse_put_off = now >= lapse_check && {
+                            self.take_peers_lapse(&observed);
+                            self.next_lapse.is_some_and(|lapse| lapse > now)
+                        };
                         look = !lapse_put_off && !self.members_unchanged(&mut observed).await;
                     }
                 }
