@@ -58,9 +58,9 @@ pub struct SessionGrant {
     pub expires_at: SystemTime,
     /// The store time at which the call was decided.
     pub now: SystemTime,
-    /// When the other nodes of the registry made from the same connection lapse, told
-    /// by a keep-alive of a store whose registry counts keep-alives as heartbeats;
-    /// `None` otherwise. A shard member reads the group's members only when this is
+    /// When the other nodes of the registry made from the same connection (or store)
+    /// lapse, told by a keep-alive of a store that shares its registry's table of nodes
+    /// (PostgreSQL, SQLite, in memory); `None` otherwise. A shard member reads the group's members only when this is
     /// due, so a group in which every member keeps its session alive is not read at all.
     #[serde(default)]
     pub peers_lapse: Option<PeersLapse>,

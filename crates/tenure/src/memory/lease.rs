@@ -10,14 +10,15 @@ use parking_lot::Mutex;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
+use super::registry::NodeTable;
 use crate::lease::{
     validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, EndRequest,
     Handover,
 };
 use crate::session::validate_open;
 use crate::{
-    Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
-    SessionId, SystemClock, TermChange,
+    Clock, Error, FencingToken, InMemoryNodeRegistry, LeaseInfo, LeaseResult, LeaseStore, Result,
+    SessionGrant, SessionId, SystemClock, TermChange,
 };
 
 const SHARDS: usize = 16;
@@ -182,6 +183,8 @@ pub struct InMemoryLeaseStore {
     /// Woken when a role gets its first term, for [`LeaseStore::wait_for_term`] on a
     /// role that has no slot yet.
     created: Notify,
+    /// The nodes of the registries made by [`InMemoryLeaseStore::registry`].
+    nodes: Arc<NodeTable>,
 }
 
 impl Default for InMemoryLeaseStore {
@@ -207,7 +210,18 @@ impl InMemoryLeaseStore {
             sessions: Mutex::new(Sessions::default()),
             next_session: AtomicU64::new(1),
             created: Notify::new(),
+            nodes: Arc::default(),
         }
+    }
+
+    /// A registry on this store's clock, where a node is live for `ttl` after its last
+    /// heartbeat, whose nodes this store's session keep-alives account for: each
+    /// [`SessionGrant::peers_lapse`] tells when the first node other than the session's
+    /// owner lapses, while every registry made here has the same TTL. A shard member
+    /// then reads its group's members only when one is due to lapse, as on the durable
+    /// backends.
+    pub fn registry(&self, ttl: Duration) -> Result<InMemoryNodeRegistry> {
+        InMemoryNodeRegistry::on_table(ttl, self.clock.clone(), self.nodes.clone())
     }
 
     fn shard(&self, role: &str) -> &Mutex<FxHashMap<String, Slot>> {
@@ -544,12 +558,14 @@ impl LeaseStore for InMemoryLeaseStore {
             return Ok(None);
         }
         entry.expires_at = entry.expires_at.max(renewed_until);
+        let peers_lapse =
+            (self.nodes.peers_ttl()).map(|ttl| self.nodes.peers_lapse(&entry.owner, ttl, now));
         Ok(Some(SessionGrant {
             id: session,
             owner: entry.owner.clone(),
             expires_at: entry.expires_at,
             now,
-            peers_lapse: None,
+            peers_lapse,
         }))
     }
 

@@ -1,4 +1,9 @@
 //! [`InMemoryNodeRegistry`]: heartbeat membership in one process.
+//!
+//! Registries made by [`InMemoryLeaseStore::registry`](crate::InMemoryLeaseStore::registry)
+//! share one table of nodes with the store, as the durable backends' registries share
+//! their database with its store: the store's session keep-alives then tell when the
+//! other nodes lapse ([`PeersLapse`]), judged exactly as [`NodeRegistry::members`] judges.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +15,7 @@ use tokio::sync::Notify;
 
 use crate::lease::validate_name;
 use crate::registry::{validate_heartbeat, Metadata, NodeInfo};
-use crate::{Clock, Error, NodeRegistry, Result, SystemClock};
+use crate::{Clock, Error, NodeRegistry, PeersLapse, Result, SystemClock};
 
 #[derive(Debug)]
 struct Member {
@@ -19,14 +24,60 @@ struct Member {
     metadata: Metadata,
 }
 
+/// The nodes every registry sharing it has heard of, on their own TTLs.
+#[derive(Debug, Default)]
+pub(super) struct NodeTable {
+    members: Mutex<BTreeMap<String, Member>>,
+    /// Woken when a node joins or leaves.
+    changed: Notify,
+    /// The TTL of every registry ever made over the table.
+    ttls: Mutex<std::collections::BTreeSet<Duration>>,
+}
+
+impl NodeTable {
+    /// The TTL a keep-alive judges the other nodes by: the registries', while all
+    /// have the same one.
+    pub(super) fn peers_ttl(&self) -> Option<Duration> {
+        let ttls = self.ttls.lock();
+        (ttls.len() == 1).then(|| ttls.first().copied()).flatten()
+    }
+
+    /// How long after its last heartbeat a node may be forgotten: it is no longer live
+    /// by any registry's TTL, nor lapsed less than a TTL ago (which a keep-alive's
+    /// account of the peers tells).
+    fn kept_for(&self) -> Duration {
+        let longest = self.ttls.lock().last().copied().unwrap_or_default();
+        longest.saturating_mul(2)
+    }
+
+    /// When the first node other than `owner` lapses unless heard from again, judged
+    /// by TTL `ttl` at `now` (see [`PeersLapse`]): zero if one lapsed less than a TTL
+    /// ago.
+    pub(super) fn peers_lapse(&self, owner: &str, ttl: Duration, now: SystemTime) -> PeersLapse {
+        let members = self.members.lock();
+        let others = members.iter().filter(|(id, _)| id.as_str() != owner);
+        let (mut first, mut live) = (None::<SystemTime>, 0);
+        for (_, member) in others {
+            let heard = member.last_heartbeat;
+            if !is_live(heard, ttl.saturating_mul(2), now) {
+                continue;
+            }
+            first = Some(first.map_or(heard, |first| first.min(heard)));
+            live += usize::from(is_live(heard, ttl, now));
+        }
+        let after = first.map_or(ttl, |heard| {
+            (heard + ttl).duration_since(now).unwrap_or(Duration::ZERO)
+        });
+        PeersLapse { after, live, ttl }
+    }
+}
+
 /// Heartbeat membership for one process, on an injected [`Clock`].
 #[derive(Debug)]
 pub struct InMemoryNodeRegistry {
     ttl: Duration,
     clock: Arc<dyn Clock>,
-    members: Mutex<BTreeMap<String, Member>>,
-    /// Woken when a node joins or leaves.
-    changed: Notify,
+    table: Arc<NodeTable>,
 }
 
 impl InMemoryNodeRegistry {
@@ -37,21 +88,26 @@ impl InMemoryNodeRegistry {
 
     /// A registry whose time comes from `clock`.
     pub fn with_clock(ttl: Duration, clock: impl Clock) -> Result<Self> {
+        Self::on_table(ttl, Arc::new(clock), Arc::default())
+    }
+
+    /// A registry over `table`, which other registries and a store may share.
+    pub(super) fn on_table(
+        ttl: Duration,
+        clock: Arc<dyn Clock>,
+        table: Arc<NodeTable>,
+    ) -> Result<Self> {
         if ttl.is_zero() {
             return Err(Error::invalid("ttl", "must be greater than zero"));
         }
-        Ok(InMemoryNodeRegistry {
-            ttl,
-            clock: Arc::new(clock),
-            members: Mutex::new(BTreeMap::new()),
-            changed: Notify::new(),
-        })
+        table.ttls.lock().insert(ttl);
+        Ok(InMemoryNodeRegistry { ttl, clock, table })
     }
 
     fn record(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         validate_heartbeat(node_id, metadata)?;
         let now = self.clock.now();
-        let mut members = self.members.lock();
+        let mut members = self.table.members.lock();
         let ttl = self.ttl;
         let mut joined = false;
         let member = members.entry(node_id.to_owned()).or_insert_with(|| {
@@ -72,14 +128,14 @@ impl InMemoryNodeRegistry {
         }
         drop(members);
         if joined {
-            self.changed.notify_waiters();
+            self.table.changed.notify_waiters();
         }
         Ok(())
     }
 
     fn live_ids(&self) -> Vec<String> {
         let now = self.clock.now();
-        let members = self.members.lock();
+        let members = self.table.members.lock();
         members
             .iter()
             .filter(|(_, m)| is_live(m.last_heartbeat, self.ttl, now))
@@ -104,10 +160,12 @@ impl NodeRegistry for InMemoryNodeRegistry {
 
     async fn members(&self) -> Result<Vec<NodeInfo>> {
         let now = self.clock.now();
-        let mut members = self.members.lock();
-        members.retain(|_, m| is_live(m.last_heartbeat, self.ttl, now));
+        let mut members = self.table.members.lock();
+        let kept_for = self.table.kept_for();
+        members.retain(|_, m| is_live(m.last_heartbeat, kept_for, now));
         Ok(members
             .iter()
+            .filter(|(_, m)| is_live(m.last_heartbeat, self.ttl, now))
             .map(|(id, m)| NodeInfo {
                 node_id: id.clone(),
                 last_heartbeat: m.last_heartbeat,
@@ -121,10 +179,10 @@ impl NodeRegistry for InMemoryNodeRegistry {
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
         let now = self.clock.now();
-        let removed = self.members.lock().remove(node_id);
+        let removed = self.table.members.lock().remove(node_id);
         let was_live = removed.is_some_and(|m| is_live(m.last_heartbeat, self.ttl, now));
         if was_live {
-            self.changed.notify_waiters();
+            self.table.changed.notify_waiters();
         }
         Ok(was_live)
     }
@@ -134,7 +192,7 @@ impl NodeRegistry for InMemoryNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
-        let notified = self.changed.notified();
+        let notified = self.table.changed.notified();
         tokio::pin!(notified);
         // Register before comparing, so a join or leave in between is not missed.
         notified.as_mut().enable();
