@@ -28,10 +28,20 @@
 //! applying it (what a member that starts work under a token whose release may still
 //! land would act on).
 //!
-//! A quarter of the schedules have a node of another group heartbeating into the same
+//! Three schedules in eight have a node of another group heartbeating into the same
 //! registry: no change of the group, and no reason to read it (members once waited for
 //! the registry's whole live set to match their group's, and read in a loop). Every
 //! schedule counts the members' reads of the membership and fails past a cap.
+//!
+//! Even seeds run on a registry made by the store, whose session keep-alives tell when
+//! the other members lapse, so members put their reads of the membership off on that
+//! account; there a crash kills the member's process (its leave never reaches the
+//! registry, and its membership lapses on its own), and one last crash ends the faults.
+//! Odd seeds crash only the member's task in a process that lives on, whose dropped
+//! heartbeat still leaves the group. Seeds 2 (mod 4) also lose calls: any call but a wait
+//! fails now and then without ever reaching the store. A third negative control must be
+//! caught leaving a crashed member's shards idle: keep-alives telling that the other
+//! members lapse ten TTLs later than they do.
 //!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40), from seed
 //! `TENURE_SHARD_SIM_FROM` (default 0); `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
@@ -40,7 +50,7 @@
 //! paused, and each schedule has its own runtime and random sources.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,12 +80,17 @@ struct Broken {
     lying_sessions: bool,
     /// A release that reaches the store late is acknowledged at once.
     early_release_acks: bool,
+    /// A keep-alive tells that the other members lapse ten TTLs later than they do.
+    late_peers_lapse: bool,
 }
 
 /// One member's view of the store: latency, stalls, calls applied after their caller
 /// gave up, and (negative controls) lies.
 struct MemberFaults {
     rng: Mutex<SmallRng>,
+    /// Decides which calls fail before reaching the store, in schedules that lose
+    /// calls: a random source of its own, so that the draws of `rng` stay the same.
+    loses: Option<Mutex<SmallRng>>,
     latency: Duration,
     stalled_until: Mutex<Instant>,
     /// Calls are applied late only until then (the quiet phase has none).
@@ -109,6 +124,21 @@ impl MemberFaults {
 
     fn delay(&self) -> Duration {
         self.latency.mul_f64(self.rng.lock().random_range(0.0..1.0))
+    }
+
+    /// Whether `call` fails without ever reaching the store (a connection reset before
+    /// the request was sent): any call but a wait.
+    fn lost(&self, call: &Call) -> bool {
+        let waits = matches!(
+            call,
+            Call::WaitForChange { .. } | Call::WaitForSuccessor { .. } | Call::WaitForTerm { .. }
+        );
+        let Some(loses) = self.loses.as_ref().filter(|_| !waits) else {
+            return false;
+        };
+        let lost = Instant::now() < self.late_until && loses.lock().random_bool(0.04);
+        LOST.fetch_add(usize::from(lost), Ordering::Relaxed);
+        lost
     }
 
     /// Whether `call` reaches the store late this time, and how its caller is answered.
@@ -168,6 +198,10 @@ impl Interceptor for MemberFaults {
             },
             other => other,
         };
+        if self.lost(&call) {
+            let reset = "connection reset before the request was sent";
+            return Reply::error(&call, tenure::Error::store_msg("memory", reset));
+        }
         if let Some(late) = self.late(&call) {
             // The request is on the wire: it reaches the store whatever its caller does.
             let after = TTL.mul_f64(self.rng.lock().random_range(0.0..2.0));
@@ -195,6 +229,12 @@ impl Interceptor for MemberFaults {
         tokio::time::sleep(self.delay()).await;
         self.wait_out_stall().await;
         match reply {
+            Reply::KeptAlive(Ok(Some(mut grant))) if self.broken.late_peers_lapse => {
+                if let Some(told) = grant.peers_lapse.as_mut() {
+                    told.after += 10 * TTL;
+                }
+                Reply::KeptAlive(Ok(Some(grant)))
+            }
             Reply::KeptAlive(Ok(Some(mut grant))) if lie => {
                 grant.expires_at = grant.now + TTL;
                 Reply::KeptAlive(Ok(Some(grant)))
@@ -249,6 +289,21 @@ struct Running {
     shutdown: CancellationToken,
     task: JoinHandle<tenure::Result<()>>,
     faults: Arc<MemberFaults>,
+    /// Set when the member's process is killed: nothing it sends after reaches the
+    /// registry (see [`Killed`]).
+    killed: Arc<AtomicBool>,
+}
+
+/// A member's way to the registry, cut when its process is killed: the writes its
+/// dropped heartbeat task still sends (a leave) are lost with the process, so its
+/// membership lapses on its own.
+struct Killed(Arc<AtomicBool>);
+
+#[async_trait::async_trait]
+impl RegistryFilter for Killed {
+    fn before_write(&self) -> tenure::Result<bool> {
+        Ok(!self.0.load(Ordering::SeqCst))
+    }
 }
 
 struct Sim {
@@ -259,6 +314,10 @@ struct Sim {
     broken: Broken,
     /// No member's store pushes shard changes (see [`MemberFaults::no_pushes`]).
     no_pushes: bool,
+    /// Some calls of every member fail without reaching the store ([`MemberFaults::lost`]).
+    loses_calls: bool,
+    /// A crash kills the member's process, rather than only its task ([`Sim::crash`]).
+    kills: bool,
     /// Faults (and work returning on its own) stop then; the quiet phase follows.
     faults_until: Instant,
     /// Decides how long each term's work runs, in the order terms start.
@@ -271,13 +330,18 @@ struct Sim {
     began: Instant,
 }
 
+/// Calls that every schedule so far failed without their reaching the store.
+static LOST: AtomicUsize = AtomicUsize::new(0);
+
 /// Drains asked by every schedule so far, and those that ended with the member drained.
 static DRAINS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 
 impl Sim {
     fn start(&mut self, node: &str, rng: &mut SmallRng) {
+        let seed: u64 = rng.random();
         let faults = Arc::new(MemberFaults {
-            rng: Mutex::new(SmallRng::seed_from_u64(rng.random())),
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            loses: (self.loses_calls).then(|| Mutex::new(SmallRng::seed_from_u64(!seed))),
             latency: Duration::from_millis(rng.random_range(0..60)),
             stalled_until: Mutex::new(Instant::now()),
             late_until: self.faults_until,
@@ -285,9 +349,11 @@ impl Sim {
             no_pushes: self.no_pushes,
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
+        let killed = Arc::new(AtomicBool::new(false));
+        let registry = FilteredRegistry::new(self.registry.clone(), Killed(killed.clone()));
         let elector = ShardElector::new(
             Arc::new(store),
-            self.registry.clone(),
+            Arc::new(registry),
             ShardOptions {
                 group: GROUP.to_owned(),
                 shards: self.shards,
@@ -363,6 +429,7 @@ impl Sim {
                 shutdown,
                 task,
                 faults,
+                killed,
             },
         );
     }
@@ -399,6 +466,23 @@ impl Sim {
         (checker.overlaps.clone(), problem)
     }
 
+    /// Crashes one member at random, if another is left: its task is aborted, and its
+    /// session lapses on its own. In a process that lives on, its dropped heartbeat
+    /// task still leaves the group; where processes are killed, its membership lapses
+    /// on its own too.
+    async fn crash(&mut self, rng: &mut SmallRng) {
+        let live: Vec<String> = self.running.keys().cloned().collect();
+        if live.len() < 2 {
+            return;
+        }
+        let node = &live[rng.random_range(0..live.len())];
+        let member = self.running.remove(node).unwrap();
+        member.killed.store(self.kills, Ordering::SeqCst);
+        member.task.abort();
+        let _ = member.task.await;
+        self.stopped.push(node.clone());
+    }
+
     async fn step(&mut self, rng: &mut SmallRng) {
         let live: Vec<String> = self.running.keys().cloned().collect();
         match rng.random_range(0..5) {
@@ -409,13 +493,7 @@ impl Sim {
                 let _ = member.task.await;
                 self.stopped.push(node.clone());
             }
-            1 if live.len() > 1 => {
-                let node = &live[rng.random_range(0..live.len())];
-                let member = self.running.remove(node).unwrap();
-                member.task.abort();
-                let _ = member.task.await;
-                self.stopped.push(node.clone());
-            }
+            1 if live.len() > 1 => self.crash(rng).await,
             2 if !self.stopped.is_empty() => {
                 let node = self.stopped.remove(rng.random_range(0..self.stopped.len()));
                 self.start(&node, rng);
@@ -447,13 +525,21 @@ impl Sim {
 /// Runs one schedule.
 async fn schedule(seed: u64, broken: Broken) -> Outcome {
     let mut rng = SmallRng::seed_from_u64(seed);
-    // Not drawn from `rng`: the schedules without one stay what they were.
+    // Not drawn from `rng`: the schedules without one stay what they were. The seeds
+    // pinned below are odd: they keep the registry that tells nothing and lose no
+    // calls, and so replay the events they were pinned for.
     let wedged = seed % 3 == 2;
-    let outsider = seed % 4 == 1;
+    let outsider = seed % 4 == 1 || seed % 8 == 6;
+    let peers_told = seed % 2 == 0;
+    let loses_calls = seed % 4 == 2;
     let clock = TokioClock::new();
     let members = rng.random_range(3..=8);
-    let mut registry: Arc<dyn NodeRegistry> =
-        Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap());
+    let store = InMemoryLeaseStore::with_clock(clock.clone());
+    let mut registry: Arc<dyn NodeRegistry> = if peers_told {
+        Arc::new(store.registry(TTL).unwrap())
+    } else {
+        Arc::new(InMemoryNodeRegistry::with_clock(TTL, clock.clone()).unwrap())
+    };
     if rng.random_bool(0.5) {
         let wakes = SpuriousWakes(Mutex::new(SmallRng::seed_from_u64(rng.random())));
         registry = Arc::new(FilteredRegistry::new(registry, wakes));
@@ -461,12 +547,14 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     let counted = Arc::new(counting_reads(registry, READ_CAP));
     let registry: Arc<dyn NodeRegistry> = counted.clone();
     let mut sim = Sim {
-        store: Arc::new(InMemoryLeaseStore::with_clock(clock)),
+        store: Arc::new(store),
         registry,
         checker: Arc::default(),
         shards: rng.random_range(4..=40),
         broken,
         no_pushes: rng.random_bool(0.25),
+        loses_calls,
+        kills: peers_told,
         // Members start over up to 3.2 s, then 20 s of faults.
         faults_until: Instant::now() + Duration::from_millis(23_200),
         work_rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(rng.random()))),
@@ -506,6 +594,11 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     while Instant::now() < faults_until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
         sim.step(&mut rng).await;
+    }
+    if peers_told {
+        // The others learn of it only when its membership lapses, which the accounts
+        // of their keep-alives must tell.
+        sim.crash(&mut rng).await;
     }
     // Quiet: no new faults; stalls (up to 2 TTLs) and late calls run out, expired
     // sessions lapse, a rescued shard waits out its hold (4 TTLs), members settle.
@@ -558,9 +651,10 @@ fn seeds() -> std::ops::Range<u64> {
 /// Setup: seeded schedules of 3-8 members, 4-40 shards, 20 s of faults (leaves, crashes,
 /// restarts, drains asked through the store for up to two TTLs, stalls of up to two
 /// TTLs, store latency up to 60 ms, half with spurious wakes of the members' waits, a
-/// quarter with no pushes of shard changes, a third beside a wedged member, a quarter
-/// beside a node of another group), then 8 TTLs
-/// of quiet.
+/// quarter with no pushes of shard changes, a third beside a wedged member, three in
+/// eight beside a node of another group, half with keep-alives that tell when the
+/// members lapse and crashes that kill the process, a quarter losing calls), then 8
+/// TTLs of quiet.
 /// No shard ever had two members working on it; afterwards every shard is worked on and,
 /// without a wedged member, the live members share them evenly.
 #[test]
@@ -569,9 +663,11 @@ fn seeded_shard_schedules_keep_invariant_7() {
         assert_keeps_invariant_7(seed);
     }
     let [asked, drained] = DRAINS.each_ref().map(|n| n.load(Ordering::Relaxed));
-    eprintln!("drains asked {asked}, of which ended drained {drained}");
+    let lost = LOST.load(Ordering::Relaxed);
+    eprintln!("drains asked {asked}, of which ended drained {drained}; calls lost {lost}");
     if seeds().count() >= 20 {
         assert!(asked > 0 && drained > 0, "asked {asked}, drained {drained}");
+        assert!(lost > 0, "no call was lost");
     }
 }
 
@@ -670,4 +766,27 @@ fn negative_control_releases_acknowledged_before_they_land_overlap() {
         caught.is_some(),
         "no schedule caught the early acknowledgements"
     );
+}
+
+/// The negative control of the keep-alive's account of the other members: a store
+/// telling that they lapse ten TTLs later than they do (so each member puts its read of
+/// the members off past the quiet phase) must be caught leaving the shards of a member
+/// that crashed idle, in a schedule whose store tells at all (an even seed).
+#[test]
+fn negative_control_peers_lapse_told_late_leaves_shards_idle() {
+    let broken = Broken {
+        late_peers_lapse: true,
+        ..Broken::default()
+    };
+    let caught = (0..80).step_by(2).find_map(|seed| {
+        let outcome = run_schedule(seed, broken);
+        assert!(
+            outcome.overlaps.is_empty(),
+            "seed {seed}: {:?}",
+            outcome.overlaps
+        );
+        outcome.problem.map(|problem| (seed, problem))
+    });
+    println!("caught: {caught:?}");
+    assert!(caught.is_some(), "no schedule caught the late accounts");
 }
