@@ -304,7 +304,9 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// one that lapsed less than a TTL ago makes the answer past and the caller reads the
 /// members. With no other node it is a TTL from now (a node that comes later joins,
 /// which is announced). The peers are read in the statement's snapshot, as `RETURNING`
-/// would read them.
+/// would read them. Without a registry TTL (`$3` NULL) both are NULL, and the test of
+/// `$3` sits in the lateral's `WHERE`, where PostgreSQL makes it a one-time filter that
+/// skips the scan of the nodes (as a join condition it was tested after the scan).
 ///
 /// `held` locks the row before liveness is judged, and the judgement reads
 /// `clock_timestamp()` off the locked row: an `UPDATE`'s own `WHERE` is evaluated when
@@ -338,8 +340,8 @@ pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
                     (SELECT k.kept_at FROM {sessions} k
                      WHERE k.id = n.session_id AND k.owner = n.node_id)) AS recent
                   FROM {nodes} n WHERE n.node_id <> kept.owner) p
-            WHERE p.recent + 2 * {ttl} > statement_timestamp()
-        ) peers ON $3::bigint IS NOT NULL"
+            WHERE $3::bigint IS NOT NULL AND p.recent + 2 * {ttl} > statement_timestamp()
+        ) peers ON true"
     )
 }
 
