@@ -134,19 +134,10 @@ fn a_stopped_group_member_never_overlaps_the_next_owner() {
 /// parent-death signal; the background process, which has none, must die too, at once.
 #[test]
 fn a_killed_tenure_leaves_nothing_of_its_command_running() {
-    let dir = tempdir();
-    let store = sqlite_url(dir.path());
-    let pid_file = dir.path().join("bg.pid");
-    let script = format!("sleep 300 & echo $! > '{}'; wait", pid_file.display());
-    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
-    let background = read_pid(&pid_file, Duration::from_secs(20));
-    first.signal(Signal::SIGKILL);
-    let gone = wait_until(Duration::from_secs(2), || common::dead(background));
-    if !gone {
-        let _ = nix::sys::signal::kill(background, Signal::SIGKILL);
-    }
+    let (_dir, first, background) =
+        start_job(|pid_file| format!("sleep 300 & echo $! > '{}'; wait", pid_file.display()));
     assert!(
-        gone,
+        dies_with_tenure(&first, background),
         "the command's background process outlived a killed tenure"
     );
 }
@@ -166,15 +157,12 @@ fn a_killed_tenure_stops_a_command_that_changed_user() {
         root,
         "this test runs a command as another user and needs root, as scripts/test runs"
     );
-    let dir = tempdir();
-    let store = sqlite_url(dir.path());
-    let pid_file = dir.path().join("cmd.pid");
-    let script = format!(
-        "echo $$ > '{}'; exec setpriv --reuid=65534 --regid=65534 --clear-groups sleep 300",
-        pid_file.display()
-    );
-    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
-    let command = read_pid(&pid_file, Duration::from_secs(20));
+    let (_dir, first, command) = start_job(|pid_file| {
+        format!(
+            "echo $$ > '{}'; exec setpriv --reuid=65534 --regid=65534 --clear-groups sleep 300",
+            pid_file.display()
+        )
+    });
     assert!(
         wait_until(Duration::from_secs(10), || {
             std::fs::read_to_string(format!("/proc/{command}/status"))
@@ -182,13 +170,8 @@ fn a_killed_tenure_stops_a_command_that_changed_user() {
         }),
         "the command never changed user"
     );
-    first.signal(Signal::SIGKILL);
-    let gone = wait_until(Duration::from_secs(2), || common::dead(command));
-    if !gone {
-        let _ = nix::sys::signal::kill(command, Signal::SIGKILL);
-    }
     assert!(
-        gone,
+        dies_with_tenure(&first, command),
         "the command that changed user outlived a killed tenure"
     );
 }
@@ -200,23 +183,15 @@ fn a_killed_tenure_stops_a_command_that_changed_user() {
 /// the cgroup is removed.
 #[test]
 fn a_killed_tenure_leaves_nothing_even_what_left_its_group() {
-    let dir = tempdir();
-    let store = sqlite_url(dir.path());
-    let pid_file = dir.path().join("escaped.pid");
-    let script = format!(
-        "setsid sleep 300 & echo $! > '{}'; wait",
-        pid_file.display()
-    );
-    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script));
-    let escaped = read_pid(&pid_file, Duration::from_secs(20));
+    let (_dir, first, escaped) = start_job(|pid_file| {
+        format!(
+            "setsid sleep 300 & echo $! > '{}'; wait",
+            pid_file.display()
+        )
+    });
     let cgroup = cgroup_of(first.pid());
-    first.signal(Signal::SIGKILL);
-    let gone = wait_until(Duration::from_secs(2), || common::dead(escaped));
-    if !gone {
-        let _ = nix::sys::signal::kill(escaped, Signal::SIGKILL);
-    }
     assert!(
-        gone,
+        dies_with_tenure(&first, escaped),
         "a process that left the command's group outlived a killed tenure"
     );
     assert!(
@@ -224,6 +199,30 @@ fn a_killed_tenure_leaves_nothing_even_what_left_its_group() {
         "{} was left behind",
         cgroup.display()
     );
+}
+
+/// Starts `tenure run --role job` on a fresh SQLite store with the command `script`
+/// makes, which writes the pid of the process a test watches to the file it is given,
+/// and waits for that pid (20 s at most). Returns the scratch directory (gone when
+/// dropped), tenure and that pid.
+fn start_job(script: impl FnOnce(&Path) -> String) -> (tempfile::TempDir, Proc, nix::unistd::Pid) {
+    let dir = tempdir();
+    let store = sqlite_url(dir.path());
+    let pid_file = dir.path().join("watched.pid");
+    let first = Proc::spawn(&mut run_sh(&store, "job", &[], &script(&pid_file)));
+    let watched = read_pid(&pid_file, Duration::from_secs(20));
+    (dir, first, watched)
+}
+
+/// Kills `tenure` (SIGKILL) and tells whether `pid` dies at once with it (within 2 s).
+/// One that does not is killed then, so a failing test leaves nothing running.
+fn dies_with_tenure(tenure: &Proc, pid: nix::unistd::Pid) -> bool {
+    tenure.signal(Signal::SIGKILL);
+    let gone = wait_until(Duration::from_secs(2), || common::dead(pid));
+    if !gone {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    }
+    gone
 }
 
 /// The cgroup `tenure run` (pid `tenure`) made for its commands, under its own cgroup.

@@ -18,6 +18,19 @@ store_scenarios!(
     fence_admits_and_refuses,
 );
 
+/// Runs `command` (a minute at most) and checks that it exits 0; returns its output.
+#[track_caller]
+fn succeeds(command: &mut std::process::Command) -> std::process::Output {
+    let output = output_within(command, Duration::from_secs(60));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// With no `--store` and no `TENURE_STORE`, the store is a SQLite file under
 /// `$XDG_STATE_HOME/tenure` (else `$HOME/.local/state/tenure`), created on first use:
 /// the directory private to the user (0700), the file too (0600).
@@ -30,13 +43,7 @@ fn default_store_is_created_private() {
         .args(["status"])
         .env("XDG_STATE_HOME", &state)
         .env("HOME", dir.path().join("home"));
-    let output = output_within(&mut status, Duration::from_secs(60));
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    succeeds(&mut status);
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&state.join("tenure")), 0o700);
     assert_eq!(mode(&state.join("tenure/tenure.db")), 0o600);
@@ -57,13 +64,7 @@ fn default_store_is_created_private() {
     ])
     .env_remove("XDG_STATE_HOME")
     .env("HOME", &home);
-    let output = output_within(&mut run, Duration::from_secs(60));
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeeds(&mut run);
     let db = home.join(".local/state/tenure/tenure.db");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),

@@ -114,6 +114,19 @@ fn contender(store: &str, dir: &Path, name: &str, kill_after: &str) -> Proc {
     Proc::spawn(&mut run_sh_with(store, "handover", &flags, &script))
 }
 
+/// The gauges of the endpoint at `addr` say it leads `handover` under `token`.
+#[track_caller]
+fn assert_gauges_lead(addr: SocketAddr, token: u64) {
+    assert_eq!(
+        sample(addr, r#"tenure_is_leader{role="handover"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(addr, r#"tenure_fencing_token{role="handover"}"#),
+        Some(token as f64)
+    );
+}
+
 /// Two `tenure run` processes with endpoints hand a role over twice:
 /// - A leads (`/leader` 200 with its token, `tenure_is_leader` 1, the token gauge), B
 ///   waits (503, 0); both are healthy.
@@ -133,14 +146,7 @@ fn handover(store: &str, dir: &Path) {
     assert_eq!(body["role"], "handover", "{body}");
     assert_eq!(body["leader"], true, "{body}");
     let first = body["fencing_token"].as_u64().expect("A's token");
-    assert_eq!(
-        sample(a_addr, r#"tenure_is_leader{role="handover"}"#),
-        Some(1.0)
-    );
-    assert_eq!(
-        sample(a_addr, r#"tenure_fencing_token{role="handover"}"#),
-        Some(first as f64)
-    );
+    assert_gauges_lead(a_addr, first);
     assert_eq!(
         sample(a_addr, r#"tenure_terms_started_total{role="handover"}"#),
         Some(1.0)
@@ -176,14 +182,7 @@ fn handover(store: &str, dir: &Path) {
     let body = await_leader(b_addr, 200, "B after A stopped");
     let second = body["fencing_token"].as_u64().expect("B's token");
     assert!(second > first, "token {second} after {first}");
-    assert_eq!(
-        sample(b_addr, r#"tenure_is_leader{role="handover"}"#),
-        Some(1.0)
-    );
-    assert_eq!(
-        sample(b_addr, r#"tenure_fencing_token{role="handover"}"#),
-        Some(second as f64)
-    );
+    assert_gauges_lead(b_addr, second);
 
     eprintln!("--- A resumes: its term is over");
     a.signal(Signal::SIGCONT);
@@ -212,20 +211,10 @@ fn handover_flips_the_probes_on_sqlite() {
     handover(&sqlite_url(dir.path()), dir.path());
 }
 
-/// A fresh database on the shared throwaway server; returns its URL.
-fn fresh_database(name: &str) -> String {
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let database = format!("metrics_{name}_{}", std::process::id());
-    server
-        .psql(&format!("CREATE DATABASE {database}"))
-        .expect("psql");
-    server.url_for(SUPERUSER, server.password(), &database)
-}
-
 #[test]
 fn handover_flips_the_probes_on_postgres() {
     let dir = tempdir();
-    handover(&fresh_database("handover"), dir.path());
+    handover(&common::fresh_database("metrics", "handover"), dir.path());
 }
 
 /// A `--metrics-addr` that does not parse, or whose port is in use, is refused with exit

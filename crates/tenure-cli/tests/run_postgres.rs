@@ -8,14 +8,10 @@ use std::path::Path;
 use std::time::Duration;
 use tenure_testkit::postgres::{PgServer, SUPERUSER};
 
-/// A fresh database on the shared server; returns its URL (password included).
+/// A fresh database on the shared server ([`common::fresh_database`]); returns its URL
+/// (password included).
 fn fresh_database(name: &str) -> String {
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let database = format!("cli_{name}_{}", std::process::id());
-    server
-        .psql(&format!("CREATE DATABASE {database}"))
-        .expect("psql");
-    server.url_for(SUPERUSER, server.password(), &database)
+    common::fresh_database("cli", name)
 }
 
 every_backend_scenarios!(|_dir: &Path, name: &str| fresh_database(name));

@@ -226,15 +226,11 @@ async fn fenced_txn_rejected_after_the_term_ends() {
         .and_then([TxnOp::put(data.clone(), "a2", None)]);
     assert!(kv.txn(txn).await.unwrap().succeeded());
 
+    // A late write under `token`, committed fenced.
+    let write_late =
+        |token| store.commit_fenced("job", token, vec![TxnOp::put(data.clone(), "late", None)]);
     assert!(store.release_term("job", "a", a.fencing_token).await);
-    match store
-        .commit_fenced(
-            "job",
-            a.fencing_token,
-            vec![TxnOp::put(data.clone(), "late", None)],
-        )
-        .await
-    {
+    match write_late(a.fencing_token).await {
         Err(Error::Fenced { presented, highest }) => {
             assert_eq!(presented, a.fencing_token);
             assert_eq!(highest, a.fencing_token, "no successor yet");
@@ -243,14 +239,7 @@ async fn fenced_txn_rejected_after_the_term_ends() {
     }
     let b = store.try_acquire("job", "b", SECOND).await;
     assert!(b.acquired);
-    match store
-        .commit_fenced(
-            "job",
-            a.fencing_token,
-            vec![TxnOp::put(data.clone(), "late", None)],
-        )
-        .await
-    {
+    match write_late(a.fencing_token).await {
         Err(Error::Fenced { highest, .. }) => assert_eq!(highest, b.fencing_token),
         other => panic!("expected Fenced under a successor, got {other:?}"),
     }
@@ -262,14 +251,7 @@ async fn fenced_txn_rejected_after_the_term_ends() {
 
     // b lapses without release: its token is fenced too.
     tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
-    assert!(store
-        .commit_fenced(
-            "job",
-            b.fencing_token,
-            vec![TxnOp::put(data.clone(), "late", None)]
-        )
-        .await
-        .is_err());
+    assert!(write_late(b.fencing_token).await.is_err());
     let value = kv.get(data, None).await.unwrap();
     assert_eq!(value.kvs()[0].value(), b"a2", "no stale write landed");
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{FencingToken, LeaseStore, TermChange};
+use tenure::{ElectionState, FencingToken, LeaseResult, LeaseStore, TermChange};
 use tenure_etcd::requests::{Keys, TermRecord};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
@@ -67,6 +67,51 @@ async fn store_on(endpoint: &str, prefix: &str) -> Arc<EtcdLeaseStore> {
 async fn store_for(endpoint: &str, prefix: &str, safe: bool) -> Arc<EtcdLeaseStore> {
     let client = common::client(&[endpoint.to_owned()]).await;
     Arc::new(common::store_for(client, prefix, safe))
+}
+
+/// Starts a test on the shared etcd under a fresh prefix tagged `tag`: the server's
+/// endpoint, the prefix, its keys and a raw client.
+async fn on_shared_etcd(tag: &str) -> (String, String, Keys, etcd_client::Client) {
+    common::init_tracing();
+    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
+    let prefix = common::unique_prefix(tag);
+    let keys = Keys::new(&prefix).unwrap();
+    let raw = common::client(std::slice::from_ref(&endpoint)).await;
+    (endpoint, prefix, keys, raw)
+}
+
+/// node-a asks `store` for the role for `ttl` (queueing if it is held).
+async fn node_a_asks(store: &EtcdLeaseStore, ttl: Duration) -> LeaseResult {
+    store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap()
+}
+
+/// The first of the two transactions of node-a's release of its term `a` (the store's
+/// own, `tenure_etcd::requests::release_txn`), for a test to send raw, as if node-a
+/// stopped before the one that begins the next term; `ttl_secs` is the term's TTL.
+fn node_a_release_txn(keys: &Keys, a: &LeaseResult, ttl_secs: i64) -> etcd_client::Txn {
+    let record = TermRecord {
+        owner: "node-a".into(),
+        token: Some(a.fencing_token.get()),
+        expires_at_ns: tenure_etcd::requests::to_ns(std::time::SystemTime::now()),
+        ttl_secs,
+        lease_secs: ttl_secs,
+        released: true,
+    };
+    let token = i64::try_from(a.fencing_token.get()).unwrap();
+    tenure_etcd::requests::release_txn(keys, ROLE, "node-a", token, &record).unwrap()
+}
+
+/// Waits (10 s at most) until an elector's watch shows it following a holder; `what`
+/// says what failed otherwise.
+async fn follows(state: &mut tokio::sync::watch::Receiver<ElectionState>, what: &str) {
+    let following = |s: &ElectionState| matches!(s, ElectionState::Follower { holder: Some(_) });
+    timeout(Duration::from_secs(10), state.wait_for(following))
+        .await
+        .expect(what)
+        .unwrap();
 }
 
 /// A candidate as the elector waits: on `wait_for_successor`, keeping its place when the
@@ -203,16 +248,9 @@ async fn handovers_cost_the_same(safe: bool) {
 /// watched the release is told of that term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contender_finishes_a_handover_its_releaser_left() {
-    common::init_tracing();
-    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
-    let prefix = common::unique_prefix("queue-left");
-    let keys = Keys::new(&prefix).unwrap();
-    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let (endpoint, prefix, keys, mut raw) = on_shared_etcd("queue-left").await;
     let store = store_on(&endpoint, &prefix).await;
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = node_a_asks(&store, TTL).await;
     for owner in ["node-b", "node-c"] {
         let queued = store
             .try_acquire_or_queue(ROLE, owner, TTL, Some("b:1"))
@@ -235,16 +273,7 @@ async fn a_contender_finishes_a_handover_its_releaser_left() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let record = TermRecord {
-        owner: "node-a".into(),
-        token: Some(a.fencing_token.get()),
-        expires_at_ns: tenure_etcd::requests::to_ns(std::time::SystemTime::now()),
-        ttl_secs: 10,
-        lease_secs: 10,
-        released: true,
-    };
-    let token = i64::try_from(a.fencing_token.get()).unwrap();
-    let txn = tenure_etcd::requests::release_txn(&keys, ROLE, "node-a", token, &record).unwrap();
+    let txn = node_a_release_txn(&keys, &a, 10);
     assert!(raw.txn(txn).await.unwrap().succeeded());
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.live_holder(), None, "between the two steps: {info:?}");
@@ -294,7 +323,7 @@ async fn a_contender_finishes_a_handover_its_releaser_left() {
 /// within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn electors_lead_in_the_order_they_queued() {
-    use tenure::{ElectionState, LeaseLeaderElector, LeaseLeaderOptions};
+    use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
     use tokio_util::sync::CancellationToken;
 
     common::init_tracing();
@@ -343,13 +372,7 @@ async fn electors_lead_in_the_order_they_queued() {
                 .unwrap();
             assert_eq!(who, "first");
         } else {
-            timeout(
-                Duration::from_secs(10),
-                state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
-            )
-            .await
-            .expect("the follower saw the leader (and so queued)")
-            .unwrap();
+            follows(&mut state, "the follower saw the leader (and so queued)").await;
         }
     }
     // Let the last follower's watch start.
@@ -388,16 +411,9 @@ async fn electors_lead_in_the_order_they_queued() {
 /// key is the one `Keys::candidate` names, on an etcd lease of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidacy_that_ended_joins_again_at_the_back() {
-    common::init_tracing();
-    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
-    let prefix = common::unique_prefix("queue-rejoin");
-    let keys = Keys::new(&prefix).unwrap();
-    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let (endpoint, prefix, keys, mut raw) = on_shared_etcd("queue-rejoin").await;
     let store = store_on(&endpoint, &prefix).await;
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = node_a_asks(&store, TTL).await;
     for owner in ["node-b", "node-c", "node-d"] {
         let queued = store
             .try_acquire_or_queue(ROLE, owner, TTL, None)
@@ -436,19 +452,12 @@ async fn a_candidacy_that_ended_joins_again_at_the_back() {
 /// the role stuck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_elector_finishes_a_handover_its_releaser_left() {
-    use tenure::{ElectionState, LeaseLeaderElector, LeaseLeaderOptions};
+    use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
     use tokio_util::sync::CancellationToken;
 
-    common::init_tracing();
-    let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
-    let prefix = common::unique_prefix("queue-left-elector");
-    let keys = Keys::new(&prefix).unwrap();
-    let mut raw = common::client(std::slice::from_ref(&endpoint)).await;
+    let (endpoint, prefix, keys, mut raw) = on_shared_etcd("queue-left-elector").await;
     let holder = store_on(&endpoint, &prefix).await;
-    let a = holder
-        .try_acquire_or_queue(ROLE, "node-a", Duration::from_secs(60), None)
-        .await
-        .unwrap();
+    let a = node_a_asks(&holder, Duration::from_secs(60)).await;
     assert!(a.acquired);
 
     let retry = Duration::from_secs(2);
@@ -478,25 +487,10 @@ async fn a_queued_elector_finishes_a_handover_its_releaser_left() {
                 .await
         }
     });
-    timeout(
-        Duration::from_secs(10),
-        state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
-    )
-    .await
-    .expect("node-b follows node-a (and so is queued)")
-    .unwrap();
+    follows(&mut state, "node-b follows node-a (and so is queued)").await;
     assert_eq!(holder.candidates(ROLE).await.unwrap(), ["node-b"]);
 
-    let record = TermRecord {
-        owner: "node-a".into(),
-        token: Some(a.fencing_token.get()),
-        expires_at_ns: tenure_etcd::requests::to_ns(std::time::SystemTime::now()),
-        ttl_secs: 60,
-        lease_secs: 60,
-        released: true,
-    };
-    let token = i64::try_from(a.fencing_token.get()).unwrap();
-    let txn = tenure_etcd::requests::release_txn(&keys, ROLE, "node-a", token, &record).unwrap();
+    let txn = node_a_release_txn(&keys, &a, 60);
     let stopped = Instant::now();
     assert!(raw.txn(txn).await.unwrap().succeeded());
     assert_eq!(

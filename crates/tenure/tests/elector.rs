@@ -26,12 +26,12 @@ fn start() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
-fn clock() -> TokioClock {
-    TokioClock::starting_at(start())
-}
-
-fn memory(clock: &TokioClock) -> Arc<InMemoryLeaseStore> {
-    Arc::new(InMemoryLeaseStore::with_clock(clock.clone()))
+/// The paused-time clock a test starts at, and the in-memory store on it (so store
+/// expiry and the elector's timers move together).
+fn clock_and_store() -> (TokioClock, Arc<InMemoryLeaseStore>) {
+    let clock = TokioClock::starting_at(start());
+    let store = Arc::new(InMemoryLeaseStore::with_clock(clock.clone()));
+    (clock, store)
 }
 
 fn secs(s: u64) -> Duration {
@@ -77,6 +77,11 @@ async fn wait_leader(rx: &mut watch::Receiver<ElectionState>, what: &str) -> Fen
     }
 }
 
+/// Waits (as [`wait_state`]) until the elector follows, and returns that state.
+async fn wait_follower(rx: &mut watch::Receiver<ElectionState>, what: &str) -> ElectionState {
+    wait_state(rx, what, |s| matches!(s, ElectionState::Follower { .. })).await
+}
+
 async fn join<T>(handle: JoinHandle<T>, what: &str) -> T {
     match tokio::time::timeout(secs(600), handle).await {
         Ok(Ok(value)) => value,
@@ -112,6 +117,70 @@ fn fenced_work(
             }
         })
     }
+}
+
+/// Fires `shutdown` and waits until each of `runs` (a handle and what it is called in a
+/// panic) has returned Ok.
+async fn shut_down<const N: usize>(
+    shutdown: &CancellationToken,
+    runs: [(JoinHandle<Result<()>>, &str); N],
+) {
+    shutdown.cancel();
+    for (run, what) in runs {
+        join(run, what).await.unwrap();
+    }
+}
+
+/// A fence shared by a test's terms, and the record [`fenced_work`] keeps of them.
+struct Fenced {
+    fence: Arc<Fence>,
+    /// The token of each term whose `leadership` was cancelled, and the store time then.
+    cancelled_at: Arc<Mutex<Vec<(FencingToken, SystemTime)>>>,
+}
+
+impl Fenced {
+    fn new() -> Self {
+        Fenced {
+            fence: Arc::new(Fence::new()),
+            cancelled_at: Arc::default(),
+        }
+    }
+
+    /// [`fenced_work`] on this fence, recording here.
+    fn work(
+        &self,
+        clock: &TokioClock,
+    ) -> impl FnMut(FencingToken, CancellationToken) -> BoxedWork + Send + 'static {
+        fenced_work(clock.clone(), self.fence.clone(), self.cancelled_at.clone())
+    }
+
+    /// The terms cancelled so far.
+    fn cancelled(&self) -> Vec<(FencingToken, SystemTime)> {
+        self.cancelled_at.lock().clone()
+    }
+}
+
+/// Work that does nothing until its term ends.
+async fn idle(_token: FencingToken, leadership: CancellationToken) {
+    leadership.cancelled().await
+}
+
+/// Runs node-a (standard options) alone on `store` with `work`, never shut down, and
+/// returns what `run` returns once the work has ended by itself.
+async fn run_alone<W, Fut>(store: &Arc<InMemoryLeaseStore>, work: W) -> Result<()>
+where
+    W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: tenure::WorkOutcome,
+{
+    let a = elector(store.clone(), standard("node-a"));
+    join(spawn_run(&a, work, &CancellationToken::new()), "run").await
+}
+
+/// Work that returns Ok after `after`.
+async fn ok_after(after: Duration) -> std::io::Result<()> {
+    tokio::time::sleep(after).await;
+    Ok(())
 }
 
 /// A boxed unit future, so work closures can be named in helper signatures.
@@ -247,15 +316,8 @@ impl Switches {
         Ok(())
     }
 
-    async fn acquire(
-        &self,
-        role: String,
-        owner: String,
-        ttl: Duration,
-        value: Option<String>,
-        queue: bool,
-        next: Next,
-    ) -> Result<LeaseResult> {
+    /// Passes on `call`, a `TryAcquireOrRenew`, through the switches that are on.
+    async fn acquire(&self, mut call: Call, next: Next) -> Result<LeaseResult> {
         if self.hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -265,7 +327,14 @@ impl Switches {
             return Err(Error::store_msg("memory", "injected failure"));
         }
         let twist = std::mem::replace(&mut *self.next.lock(), Twist::None);
-        let ttl = ttl.mul_f64(*self.grant.lock());
+        let Call::TryAcquireOrRenew {
+            role, owner, ttl, ..
+        } = &mut call
+        else {
+            unreachable!("only acquires and renewals are passed here")
+        };
+        *ttl = ttl.mul_f64(*self.grant.lock());
+        let (role, owner, ttl) = (role.clone(), owner.clone(), *ttl);
         let gate = self.on_the_wire.lock().clone();
         let detached = gate.is_some();
         let inner = self.inner.clone();
@@ -274,13 +343,6 @@ impl Switches {
                 let _ = gate.wait_for(|open| *open).await;
             }
             Self::twist(&inner, twist, &role, &owner, ttl).await?;
-            let call = Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                queue,
-            };
             next.run(call).await.into_lease()
         };
         let result = if detached {
@@ -302,13 +364,7 @@ impl Switches {
 impl Interceptor for Switches {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
         match call {
-            Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                queue,
-            } => Reply::Lease(self.acquire(role, owner, ttl, value, queue, next).await),
+            call @ Call::TryAcquireOrRenew { .. } => Reply::Lease(self.acquire(call, next).await),
             Call::Release { token, .. } => {
                 let gate = self.releases_on_the_wire.lock().clone();
                 let reply = match gate {
@@ -331,6 +387,37 @@ impl Interceptor for Switches {
     }
 }
 
+/// [`clock_and_store`], with all-off [`Switches`] in front of the store.
+fn clock_store_and_switches() -> (TokioClock, Arc<InMemoryLeaseStore>, Arc<Switches>) {
+    let (clock, store) = clock_and_store();
+    let switches = Switches::new(store.clone(), &clock);
+    (clock, store, switches)
+}
+
+/// Starts an elector with `options` on the store seen through `switches`, running
+/// `work` until the returned shutdown fires: its watch (taken before it starts), that
+/// shutdown and its run.
+fn run_through<W, Fut>(
+    switches: &Arc<Switches>,
+    options: LeaseLeaderOptions,
+    work: W,
+) -> (
+    watch::Receiver<ElectionState>,
+    CancellationToken,
+    JoinHandle<Result<()>>,
+)
+where
+    W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: tenure::WorkOutcome,
+{
+    let elector = elector(switches.store(), options);
+    let state = elector.watch();
+    let shutdown = CancellationToken::new();
+    let run = spawn_run(&elector, work, &shutdown);
+    (state, shutdown, run)
+}
+
 async fn live_holder(store: &InMemoryLeaseStore) -> Option<(String, FencingToken)> {
     let info = store.get(ROLE).await.unwrap()?;
     info.live_holder()
@@ -343,8 +430,7 @@ async fn live_holder(store: &InMemoryLeaseStore) -> Option<(String, FencingToken
 /// node-a's watch is back to Idle.
 #[tokio::test(start_paused = true)]
 async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (_, store) = clock_and_store();
     let a = elector(store.clone(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let mut a_state = a.watch();
@@ -354,16 +440,16 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
 
     tracing::info!("--- node-a is elected");
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let shutdown_a = CancellationToken::new();
-    let a_seen = seen.clone();
-    let run_a = spawn_run(
-        &a,
+    // Work that records which node it runs on and under which token, then holds.
+    let recording = |node: &'static str| {
+        let seen = seen.clone();
         move |token, leadership: CancellationToken| {
-            a_seen.lock().push(("node-a", token));
+            seen.lock().push((node, token));
             async move { leadership.cancelled().await }
-        },
-        &shutdown_a,
-    );
+        }
+    };
+    let shutdown_a = CancellationToken::new();
+    let run_a = spawn_run(&a, recording("node-a"), &shutdown_a);
     assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 1);
     assert_eq!(*seen.lock(), vec![("node-a", FencingToken::from(1))]);
     assert_eq!(
@@ -373,19 +459,8 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
 
     tracing::info!("--- node-b follows node-a");
     let shutdown_b = CancellationToken::new();
-    let b_seen = seen.clone();
-    let run_b = spawn_run(
-        &b,
-        move |token, leadership: CancellationToken| {
-            b_seen.lock().push(("node-b", token));
-            async move { leadership.cancelled().await }
-        },
-        &shutdown_b,
-    );
-    let follower = wait_state(&mut b_state, "node-b follows", |s| {
-        matches!(s, ElectionState::Follower { .. })
-    })
-    .await;
+    let run_b = spawn_run(&b, recording("node-b"), &shutdown_b);
+    let follower = wait_follower(&mut b_state, "node-b follows").await;
     assert_eq!(
         follower,
         ElectionState::Follower {
@@ -404,8 +479,7 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
     assert_eq!(seen.lock().len(), 1);
 
     tracing::info!("--- node-a shuts down, node-b takes over");
-    shutdown_a.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown_a, [(run_a, "node-a run")]).await;
     assert_eq!(*a_state.borrow(), ElectionState::Idle);
     assert_eq!(wait_leader(&mut b_state, "node-b leads").await.get(), 2);
     assert_eq!(
@@ -415,8 +489,7 @@ async fn work_runs_with_the_term_token_and_watch_shows_transitions() {
             ("node-b", FencingToken::from(2))
         ]
     );
-    shutdown_b.cancel();
-    join(run_b, "node-b run").await.unwrap();
+    shut_down(&shutdown_b, [(run_b, "node-b run")]).await;
     assert_eq!(*b_state.borrow(), ElectionState::Idle);
 }
 
@@ -436,8 +509,7 @@ struct Incarnation {
 /// 60 terms, and the tokens of successive terms must strictly increase.
 #[tokio::test(start_paused = true)]
 async fn electors_never_run_work_concurrently() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (clock, store) = clock_and_store();
     let running = Arc::new(AtomicUsize::new(0));
     let max_running = Arc::new(AtomicUsize::new(0));
     let terms: Arc<Mutex<Vec<(String, FencingToken)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -564,33 +636,19 @@ async fn electors_never_run_work_concurrently() {
 /// 2; node-a's late write with token 1 is rejected by the fence.
 #[tokio::test(start_paused = true)]
 async fn hung_renewals_cancel_leadership_before_store_expiry() {
-    let clock = clock();
-    let store = memory(&clock);
-    let hanging = Switches::new(store.clone(), &clock);
-    let fence = Arc::new(Fence::new());
-    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let (clock, store, hanging) = clock_store_and_switches();
+    let fenced = Fenced::new();
     let a = elector(hanging.store(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
     let shutdown = CancellationToken::new();
 
     tracing::info!("--- node-a leads, node-b follows");
-    let run_a = spawn_run(
-        &a,
-        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
-        &shutdown,
-    );
+    let run_a = spawn_run(&a, fenced.work(&clock), &shutdown);
     let token_a = wait_leader(&mut a_state, "node-a leads").await;
     assert_eq!(token_a.get(), 1);
-    let run_b = spawn_run(
-        &b,
-        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
-        &shutdown,
-    );
-    wait_state(&mut b_state, "node-b follows", |s| {
-        matches!(s, ElectionState::Follower { .. })
-    })
-    .await;
+    let run_b = spawn_run(&b, fenced.work(&clock), &shutdown);
+    wait_follower(&mut b_state, "node-b follows").await;
     tokio::time::sleep(Duration::from_millis(7_500)).await;
 
     tracing::info!("--- node-a's store hangs");
@@ -605,7 +663,7 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
     let took_over = clock.now();
     assert_eq!(token_b.get(), 2);
 
-    let cancelled = cancelled_at.lock().clone();
+    let cancelled = fenced.cancelled();
     assert_eq!(cancelled.len(), 1, "{cancelled:?}");
     let (token, at) = cancelled[0];
     assert_eq!(token, token_a);
@@ -616,8 +674,8 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
     assert!(!a_state.borrow().is_leader());
 
     tracing::info!("--- node-a's late write is fenced");
-    assert_eq!(fence.highest(LEDGER), Some(token_b));
-    match fence.admit(LEDGER, token_a) {
+    assert_eq!(fenced.fence.highest(LEDGER), Some(token_b));
+    match fenced.fence.admit(LEDGER, token_a) {
         Err(Error::Fenced { presented, highest }) => {
             assert_eq!(presented, token_a);
             assert_eq!(highest, token_b);
@@ -625,9 +683,16 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
         other => panic!("late write must be fenced, got {other:?}"),
     }
 
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
-    join(run_b, "node-b run").await.unwrap();
+    shut_down(&shutdown, [(run_a, "node-a run"), (run_b, "node-b run")]).await;
+}
+
+/// Waits until the elector leads its first term (token 1), lets it renew for 4 s, then
+/// makes its next renewal through `twist` come back with a new token.
+async fn first_term_then_lapse(state: &mut watch::Receiver<ElectionState>, twist: &Switches) {
+    assert_eq!(wait_leader(state, "first term").await.get(), 1);
+    tokio::time::sleep(secs(4)).await;
+    tracing::info!("--- the next renewal sees a new token");
+    *twist.next.lock() = Twist::Lapse;
 }
 
 /// Setup: node-a leads through Switches (ttl 10 s, renew 3 s). The store makes one
@@ -636,16 +701,12 @@ async fn hung_renewals_cancel_leadership_before_store_expiry() {
 /// before calling work with the new token.
 #[tokio::test(start_paused = true)]
 async fn renewal_with_a_new_token_awaits_the_old_work_first() {
-    let clock = clock();
-    let store = memory(&clock);
-    let twist = Switches::new(store.clone(), &clock);
-    let a = elector(twist.store(), standard("node-a"));
-    let mut state = a.watch();
+    let (clock, store, twist) = clock_store_and_switches();
     let log: Arc<Mutex<Vec<(String, SystemTime)>>> = Arc::default();
-    let shutdown = CancellationToken::new();
     let (work_log, work_clock) = (log.clone(), clock.clone());
-    let run = spawn_run(
-        &a,
+    let (mut state, shutdown, run) = run_through(
+        &twist,
+        standard("node-a"),
         move |token: FencingToken, leadership: CancellationToken| {
             let (log, clock) = (work_log.clone(), work_clock.clone());
             log.lock().push((format!("start {token}"), clock.now()));
@@ -656,13 +717,8 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
                 log.lock().push((format!("end {token}"), clock.now()));
             }
         },
-        &shutdown,
     );
-    assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
-    tokio::time::sleep(secs(4)).await;
-
-    tracing::info!("--- the next renewal sees a new token");
-    *twist.next.lock() = Twist::Lapse;
+    first_term_then_lapse(&mut state, &twist).await;
     let second = wait_state(
         &mut state,
         "second term",
@@ -690,8 +746,7 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
     assert!(log[2].1 <= log[3].1, "old work finished before the new one");
     assert_eq!(log[3].1, twisted_at + secs(2));
 
-    shutdown.cancel();
-    join(run, "run").await.unwrap();
+    shut_down(&shutdown, [(run, "run")]).await;
     assert_eq!(live_holder(&store).await, None);
 }
 
@@ -701,19 +756,9 @@ async fn renewal_with_a_new_token_awaits_the_old_work_first() {
 /// then follows the intruder and takes over with token 3 once its lease expires.
 #[tokio::test(start_paused = true)]
 async fn renewal_not_acquired_cancels_leadership_at_once() {
-    let clock = clock();
-    let store = memory(&clock);
-    let twist = Switches::new(store.clone(), &clock);
-    let fence = Arc::new(Fence::new());
-    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
-    let a = elector(twist.store(), standard("node-a"));
-    let mut state = a.watch();
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
-        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
-        &shutdown,
-    );
+    let (clock, _, twist) = clock_store_and_switches();
+    let fenced = Fenced::new();
+    let (mut state, shutdown, run) = run_through(&twist, standard("node-a"), fenced.work(&clock));
     assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
     tokio::time::sleep(Duration::from_millis(4_500)).await;
 
@@ -733,7 +778,7 @@ async fn renewal_not_acquired_cancels_leadership_at_once() {
     assert!(!answer.acquired);
     assert_eq!(answer.holder, "intruder");
     assert_eq!(
-        *cancelled_at.lock(),
+        fenced.cancelled(),
         vec![(FencingToken::from(1), twisted_at)],
         "cancelled at the answer, not at the local deadline"
     );
@@ -744,8 +789,24 @@ async fn renewal_not_acquired_cancels_leadership_at_once() {
     assert!(retaken >= answer.expires_at);
     assert!(retaken <= answer.expires_at + Duration::from_millis(50));
 
-    shutdown.cancel();
-    join(run, "run").await.unwrap();
+    shut_down(&shutdown, [(run, "run")]).await;
+}
+
+/// Waits until the elector leads, and checks that it took over with `token` at once
+/// (within 10 ms of `released`): through the store's push, not a retry or the TTL.
+async fn takes_over_at_once(
+    state: &mut watch::Receiver<ElectionState>,
+    what: &str,
+    released: Instant,
+    token: u64,
+) {
+    let led = wait_leader(state, what).await;
+    let handover = released.elapsed();
+    assert_eq!(led.get(), token);
+    assert!(
+        handover < Duration::from_millis(10),
+        "push takeover took {handover:?}"
+    );
 }
 
 /// Setup: retry_interval 60 s, ttl 30 s. node-a leads, node-b waits as follower; node-a's
@@ -754,14 +815,12 @@ async fn renewal_not_acquired_cancels_leadership_at_once() {
 /// far less than the retry interval or the remaining TTL.
 #[tokio::test(start_paused = true)]
 async fn released_lease_is_taken_over_at_once() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (_, store) = clock_and_store();
     let slow = |owner: &str| options(owner, secs(30), secs(10), secs(60));
     let a = elector(store.clone(), slow("node-a"));
     let b = elector(store.clone(), slow("node-b"));
     let c = elector(store.clone(), slow("node-c"));
     let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
-    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
 
     tracing::info!("--- node-a leads, node-b follows");
     let shutdown_a = CancellationToken::new();
@@ -780,45 +839,26 @@ async fn released_lease_is_taken_over_at_once() {
     assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 1);
     let shutdown_b = CancellationToken::new();
     let run_b = spawn_run(&b, idle, &shutdown_b);
-    wait_state(&mut b_state, "node-b follows", |s| {
-        matches!(s, ElectionState::Follower { .. })
-    })
-    .await;
+    wait_follower(&mut b_state, "node-b follows").await;
     // node-b is now in a long wait: the lease has ~30 s left, the retry is ~60 s.
     tokio::time::sleep(secs(5)).await;
 
     tracing::info!("--- node-a's work returns: the lease is released");
     let released = Instant::now();
     finish_tx.send(()).unwrap();
-    let token = wait_leader(&mut b_state, "node-b leads").await;
-    let handover = released.elapsed();
-    assert_eq!(token.get(), 2);
-    assert!(
-        handover < Duration::from_millis(10),
-        "push takeover took {handover:?}"
-    );
+    takes_over_at_once(&mut b_state, "node-b leads", released, 2).await;
     join(run_a, "node-a run").await.unwrap();
 
     tracing::info!("--- node-c follows node-b; node-b shuts down");
     let shutdown_c = CancellationToken::new();
     let run_c = spawn_run(&c, idle, &shutdown_c);
-    wait_state(&mut c_state, "node-c follows", |s| {
-        matches!(s, ElectionState::Follower { .. })
-    })
-    .await;
+    wait_follower(&mut c_state, "node-c follows").await;
     tokio::time::sleep(secs(12)).await;
     let released = Instant::now();
     shutdown_b.cancel();
-    let token = wait_leader(&mut c_state, "node-c leads").await;
-    let handover = released.elapsed();
-    assert_eq!(token.get(), 3);
-    assert!(
-        handover < Duration::from_millis(10),
-        "push takeover took {handover:?}"
-    );
+    takes_over_at_once(&mut c_state, "node-c leads", released, 3).await;
     join(run_b, "node-b run").await.unwrap();
-    shutdown_c.cancel();
-    join(run_c, "node-c run").await.unwrap();
+    shut_down(&shutdown_c, [(run_c, "node-c run")]).await;
 }
 
 /// Setup: retry_interval 60 s, ttl 10 s, renew 3 s. node-a leads through Switches,
@@ -827,9 +867,7 @@ async fn released_lease_is_taken_over_at_once() {
 /// holder's expiry), not ttl + the 60 s retry interval.
 #[tokio::test(start_paused = true)]
 async fn stalled_leader_is_replaced_within_the_ttl() {
-    let clock = clock();
-    let store = memory(&clock);
-    let hanging = Switches::new(store.clone(), &clock);
+    let (clock, store, hanging) = clock_store_and_switches();
     let a = elector(
         hanging.store(),
         options("node-a", secs(10), secs(3), secs(60)),
@@ -839,7 +877,6 @@ async fn stalled_leader_is_replaced_within_the_ttl() {
         options("node-b", secs(10), secs(3), secs(60)),
     );
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
-    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
     let shutdown = CancellationToken::new();
     let run_a = spawn_run(&a, idle, &shutdown);
     wait_leader(&mut a_state, "node-a leads").await;
@@ -866,9 +903,7 @@ async fn stalled_leader_is_replaced_within_the_ttl() {
         "takeover {after:?} after the last renewal"
     );
 
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
-    join(run_b, "node-b run").await.unwrap();
+    shut_down(&shutdown, [(run_a, "node-a run"), (run_b, "node-b run")]).await;
 }
 
 /// Setup: one elector leading alone; `shutdown` fires while it leads. `run` returns Ok
@@ -876,8 +911,7 @@ async fn stalled_leader_is_replaced_within_the_ttl() {
 /// token counter stays).
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_the_lease() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (clock, store) = clock_and_store();
     let a = elector(store.clone(), standard("node-a"));
     let mut state = a.watch();
     let stopped = Arc::new(AtomicBool::new(false));
@@ -897,8 +931,7 @@ async fn shutdown_releases_the_lease() {
     wait_leader(&mut state, "leads").await;
     tokio::time::sleep(secs(20)).await;
     let at = clock.now();
-    shutdown.cancel();
-    join(run, "run").await.unwrap();
+    shut_down(&shutdown, [(run, "run")]).await;
     assert_eq!(clock.now(), at, "shutdown releases without waiting");
     assert!(stopped.load(Ordering::SeqCst));
     let info = store.get(ROLE).await.unwrap().unwrap();
@@ -911,19 +944,8 @@ async fn shutdown_releases_the_lease() {
 /// Ok and the lease is released.
 #[tokio::test(start_paused = true)]
 async fn work_returning_ok_releases_and_run_returns_ok() {
-    let clock = clock();
-    let store = memory(&clock);
-    let a = elector(store.clone(), standard("node-a"));
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
-        |_token, _leadership| async move {
-            tokio::time::sleep(secs(15)).await;
-            Ok::<(), std::io::Error>(())
-        },
-        &shutdown,
-    );
-    join(run, "run").await.unwrap();
+    let (clock, store) = clock_and_store();
+    run_alone(&store, |_, _| ok_after(secs(15))).await.unwrap();
     assert_eq!(clock.now(), start() + secs(15));
     assert_eq!(live_holder(&store).await, None);
 }
@@ -933,8 +955,7 @@ async fn work_returning_ok_releases_and_run_returns_ok() {
 /// after the work returns and the lease is released, the observer sees no leader.
 #[tokio::test(start_paused = true)]
 async fn an_elector_advertises_its_value_with_each_term() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (_, store) = clock_and_store();
     let url = "http://10.0.0.7:8080";
     let a = elector(
         store.clone(),
@@ -945,15 +966,7 @@ async fn an_elector_advertises_its_value_with_each_term() {
     );
     let mut observer = tenure::observe(store.clone(), ROLE).unwrap();
     assert_eq!(observer.changed().await.unwrap(), None);
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
-        |_token, _leadership| async move {
-            tokio::time::sleep(secs(15)).await;
-            Ok::<(), std::io::Error>(())
-        },
-        &shutdown,
-    );
+    let run = spawn_run(&a, |_, _| ok_after(secs(15)), &CancellationToken::new());
     let leader = observer.changed().await.unwrap().expect("a leader");
     assert_eq!(
         (leader.owner.as_str(), leader.value.as_deref()),
@@ -971,19 +984,13 @@ async fn an_elector_advertises_its_value_with_each_term() {
 /// the work's error, and the lease is released so a successor gets in at once.
 #[tokio::test(start_paused = true)]
 async fn work_returning_err_is_error_work_and_releases() {
-    let clock = clock();
-    let store = memory(&clock);
-    let a = elector(store.clone(), standard("node-a"));
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
-        |_token, _leadership| async move {
-            tokio::time::sleep(secs(1)).await;
-            Err(std::io::Error::other("disk full"))
-        },
-        &shutdown,
-    );
-    match join(run, "run").await {
+    let (_, store) = clock_and_store();
+    let outcome = run_alone(&store, |_token, _leadership| async move {
+        tokio::time::sleep(secs(1)).await;
+        Err(std::io::Error::other("disk full"))
+    })
+    .await;
+    match outcome {
         Err(Error::Work(source)) => assert_eq!(source.to_string(), "disk full"),
         other => panic!("expected Error::Work, got {other:?}"),
     }
@@ -997,21 +1004,15 @@ async fn work_returning_err_is_error_work_and_releases() {
 /// panic message (the caller does not crash) and the lease is released.
 #[tokio::test(start_paused = true)]
 async fn work_panicking_is_an_error_not_a_crash() {
-    let clock = clock();
-    let store = memory(&clock);
-    let a = elector(store.clone(), standard("node-a"));
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
-        |token: FencingToken, _leadership| async move {
-            tokio::time::sleep(secs(1)).await;
-            if token.get() > 0 {
-                panic!("work blew up with token {token}");
-            }
-        },
-        &shutdown,
-    );
-    match join(run, "run").await {
+    let (_, store) = clock_and_store();
+    let outcome = run_alone(&store, |token: FencingToken, _leadership| async move {
+        tokio::time::sleep(secs(1)).await;
+        if token.get() > 0 {
+            panic!("work blew up with token {token}");
+        }
+    })
+    .await;
+    match outcome {
         Err(Error::WorkPanicked(message)) => {
             assert_eq!(message, "work blew up with token 1")
         }
@@ -1027,22 +1028,17 @@ async fn work_panicking_is_an_error_not_a_crash() {
 /// new token once the store answers again.
 #[tokio::test(start_paused = true)]
 async fn transient_store_errors_never_end_run() {
-    let clock = clock();
-    let store = memory(&clock);
-    let flaky = Switches::new(store.clone(), &clock);
+    let (clock, store, flaky) = clock_store_and_switches();
     flaky.fail_next.store(5, Ordering::SeqCst);
-    let a = elector(flaky.store(), standard("node-a"));
-    let mut state = a.watch();
     let terms = Arc::new(Mutex::new(Vec::new()));
     let work_terms = terms.clone();
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
+    let (mut state, shutdown, run) = run_through(
+        &flaky,
+        standard("node-a"),
         move |token, leadership: CancellationToken| {
             work_terms.lock().push(token);
             async move { leadership.cancelled().await }
         },
-        &shutdown,
     );
 
     tracing::info!("--- acquires fail five times");
@@ -1079,8 +1075,7 @@ async fn transient_store_errors_never_end_run() {
         vec![FencingToken::from(1), FencingToken::from(2)]
     );
 
-    shutdown.cancel();
-    join(run, "run").await.unwrap();
+    shut_down(&shutdown, [(run, "run")]).await;
     assert_eq!(live_holder(&store).await, None);
 }
 
@@ -1092,21 +1087,15 @@ async fn transient_store_errors_never_end_run() {
 /// local window) and lead, not wait forever.
 #[tokio::test(start_paused = true)]
 async fn a_hung_acquire_does_not_block_the_contender_forever() {
-    let clock = clock();
-    let store = memory(&clock);
-    let hanging = Switches::new(store.clone(), &clock);
+    let (_, store, hanging) = clock_store_and_switches();
     let a = elector(hanging.store(), standard("node-a"));
     let b = elector(store.clone(), standard("node-b"));
     let (mut a_state, mut b_state) = (a.watch(), b.watch());
-    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
     let (shutdown_a, shutdown_b) = (CancellationToken::new(), CancellationToken::new());
     let run_b = spawn_run(&b, idle, &shutdown_b);
     wait_leader(&mut b_state, "node-b leads").await;
     let run_a = spawn_run(&a, idle, &shutdown_a);
-    wait_state(&mut a_state, "node-a follows", |s| {
-        matches!(s, ElectionState::Follower { .. })
-    })
-    .await;
+    wait_follower(&mut a_state, "node-a follows").await;
 
     tracing::info!("--- node-a's next attempt is swallowed");
     hanging.hang.store(true, Ordering::SeqCst);
@@ -1115,8 +1104,7 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
 
     tracing::info!("--- the store heals, node-b leaves");
     let left = Instant::now();
-    shutdown_b.cancel();
-    join(run_b, "node-b run").await.unwrap();
+    shut_down(&shutdown_b, [(run_b, "node-b run")]).await;
     // node-b's release handed term 2 to node-a, queued from before the hang; it lapsed
     // unrenewed while node-a's call hung, so node-a leads under a new term.
     assert_eq!(wait_leader(&mut a_state, "node-a leads").await.get(), 3);
@@ -1125,8 +1113,7 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
         "took over {:?} after node-b left",
         left.elapsed()
     );
-    shutdown_a.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown_a, [(run_a, "node-a run")]).await;
 }
 
 /// Setup: ttl 10 s, renew 3 s, drift 1 %, `work_grace` 2 s (leadership window 7.9 s).
@@ -1135,34 +1122,23 @@ async fn a_hung_acquire_does_not_block_the_contender_forever() {
 /// stop while the lease (store expiry at + 10 s) is still surely its own.
 #[tokio::test(start_paused = true)]
 async fn work_grace_cancels_leadership_that_much_earlier() {
-    let clock = clock();
-    let store = memory(&clock);
-    let hanging = Switches::new(store.clone(), &clock);
-    let fence = Arc::new(Fence::new());
-    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let (clock, _, hanging) = clock_store_and_switches();
+    let fenced = Fenced::new();
     let options = LeaseLeaderOptions {
         work_grace: secs(2),
         ..standard("node-a")
     };
-    let a = elector(hanging.store(), options);
-    let mut a_state = a.watch();
-    let shutdown = CancellationToken::new();
-    let run_a = spawn_run(
-        &a,
-        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
-        &shutdown,
-    );
-    wait_leader(&mut a_state, "node-a leads").await;
+    let (mut state, shutdown, run) = run_through(&hanging, options, fenced.work(&clock));
+    wait_leader(&mut state, "node-a leads").await;
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     hanging.hang.store(true, Ordering::SeqCst);
     let last = hanging.last_granted();
-    wait_state(&mut a_state, "node-a gives up", |s| !s.is_leader()).await;
-    let cancelled = cancelled_at.lock().clone();
+    wait_state(&mut state, "node-a gives up", |s| !s.is_leader()).await;
+    let cancelled = fenced.cancelled();
     assert_eq!(cancelled.len(), 1, "{cancelled:?}");
     assert_eq!(cancelled[0].1, last.now + Duration::from_millis(7_900));
     assert!(cancelled[0].1 + secs(2) < last.expires_at);
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown, [(run, "node-a run")]).await;
 }
 
 /// Setup: ttl 10 s, renew 3 s, drift 1 %. node-a's store grants half the TTL asked for
@@ -1172,24 +1148,14 @@ async fn work_grace_cancels_leadership_that_much_earlier() {
 /// before that answer's store expiry, not at + 9.9 s as if the full TTL were granted.
 #[tokio::test(start_paused = true)]
 async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
-    let clock = clock();
-    let store = memory(&clock);
-    let halving = Switches::new(store.clone(), &clock);
+    let (clock, _, halving) = clock_store_and_switches();
     *halving.grant.lock() = 0.5;
-    let fence = Arc::new(Fence::new());
-    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
-    let a = elector(halving.store(), standard("node-a"));
-    let mut a_state = a.watch();
-    let shutdown = CancellationToken::new();
-    let run_a = spawn_run(
-        &a,
-        fenced_work(clock.clone(), fence.clone(), cancelled_at.clone()),
-        &shutdown,
-    );
-    wait_leader(&mut a_state, "node-a leads").await;
+    let fenced = Fenced::new();
+    let (mut state, shutdown, run) = run_through(&halving, standard("node-a"), fenced.work(&clock));
+    wait_leader(&mut state, "node-a leads").await;
     tokio::time::sleep(secs(4)).await;
     assert!(
-        a_state.borrow().is_leader(),
+        state.borrow().is_leader(),
         "half-TTL renewals keep the term"
     );
 
@@ -1198,8 +1164,8 @@ async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
     let last = halving.last_granted();
     assert_eq!(last.remaining(), secs(5), "the store granted half");
     assert!(last.now > start(), "node-a renewed");
-    wait_state(&mut a_state, "node-a gives up", |s| !s.is_leader()).await;
-    let cancelled = cancelled_at.lock().clone();
+    wait_state(&mut state, "node-a gives up", |s| !s.is_leader()).await;
+    let cancelled = fenced.cancelled();
     assert_eq!(cancelled.len(), 1, "{cancelled:?}");
     assert!(
         cancelled[0].1 < last.expires_at,
@@ -1208,8 +1174,7 @@ async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
         last.expires_at
     );
     assert_eq!(cancelled[0].1, last.now + Duration::from_millis(4_950));
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown, [(run, "node-a run")]).await;
 }
 
 /// Setup: node-a leads through Switches (ttl 10 s, renew 3 s, drift 1 %). One
@@ -1220,16 +1185,12 @@ async fn deadline_follows_the_granted_ttl_not_the_asked_one() {
 /// work for token 3 (term 2 has expired on the store too by then).
 #[tokio::test(start_paused = true)]
 async fn work_is_never_called_for_a_term_past_its_deadline() {
-    let clock = clock();
-    let store = memory(&clock);
-    let twist = Switches::new(store.clone(), &clock);
-    let a = elector(twist.store(), standard("node-a"));
-    let mut state = a.watch();
+    let (_, _, twist) = clock_store_and_switches();
     let calls: Arc<Mutex<Vec<(FencingToken, Instant)>>> = Arc::default();
     let work_calls = calls.clone();
-    let shutdown = CancellationToken::new();
-    let run = spawn_run(
-        &a,
+    let (mut state, shutdown, run) = run_through(
+        &twist,
+        standard("node-a"),
         move |token: FencingToken, leadership: CancellationToken| {
             work_calls.lock().push((token, Instant::now()));
             async move {
@@ -1237,13 +1198,9 @@ async fn work_is_never_called_for_a_term_past_its_deadline() {
                 tokio::time::sleep(secs(15)).await;
             }
         },
-        &shutdown,
     );
-    assert_eq!(wait_leader(&mut state, "first term").await.get(), 1);
-    tokio::time::sleep(secs(4)).await;
-
-    tracing::info!("--- the next renewal sees a new token; the old work is slow to stop");
-    *twist.next.lock() = Twist::Lapse;
+    first_term_then_lapse(&mut state, &twist).await;
+    // The old work is slow to stop.
     let next = wait_state(
         &mut state,
         "a later term",
@@ -1275,8 +1232,7 @@ async fn work_is_never_called_for_a_term_past_its_deadline() {
         }
     );
 
-    shutdown.cancel();
-    join(run, "run").await.unwrap();
+    shut_down(&shutdown, [(run, "run")]).await;
 }
 
 /// Setup: node-a leads alone (ttl 10 s, renew 3 s). Its next renewal is held on the wire:
@@ -1287,14 +1243,8 @@ async fn work_is_never_called_for_a_term_past_its_deadline() {
 /// for node-a (token 2) that nobody leads, and a successor would wait out the TTL.
 #[tokio::test(start_paused = true)]
 async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
-    let clock = clock();
-    let store = memory(&clock);
-    let wire = Switches::new(store.clone(), &clock);
-    let a = elector(wire.store(), standard("node-a"));
-    let mut state = a.watch();
-    let shutdown = CancellationToken::new();
-    let idle = |_token, leadership: CancellationToken| async move { leadership.cancelled().await };
-    let run = spawn_run(&a, idle, &shutdown);
+    let (_, store, wire) = clock_store_and_switches();
+    let (mut state, shutdown, run) = run_through(&wire, standard("node-a"), idle);
     assert_eq!(wait_leader(&mut state, "leads").await.get(), 1);
     tokio::time::sleep(Duration::from_millis(3_500)).await;
 
@@ -1324,8 +1274,7 @@ async fn shutdown_lets_an_in_flight_renewal_answer_before_releasing() {
 /// believing it leads.
 #[tokio::test(start_paused = true)]
 async fn dropping_run_cancels_leadership() {
-    let clock = clock();
-    let store = memory(&clock);
+    let (_, store) = clock_and_store();
     let a = elector(store.clone(), standard("node-a"));
     let (started_tx, started) = oneshot::channel();
     let (ended_tx, ended) = oneshot::channel();
@@ -1365,42 +1314,31 @@ async fn dropping_run_cancels_leadership() {
 /// unbroken term for a minute and its work is called once.
 #[tokio::test(start_paused = true)]
 async fn a_short_grant_with_work_grace_is_renewed_inside_its_window() {
-    let clock = clock();
-    let store = memory(&clock);
-    let short = Switches::new(store.clone(), &clock);
+    let (clock, _, short) = clock_store_and_switches();
     *short.grant.lock() = 0.4;
-    let fence = Arc::new(Fence::new());
-    let cancelled_at = Arc::new(Mutex::new(Vec::new()));
+    let fenced = Fenced::new();
     let calls = Arc::new(AtomicUsize::new(0));
     let options = LeaseLeaderOptions {
         work_grace: secs(3),
         ..options("node-a", secs(10), Duration::from_millis(3_333), secs(1))
     };
-    let a = elector(short.store(), options);
-    let mut a_state = a.watch();
-    let shutdown = CancellationToken::new();
-    let mut inner = fenced_work(clock.clone(), fence.clone(), cancelled_at.clone());
+    let mut inner = fenced.work(&clock);
     let counted = calls.clone();
-    let run_a = spawn_run(
-        &a,
-        move |token, leadership| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            inner(token, leadership)
-        },
-        &shutdown,
-    );
-    wait_leader(&mut a_state, "node-a leads").await;
+    let (mut state, shutdown, run) = run_through(&short, options, move |token, leadership| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        inner(token, leadership)
+    });
+    wait_leader(&mut state, "node-a leads").await;
     tokio::time::sleep(secs(60)).await;
     assert_eq!(short.last_granted().remaining(), secs(4), "a 40 % grant");
     assert!(
-        cancelled_at.lock().is_empty(),
+        fenced.cancelled().is_empty(),
         "leadership was cancelled while the store kept granting: {:?}",
-        cancelled_at.lock()
+        fenced.cancelled()
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "work called once");
     assert!(short.granted.lock().len() > 40, "renewed all along");
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown, [(run, "node-a run")]).await;
 }
 
 /// Setup: node-a leads with token 1 (ttl 10 s) and its work returns after 1 s; its
@@ -1411,9 +1349,7 @@ async fn a_short_grant_with_work_grace_is_renewed_inside_its_window() {
 /// holder under its running work.
 #[tokio::test(start_paused = true)]
 async fn run_again_never_works_under_a_token_whose_release_may_still_land() {
-    let clock = clock();
-    let store = memory(&clock);
-    let wire = Switches::new(store.clone(), &clock);
+    let (_, store, wire) = clock_store_and_switches();
     let a = elector(wire.store(), standard("node-a"));
     let shutdown = CancellationToken::new();
     let gate = wire.hold_releases_on_the_wire();
@@ -1452,6 +1388,5 @@ async fn run_again_never_works_under_a_token_whose_release_may_still_land() {
         Some(("node-a".to_owned(), FencingToken::from(2))),
         "the late release ended nothing"
     );
-    shutdown.cancel();
-    join(run_a, "node-a run").await.unwrap();
+    shut_down(&shutdown, [(run_a, "node-a run")]).await;
 }

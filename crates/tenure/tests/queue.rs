@@ -106,6 +106,44 @@ async fn follows(state: &mut watch::Receiver<ElectionState>, what: &str) {
     assert!(matches!(followed, Ok(Ok(_))), "{what}");
 }
 
+/// Three electors on `store` (what [`node_a_leads_b_and_c_wait`] returns): node-a, node-b
+/// and node-c, their watches and their runs.
+type Three = (
+    [Arc<LeaseLeaderElector>; 3],
+    [watch::Receiver<ElectionState>; 3],
+    [JoinHandle<Result<()>>; 3],
+);
+
+/// Starts node-a, node-b and node-c on `store` together, with work that holds until
+/// leadership ends, and waits until node-a leads (its token returned) and the other two
+/// wait behind it.
+async fn node_a_leads_b_and_c_wait(
+    store: &Arc<dyn LeaseStore>,
+    shutdown: &CancellationToken,
+) -> (Three, FencingToken) {
+    let never = CancellationToken::new();
+    let electors = ["node-a", "node-b", "node-c"].map(|owner| elector(store.clone(), owner));
+    let mut states = electors.each_ref().map(|elector| elector.watch());
+    let runs = electors
+        .each_ref()
+        .map(|elector| run(elector, &never, shutdown));
+    let token = leads(&mut states[0], "node-a leads").await;
+    follows(&mut states[1], "node-b waits").await;
+    follows(&mut states[2], "node-c waits").await;
+    ((electors, states, runs), token)
+}
+
+/// Fires `shutdown` and waits until each of `runs` returns Ok.
+async fn shut_down(
+    shutdown: &CancellationToken,
+    runs: impl IntoIterator<Item = JoinHandle<Result<()>>>,
+) {
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}
+
 /// Setup: node-a leads; node-b, then node-c..node-j (ten contenders) queue behind it.
 /// node-a's work returns. node-b, queued first, leads next under token 2, and the
 /// handover costs the store exactly two writes (node-a's release, node-b's renewal): the
@@ -155,10 +193,7 @@ async fn a_release_hands_the_role_to_the_oldest_waiter_in_two_writes() {
     for state in &states[3..] {
         assert!(!state.borrow().is_leader());
     }
-    shutdown.cancel();
-    for run in runs {
-        run.await.unwrap().unwrap();
-    }
+    shut_down(&shutdown, runs).await;
 }
 
 /// Setup: node-a leads; node-b and node-c wait (node-b first). A planned handoff to
@@ -170,21 +205,9 @@ async fn a_release_hands_the_role_to_the_oldest_waiter_in_two_writes() {
 async fn a_planned_handoff_goes_to_the_chosen_contender() {
     let store: Arc<dyn LeaseStore> = memory();
     let shutdown = CancellationToken::new();
-    let stop = CancellationToken::new();
-    let (a, b, c) = (
-        elector(store.clone(), "node-a"),
-        elector(store.clone(), "node-b"),
-        elector(store.clone(), "node-c"),
-    );
-    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
-    let runs = [
-        run(&a, &stop, &shutdown),
-        run(&b, &stop, &shutdown),
-        run(&c, &stop, &shutdown),
-    ];
-    assert_eq!(leads(&mut a_state, "node-a leads").await.get(), 1);
-    follows(&mut b_state, "node-b waits").await;
-    follows(&mut c_state, "node-c waits").await;
+    let (([a, b, c], [mut a_state, mut b_state, mut c_state], runs), token) =
+        node_a_leads_b_and_c_wait(&store, &shutdown).await;
+    assert_eq!(token.get(), 1);
 
     assert!(!b.hand_off(None).await.unwrap(), "node-b does not lead");
     assert!(
@@ -208,10 +231,7 @@ async fn a_planned_handoff_goes_to_the_chosen_contender() {
         3,
         "None hands to the oldest waiter"
     );
-    shutdown.cancel();
-    for run in runs {
-        run.await.unwrap().unwrap();
-    }
+    shut_down(&shutdown, runs).await;
 }
 
 /// Setup: node-a leads; node-b waits, then shuts down; node-c waits. node-a's release
@@ -257,21 +277,8 @@ async fn a_handoff_asked_through_the_store_moves_the_term() {
     use tenure::handoff::{request_handoff, HandoffOutcome};
     let store: Arc<dyn LeaseStore> = memory();
     let shutdown = CancellationToken::new();
-    let stop = CancellationToken::new();
-    let (a, b, c) = (
-        elector(store.clone(), "node-a"),
-        elector(store.clone(), "node-b"),
-        elector(store.clone(), "node-c"),
-    );
-    let (mut a_state, mut b_state, mut c_state) = (a.watch(), b.watch(), c.watch());
-    let runs = [
-        run(&a, &stop, &shutdown),
-        run(&b, &stop, &shutdown),
-        run(&c, &stop, &shutdown),
-    ];
-    leads(&mut a_state, "node-a leads").await;
-    follows(&mut b_state, "node-b waits").await;
-    follows(&mut c_state, "node-c waits").await;
+    let ((_electors, [_a_state, _b_state, mut c_state], runs), _) =
+        node_a_leads_b_and_c_wait(&store, &shutdown).await;
 
     let outcome = request_handoff(store.clone(), ROLE, Some("node-c"), "ops-1", secs(30))
         .await
@@ -303,8 +310,5 @@ async fn a_handoff_asked_through_the_store_moves_the_term() {
             .unwrap(),
         HandoffOutcome::NoLeader
     );
-    shutdown.cancel();
-    for run in runs {
-        run.await.unwrap().unwrap();
-    }
+    shut_down(&shutdown, runs).await;
 }

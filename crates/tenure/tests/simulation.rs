@@ -694,13 +694,7 @@ impl Faults {
     /// Passes `call` on with its latency, hangs and pauses, and checks the answer.
     async fn apply(&self, call: Call, next: Next) -> Reply {
         match call {
-            Call::TryAcquireOrRenew {
-                role,
-                owner,
-                ttl,
-                value,
-                queue,
-            } => Reply::Lease(self.acquire(role, owner, ttl, value, queue, next).await),
+            call @ Call::TryAcquireOrRenew { .. } => Reply::Lease(self.acquire(call, next).await),
             Call::Release {
                 ref owner, token, ..
             } => {
@@ -755,15 +749,15 @@ impl Faults {
         }
     }
 
-    async fn acquire(
-        &self,
-        role: String,
-        owner: String,
-        ttl: Duration,
-        value: Option<String>,
-        queue: bool,
-        next: Next,
-    ) -> Result<LeaseResult> {
+    /// Passes on `call`, a `TryAcquireOrRenew`, with its faults, granting the planned
+    /// share of the asked TTL.
+    async fn acquire(&self, mut call: Call, next: Next) -> Result<LeaseResult> {
+        let Call::TryAcquireOrRenew {
+            role, owner, ttl, ..
+        } = &mut call
+        else {
+            unreachable!("only acquires and renewals are passed here")
+        };
         let plan = self.plan();
         self.wait_out_pause().await;
         if let Some((true, length)) = plan.hang {
@@ -776,22 +770,16 @@ impl Faults {
         // A short grant never shortens the caller's live term: a store may grant less
         // than asked, but must not move a term's expiry back (its holder's deadline still
         // rests on the earlier answer until this one arrives).
-        let live = match self.sim.store.get(&role).await {
-            Ok(Some(info)) if info.live_holder() == Some(&owner) => info.remaining(),
+        let live = match self.sim.store.get(role).await {
+            Ok(Some(info)) if info.live_holder() == Some(owner.as_str()) => info.remaining(),
             _ => Duration::ZERO,
         };
-        let granted = ttl.mul_f64(plan.grant).max(live);
-        let call = Call::TryAcquireOrRenew {
-            role,
-            owner: owner.clone(),
-            ttl: granted,
-            value,
-            queue,
-        };
+        let (owner, asked) = (owner.clone(), *ttl);
+        *ttl = asked.mul_f64(plan.grant).max(live);
         let mut result = next.run(call).await.into_lease();
         if let Ok(answer) = &mut result {
             self.sim.on_answer(&owner, answer).await;
-            self.sim.shown(answer, ttl);
+            self.sim.shown(answer, asked);
         }
         tokio::time::sleep(plan.response).await;
         if let Some((false, length)) = plan.hang {

@@ -577,6 +577,19 @@ macro_rules! every_backend_scenarios {
 #[allow(unused_imports)]
 pub(crate) use every_backend_scenarios;
 
+/// A fresh database on the shared throwaway PostgreSQL server (from the testkit), named
+/// after `tag`, `name` and this process, so no two tests share leases; returns its URL
+/// (password included).
+pub fn fresh_database(tag: &str, name: &str) -> String {
+    use tenure_testkit::postgres::{PgServer, SUPERUSER};
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let database = format!("{tag}_{name}_{}", std::process::id());
+    server
+        .psql(&format!("CREATE DATABASE {database}"))
+        .expect("psql");
+    server.url_for(SUPERUSER, server.password(), &database)
+}
+
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -31,6 +31,20 @@ fn token_of(log: &Path, prefix: &str) -> Option<u64> {
         .and_then(|line| line.split_whitespace().last()?.parse().ok())
 }
 
+/// The number a log line ends with (a token); panics if it ends with none.
+fn last_number(line: &str) -> u64 {
+    line.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// A command that appends `NAME TOKEN` (its fencing token) to `log`, as [`token_of`]
+/// reads it.
+fn logs_its_token(name: &str, log: &Path) -> String {
+    format!(
+        "echo \"{name} $TENURE_FENCING_TOKEN\" >> '{}'",
+        log.display()
+    )
+}
+
 /// Waits for a log line starting with `prefix `; panics with `context` otherwise.
 fn await_line(log: &Path, prefix: &str, within: Duration, context: impl Fn() -> String) -> String {
     let mut found = None;
@@ -91,10 +105,7 @@ pub fn executions_never_overlap(store: &str, dir: &Path) {
 pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &Path) {
     let log = dir.join("log");
     let (mut first, first_child) = hold(store, "r", "first", dir);
-    let second_script = format!(
-        "echo \"second $TENURE_FENCING_TOKEN\" >> '{}'",
-        log.display()
-    );
+    let second_script = logs_its_token("second", &log);
     let mut second = Proc::spawn(&mut run_sh(
         store,
         "r",
@@ -144,12 +155,7 @@ pub fn stopped_tenure_loses_leadership_and_kills_its_command(store: &str, dir: &
         "the first command survived lost leadership"
     );
     let first_token = token_of(&log, "first").unwrap();
-    let second_token: u64 = second_line
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let second_token = last_number(&second_line);
     assert!(
         second_token > first_token,
         "{second_token} <= {first_token}"
@@ -184,12 +190,7 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
     let child = read_pid(&pid_file, LONG);
     first.own_group(child);
     let first_line = await_line(&log, "a-first", LONG, || first.stderr());
-    let first_token: u64 = first_line
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let first_token = last_number(&first_line);
     assert!(
         first_line.starts_with("a-first 0 "),
         "first fenced write refused: {first_line}"
@@ -230,7 +231,7 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
         String::from_utf8_lossy(&output.stderr)
     );
     let b_line = await_line(&log, "b", LONG, String::new);
-    let second_token: u64 = b_line.split_whitespace().last().unwrap().parse().unwrap();
+    let second_token = last_number(&b_line);
     assert!(
         b_line.starts_with("b 0 "),
         "successor's fenced write refused: {b_line}"
@@ -261,10 +262,7 @@ pub fn paused_group_is_fenced_out(store: &str, dir: &Path) {
 pub fn sigterm_hands_over_at_once(store: &str, dir: &Path) {
     let log = dir.join("log");
     let (mut first, first_child) = hold(store, "r", "first", dir);
-    let second_script = format!(
-        "echo \"second $TENURE_FENCING_TOKEN\" >> '{}'",
-        log.display()
-    );
+    let second_script = logs_its_token("second", &log);
     let flags = [
         "--ttl",
         "20s",
@@ -481,6 +479,19 @@ fn status_json(store: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
 }
 
+/// Starts `tenure run --role ROLE EXTRA` whose command writes what `print` prints to
+/// `out` and then sleeps a minute, and waits until the command runs (it writes its pid
+/// to `out` with `.pid` added).
+fn start_printing(store: &str, role: &str, extra: &[&str], print: &str, out: &Path) -> Proc {
+    let pid_file = out.with_extension("pid");
+    let script = format!(
+        "{print} > '{}'; echo $$ > '{}'; exec sleep 60",
+        out.display(),
+        pid_file.display()
+    );
+    start_run_sh(store, role, extra, &script, &pid_file, LONG).0
+}
+
 /// `status` (table and `--json`) and `members` (table and `--json`) while a
 /// `tenure run --node-id` leads, and after it exits: the holder, token and expiry; the
 /// node with its metadata, gone once it left.
@@ -491,20 +502,13 @@ pub fn status_and_members(store: &str, dir: &Path) {
     let (code, stdout, _) = tenure_on(store, &["members"]);
     assert_eq!((code, stdout.as_str()), (0, "no live members\n"));
 
-    let pid_file = dir.join("leader.pid");
     let owner_file = dir.join("owner");
-    let script = format!(
-        "echo \"$TENURE_OWNER\" > '{}'; echo $$ > '{}'; exec sleep 60",
-        owner_file.display(),
-        pid_file.display()
-    );
-    let (mut leader, _) = start_run_sh(
+    let mut leader = start_printing(
         store,
         "reports",
         &["--owner", "owner-1", "--node-id", "node-1"],
-        &script,
-        &pid_file,
-        LONG,
+        "echo \"$TENURE_OWNER\"",
+        &owner_file,
     );
     // `--owner` is a label; the owner id adds a per-process suffix.
     let owner = lines(&owner_file).concat();
@@ -635,19 +639,12 @@ pub fn leader_and_advertise(store: &str, dir: &Path) {
 
     let url = "http://10.1.2.3:8080/a b";
     let value_file = dir.join("value");
-    let pid_file = dir.join("web.pid");
-    let script = format!(
-        "printf %s \"$TENURE_LEADER_VALUE\" > '{}'; echo $$ > '{}'; exec sleep 60",
-        value_file.display(),
-        pid_file.display()
-    );
-    let (mut leader, _) = start_run_sh(
+    let mut leader = start_printing(
         store,
         "web",
         &["--advertise", url, "--owner", "web-1"],
-        &script,
-        &pid_file,
-        LONG,
+        "printf %s \"$TENURE_LEADER_VALUE\"",
+        &value_file,
     );
     assert!(wait_until(LONG, || std::fs::read_to_string(&value_file)
         .is_ok_and(|v| v == url)));
