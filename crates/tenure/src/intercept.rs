@@ -372,6 +372,12 @@ pub trait Interceptor: Send + Sync + 'static {
     fn acquire_batch_size(&self, below: usize) -> usize {
         below
     }
+
+    /// The store's [`LeaseStore::change_poll`] as seen through this interceptor, given
+    /// `below`, that of the interceptors after it and the store. Unchanged by default.
+    fn change_poll(&self, below: Option<Duration>) -> Option<Duration> {
+        below
+    }
 }
 
 /// The rest of an [`InterceptStore`]'s stack after one interceptor: the interceptors
@@ -611,6 +617,15 @@ impl LeaseStore for InterceptStore {
             .rev()
             .fold(self.store.acquire_batch_size(), |below, hook| {
                 hook.acquire_batch_size(below)
+            })
+    }
+
+    fn change_poll(&self) -> Option<Duration> {
+        self.hooks
+            .iter()
+            .rev()
+            .fold(self.store.change_poll(), |below, hook| {
+                hook.change_poll(below)
             })
     }
 

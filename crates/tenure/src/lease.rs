@@ -406,6 +406,16 @@ pub trait LeaseStore: Send + Sync + 'static {
         ACQUIRE_BATCH_SIZE
     }
 
+    /// How a wait of this store learns of a change written through another handle (by
+    /// another process): `None` when the store pushes it, so a wait wakes as it
+    /// commits (the default); otherwise the interval its waits read the store at
+    /// (SQLite). A waiter that may learn of a change later than that (a shard member
+    /// watching for requests to drain it) reads on a slower cadence of its own instead
+    /// of waiting, so that it does not cost a read per interval.
+    fn change_poll(&self) -> Option<Duration> {
+        None
+    }
+
     /// Opens a session for `owner`, live until `now + ttl` on store time (see
     /// [`crate::session`]). Ids are never handed out twice. Bad `owner` or `ttl` is
     /// [`Error::InvalidArgument`], with the rules of [`try_acquire_or_renew`](Self::try_acquire_or_renew).

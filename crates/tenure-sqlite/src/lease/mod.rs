@@ -512,6 +512,11 @@ impl LeaseStore for SqliteLeaseStore {
         ACQUIRE_BATCH_SIZE
     }
 
+    /// Another process's writes are seen only by reading the file again.
+    fn change_poll(&self) -> Option<Duration> {
+        Some(self.db.poll_interval())
+    }
+
     async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
         validate_open(owner, ttl, self.min_ttl(), self.db.now()?.wall)?;
         let ttl_nanos = ttl_nanos(ttl)?;
