@@ -65,9 +65,13 @@ impl NodeTable {
             first = Some(first.map_or(heard, |first| first.min(heard)));
             live += usize::from(is_live(heard, ttl, now));
         }
-        let after = first.map_or(ttl, |heard| {
-            (heard + ttl).duration_since(now).unwrap_or(Duration::ZERO)
-        });
+        // A lapse beyond the clock's range is more than a TTL away: as far as with no
+        // other node.
+        let after = first
+            .and_then(|heard| heard.checked_add(ttl))
+            .map_or(ttl, |lapses| {
+                lapses.duration_since(now).unwrap_or(Duration::ZERO)
+            });
         PeersLapse { after, live, ttl }
     }
 }
