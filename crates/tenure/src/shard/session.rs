@@ -63,13 +63,18 @@ impl Session {
                     Ok(Ok(Some(grant))) => {
                         (deadline, next_renew) = lifetime(&timing, sent, &grant);
                         deadline_tx.send_replace(deadline);
-                        if let Some(told) = grant.peers_lapse {
-                            peers_lapse_tx.send_replace(Some(PeersLapseSeen {
-                                at: sent + told.after + LAPSE_NUDGE,
+                        // An account past the clock's range tells nothing usable.
+                        let told = grant.peers_lapse.and_then(|told| {
+                            let at = sent.checked_add(told.after)?.checked_add(LAPSE_NUDGE)?;
+                            Some(PeersLapseSeen {
+                                at,
                                 answered: Instant::now(),
                                 live: told.live,
                                 ttl: told.ttl,
-                            }));
+                            })
+                        });
+                        if told.is_some() {
+                            peers_lapse_tx.send_replace(told);
                         }
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
@@ -166,6 +171,8 @@ pub(super) fn lifetime(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+    use crate::{InMemoryLeaseStore, TokioClock};
 
     const TTL: Duration = Duration::from_secs(3);
 
@@ -203,5 +210,50 @@ mod tests {
             seen(later, answered, 3, TTL * 2).bound(known, 3, TTL),
             known
         );
+    }
+
+    /// A store that tells the other members lapse further ahead than the clock reaches.
+    struct BeyondTheClock;
+
+    #[async_trait::async_trait]
+    impl Interceptor for BeyondTheClock {
+        async fn intercept(&self, call: Call, next: Next) -> Reply {
+            match next.run(call).await {
+                Reply::KeptAlive(Ok(Some(mut grant))) => {
+                    if let Some(told) = grant.peers_lapse.as_mut() {
+                        told.after = Duration::MAX;
+                    }
+                    Reply::KeptAlive(Ok(Some(grant)))
+                }
+                other => other,
+            }
+        }
+    }
+
+    /// An account of the peers past the clock's range is dropped: the session goes on
+    /// being kept alive (the task adding it to the clock once panicked, and the member's
+    /// shards lapsed with its renewals).
+    #[tokio::test(start_paused = true)]
+    async fn an_account_past_the_clocks_range_is_dropped() {
+        let memory = InMemoryLeaseStore::with_clock(TokioClock::new());
+        let _registry = memory.registry(TTL).unwrap();
+        let store = InterceptStore::new(Arc::new(memory)).with(Arc::new(BeyondTheClock));
+        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let sent = Instant::now();
+        let grant = store.open_session("m", TTL).await.unwrap();
+        let timing = LeaseLeaderOptions {
+            lease_ttl: TTL,
+            renew_interval: TTL / 3,
+            ..LeaseLeaderOptions::default()
+        };
+        let (published, _) = watch::channel(None);
+        let session = Session::start(store, timing, sent, &grant, published);
+        tokio::time::sleep(3 * TTL).await;
+        assert!(
+            *session.deadline.borrow() > sent + 2 * TTL,
+            "renewals went on"
+        );
+        assert!(session.peers_lapse().is_none());
+        assert!(!session.alive.is_cancelled());
     }
 }
