@@ -569,9 +569,14 @@ impl LeaseStore for SqliteLeaseStore {
             .fetch_optional(&mut *tx)
             .await
             .map_err(store_error("cannot keep the session alive"))?;
+        // The account is an optimisation: failing to read it must not fail the
+        // keep-alive (the member reads the members itself).
         let peers_lapse = match (&kept, self.db.links().peers_ttl()) {
             (Some((owner, ..)), Some(ttl)) => {
-                Some(crate::registry::peers_lapse(&mut tx, &now, owner, ttl).await?)
+                crate::registry::peers_lapse(&mut tx, &now, owner, ttl)
+                    .await
+                    .inspect_err(|error| tracing::debug!(%error, "the keep-alive tells no lapse"))
+                    .ok()
             }
             _ => None,
         };
