@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
-use tenure_kube::KubeLeaseStore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -30,18 +28,7 @@ struct Term {
 type Terms = Arc<Mutex<Vec<Term>>>;
 
 async fn contender(namespace: &str, owner: &str, terms: Terms, stop: CancellationToken) {
-    let store = Arc::new(KubeLeaseStore::new(common::tenant(namespace).await));
-    let elector = LeaseLeaderElector::new(
-        store,
-        LeaseLeaderOptions {
-            owner_id: owner.to_owned(),
-            lease_ttl: TTL,
-            renew_interval: Duration::from_secs(1),
-            retry_interval: Duration::from_millis(500),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let elector = common::elector(namespace, owner, TTL).await;
     let owner = owner.to_owned();
     elector
         .run(

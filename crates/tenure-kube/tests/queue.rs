@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tenure::{FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore, TermChange};
+use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_kube::names::{candidacy_name, object_name, role_label, Kind};
 use tenure_kube::KubeLeaseStore;
 use tokio::time::Instant;
@@ -337,18 +337,7 @@ async fn electors_lead_in_the_order_they_queued() {
     let mut tasks = Vec::new();
     for owner in ["first", "second", "third"] {
         let stop = CancellationToken::new();
-        let store = Arc::new(KubeLeaseStore::new(common::tenant(&namespace).await));
-        let elector = LeaseLeaderElector::new(
-            store,
-            LeaseLeaderOptions {
-                owner_id: owner.to_owned(),
-                lease_ttl: TTL,
-                renew_interval: Duration::from_secs(1),
-                retry_interval: Duration::from_millis(500),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let elector = common::elector(&namespace, owner, TTL).await;
         let (terms, shutdown) = (Arc::clone(&terms), stop.clone());
         tasks.push(tokio::spawn(async move {
             elector

@@ -12,11 +12,49 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
-use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure::{
+    ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore, WorkOutcome,
+};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
 use tenure_testkit::MustAnswer;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// An elector for `owner` over `store`: terms of `ttl`, renewed every `renew`, failed
+/// attempts retried every `retry`.
+fn elector(
+    store: PgLeaseStore,
+    owner: &str,
+    ttl: Duration,
+    renew: Duration,
+    retry: Duration,
+) -> Arc<LeaseLeaderElector> {
+    let options = LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: ttl,
+        renew_interval: renew,
+        retry_interval: retry,
+        ..Default::default()
+    };
+    Arc::new(LeaseLeaderElector::new(Arc::new(store), options).unwrap())
+}
+
+/// Runs `elector` for `role` with `work` on a task of its own, until `shutdown`.
+fn spawn_run<W, Fut>(
+    elector: &Arc<LeaseLeaderElector>,
+    role: &'static str,
+    work: W,
+    shutdown: &CancellationToken,
+) -> JoinHandle<tenure::Result<()>>
+where
+    W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: WorkOutcome,
+{
+    let (elector, shutdown) = (elector.clone(), shutdown.clone());
+    tokio::spawn(async move { elector.run(role, work, shutdown).await })
+}
 
 /// Tokens keep increasing across release, a new store instance, a clean server
 /// restart and a SIGKILL of the server; an old pool recovers after the restart.
@@ -86,47 +124,33 @@ async fn server_outage_longer_than_ttl() {
     let pool = common::lazy_pool(&server, 4, "outage");
     migrate(&pool, &schema).await.unwrap();
     let ttl = Duration::from_secs(2);
-    let store = Arc::new(PgLeaseStore::new(pool, schema));
-    let elector = Arc::new(
-        LeaseLeaderElector::new(
-            store,
-            LeaseLeaderOptions {
-                owner_id: "outage-leader".into(),
-                lease_ttl: ttl,
-                renew_interval: Duration::from_millis(400),
-                retry_interval: Duration::from_millis(300),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
+    let elector = elector(
+        PgLeaseStore::new(pool, schema),
+        "outage-leader",
+        ttl,
+        Duration::from_millis(400),
+        Duration::from_millis(300),
     );
     let terms = Arc::new(Mutex::new(
         Vec::<(FencingToken, Instant, Option<Instant>)>::new(),
     ));
     let shutdown = CancellationToken::new();
-    let run = {
-        let (elector, terms, shutdown) = (elector.clone(), terms.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            elector
-                .run(
-                    "outage",
-                    move |token, leadership| {
-                        let terms = terms.clone();
-                        async move {
-                            let index = {
-                                let mut terms = terms.lock().unwrap();
-                                terms.push((token, Instant::now(), None));
-                                terms.len() - 1
-                            };
-                            leadership.cancelled().await;
-                            terms.lock().unwrap()[index].2 = Some(Instant::now());
-                        }
-                    },
-                    shutdown,
-                )
-                .await
-        })
+    let work = {
+        let terms = terms.clone();
+        move |token, leadership: CancellationToken| {
+            let terms = terms.clone();
+            async move {
+                let index = {
+                    let mut terms = terms.lock().unwrap();
+                    terms.push((token, Instant::now(), None));
+                    terms.len() - 1
+                };
+                leadership.cancelled().await;
+                terms.lock().unwrap()[index].2 = Some(Instant::now());
+            }
+        }
     };
+    let run = spawn_run(&elector, "outage", work, &shutdown);
     let first = wait_for(&terms, 1, Duration::from_secs(10)).await[0].0;
 
     tracing::info!("--- stopping the server");
@@ -199,39 +223,26 @@ async fn terminated_connections_do_not_lose_leadership() {
     migrate(&pool, &schema).await.unwrap();
     let observer = PgLeaseStore::new(common::pool(server, 1, "observer").await, schema.clone());
     let renew = Duration::from_millis(500);
-    let elector = Arc::new(
-        LeaseLeaderElector::new(
-            Arc::new(PgLeaseStore::new(pool, schema)),
-            LeaseLeaderOptions {
-                owner_id: "terminated".into(),
-                lease_ttl: Duration::from_secs(4),
-                renew_interval: renew,
-                retry_interval: Duration::from_millis(200),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
+    let elector = elector(
+        PgLeaseStore::new(pool, schema),
+        "terminated",
+        Duration::from_secs(4),
+        renew,
+        Duration::from_millis(200),
     );
     let cancelled = CancellationToken::new();
     let shutdown = CancellationToken::new();
-    let run = {
-        let (elector, cancelled, shutdown) = (elector.clone(), cancelled.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            elector
-                .run(
-                    "terminated",
-                    move |_, leadership| {
-                        let cancelled = cancelled.clone();
-                        async move {
-                            leadership.cancelled().await;
-                            cancelled.cancel();
-                        }
-                    },
-                    shutdown,
-                )
-                .await
-        })
+    let work = {
+        let cancelled = cancelled.clone();
+        move |_, leadership: CancellationToken| {
+            let cancelled = cancelled.clone();
+            async move {
+                leadership.cancelled().await;
+                cancelled.cancel();
+            }
+        }
     };
+    let run = spawn_run(&elector, "terminated", work, &shutdown);
     let mut state = elector.watch();
     let token = tokio::time::timeout(
         Duration::from_secs(10),
@@ -305,32 +316,16 @@ fn server_down_at_start_then_leads() {
         let pool = common::lazy_pool(&server, 2, "down-at-start");
         migrate(&pool, &schema).await.unwrap();
         server.stop();
-        let elector = Arc::new(
-            LeaseLeaderElector::new(
-                Arc::new(PgLeaseStore::new(pool, schema.clone())),
-                LeaseLeaderOptions {
-                    owner_id: "late".into(),
-                    lease_ttl: Duration::from_secs(2),
-                    renew_interval: Duration::from_millis(500),
-                    retry_interval: Duration::from_millis(300),
-                    ..Default::default()
-                },
-            )
-            .unwrap(),
+        let elector = elector(
+            PgLeaseStore::new(pool, schema.clone()),
+            "late",
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+            Duration::from_millis(300),
         );
         let shutdown = CancellationToken::new();
-        let run = {
-            let (elector, shutdown) = (elector.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                elector
-                    .run(
-                        "late",
-                        |_, leadership| async move { leadership.cancelled().await },
-                        shutdown,
-                    )
-                    .await
-            })
-        };
+        let work = |_, leadership: CancellationToken| async move { leadership.cancelled().await };
+        let run = spawn_run(&elector, "late", work, &shutdown);
         // Longer than the pool's 2 s acquire timeout, so attempts fail and are retried.
         tokio::time::sleep(Duration::from_millis(4500)).await;
         assert!(!run.is_finished(), "store errors never end run");

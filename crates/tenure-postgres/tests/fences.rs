@@ -15,17 +15,24 @@ async fn setup(app: &str) -> (PgPool, Schema) {
     common::migrated_with(app, 8).await
 }
 
+/// A fresh schema's pool and fence, and a table `ledger` of `columns` in that schema
+/// (returned by its qualified name) for fenced transactions to write.
+async fn with_ledger(app: &str, columns: &str) -> (PgPool, PgFence, String) {
+    let (pool, schema) = setup(app).await;
+    let fence = PgFence::new(pool.clone(), schema.clone());
+    let ledger = format!("\"{}\".ledger", schema.name());
+    sqlx::query(&format!("CREATE TABLE {ledger} ({columns})"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    (pool, fence, ledger)
+}
+
 /// A fresh token's fenced transaction commits; a stale token's is rejected with
 /// `Fenced`, and even committing it afterwards writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_transaction_stale_writes_nothing() {
-    let (pool, schema) = setup("fence").await;
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    let ledger = format!("\"{}\".ledger", schema.name());
-    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint, note text)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    let (pool, fence, ledger) = with_ledger("fence", "token bigint, note text").await;
 
     let mut tx = pool.begin().await.unwrap();
     fence
@@ -78,13 +85,7 @@ async fn fenced_transaction_stale_writes_nothing() {
 /// for the fresh transaction to end and is then rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_transactions_racing_serialise() {
-    let (pool, schema) = setup("fence-race").await;
-    let fence = PgFence::new(pool.clone(), schema.clone());
-    let ledger = format!("\"{}\".ledger", schema.name());
-    sqlx::query(&format!("CREATE TABLE {ledger} (token bigint)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    let (pool, fence, ledger) = with_ledger("fence-race", "token bigint").await;
     fence.admit("ledger", FencingToken::from(6)).await.unwrap();
 
     let hold = Duration::from_millis(500);

@@ -88,20 +88,10 @@ async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live()
 async fn an_unlinked_registry_writes_every_heartbeat() {
     let (pool, schema, store) = setup("membership-unlinked").await;
     let registry = PgNodeRegistry::new(pool.clone(), schema.clone(), TTL).unwrap();
-    let session = store.open_session("m", SESSION_TTL).await.unwrap();
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    let written = own_heartbeat(&pool, &schema, "m").await;
-    keep_alive_and_beat(&store, &registry, session.id, "m", EVERY * 2).await;
-    assert_ne!(own_heartbeat(&pool, &schema, "m").await, written);
-    let until = Instant::now() + TTL + TTL / 4;
-    while Instant::now() < until {
-        store
-            .keep_alive_session(session.id, SESSION_TTL)
-            .await
-            .unwrap();
-        tokio::time::sleep(EVERY).await;
-    }
-    assert!(registry.live_nodes().await.unwrap().is_empty());
+    scenario::an_unlinked_registry_writes_every_heartbeat(&store, &registry, || {
+        own_heartbeat(&pool, &schema, "m")
+    })
+    .await;
 }
 
 /// The scenario of that name: a closed session or a leave removes the member at once.

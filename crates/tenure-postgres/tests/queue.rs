@@ -108,22 +108,13 @@ async fn every_change_of_term_notifies_its_new_state() {
         .try_acquire_or_queue(r, "node-a", LONG, None)
         .await
         .unwrap();
-    store
-        .try_acquire_or_queue(r, "node-a", LONG, None)
-        .await
-        .unwrap();
-    store
-        .try_acquire_or_queue(r, "node-b", LONG, None)
-        .await
-        .unwrap();
-    store
-        .try_acquire_or_queue(r, "node-b", LONG, None)
-        .await
-        .unwrap();
-    store
-        .try_acquire_or_queue(r, "node-x", LONG, None)
-        .await
-        .unwrap();
+    // A renewal, a candidacy and its refresh, and a candidacy then withdrawn.
+    for owner in ["node-a", "node-b", "node-b", "node-x"] {
+        store
+            .try_acquire_or_queue(r, owner, LONG, None)
+            .await
+            .unwrap();
+    }
     assert!(store.withdraw(r, "node-x").await.unwrap());
     assert!(!store
         .hand_over(r, "node-a", a.fencing_token, Some("node-x"))
@@ -293,71 +284,24 @@ async fn lapsed_candidacies_are_swept() {
     let (pool, schema) = setup("queue-sweep").await;
     let store = PgLeaseStore::new(pool.clone(), schema.clone());
     let short = Duration::from_millis(200);
-    let a = store
-        .try_acquire_or_renew("r", "node-a", LONG)
+    let end_term = || async {
+        sqlx::query(&format!(
+            "UPDATE {} SET expires_at = now() - interval '1 second' WHERE role = 'r'",
+            table(&schema, "tenure_leases")
+        ))
+        .execute(&pool)
         .await
         .unwrap();
-    for owner in ["node-b", "node-c"] {
-        store
-            .try_acquire_or_queue("r", owner, short, None)
-            .await
-            .unwrap();
-    }
-    store
-        .try_acquire_or_queue("r", "node-d", LONG, None)
-        .await
-        .unwrap();
-    tokio::time::sleep(short * 2).await;
-    store
-        .try_acquire_or_queue("r", "node-d", LONG, None)
-        .await
-        .unwrap();
-    assert_eq!(
-        candidates(&pool, &schema, "r").await,
-        ["node-b", "node-c", "node-d"],
-        "a refresh sweeps nothing"
-    );
-    store
-        .try_acquire_or_queue("r", "node-e", LONG, None)
-        .await
-        .unwrap();
-    assert_eq!(
-        candidates(&pool, &schema, "r").await,
-        ["node-d", "node-e"],
-        "node-e joined"
-    );
-
-    store
-        .try_acquire_or_queue("r", "node-f", short, None)
-        .await
-        .unwrap();
-    tokio::time::sleep(short * 2).await;
-    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
-    assert_eq!(
-        store.get("r").await.unwrap().unwrap().live_holder(),
-        Some("node-d")
-    );
-    assert_eq!(
-        candidates(&pool, &schema, "r").await,
-        ["node-e"],
-        "node-d's candidacy became its term, node-f's lapsed"
-    );
-
-    // node-d's term lapses; node-e takes the role in a session, ending its candidacy.
-    sqlx::query(&format!(
-        "UPDATE {} SET expires_at = now() - interval '1 second' WHERE role = 'r'",
-        table(&schema, "tenure_leases")
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let session = store.open_session("node-e", LONG).await.unwrap();
-    let e = store.acquire_in_session("r", session.id).await.unwrap();
-    assert!(
-        e.acquired && e.fencing_token.get() == a.fencing_token.get() + 2,
-        "{e:?}"
-    );
-    assert!(candidates(&pool, &schema, "r").await.is_empty());
+    };
+    tenure_testkit::queue::lapsed_candidacies_are_swept(
+        &store,
+        short,
+        LONG,
+        || tokio::time::sleep(short * 2),
+        end_term,
+        || candidates(&pool, &schema, "r"),
+    )
+    .await;
 }
 
 /// A withdrawal that commits while a release waits for the lease row is seen: the

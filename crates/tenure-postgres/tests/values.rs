@@ -122,27 +122,8 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
 async fn a_session_term_shows_no_value() {
     let (pool, schema) = setup("values-session").await;
     let store = PgLeaseStore::new(pool, schema);
-    let a = store
-        .try_acquire_with_value("r", "node-a", SHORT, Some(URL))
-        .await;
-    assert!(a.acquired);
-    assert_eq!(
-        store.get("r").await.unwrap().unwrap().value.as_deref(),
-        Some(URL)
-    );
-    tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
-    let session = store.open_session("node-b", LONG).await.unwrap();
-    let b = store.acquire_in_session("r", session.id).await.unwrap();
-    assert!(
-        b.acquired && b.fencing_token == a.fencing_token.next(),
-        "{b:?}"
-    );
-    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
-    let detached = store
-        .try_acquire_with_value("r", "node-b", LONG, Some(URL))
-        .await;
-    assert!(detached.acquired && detached.fencing_token == b.fencing_token);
-    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
+    let lapse = || tokio::time::sleep(SHORT + Duration::from_millis(100));
+    tenure_testkit::observe::a_session_term_shows_no_value(&store, SHORT, LONG, lapse).await;
 }
 
 /// Starts `watcher` waiting for a term above `after` on `role`, then (once it waits)

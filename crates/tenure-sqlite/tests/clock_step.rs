@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use tenure::{LeaseStore, NodeRegistry};
+use tenure::{FencingToken, LeaseResult, LeaseStore, NodeRegistry};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
 use tenure_testkit::MustAnswer;
 
@@ -25,6 +25,31 @@ async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatab
     SqliteDatabase::open_with(path, SqliteOptions::new().with_clock(clock.clone()))
         .await
         .unwrap()
+}
+
+/// Asserts `answer` (to `what`) is the store's refusal of a second kernel on the file,
+/// its message naming that and each of `also`.
+fn assert_second_kernel(answer: &tenure::Result<LeaseResult>, what: &str, also: &[&str]) {
+    match answer {
+        Err(tenure::Error::Store { message, .. }) => {
+            for words in ["two kernels"].iter().chain(also) {
+                assert!(message.contains(words), "{message}");
+            }
+        }
+        other => panic!("{what} must be refused as a second kernel's: {other:?}"),
+    }
+}
+
+/// Asserts `owner` still holds "r" with `token`, and renews it under that token.
+async fn assert_still_holds(store: &dyn LeaseStore, owner: &str, token: FencingToken) {
+    let held = store.get("r").await.unwrap().unwrap();
+    assert_eq!(held.live_holder(), Some(owner), "{held:?}");
+    assert_eq!(held.fencing_token, token);
+    let renewed = store.try_acquire("r", owner, TTL).await;
+    assert!(
+        renewed.acquired && renewed.fencing_token == token,
+        "{renewed:?}"
+    );
 }
 
 /// Setup: node-a acquires with a 10 s TTL; the wall clock steps forward 20 s while no
@@ -190,18 +215,9 @@ async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
     assert!(taken.acquired, "a new boot id reads as a reboot: {taken:?}");
 
     let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
-    match &again {
-        Err(tenure::Error::Store { message, .. }) => {
-            assert!(message.contains("two kernels"), "{message}");
-            assert!(message.contains("PostgreSQL"), "{message}");
-        }
-        other => panic!("host A's write under its earlier boot id must fail: {other:?}"),
-    }
-    let held = b.get("r").await.unwrap().unwrap();
-    assert_eq!(held.live_holder(), Some("node-b"), "{held:?}");
-    assert_eq!(held.fencing_token, taken.fencing_token);
-    let renewed = b.try_acquire("r", "node-b", TTL).await;
-    assert!(renewed.acquired && renewed.fencing_token == taken.fencing_token);
+    let what = "host A's write under its earlier boot id";
+    assert_second_kernel(&again, what, &["PostgreSQL"]);
+    assert_still_holds(&b, "node-b", taken.fencing_token).await;
 }
 
 /// Host B booted an hour ago, host A (on the same file, through a network file system
@@ -222,16 +238,8 @@ async fn a_foreign_kernel_that_booted_later_is_refused_at_its_first_write() {
     assert!(first.acquired);
 
     let taken = b.try_acquire_or_renew("r", "node-b", TTL).await;
-    match &taken {
-        Err(tenure::Error::Store { message, .. }) => {
-            assert!(message.contains("two kernels"), "{message}");
-        }
-        other => panic!("host B's first write must be refused: {other:?}"),
-    }
-    let held = a.get("r").await.unwrap().unwrap();
-    assert_eq!(held.live_holder(), Some("node-a"), "{held:?}");
-    let renewed = a.try_acquire("r", "node-a", TTL).await;
-    assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);
+    assert_second_kernel(&taken, "host B's first write", &[]);
+    assert_still_holds(&a, "node-a", first.fencing_token).await;
 }
 
 /// A file written by a build without the boot history (simulated by dropping the
@@ -255,10 +263,7 @@ async fn a_file_without_boot_history_gains_it_with_its_recorded_boot() {
     let taken = b.try_acquire("r", "node-b", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     let again = a.try_acquire_or_renew("r", "node-a", TTL).await;
-    assert!(
-        matches!(&again, Err(tenure::Error::Store { message, .. }) if message.contains("two kernels")),
-        "{again:?}"
-    );
+    assert_second_kernel(&again, "host A's write after the crossing", &[]);
 }
 
 /// Reboots only push old boot ids out of the history, which stays bounded (64), and

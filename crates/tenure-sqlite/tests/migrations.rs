@@ -79,6 +79,14 @@ async fn schema_version(db: &SqliteDatabase) -> i64 {
         .unwrap()
 }
 
+/// Opens the file at `path` with `options`, which migrates it, asserting it is then at
+/// the current schema.
+async fn open_current(path: &Path, options: tenure_sqlite::SqliteOptions) -> SqliteDatabase {
+    let db = SqliteDatabase::open_with(path, options).await.unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    db
+}
+
 /// Setup: a schema-1 file at wall time t0 whose high-water mark is t0 + 2 s (its store
 /// time then), with a live lease (token 7, expiring t0 + 7 s), an expired one (token 3),
 /// a released one (token 9), a live and a lapsed node, and a fence. Opening it migrates
@@ -213,8 +221,7 @@ async fn schema_2_file_gains_sessions_keeping_every_lease() {
 
     let (_dir, path, clock) = monotonic_file(SCHEMA_2).await;
     let options = SqliteOptions::new().with_clock(clock.clone());
-    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, options).await;
     let store = db.lease_store();
     let live = store.get("live").await.unwrap().unwrap();
     assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
@@ -270,10 +277,7 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
 
     let (_dir, path, clock) = monotonic_file(SCHEMA_3).await;
     let options = SqliteOptions::new().with_clock(clock.clone());
-    let db = SqliteDatabase::open_with(&path, options.clone())
-        .await
-        .unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, options.clone()).await;
     let store = db.lease_store();
     let live = store.get("live").await.unwrap().unwrap();
     assert_eq!(live.live_holder(), Some("old-a"), "{live:?}");
@@ -297,8 +301,7 @@ async fn schema_3_file_gains_values_keeping_every_lease() {
         "a renewal of a migrated term does not give it a value"
     );
 
-    let again = SqliteDatabase::open_with(&path, options).await.unwrap();
-    assert_eq!(schema_version(&again).await, CURRENT);
+    let again = open_current(&path, options).await;
     let listed = again.lease_store().list().await.unwrap();
     let values: Vec<_> = listed
         .iter()
@@ -399,10 +402,7 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
         a
     };
 
-    let db = SqliteDatabase::open_with(&path, options.clone())
-        .await
-        .unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, options.clone()).await;
     let store = db.lease_store();
     let live = store.get("live").await.unwrap().unwrap();
     assert_eq!(live.live_holder(), Some("node-a"), "{live:?}");
@@ -423,8 +423,7 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
         "{taken:?}"
     );
 
-    let again = SqliteDatabase::open_with(&path, options).await.unwrap();
-    assert_eq!(schema_version(&again).await, CURRENT);
+    let again = open_current(&path, options).await;
     let info = again.lease_store().get("live").await.unwrap().unwrap();
     assert_eq!(info.live_holder(), Some("node-b"));
 }

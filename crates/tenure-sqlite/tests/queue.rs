@@ -206,59 +206,23 @@ async fn lapsed_candidacies_are_swept() {
     let db = open_at(&dir.path().join("sweep.db"), &clock).await;
     let store = SqliteLeaseStore::new(&db);
     let short = Duration::from_secs(2);
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
-    for owner in ["node-b", "node-c"] {
+    // node-e refreshes for longer, so node-d's term lapses before its candidacy.
+    let end_term = || async {
         store
-            .try_acquire_or_queue("r", owner, short, None)
+            .try_acquire_or_queue("r", "node-e", TTL * 4, None)
             .await
             .unwrap();
-    }
-    store
-        .try_acquire_or_queue("r", "node-d", TTL, None)
-        .await
-        .unwrap();
-    clock.advance(short);
-    store
-        .try_acquire_or_queue("r", "node-d", TTL, None)
-        .await
-        .unwrap();
-    assert_eq!(
-        candidates(&db, "r").await,
-        ["node-b", "node-c", "node-d"],
-        "a refresh sweeps nothing"
-    );
-    store
-        .try_acquire_or_queue("r", "node-e", TTL, None)
-        .await
-        .unwrap();
-    assert_eq!(candidates(&db, "r").await, ["node-d", "node-e"]);
-
-    store
-        .try_acquire_or_queue("r", "node-f", short, None)
-        .await
-        .unwrap();
-    clock.advance(short);
-    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
-    assert_eq!(
-        store.get("r").await.unwrap().unwrap().live_holder(),
-        Some("node-d")
-    );
-    assert_eq!(candidates(&db, "r").await, ["node-e"]);
-
-    // node-d's term lapses (node-e refreshed for longer); node-e takes the role in a
-    // session, ending its candidacy.
-    store
-        .try_acquire_or_queue("r", "node-e", TTL * 4, None)
-        .await
-        .unwrap();
-    clock.advance(TTL);
-    let session = store.open_session("node-e", TTL).await.unwrap();
-    let e = store.acquire_in_session("r", session.id).await.unwrap();
-    assert!(e.acquired, "{e:?}");
-    assert!(candidates(&db, "r").await.is_empty());
+        clock.advance(TTL);
+    };
+    tenure_testkit::queue::lapsed_candidacies_are_swept(
+        &store,
+        short,
+        TTL,
+        || async { clock.advance(short) },
+        end_term,
+        || candidates(&db, "r"),
+    )
+    .await;
 }
 
 /// A new boot forgets every candidacy (their expiries are times of the past boot): the

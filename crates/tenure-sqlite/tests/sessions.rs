@@ -255,27 +255,7 @@ async fn a_schema_2_takeover_of_a_session_term_fails() {
 #[tokio::test]
 async fn a_session_term_shows_no_value() {
     let (_dir, clock, db) = manual_db(SqliteOptions::new()).await;
-    let store = db.lease_store();
-    let url = "http://10.0.0.7:8080";
-    let a = store
-        .try_acquire_with_value("r", "node-a", TTL, Some(url))
+    let lapse = || async { clock.advance(TTL + Duration::from_secs(1)) };
+    tenure_testkit::observe::a_session_term_shows_no_value(&db.lease_store(), TTL, TTL, lapse)
         .await;
-    assert!(a.acquired);
-    assert_eq!(
-        store.get("r").await.unwrap().unwrap().value.as_deref(),
-        Some(url)
-    );
-    clock.advance(TTL + Duration::from_secs(1));
-    let session = store.open_session("node-b", TTL).await.unwrap();
-    let b = store.acquire_in_session("r", session.id).await.unwrap();
-    assert!(
-        b.acquired && b.fencing_token == a.fencing_token.next(),
-        "{b:?}"
-    );
-    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
-    let detached = store
-        .try_acquire_with_value("r", "node-b", TTL, Some(url))
-        .await;
-    assert!(detached.acquired && detached.fencing_token == b.fencing_token);
-    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
 }

@@ -10,11 +10,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use tenure::intercept::{Call, Interceptor, Next, Reply};
-use tenure::{Error, SessionId};
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
+use tenure::{Error, LeaseStore, SessionId};
 use tokio_util::sync::CancellationToken;
 
-use crate::PATIENCE;
+use crate::{LeaseBackend, LeaseFixture, PATIENCE};
 
 /// What a [`Faults`] rule does to the call it catches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,5 +198,36 @@ impl Interceptor for Faults {
 fn learn(sessions: &Mutex<HashMap<SessionId, String>>, reply: &Reply) {
     if let Reply::Session(Ok(grant)) = reply {
         (sessions.lock().unwrap()).insert(grant.id, grant.owner.clone());
+    }
+}
+
+/// A fixture's store behind a fresh [`Faults`], and another instance of it (as another
+/// process) that reads what a scenario checks: what both fault sets start from.
+pub(crate) struct Faulted {
+    /// The fixture: its storage (and server connections) for the scenario's life, and
+    /// its clock.
+    pub(crate) fx: Box<dyn LeaseFixture>,
+    pub(crate) faults: Arc<Faults>,
+    /// The fixture's store behind `faults`.
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) reader: Arc<dyn LeaseStore>,
+    pub(crate) ttl: std::time::Duration,
+}
+
+impl Faulted {
+    pub(crate) async fn new(backend: &dyn LeaseBackend) -> Faulted {
+        let fx = backend.create().await;
+        let faults = Arc::new(Faults::default());
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(InterceptStore::new(fx.store()).with(faults.clone()));
+        let reader = fx.reopen().await;
+        let ttl = fx.ttl();
+        Faulted {
+            fx,
+            faults,
+            store,
+            reader,
+            ttl,
+        }
     }
 }

@@ -239,3 +239,36 @@ pub async fn scenario_observe_bad_role(backend: &dyn LeaseBackend) {
     assert_invalid(observe(store.clone(), "").map(|_| ()), "role");
     assert_invalid(observe(store, "a\nb").map(|_| ()), "role");
 }
+
+/// A term started under a session advertises nothing, also when it takes over a lapsed
+/// term that advertised a value; the holder's own later acquire (which makes it a plain
+/// lease) keeps its term's value, none. node-a's term is held for `short`, node-b's
+/// session for `long`; `lapse` lets node-a's term lapse on the store's clock.
+pub async fn a_session_term_shows_no_value<F: std::future::Future<Output = ()>>(
+    store: &dyn LeaseStore,
+    short: Duration,
+    long: Duration,
+    lapse: impl FnOnce() -> F,
+) {
+    let a = store
+        .try_acquire_with_value("r", "node-a", short, Some(URL_A))
+        .await;
+    assert!(a.acquired);
+    assert_eq!(
+        store.get("r").await.unwrap().unwrap().value.as_deref(),
+        Some(URL_A)
+    );
+    lapse().await;
+    let session = store.open_session("node-b", long).await.unwrap();
+    let b = store.acquire_in_session("r", session.id).await.unwrap();
+    assert!(
+        b.acquired && b.fencing_token == a.fencing_token.next(),
+        "{b:?}"
+    );
+    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
+    let detached = store
+        .try_acquire_with_value("r", "node-b", long, Some(URL_A))
+        .await;
+    assert!(detached.acquired && detached.fencing_token == b.fencing_token);
+    assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
+}

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tenure::lease::MAX_VALUE_LEN;
-use tenure::{FencingToken, LeaseStore, TermChange};
+use tenure::{FencingToken, LeaseResult, LeaseStore, TermChange};
 use tokio::time::Instant;
 
 use crate::conformance::assert_invalid;
@@ -21,6 +21,16 @@ async fn holder(store: &dyn LeaseStore, role: &str) -> Option<(String, FencingTo
     let info = store.get(role).await.unwrap()?;
     let token = info.fencing_token;
     info.live_holder().map(|holder| (holder.to_owned(), token))
+}
+
+/// node-a asks for the free role with `try_acquire_or_queue`, asserting it acquires.
+async fn first(store: &dyn LeaseStore, ttl: Duration) -> LeaseResult {
+    let a = store
+        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
+        .await
+        .unwrap();
+    assert!(a.acquired, "the first contender acquires: {a:?}");
+    a
 }
 
 /// Queues `owner`, asserting it does not acquire.
@@ -44,11 +54,7 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
     let fx = backend.create().await;
     let store = fx.store();
     let ttl = fx.ttl();
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
-    assert!(a.acquired, "the first contender acquires: {a:?}");
+    let a = first(&*store, ttl).await;
     queue(&*store, "node-b", ttl, Some("http://b:80")).await;
     queue(&*store, "node-c", ttl, Some("http://c:80")).await;
     assert_eq!(
@@ -175,11 +181,7 @@ pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBac
     let store = fx.store();
     let ttl = fx.ttl();
     let long = ttl * 4;
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = first(&*store, ttl).await;
     queue(&*store, "node-b", long, None).await;
     queue(&*store, "node-c", long, None).await;
     assert!(
@@ -217,6 +219,79 @@ pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBac
     );
 }
 
+/// Candidacies that lapsed are swept when a contender joins the queue and when a term
+/// is handed over, so crashed contenders leave no rows; a refresh sweeps nothing and a
+/// live candidacy is never swept. A term begun in a session ends its owner's
+/// candidacy, as any acquire does. For the backends whose candidacies are rows:
+/// `candidates` reads the rows of role `r` oldest first, lapsed ones included.
+///
+/// Candidacies of `short` are meant to lapse, those of `long` not; `lapse` lets enough
+/// time pass on the store's clock for a candidacy of `short` to lapse (and one of
+/// `long` not), and `end_term` makes node-d's term (begun by a release) lapse while
+/// node-e's candidacy lives.
+pub async fn lapsed_candidacies_are_swept<L, E, C>(
+    store: &dyn LeaseStore,
+    short: Duration,
+    long: Duration,
+    lapse: impl Fn() -> L,
+    end_term: impl FnOnce() -> E,
+    candidates: impl Fn() -> C,
+) where
+    L: std::future::Future<Output = ()>,
+    E: std::future::Future<Output = ()>,
+    C: std::future::Future<Output = Vec<String>>,
+{
+    let a = store
+        .try_acquire_or_renew("r", "node-a", long)
+        .await
+        .unwrap();
+    for owner in ["node-b", "node-c"] {
+        store
+            .try_acquire_or_queue("r", owner, short, None)
+            .await
+            .unwrap();
+    }
+    let refresh_or_join = |owner: &'static str, ttl: Duration| async move {
+        store
+            .try_acquire_or_queue("r", owner, ttl, None)
+            .await
+            .unwrap();
+    };
+    refresh_or_join("node-d", long).await;
+    lapse().await;
+    refresh_or_join("node-d", long).await;
+    assert_eq!(
+        candidates().await,
+        ["node-b", "node-c", "node-d"],
+        "a refresh sweeps nothing"
+    );
+    refresh_or_join("node-e", long).await;
+    assert_eq!(candidates().await, ["node-d", "node-e"], "node-e joined");
+
+    refresh_or_join("node-f", short).await;
+    lapse().await;
+    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert_eq!(
+        store.get("r").await.unwrap().unwrap().live_holder(),
+        Some("node-d")
+    );
+    assert_eq!(
+        candidates().await,
+        ["node-e"],
+        "node-d's candidacy became its term, node-f's lapsed"
+    );
+
+    // node-d's term lapses; node-e takes the role in a session, ending its candidacy.
+    end_term().await;
+    let session = store.open_session("node-e", long).await.unwrap();
+    let e = store.acquire_in_session("r", session.id).await.unwrap();
+    assert!(
+        e.acquired && e.fencing_token.get() == a.fencing_token.get() + 2,
+        "{e:?}"
+    );
+    assert!(candidates().await.is_empty());
+}
+
 /// A planned handoff: `hand_over` ends the holder's term and begins the named
 /// candidate's (or the oldest's for `None`) in one step; for a successor that is not a
 /// live candidate, a stale term or an empty queue it changes nothing and answers
@@ -225,11 +300,7 @@ pub async fn scenario_hand_over_to_a_chosen_candidate(backend: &dyn LeaseBackend
     let fx = backend.create().await;
     let store = fx.store();
     let ttl = fx.ttl();
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = first(&*store, ttl).await;
     assert!(
         !store
             .hand_over(ROLE, "node-a", a.fencing_token, None)
@@ -295,10 +366,7 @@ pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn Lea
     let store = fx.store();
     let watcher = fx.reopen().await;
     let ttl = fx.ttl() * 4;
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
+    let a = first(&*store, ttl).await;
     queue(&*store, "node-b", ttl, None).await;
 
     let patience = Duration::from_secs(20);
@@ -403,11 +471,7 @@ pub async fn scenario_queue_bad_input(backend: &dyn LeaseBackend) {
     assert_invalid(store.candidates("").await, "role");
     assert_invalid(store.withdraw("", "node-a").await, "role");
     assert_invalid(store.withdraw(ROLE, "bad\0owner").await, "owner");
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = first(&*store, ttl).await;
     assert_invalid(
         store
             .hand_over(ROLE, "node-a", a.fencing_token, Some(""))

@@ -4,8 +4,9 @@
 //! release hands it the role. Generated per backend by
 //! [`queue_fault_scenarios!`](crate::queue_fault_scenarios).
 //!
-//! The faults are [`Faults`] rules over [`InterceptStore`] above the backend's own
-//! store, so they are deterministic. Each scenario then checks what a fault must never
+//! The faults are [`Faults`] rules over
+//! [`InterceptStore`](tenure::intercept::InterceptStore) above the backend's own store,
+//! so they are deterministic. Each scenario then checks what a fault must never
 //! break (section 9 of the contract, and the queue's promises in `docs/semantics.md`):
 //!
 //! - tokens strictly grow per change of holder, and a token names one holder only;
@@ -18,11 +19,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::intercept::InterceptStore;
 use tenure::{FencingToken, LeaseResult, LeaseStore};
 use tokio::task::JoinHandle;
 
-use crate::faults::{Caught, Faults};
+use crate::faults::{Caught, Faulted, Faults};
 use crate::{LeaseBackend, PATIENCE};
 
 const ROLE: &str = "faulted";
@@ -39,19 +39,14 @@ struct Setup {
 
 impl Setup {
     async fn new(backend: &dyn LeaseBackend) -> Setup {
-        let fx = backend.create().await;
-        let faults = Arc::new(Faults::default());
-        let store: Arc<dyn LeaseStore> =
-            Arc::new(InterceptStore::new(fx.store()).with(faults.clone()));
-        let reader = fx.reopen().await;
-        let ttl = fx.ttl();
+        let base = Faulted::new(backend).await;
         Setup {
-            fx,
-            faults,
-            store,
-            ttl,
+            fx: base.fx,
+            faults: base.faults,
+            store: base.store,
+            ttl: base.ttl,
             history: History {
-                reader,
+                reader: base.reader,
                 seen: Vec::new(),
             },
         }

@@ -1,7 +1,8 @@
 //! Membership through a session, as scenarios for every backend whose registry counts
 //! the keep-alives of a store's sessions as heartbeats (PostgreSQL, SQLite). Each takes
-//! the store and a registry that shares its sessions; the tests of each backend make
-//! them.
+//! the store and a registry that shares its sessions (the control,
+//! [`an_unlinked_registry_writes_every_heartbeat`], one that shares none); the tests of
+//! each backend make them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +91,34 @@ pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
     assert!(waited < Duration::from_secs(10), "{waited:?}");
     assert!(registry.live_nodes().await.unwrap().is_empty());
     assert!(registry.members().await.unwrap().is_empty());
+}
+
+/// Control: a registry sharing no store's sessions (every registry before) writes each
+/// heartbeat, and a member whose heartbeats stop lapses after a TTL though its session
+/// is kept alive. `own_heartbeat` reads the member row's own `last_heartbeat` (moved
+/// only by a heartbeat write).
+pub async fn an_unlinked_registry_writes_every_heartbeat<T, F>(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+    own_heartbeat: impl Fn() -> F,
+) where
+    T: PartialEq + std::fmt::Debug,
+    F: std::future::Future<Output = T>,
+{
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    let written = own_heartbeat().await;
+    keep_alive_and_beat(store, registry, session.id, "m", EVERY * 2).await;
+    assert_ne!(own_heartbeat().await, written);
+    let until = Instant::now() + TTL + TTL / 4;
+    while Instant::now() < until {
+        store
+            .keep_alive_session(session.id, SESSION_TTL)
+            .await
+            .unwrap();
+        tokio::time::sleep(EVERY).await;
+    }
+    assert!(registry.live_nodes().await.unwrap().is_empty());
 }
 
 /// A session whose keep-alives stop stops counting a TTL after its last keep-alive

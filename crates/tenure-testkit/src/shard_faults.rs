@@ -11,7 +11,8 @@
 //! in-memory shard simulation tests it, and these scenarios test it against every real
 //! store, where answers are decided by a server, not by the test.
 //!
-//! The faults are [`Faults`] rules over [`InterceptStore`] above the backend's store, so
+//! The faults are [`Faults`] rules over
+//! [`InterceptStore`](tenure::intercept::InterceptStore) above the backend's store, so
 //! they are deterministic. Each member's work logs `(member, shard, token, start, end)`;
 //! the store is read with `list_prefix` from another store instance. Every scenario
 //! checks, within a bound of a few renew intervals:
@@ -35,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::intercept::{InterceptStore, Reply};
+use tenure::intercept::Reply;
 use tenure::{
     Fence, FencingToken, InMemoryNodeRegistry, LeaseResult, LeaseStore, NodeRegistry, ShardElector,
     ShardOptions, TokioClock,
@@ -44,7 +45,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::faults::Faults;
+use crate::faults::{Faulted, Faults};
 use crate::PATIENCE;
 use crate::{LeaseBackend, LeaseFixture};
 
@@ -106,21 +107,16 @@ struct Group {
 
 impl Group {
     async fn new(backend: &dyn LeaseBackend) -> Group {
-        let fx = backend.create().await;
-        let faults = Arc::new(Faults::default());
-        let store: Arc<dyn LeaseStore> =
-            Arc::new(InterceptStore::new(fx.store()).with(faults.clone()));
-        let reader = fx.reopen().await;
-        let ttl = fx.ttl();
-        let registry = InMemoryNodeRegistry::with_clock(ttl, TokioClock::new())
+        let base = Faulted::new(backend).await;
+        let registry = InMemoryNodeRegistry::with_clock(base.ttl, TokioClock::new())
             .expect("an in-memory registry with the fixture's TTL");
         Group {
-            fx,
-            faults,
-            store,
-            reader,
+            fx: base.fx,
+            faults: base.faults,
+            store: base.store,
+            reader: base.reader,
             registry: Arc::new(registry),
-            ttl,
+            ttl: base.ttl,
             log: Arc::default(),
             members: BTreeMap::new(),
             drift: ShardOptions::default().max_clock_drift,

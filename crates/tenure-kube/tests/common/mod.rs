@@ -4,9 +4,11 @@
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_kube::{KubeConnection, KubeUrl};
+use tenure::{LeaseLeaderElector, LeaseLeaderOptions};
+use tenure_kube::{KubeConnection, KubeLeaseStore, KubeUrl};
 use tenure_testkit::kube::KubeServer;
 
 /// How far past a TTL tests wait before expecting a term to have lapsed: observation
@@ -29,6 +31,20 @@ pub async fn tenant(namespace: &str) -> KubeConnection {
         .tenant_kubeconfig(namespace)
         .expect("tenant kubeconfig");
     connect_kubeconfig(&path, "kube:").await
+}
+
+/// An elector for `owner` on a connection of its own to `namespace` (as another
+/// process would have): terms of `ttl`, renewed every second, retried every half second.
+pub async fn elector(namespace: &str, owner: &str, ttl: Duration) -> LeaseLeaderElector {
+    let store = Arc::new(KubeLeaseStore::new(tenant(namespace).await));
+    let options = LeaseLeaderOptions {
+        owner_id: owner.to_owned(),
+        lease_ttl: ttl,
+        renew_interval: Duration::from_secs(1),
+        retry_interval: Duration::from_millis(500),
+        ..Default::default()
+    };
+    LeaseLeaderElector::new(store, options).unwrap()
 }
 
 /// A connection from a kubeconfig file and a `kube:` URL.
