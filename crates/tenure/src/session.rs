@@ -60,8 +60,9 @@ pub struct SessionGrant {
     pub now: SystemTime,
     /// When the other nodes of the registry made from the same connection (or store)
     /// lapse, told by a keep-alive of a store that shares its registry's table of nodes
-    /// (PostgreSQL, SQLite, in memory); `None` otherwise. A shard member reads the group's members only when this is
-    /// due, so a group in which every member keeps its session alive is not read at all.
+    /// (PostgreSQL, SQLite, in memory); `None` otherwise. A shard member reads the
+    /// group's members only when this is due, so a group in which every member keeps
+    /// its session alive is not read at all.
     #[serde(default)]
     pub peers_lapse: Option<PeersLapse>,
 }
@@ -126,14 +127,38 @@ pub struct SessionLink<T> {
 #[derive(Debug)]
 pub struct SessionLinks<T> {
     by_owner: parking_lot::Mutex<std::collections::HashMap<String, SessionLink<T>>>,
-    registry_ttls: parking_lot::Mutex<std::collections::BTreeSet<Duration>>,
+    registry_ttls: RegistryTtls,
+}
+
+/// The TTLs of the registries made over one store's nodes: a keep-alive tells when the
+/// other nodes lapse only while they all agree (see [`SessionGrant::peers_lapse`]).
+#[derive(Debug, Default)]
+pub(crate) struct RegistryTtls(parking_lot::Mutex<std::collections::BTreeSet<Duration>>);
+
+impl RegistryTtls {
+    /// A registry of TTL `ttl` was made.
+    pub(crate) fn made(&self, ttl: Duration) {
+        self.0.lock().insert(ttl);
+    }
+
+    /// The one TTL of every registry ever made (a dropped one too: nothing tells them
+    /// apart), if they share one.
+    pub(crate) fn single(&self) -> Option<Duration> {
+        let ttls = self.0.lock();
+        (ttls.len() == 1).then(|| ttls.first().copied()).flatten()
+    }
+
+    /// The longest TTL of a registry made, if any.
+    pub(crate) fn longest(&self) -> Option<Duration> {
+        self.0.lock().last().copied()
+    }
 }
 
 impl<T> Default for SessionLinks<T> {
     fn default() -> Self {
         SessionLinks {
             by_owner: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            registry_ttls: parking_lot::Mutex::default(),
+            registry_ttls: RegistryTtls::default(),
         }
     }
 }
@@ -142,18 +167,14 @@ impl<T> SessionLinks<T> {
     /// A registry judging nodes live for `ttl` after they were last heard of now
     /// shares these links.
     pub fn registry_made(&self, ttl: Duration) {
-        self.registry_ttls.lock().insert(ttl);
+        self.registry_ttls.made(ttl);
     }
 
     /// The TTL by which a keep-alive judges when the other nodes lapse
     /// ([`SessionGrant::peers_lapse`]): the registry's, while every registry ever made
     /// over these links (a dropped one too: nothing tells them apart) has the same one.
     pub fn peers_ttl(&self) -> Option<Duration> {
-        let ttls = self.registry_ttls.lock();
-        match ttls.len() {
-            1 => ttls.first().copied(),
-            _ => None,
-        }
+        self.registry_ttls.single()
     }
 }
 

@@ -558,12 +558,17 @@ impl LeaseStore for InMemoryLeaseStore {
             return Ok(None);
         }
         entry.expires_at = entry.expires_at.max(renewed_until);
-        let peers_lapse =
-            (self.nodes.peers_ttl()).map(|ttl| self.nodes.peers_lapse(&entry.owner, ttl, now));
+        let (owner, expires_at) = (entry.owner.clone(), entry.expires_at);
+        // Outside the sessions' lock: the account reads every node.
+        drop(sessions);
+        let peers_lapse = self
+            .nodes
+            .peers_ttl()
+            .map(|ttl| self.nodes.peers_lapse(&owner, ttl, now));
         Ok(Some(SessionGrant {
             id: session,
-            owner: entry.owner.clone(),
-            expires_at: entry.expires_at,
+            owner,
+            expires_at,
             now,
             peers_lapse,
         }))

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::lease::validate_name;
 use crate::registry::{validate_heartbeat, Metadata, NodeInfo};
+use crate::session::RegistryTtls;
 use crate::{Clock, Error, NodeRegistry, PeersLapse, Result, SystemClock};
 
 #[derive(Debug)]
@@ -31,23 +32,21 @@ pub(super) struct NodeTable {
     /// Woken when a node joins or leaves.
     changed: Notify,
     /// The TTL of every registry ever made over the table.
-    ttls: Mutex<std::collections::BTreeSet<Duration>>,
+    ttls: RegistryTtls,
 }
 
 impl NodeTable {
     /// The TTL a keep-alive judges the other nodes by: the registries', while all
     /// have the same one.
     pub(super) fn peers_ttl(&self) -> Option<Duration> {
-        let ttls = self.ttls.lock();
-        (ttls.len() == 1).then(|| ttls.first().copied()).flatten()
+        self.ttls.single()
     }
 
     /// How long after its last heartbeat a node may be forgotten: it is no longer live
     /// by any registry's TTL, nor lapsed less than a TTL ago (which a keep-alive's
     /// account of the peers tells).
     fn kept_for(&self) -> Duration {
-        let longest = self.ttls.lock().last().copied().unwrap_or_default();
-        longest.saturating_mul(2)
+        self.ttls.longest().unwrap_or_default().saturating_mul(2)
     }
 
     /// When the first node other than `owner` lapses unless heard from again, judged
@@ -104,7 +103,7 @@ impl InMemoryNodeRegistry {
         if ttl.is_zero() {
             return Err(Error::invalid("ttl", "must be greater than zero"));
         }
-        table.ttls.lock().insert(ttl);
+        table.ttls.made(ttl);
         Ok(InMemoryNodeRegistry { ttl, clock, table })
     }
 
