@@ -37,6 +37,8 @@
 //! the other members lapse, so members put their reads of the membership off on that
 //! account; there a crash kills the member's process (its leave never reaches the
 //! registry, and its membership lapses on its own), and one last crash ends the faults.
+//! Where such a schedule's store also pushes no shard change, it says its waits poll,
+//! so members read their drain roles once a second instead of waiting on them.
 //! Odd seeds crash only the member's task in a process that lives on, whose dropped
 //! heartbeat still leaves the group. Seeds 2 (mod 4) also lose calls: any call but a wait
 //! fails now and then without ever reaching the store. A third negative control must be
@@ -99,6 +101,9 @@ struct MemberFaults {
     /// The store pushes no change of a shard: each wait runs to its deadline, as on a
     /// store whose pushes were lost, and members act on what their looks read.
     no_pushes: bool,
+    /// The store also says its waits poll ([`LeaseStore::change_poll`], as SQLite's
+    /// do), so members read their drain roles on a cadence of their own.
+    polls: bool,
 }
 
 /// A call the store applies after its caller stopped waiting, and what the caller got.
@@ -174,6 +179,14 @@ impl MemberFaults {
 
 #[async_trait::async_trait]
 impl Interceptor for MemberFaults {
+    fn change_poll(&self, below: Option<Duration>) -> Option<Duration> {
+        if self.polls {
+            Some(RETRY)
+        } else {
+            below
+        }
+    }
+
     async fn intercept(&self, call: Call, next: Next) -> Reply {
         if let Call::WaitForChange { deadline, .. } = call {
             if self.no_pushes {
@@ -347,6 +360,7 @@ impl Sim {
             late_until: self.faults_until,
             broken: self.broken,
             no_pushes: self.no_pushes,
+            polls: self.no_pushes && self.kills,
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
         let killed = Arc::new(AtomicBool::new(false));
