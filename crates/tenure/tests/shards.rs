@@ -217,6 +217,61 @@ async fn four_members_settle_64_shards_evenly() {
     assert!(owned.values().all(|shards| shards.len() == 16), "{owned:?}");
 }
 
+/// How long after the first start every one of `shards` is worked on, evenly: members
+/// start `apart` from each other; polled every 5 ms for up to 4 retry intervals.
+async fn time_to_balance(members: &[&str], shards: u32, apart: Duration) -> Option<Duration> {
+    let mut group = Group::in_memory();
+    let started = tokio::time::Instant::now();
+    for node in members {
+        group.start(node, shards);
+        tokio::time::sleep(apart).await;
+    }
+    let (floor, ceil) = (
+        shards as usize / members.len(),
+        (shards as usize).div_ceil(members.len()),
+    );
+    while started.elapsed() < 4 * RETRY {
+        let workers = group.workers();
+        let shares = shares(&workers);
+        let even =
+            shares.len() == members.len() && shares.values().all(|n| (floor..=ceil).contains(n));
+        if workers.len() == shards as usize && even {
+            group.assert_balanced(shards);
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    group.assert_no_overlap();
+    None
+}
+
+/// Members that planned from different owners (each looked while the others were
+/// taking shards) disagree on some targets: a member hands a shard to one whose own plan
+/// did not expect it, so nobody waits on it. The member left short of its share must
+/// look again soon rather than at the next retry look. Started at once and 50 ms apart,
+/// 4 members settle 64 and 400 shards within a fifth of a retry interval (today's retry
+/// look alone took 505 ms, a whole interval).
+#[tokio::test(start_paused = true)]
+async fn members_that_planned_apart_settle_before_the_retry_look() {
+    let mut measured = Vec::new();
+    for shards in [64, 400] {
+        for apart in [Duration::ZERO, Duration::from_millis(50)] {
+            let took = time_to_balance(&["a", "b", "c", "d"], shards, apart).await;
+            measured.push((shards, apart, took));
+        }
+    }
+    eprintln!("(shards, apart, balanced after): {measured:?}");
+    // From the last start: the group cannot settle before its last member began.
+    let slow: Vec<_> = measured
+        .iter()
+        .filter(|(_, apart, took)| took.is_none_or(|took| took > 3 * *apart + RETRY / 5))
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "settled later than a fifth of a retry interval: {slow:?}"
+    );
+}
+
 /// Setup: 4 members settled on 64 shards; a fifth joins. Only shards the newcomer now
 /// owns moved (12 or 13 of them), each handed over once; nobody else's changed.
 #[tokio::test(start_paused = true)]

@@ -110,6 +110,15 @@ pub(super) struct Member<'a> {
     /// leaves are pushed, and a membership due to lapse has its own read of the members
     /// (a look if it did lapse).
     pub(super) settled: bool,
+    /// How many looks in a row left this member short of its share (a shard targeted
+    /// here not worked on here). Members plan from the owners each saw at its own look,
+    /// so while shards move their plans disagree: one may hand a shard to a member whose
+    /// plan did not target it, and that member, not waiting on it, hears no push. The
+    /// free shard leaves some member short (shares add up to the group's size); that
+    /// member looks again soon, after [`SHORT_LOOK_DIVISOR`]-th of the retry interval,
+    /// doubled at each look that still finds it short, so a member short for long (a
+    /// join waiting for handovers) costs a few extra looks, not one per division.
+    pub(super) short_looks: u32,
 }
 
 impl Drop for Member<'_> {

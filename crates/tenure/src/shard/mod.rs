@@ -192,6 +192,11 @@ const LOST_ACQUIRE_LANDS_TTLS: u32 = 2;
 /// lapse already due cannot make the member spin.
 const MIN_LOOK: Duration = Duration::from_millis(1);
 
+/// A member that a look leaves short of its share looks again after the retry interval
+/// divided by this, then after twice that, and so on up to the retry interval: see
+/// [`Member::short_looks`](member::Member).
+const SHORT_LOOK_DIVISOR: u32 = 16;
+
 /// At most this many acquire calls of one member are in flight at once.
 const BATCHES_IN_FLIGHT: usize = 2;
 
@@ -316,6 +321,7 @@ impl ShardElector {
             lost_acquires: BTreeSet::new(),
             lost_acquire_at: None,
             settled: false,
+            short_looks: 0,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as

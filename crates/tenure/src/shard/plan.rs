@@ -167,10 +167,36 @@ impl Member<'_> {
                 now.duration_since(at) >= options.lease_ttl * LOST_ACQUIRE_LANDS_TTLS
             });
         self.owners = owners;
+        let mine: Vec<u32> = target
+            .iter()
+            .filter(|(_, t)| **t == options.node_id)
+            .map(|(k, _)| *k)
+            .collect();
         self.publish(live.clone(), target);
         self.contend(wanted, work, wake_tx, Some(&seen.registry))
             .await;
+        self.look_soon_if_short(&mine, now);
         Ok(seen)
+    }
+
+    /// Brings the next look forward when shards of `mine` (this look's targets here)
+    /// are not worked on here once its acquires were answered (see
+    /// [`Member::short_looks`]).
+    fn look_soon_if_short(&mut self, mine: &[u32], now: Instant) {
+        let short = mine.iter().any(|shard| !self.terms.contains_key(shard));
+        if !short {
+            self.short_looks = 0;
+            return;
+        }
+        let retry = self.options().retry_interval;
+        let soon = (retry / SHORT_LOOK_DIVISOR)
+            .checked_mul(1 << self.short_looks.min(16))
+            .filter(|soon| *soon < retry);
+        self.short_looks = self.short_looks.saturating_add(1);
+        if let Some(soon) = soon {
+            let at = now + soon;
+            self.next_look = Some(self.next_look.map_or(at, |next| next.min(at)));
+        }
     }
 
     /// The shards that the last look saw owned by members now gone (not in `planned`)
@@ -178,7 +204,9 @@ impl Member<'_> {
     /// so a crashed member's shards run again without waiting for that read, which lists
     /// every shard of the group. The view may be stale, but an acquire is conditional: a
     /// shard still held (its owner's session outlives its membership) is refused, and
-    /// waited on as any shard held elsewhere.
+    /// waited on as any shard held elsewhere; one already waited on is left to its
+    /// waiter's push (a look soon after the last, as one left short makes, would ask
+    /// again for every shard the leaver has not yet released).
     fn departed_shards(&self, planned: &[String]) -> Vec<(u32, bool)> {
         let options = self.options();
         let node = &options.node_id;
@@ -195,6 +223,7 @@ impl Member<'_> {
                 departed(owner)
                     && target.get(shard) == Some(node)
                     && !self.terms.contains_key(shard)
+                    && !self.waiting.contains(shard)
                     && self.cooled(**shard, now)
             })
             .map(|(shard, _)| (*shard, false))
