@@ -60,8 +60,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
-    only_answer, validate_name, validate_release, validate_roles, validate_ttl, AcquireRequest,
-    EndRequest, Handover,
+    acquire_in_session_as_batch, validate_name, validate_release, validate_roles, validate_ttl,
+    wait_out_bad_role, AcquireRequest, EndRequest, Handover,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -436,8 +436,7 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn wait_for_term(&self, role: &str, after: FencingToken, deadline: Instant) {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return;
         }
         // Every new term notifies, a role's first one (its row's insert) included, so
@@ -458,8 +457,7 @@ impl LeaseStore for PgLeaseStore {
         observed: FencingToken,
         deadline: Instant,
     ) -> TermChange {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return TermChange::Unknown;
         }
         // Read only when the listener knows nothing of the role yet (see `notify.rs`).
@@ -528,10 +526,7 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
-        let answers = self
-            .acquire_many_in_session(&[role.to_owned()], session)
-            .await?;
-        only_answer(BACKEND, answers)
+        acquire_in_session_as_batch(self, BACKEND, role, session).await
     }
 
     /// One statement for the whole batch (see `session.rs`).
@@ -593,7 +588,7 @@ fn acquire_statement_with(
     queue: bool,
 ) -> String {
     let end = session::term_end(sessions, true);
-    let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
+    let free = session::term_free(&end);
     let candidacy = queue::acquire_ctes(candidates, queue);
     let notify = notify_sql(
         "$4",

@@ -267,6 +267,12 @@ pub(crate) fn term_end(sessions: &str, lock: bool) -> String {
     )
 }
 
+/// Whether lease row `l` is free for a new term, as an acquire decides it: no holder,
+/// or its term (`end`, a [`term_end`] that locks) over by the statement's time.
+pub(crate) fn term_free(end: &str) -> String {
+    format!("l.holder IS NULL OR {end} <= statement_timestamp()")
+}
+
 /// Opens a session: `(owner, ttl in microseconds)`. It also forgets up to 100 ended
 /// sessions that no lease row names: every statement reads a missing session as ended,
 /// so forgetting one changes no answer, and the table stays as small as the sessions
@@ -359,7 +365,7 @@ pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
 /// has no token, and the caller runs the statement again for it.
 fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
     let end = term_end(sessions, true);
-    let free = format!("l.holder IS NULL OR {end} <= statement_timestamp()");
+    let free = term_free(&end);
     let notify = notify_sql(
         "$3",
         &began_sql("up.role", "up.fencing_token", "up.holder"),

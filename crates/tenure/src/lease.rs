@@ -583,9 +583,21 @@ pub fn validate_roles(roles: &[String]) -> Result<()> {
         .try_for_each(|role| validate_name("role", role))
 }
 
-/// The one answer of a batch of one role: for backends whose
-/// [`LeaseStore::acquire_in_session`] is their batched acquire of one role.
-pub fn only_answer(backend: &'static str, mut answers: Vec<LeaseResult>) -> Result<LeaseResult> {
+/// [`LeaseStore::acquire_in_session`] as a batch of one role, for backends whose
+/// [`LeaseStore::acquire_many_in_session`] is the one acquire under a session they
+/// write. An answer that is not exactly one is [`Error::Store`] naming `backend`.
+pub async fn acquire_in_session_as_batch<S>(
+    store: &S,
+    backend: &'static str,
+    role: &str,
+    session: SessionId,
+) -> Result<LeaseResult>
+where
+    S: LeaseStore + ?Sized,
+{
+    let mut answers = store
+        .acquire_many_in_session(&[role.to_owned()], session)
+        .await?;
     match (answers.pop(), answers.is_empty()) {
         (Some(answer), true) => Ok(answer),
         _ => Err(Error::store_msg(
@@ -593,6 +605,17 @@ pub fn only_answer(backend: &'static str, mut answers: Vec<LeaseResult>) -> Resu
             "an acquire of one role was not answered with one answer",
         )),
     }
+}
+
+/// For a backend's waits ([`LeaseStore::wait_for_change`] and its kin): whether `role`
+/// is a name no call accepts, having then slept to `deadline`. No term of such a role
+/// can begin or end, and returning at once would spin a caller that waits in a loop.
+pub async fn wait_out_bad_role(role: &str, deadline: tokio::time::Instant) -> bool {
+    if validate_name("role", role).is_ok() {
+        return false;
+    }
+    tokio::time::sleep_until(deadline).await;
+    true
 }
 
 /// Checks the successor named to [`LeaseStore::hand_over`] (or a handoff), if any: a

@@ -18,6 +18,7 @@
 
 use std::sync::{Arc, Weak};
 
+use tenure::lease::wait_out_bad_role;
 use tenure::TermChange;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -112,8 +113,7 @@ impl EtcdLeaseStore {
         observed: FencingToken,
         deadline: Instant,
     ) -> TermChange {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return TermChange::Unknown;
         }
         let mut state = self.role_watch(role);

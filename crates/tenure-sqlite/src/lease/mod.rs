@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
-    only_answer, validate_name, validate_release, validate_roles, validate_ttl, AcquireRequest,
-    EndRequest, Handover, ACQUIRE_BATCH_SIZE,
+    acquire_in_session_as_batch, validate_name, validate_release, validate_roles, validate_ttl,
+    wait_out_bad_role, AcquireRequest, EndRequest, Handover, ACQUIRE_BATCH_SIZE,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -195,24 +195,9 @@ impl SqliteLeaseStore {
         &self.db
     }
 
-    /// Commits the step `write` of an acquire path and answers it: acquired until
-    /// `acquired_until`, or refused with the live holder's term. Waiters are woken for
-    /// a new term.
-    async fn answer(
-        &self,
-        tx: Transaction<'static, Sqlite>,
-        role: &str,
-        owner: &str,
-        write: LeaseWrite,
-        now: &StoreNow,
-        acquired_until: SystemTime,
-    ) -> Result<LeaseResult> {
-        commit(tx, "cannot commit the lease").await?;
-        self.result_of(role, owner, write, now, acquired_until)
-    }
-
-    /// The answer of a committed `write` of `role` (see [`answer`](Self::answer)),
-    /// announcing a new term to this process's waiters.
+    /// The answer of a committed `write` of `role`: acquired until `acquired_until`,
+    /// or refused with the live holder's term; a new term is announced to this
+    /// process's waiters.
     fn result_of(
         &self,
         role: &str,
@@ -269,8 +254,8 @@ impl SqliteLeaseStore {
             // the moment the candidacy is in the file.
             self.db.listen_for_wakes(owner);
         }
-        self.answer(tx, role, owner, write, &store_now, expires_time)
-            .await
+        commit(tx, "cannot commit the lease").await?;
+        self.result_of(role, owner, write, &store_now, expires_time)
     }
 
     /// Ends the live term `(role, owner, token)` in one transaction, handing the role as
@@ -454,8 +439,7 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return;
         }
         let Ok(observed) = token_to_db(observed) else {
@@ -473,8 +457,7 @@ impl LeaseStore for SqliteLeaseStore {
         observed: FencingToken,
         deadline: Instant,
     ) -> TermChange {
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return TermChange::Unknown;
         }
         // A token above `i64::MAX` was never handed out: any live term is another.
@@ -492,8 +475,7 @@ impl LeaseStore for SqliteLeaseStore {
             tokio::time::sleep_until(deadline).await;
             return;
         };
-        if validate_name("role", role).is_err() {
-            tokio::time::sleep_until(deadline).await;
+        if wait_out_bad_role(role, deadline).await {
             return;
         }
         // A new term through this database signals the role at once (as a release
@@ -598,10 +580,7 @@ impl LeaseStore for SqliteLeaseStore {
     }
 
     async fn acquire_in_session(&self, role: &str, session: SessionId) -> Result<LeaseResult> {
-        let answers = self
-            .acquire_many_in_session(&[role.to_owned()], session)
-            .await?;
-        only_answer(BACKEND, answers)
+        acquire_in_session_as_batch(self, BACKEND, role, session).await
     }
 
     /// One write transaction for the whole batch: each role is decided as
