@@ -416,7 +416,11 @@ fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
 /// Closes a session: `(id, channel, members channel)`, one row: whether it was live,
 /// and how many roles it released (each announced on the channel, as a release is).
 /// The roles go first (`ended` waits on `rel`), keeping the lease-then-session lock
-/// order. They are freed, not handed to a candidate: a release hands over, closing a
+/// order, and are locked in role order first (`locked`), as an acquire locks them: an
+/// acquire of the session's roles locks each row, then takes a share lock on the
+/// holder's session row; a close locking its rows in the table's order would hold some
+/// the acquire reaches later while waiting on one it holds, a deadlock PostgreSQL breaks
+/// only after `deadlock_timeout` (a second), failing one of the two. They are freed, not handed to a candidate: a release hands over, closing a
 /// session ends its terms (as the in-memory store does). A node of node table `nodes`
 /// that names the session may go with it (see `registry.rs`): membership waiters are
 /// told on the members channel.
@@ -427,11 +431,15 @@ fn close_statement(t: &str, sessions: &str, nodes: &str) -> String {
         "rel.role",
     );
     format!(
-        "WITH rel AS (
-            UPDATE {t} SET holder = NULL, session_id = NULL, value = NULL,
+        "WITH locked AS (
+            SELECT role FROM {t} WHERE session_id = $1 ORDER BY role FOR UPDATE
+        ),
+        rel AS (
+            UPDATE {t} l SET holder = NULL, session_id = NULL, value = NULL,
                 expires_at = statement_timestamp()
-            WHERE session_id = $1
-            RETURNING role, fencing_token
+            FROM locked
+            WHERE l.role = locked.role AND l.session_id = $1
+            RETURNING l.role, l.fencing_token
         ),
         ended AS (
             UPDATE {sessions} SET expires_at = statement_timestamp()

@@ -470,3 +470,88 @@ async fn a_keep_alive_does_not_wait_behind_blocked_calls() {
     );
     blocked.await.unwrap().unwrap();
 }
+
+/// How many statements of the pool tagged `app` wait on a lock right now.
+async fn waiting_on_locks(pool: &PgPool, app: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE application_name = $1 AND wait_event_type = 'Lock'",
+    )
+    .bind(app)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits (polling, for at most 10 s) until `n` statements of `app` wait on a lock.
+async fn until_waiting_on_locks(pool: &PgPool, app: &str, n: i64) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while waiting_on_locks(pool, app).await < n {
+        assert!(
+            Instant::now() < until,
+            "{n} statements never waited on a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A session's close and another session's acquire of the roles it holds lock the same
+/// rows. The acquire locks them in role order. Were the close to lock them in another
+/// order (the table's, which follows the order the terms began in), each could wait on
+/// the other: PostgreSQL breaks such a cycle only after `deadlock_timeout` (a second by
+/// default), by failing one of the statements. A graceful leave is this race: the
+/// others contend for the leaver's shards while it closes its session.
+///
+/// Made certain here: a third transaction holds the first role's row, so the acquire
+/// waits on it holding nothing, and the close, sent next, locks what it can before it
+/// waits too; then the third lets go. Both must answer, at once.
+#[tokio::test]
+async fn a_close_and_an_acquire_of_its_roles_never_deadlock() {
+    const APP: &str = "close-lock-order";
+    let (pool, schema) = common::migrated_with(APP, 8).await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let roles: Vec<String> = (0..64).map(|k| format!("lock-order/{k:02}")).collect();
+    let a = store.open_session("node-a", LONG).await.unwrap();
+    // One at a time in a scrambled order: the rows lie in the table in that order.
+    for k in 0..roles.len() {
+        let role = &roles[(k * 37 + 5) % roles.len()];
+        assert!(store.acquire_in_session(role, a.id).await.unwrap().acquired);
+    }
+    let b = store.open_session("node-b", LONG).await.unwrap();
+
+    let mut blocker = pool.begin().await.unwrap();
+    let lock_first = format!(
+        "SELECT 1 FROM {} WHERE role = $1 FOR UPDATE",
+        table(&schema, "tenure_leases")
+    );
+    sqlx::query(&lock_first)
+        .bind(&roles[0])
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let acquire = tokio::spawn({
+        let (store, roles) = (store.clone(), roles.clone());
+        async move { store.acquire_many_in_session(&roles, b.id).await }
+    });
+    until_waiting_on_locks(&pool, APP, 1).await;
+    let close = tokio::spawn({
+        let store = store.clone();
+        async move { store.close_session(a.id).await }
+    });
+    until_waiting_on_locks(&pool, APP, 2).await;
+    let let_go = Instant::now();
+    blocker.commit().await.unwrap();
+    let acquired = acquire.await.unwrap();
+    let closed = close.await.unwrap();
+    let took = let_go.elapsed();
+    let acquired = acquired.expect("the acquire answers");
+    assert!(closed.expect("the close answers"), "a's session was open");
+    assert!(
+        acquired.iter().all(|answer| !answer.acquired),
+        "a's session held every role when the acquire locked it"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "the two waited on each other for {took:?}"
+    );
+}
