@@ -119,6 +119,13 @@ pub(super) struct Member<'a> {
     /// doubled at each look that still finds it short, so a member short for long (a
     /// join waiting for handovers) costs a few extra looks, not one per division.
     pub(super) short_looks: u32,
+    /// When the latest term that refused an acquire of the last contention ends (on
+    /// this process's clock), if one refused.
+    pub(super) refused_until: Option<Instant>,
+    /// While looks are put off until a departed member's session ends (see
+    /// `reconcile`): when the first refusal said it ends. Looks are put off only until
+    /// then, so a holder that lives on (its term renewed) is read as any other.
+    pub(super) look_put_off: Option<Instant>,
 }
 
 impl Drop for Member<'_> {
@@ -185,9 +192,15 @@ impl Member<'_> {
             } else {
                 self.options().retry_interval
             };
-            let look_again = (looked_at + every)
-                .min(self.next_look.unwrap_or(looked_at + every))
-                .max(now + MIN_LOOK);
+            let due = self.next_look.unwrap_or(looked_at + every);
+            // Put off until a departed member's session ends: not sooner, or the look
+            // would read the group while its shards are still held.
+            let look_again = if self.look_put_off.is_some() {
+                due
+            } else {
+                (looked_at + every).min(due)
+            }
+            .max(now + MIN_LOOK);
             self.take_peers_lapse(&observed);
             let lapse_check = self.next_lapse.map_or(look_again, |lapse| {
                 lapse.max(now + MIN_LOOK).min(look_again)
@@ -327,6 +340,7 @@ impl Member<'_> {
         self.pending_releases.clear();
         self.lost_acquires.clear();
         self.lost_acquire_at = None;
+        self.look_put_off = None;
         self.session = None;
         self.elector.deadline.send_replace(None);
     }

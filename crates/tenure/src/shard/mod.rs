@@ -322,6 +322,8 @@ impl ShardElector {
             lost_acquire_at: None,
             settled: false,
             short_looks: 0,
+            refused_until: None,
+            look_put_off: None,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as

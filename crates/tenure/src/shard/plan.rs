@@ -65,7 +65,7 @@ impl Member<'_> {
             planned.insert(options.node_id.clone());
         }
         let planned: Vec<String> = planned.into_iter().collect();
-        let departed = self.departed_shards(&planned);
+        let (departed, departed_target) = self.departed_shards(&planned);
         if !departed.is_empty() {
             debug!(
                 shards = departed.len(),
@@ -73,7 +73,25 @@ impl Member<'_> {
             );
             self.contend(departed, work, wake_tx, Some(&seen.registry))
                 .await;
+            if let Some(until) = self.put_off_until(now) {
+                // The departed member's session outlives its membership (a registry TTL
+                // is at most `lease_ttl`): its shards free when the session ends. Read
+                // the group then, not now: the read grows with the group, and the acquire
+                // that takes the shards would wait behind it. Until then each look
+                // contends for them again (and the pushes of those waited on are acted
+                // on, by the plan published here).
+                debug!(
+                    ?until,
+                    "a departed member's shards are still held; looking again when they free"
+                );
+                self.settled = false;
+                self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+                self.next_look = Some(until.min(now + options.retry_interval) + LAPSE_NUDGE);
+                self.publish(live.clone(), departed_target);
+                return Ok(seen);
+            }
         }
+        self.look_put_off = None;
 
         let held = self.live_owners().await?;
         let owners: BTreeMap<u32, String> = held
@@ -199,6 +217,24 @@ impl Member<'_> {
         }
     }
 
+    /// Whether to put off reading the group until the departed member's session ends,
+    /// and until when: the latest end of a term that refused the departed contention
+    /// just made, if within `lease_ttl`, and no later than the end the first such
+    /// refusal said.
+    fn put_off_until(&mut self, now: Instant) -> Option<Instant> {
+        let until = self
+            .refused_until
+            .filter(|until| *until <= now + self.options().lease_ttl)?;
+        match self.look_put_off {
+            None => {
+                self.look_put_off = Some(until);
+                Some(until)
+            }
+            Some(first) if until <= first + LAPSE_NUDGE => Some(until),
+            Some(_) => None,
+        }
+    }
+
     /// The shards that the last look saw owned by members now gone (not in `planned`)
     /// and that the placement now targets here: contended for before the group is read,
     /// so a crashed member's shards run again without waiting for that read, which lists
@@ -206,28 +242,32 @@ impl Member<'_> {
     /// shard still held (its owner's session outlives its membership) is refused, and
     /// waited on as any shard held elsewhere; one already waited on is left to its
     /// waiter's push (a look soon after the last, as one left short makes, would ask
-    /// again for every shard the leaver has not yet released).
-    fn departed_shards(&self, planned: &[String]) -> Vec<(u32, bool)> {
+    /// again for every shard the leaver has not yet released), except while looks are
+    /// put off until the departed member's session ends: a session that lapses pushes
+    /// nothing. Also returns the placement they were chosen by, if any.
+    fn departed_shards(&self, planned: &[String]) -> (Vec<(u32, bool)>, BTreeMap<u32, String>) {
         let options = self.options();
         let node = &options.node_id;
         // `planned` is sorted (it comes from a set).
         let departed = |owner: &String| owner != node && planned.binary_search(owner).is_err();
         if self.draining || !self.owners.values().any(departed) {
-            return Vec::new();
+            return (Vec::new(), BTreeMap::new());
         }
         let target = place(&options.group, options.shards, planned, &self.owners);
         let now = Instant::now();
-        self.owners
+        let wanted = self
+            .owners
             .iter()
             .filter(|(shard, owner)| {
                 departed(owner)
                     && target.get(shard) == Some(node)
                     && !self.terms.contains_key(shard)
-                    && !self.waiting.contains(shard)
+                    && (self.look_put_off.is_some() || !self.waiting.contains(shard))
                     && self.cooled(**shard, now)
             })
             .map(|(shard, _)| (*shard, false))
-            .collect()
+            .collect();
+        (wanted, target)
     }
 
     /// Cancels every term the store no longer shows as this member's under its token
@@ -306,6 +346,7 @@ impl Member<'_> {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
+        self.refused_until = None;
         let Some(session) = &self.session else { return };
         let (id, alive) = (session.id, session.alive.clone());
         let (store, group) = (self.elector.store.clone(), self.options().group.clone());
@@ -491,6 +532,8 @@ impl Member<'_> {
                 );
             }
             result => {
+                let ends = Instant::now() + result.remaining();
+                self.refused_until = Some(self.refused_until.map_or(ends, |u| u.max(ends)));
                 // Held elsewhere (a handover in progress): wake on the store's push. A
                 // bounded number of waiters: each costs the store a read before it
                 // waits, and thousands at once (a member joining a large group) would
