@@ -547,4 +547,4 @@ fn overlap_ns(events: &[Event]) -> u64 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

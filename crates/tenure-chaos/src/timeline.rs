@@ -367,16 +367,9 @@ pub fn html(report: &Report) -> Result<String, serde_json::Error> {
 mod tests {
     use super::*;
 
+    /// A history line `t_ms` ms after the run's start at 1 s.
     fn ev(t_ms: u64, worker: &str, ev: EventKind, token: u64, seq: u64) -> Event {
-        Event {
-            t: 1_000_000_000 + t_ms * 1_000_000,
-            worker: worker.to_owned(),
-            ev,
-            token,
-            seq,
-            shard: None,
-            note: None,
-        }
+        crate::checker::tests::ev(1_000_000_000 + t_ms * 1_000_000, worker, ev, token, seq)
     }
 
     /// w0.0 leads token 1 and is killed while leading; w0.1 (its slot's next

@@ -125,32 +125,7 @@ impl RegistryFixture for EtcdRegistryFixture {
     }
 }
 
-tenure_testkit::lease_scenarios!(
-    Etcd { safe_server: false },
-    flavor = "multi_thread",
-    worker_threads = 2
-);
-tenure_testkit::session_scenarios!(
-    Etcd { safe_server: false },
-    flavor = "multi_thread",
-    worker_threads = 2
-);
-tenure_testkit::queue_scenarios!(
-    Etcd { safe_server: false },
-    flavor = "multi_thread",
-    worker_threads = 2
-);
-tenure_testkit::queue_fault_scenarios!(
-    Etcd { safe_server: false },
-    flavor = "multi_thread",
-    worker_threads = 2
-);
-tenure_testkit::shard_fault_scenarios!(
-    Etcd { safe_server: false },
-    flavor = "multi_thread",
-    worker_threads = 2
-);
-tenure_testkit::registry_scenarios!(
+tenure_testkit::backend_scenarios!(
     Etcd { safe_server: false },
     flavor = "multi_thread",
     worker_threads = 2

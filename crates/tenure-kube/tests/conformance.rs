@@ -95,9 +95,4 @@ impl RegistryFixture for KubeRegistryFixture {
     }
 }
 
-tenure_testkit::lease_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::session_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::registry_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_fault_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::shard_fault_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::backend_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);

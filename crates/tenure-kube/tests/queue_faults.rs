@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use tenure::{FencingToken, LeaseStore};
+use tenure::{FencingToken, LeaseResult, LeaseStore};
 use tenure_kube::names::{candidacy_name, object_name, Kind};
 use tenure_kube::KubeLeaseStore;
 use tokio::time::Instant;
@@ -22,6 +22,16 @@ async fn holder(store: &KubeLeaseStore) -> Option<(String, FencingToken)> {
     let info = store.get(ROLE).await.unwrap()?;
     let token = info.fencing_token;
     info.live_holder().map(|holder| (holder.to_owned(), token))
+}
+
+/// `owner` takes the free role.
+async fn acquires(store: &KubeLeaseStore, owner: &str) -> LeaseResult {
+    let answer = store
+        .try_acquire_or_queue(ROLE, owner, TTL, None)
+        .await
+        .unwrap();
+    assert!(answer.acquired);
+    answer
 }
 
 async fn queued(store: &KubeLeaseStore, owner: &str) {
@@ -61,11 +71,7 @@ async fn a_late_write_on_a_stale_copy_gets_a_conflict_and_changes_nothing() {
     let role_object = object_name(Kind::Role, ROLE);
     let (connection, requests) = common::counted(&namespace).await;
     let stale = KubeLeaseStore::new(connection);
-    let a = stale
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = acquires(&stale, "node-a").await;
     let other = KubeLeaseStore::new(common::tenant(&namespace).await);
     queued(&other, "node-b").await;
     queued(&other, "node-c").await;
@@ -128,11 +134,7 @@ async fn a_candidacy_deleted_by_an_operator_is_withdrawn() {
     let holder_store = KubeLeaseStore::new(common::tenant(&namespace).await);
     let b_store = KubeLeaseStore::new(common::tenant(&namespace).await);
     let c_store = KubeLeaseStore::new(common::tenant(&namespace).await);
-    let a = holder_store
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = acquires(&holder_store, "node-a").await;
     queued(&b_store, "node-b").await;
     queued(&c_store, "node-c").await;
     until_candidates(&holder_store, &["node-b", "node-c"]).await;
@@ -175,11 +177,7 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
     let namespace = common::new_namespace("spent-recreated");
     let role_object = object_name(Kind::Role, ROLE);
     let store = KubeLeaseStore::new(common::tenant(&namespace).await);
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
-    assert!(a.acquired);
+    let a = acquires(&store, "node-a").await;
     queued(&store, "node-b").await;
     queued(&store, "node-c").await;
     assert!(store

@@ -122,9 +122,4 @@ impl RegistryFixture for PgRegistryFixture {
     }
 }
 
-tenure_testkit::lease_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::session_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::registry_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_fault_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::shard_fault_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::backend_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);

@@ -40,20 +40,39 @@ fn elector(
     Arc::new(LeaseLeaderElector::new(Arc::new(store), options).unwrap())
 }
 
-/// Runs `elector` for `role` with `work` on a task of its own, until `shutdown`.
-fn spawn_run<W, Fut>(
-    elector: &Arc<LeaseLeaderElector>,
-    role: &'static str,
-    work: W,
-    shutdown: &CancellationToken,
-) -> JoinHandle<tenure::Result<()>>
-where
-    W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
-    Fut: std::future::Future + Send + 'static,
-    Fut::Output: WorkOutcome,
-{
-    let (elector, shutdown) = (elector.clone(), shutdown.clone());
-    tokio::spawn(async move { elector.run(role, work, shutdown).await })
+/// An elector's `run` on a task of its own, until [`Running::stop`].
+struct Running {
+    task: JoinHandle<tenure::Result<()>>,
+    shutdown: CancellationToken,
+}
+
+impl Running {
+    /// Runs `elector` for `role` with `work`.
+    fn start<W, Fut>(elector: &Arc<LeaseLeaderElector>, role: &'static str, work: W) -> Running
+    where
+        W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
+        Fut: std::future::Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        let shutdown = CancellationToken::new();
+        let (elector, stop) = (elector.clone(), shutdown.clone());
+        let task = tokio::spawn(async move { elector.run(role, work, stop).await });
+        Running { task, shutdown }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Shuts the run down; it returns `Ok` within 10 s.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("run returns on shutdown")
+            .unwrap()
+            .unwrap();
+    }
 }
 
 /// Tokens keep increasing across release, a new store instance, a clean server
@@ -134,7 +153,6 @@ async fn server_outage_longer_than_ttl() {
     let terms = Arc::new(Mutex::new(
         Vec::<(FencingToken, Instant, Option<Instant>)>::new(),
     ));
-    let shutdown = CancellationToken::new();
     let work = {
         let terms = terms.clone();
         move |token, leadership: CancellationToken| {
@@ -150,7 +168,7 @@ async fn server_outage_longer_than_ttl() {
             }
         }
     };
-    let run = spawn_run(&elector, "outage", work, &shutdown);
+    let run = Running::start(&elector, "outage", work);
     let first = wait_for(&terms, 1, Duration::from_secs(10)).await[0].0;
 
     tracing::info!("--- stopping the server");
@@ -203,12 +221,7 @@ async fn server_outage_longer_than_ttl() {
         "a new term after the outage: {:?}",
         terms_now[1].0
     );
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .expect("run returns on shutdown")
-        .unwrap()
-        .unwrap();
+    run.stop().await;
 }
 
 /// `pg_terminate_backend` on every connection of the leader's pool: the next renewal
@@ -231,7 +244,6 @@ async fn terminated_connections_do_not_lose_leadership() {
         Duration::from_millis(200),
     );
     let cancelled = CancellationToken::new();
-    let shutdown = CancellationToken::new();
     let work = {
         let cancelled = cancelled.clone();
         move |_, leadership: CancellationToken| {
@@ -242,7 +254,7 @@ async fn terminated_connections_do_not_lose_leadership() {
             }
         }
     };
-    let run = spawn_run(&elector, "terminated", work, &shutdown);
+    let run = Running::start(&elector, "terminated", work);
     let mut state = elector.watch();
     let token = tokio::time::timeout(
         Duration::from_secs(10),
@@ -283,12 +295,7 @@ async fn terminated_connections_do_not_lose_leadership() {
         "leadership must survive a terminated connection"
     );
     assert_eq!(*elector.watch().borrow(), token);
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    run.stop().await;
 }
 
 /// The server is down when the elector starts: store errors are logged (without the
@@ -323,9 +330,8 @@ fn server_down_at_start_then_leads() {
             Duration::from_millis(500),
             Duration::from_millis(300),
         );
-        let shutdown = CancellationToken::new();
         let work = |_, leadership: CancellationToken| async move { leadership.cancelled().await };
-        let run = spawn_run(&elector, "late", work, &shutdown);
+        let run = Running::start(&elector, "late", work);
         // Longer than the pool's 2 s acquire timeout, so attempts fail and are retried.
         tokio::time::sleep(Duration::from_millis(4500)).await;
         assert!(!run.is_finished(), "store errors never end run");
@@ -342,12 +348,7 @@ fn server_down_at_start_then_leads() {
         .await
         .expect("leads once the server is up")
         .unwrap();
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), run)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        run.stop().await;
     });
     let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
     let warned = logs

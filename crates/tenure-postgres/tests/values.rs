@@ -76,43 +76,33 @@ async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
     let (pool, schema) = setup("values-mixed").await;
     let store = PgLeaseStore::new(pool.clone(), schema.clone());
     let leases = table(&schema, "tenure_leases");
-    for role in ["taken", "released"] {
-        let lease = store
-            .try_acquire_with_value(role, "node-a", SHORT, Some(URL))
-            .await;
-        assert!(lease.acquired);
-    }
-    tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
+    let lapse = || tokio::time::sleep(SHORT + Duration::from_millis(100));
     // What the earlier acquire statement writes when it takes a lapsed term over.
-    sqlx::query(&format!(
-        "UPDATE {leases} SET holder = 'old-b', fencing_token = fencing_token + 1,
-            expires_at = statement_timestamp() + interval '30 seconds',
-            term_txid = txid_current(), session_id = NULL
-         WHERE role = 'taken'"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let info = store.get("taken").await.unwrap().unwrap();
-    assert_eq!(info.live_holder(), Some("old-b"), "{info:?}");
-    assert_eq!(info.value, None, "{info:?}");
-
-    let lease = store
-        .try_acquire_with_value("released", "node-a", LONG, Some(URL))
-        .await;
-    assert!(
-        lease.acquired && lease.fencing_token.get() == 2,
-        "{lease:?}"
-    );
+    let take_over = || async {
+        sqlx::query(&format!(
+            "UPDATE {leases} SET holder = 'old-b', fencing_token = fencing_token + 1,
+                expires_at = statement_timestamp() + interval '30 seconds',
+                term_txid = txid_current(), session_id = NULL
+             WHERE role = 'taken'"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    };
     // What the earlier release statement writes.
-    sqlx::query(&format!(
-        "UPDATE {leases} SET holder = NULL, session_id = NULL,
-            expires_at = statement_timestamp() WHERE role = 'released'"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    assert_eq!(store.get("released").await.unwrap().unwrap().value, None);
+    let release = || async {
+        sqlx::query(&format!(
+            "UPDATE {leases} SET holder = NULL, session_id = NULL,
+                expires_at = statement_timestamp() WHERE role = 'released'"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    };
+    tenure_testkit::observe::an_earlier_term_never_shows_its_predecessors_value(
+        &store, SHORT, LONG, lapse, take_over, release,
+    )
+    .await;
 }
 
 /// A term started under a session advertises nothing, also when it takes over a lapsed

@@ -4,6 +4,7 @@
 //! pool on the same file (a "process restart" that keeps the clock), and time passes by
 //! advancing the shared clock, so expiry is probed to the nanosecond and nothing sleeps.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,32 +20,54 @@ fn start() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
-struct SqliteFixture {
+/// A scenario's SQLite file, in its own temporary directory, on a manual host clock
+/// that every store and registry opened on it shares.
+struct File {
     dir: TempDir,
     clock: ManualHostClock,
-    store: Arc<SqliteLeaseStore>,
 }
 
-impl SqliteFixture {
+impl File {
+    fn new() -> File {
+        File {
+            dir: tempfile::tempdir().unwrap(),
+            clock: ManualHostClock::new(start()),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("tenure.db")
+    }
+
     fn options(&self) -> SqliteOptions {
         SqliteOptions::new().with_clock(self.clock.clone())
     }
+
+    /// A lease store on a new pool: what another process would open.
+    async fn store(&self) -> SqliteLeaseStore {
+        SqliteLeaseStore::open_with(self.path(), self.options())
+            .await
+            .unwrap()
+    }
+
+    async fn registry(&self, ttl: Duration) -> SqliteNodeRegistry {
+        SqliteNodeRegistry::open_with(self.path(), ttl, self.options())
+            .await
+            .unwrap()
+    }
+}
+
+struct SqliteFixture {
+    file: File,
+    store: Arc<SqliteLeaseStore>,
 }
 
 #[async_trait]
 impl LeaseBackend for Sqlite {
     async fn create(&self) -> Box<dyn LeaseFixture> {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualHostClock::new(start());
-        let options = SqliteOptions::new().with_clock(clock.clone());
-        let store = SqliteLeaseStore::open_with(dir.path().join("tenure.db"), options)
-            .await
-            .unwrap();
-        Box::new(SqliteFixture {
-            dir,
-            clock,
-            store: Arc::new(store),
-        })
+        let file = File::new();
+        let store = Arc::new(file.store().await);
+        Box::new(SqliteFixture { file, store })
     }
 }
 
@@ -54,13 +77,10 @@ impl LeaseFixture for SqliteFixture {
         self.store.clone()
     }
     async fn reopen(&self) -> Arc<dyn LeaseStore> {
-        let store = SqliteLeaseStore::open_with(self.dir.path().join("tenure.db"), self.options())
-            .await
-            .unwrap();
-        Arc::new(store)
+        Arc::new(self.file.store().await)
     }
     async fn pass_time(&self, by: Duration) {
-        self.clock.advance(by);
+        self.file.clock.advance(by);
     }
     fn ttl(&self) -> Duration {
         Duration::from_secs(10)
@@ -74,8 +94,7 @@ impl LeaseFixture for SqliteFixture {
 }
 
 struct SqliteRegistryFixture {
-    dir: TempDir,
-    clock: ManualHostClock,
+    file: File,
     ttl: Duration,
     registry: Arc<SqliteNodeRegistry>,
 }
@@ -83,17 +102,12 @@ struct SqliteRegistryFixture {
 #[async_trait]
 impl RegistryBackend for Sqlite {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualHostClock::new(start());
-        let options = SqliteOptions::new().with_clock(clock.clone());
-        let registry = SqliteNodeRegistry::open_with(dir.path().join("tenure.db"), ttl, options)
-            .await
-            .unwrap();
+        let file = File::new();
+        let registry = Arc::new(file.registry(ttl).await);
         Box::new(SqliteRegistryFixture {
-            dir,
-            clock,
+            file,
             ttl,
-            registry: Arc::new(registry),
+            registry,
         })
     }
 }
@@ -104,25 +118,14 @@ impl RegistryFixture for SqliteRegistryFixture {
         self.registry.clone()
     }
     async fn reopen(&self) -> Arc<dyn NodeRegistry> {
-        let options = SqliteOptions::new().with_clock(self.clock.clone());
-        let path = self.dir.path().join("tenure.db");
-        Arc::new(
-            SqliteNodeRegistry::open_with(path, self.ttl, options)
-                .await
-                .unwrap(),
-        )
+        Arc::new(self.file.registry(self.ttl).await)
     }
     async fn pass_time(&self, by: Duration) {
-        self.clock.advance(by);
+        self.file.clock.advance(by);
     }
     fn exact_clock(&self) -> bool {
         true
     }
 }
 
-tenure_testkit::lease_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::registry_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::session_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::queue_fault_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
-tenure_testkit::shard_fault_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::backend_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);

@@ -324,43 +324,38 @@ async fn a_schema_3_term_never_shows_its_predecessors_value() {
     let db = SqliteDatabase::open_with(dir.path().join("mixed.db"), options)
         .await
         .unwrap();
-    let store = db.lease_store();
-    let url = "http://10.0.0.7:8080";
-    for role in ["taken", "released"] {
-        let lease = store
-            .try_acquire_with_value(role, "node-a", TTL, Some(url))
-            .await;
-        assert!(lease.acquired);
-    }
-    clock.advance(TTL + Duration::from_secs(1));
+    let lapse = || async { clock.advance(TTL + Duration::from_secs(1)) };
     // The takeover and release statements of schema 3.
-    sqlx::query(
-        "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4, session_id = NULL          WHERE role = ?1",
+    let take_over = || async {
+        sqlx::query(
+            "UPDATE tenure_leases SET holder = ?2, token = ?3, expires_at = ?4, session_id = NULL          WHERE role = ?1",
+        )
+        .bind("taken")
+        .bind("old-b")
+        .bind(2_i64)
+        .bind(i64::MAX)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    };
+    let release = || async {
+        sqlx::query(
+            "UPDATE tenure_leases SET holder = NULL, expires_at = 0, session_id = NULL          WHERE role = ?1",
+        )
+        .bind("released")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    };
+    tenure_testkit::observe::an_earlier_term_never_shows_its_predecessors_value(
+        &db.lease_store(),
+        TTL,
+        TTL,
+        lapse,
+        take_over,
+        release,
     )
-    .bind("taken")
-    .bind("old-b")
-    .bind(2_i64)
-    .bind(i64::MAX)
-    .execute(db.pool())
-    .await
-    .unwrap();
-    let info = store.get("taken").await.unwrap().unwrap();
-    assert_eq!(info.live_holder(), Some("old-b"), "{info:?}");
-    assert_eq!(info.value, None, "{info:?}");
-
-    let lease = store
-        .try_acquire_with_value("released", "node-a", TTL, Some(url))
-        .await;
-    assert!(lease.acquired && lease.fencing_token.get() == 2);
-    sqlx::query(
-        "UPDATE tenure_leases SET holder = NULL, expires_at = 0, session_id = NULL          WHERE role = ?1",
-    )
-    .bind("released")
-    .execute(db.pool())
-    .await
-    .unwrap();
-    let info = store.get("released").await.unwrap().unwrap();
-    assert_eq!(info.value, None, "{info:?}");
+    .await;
 }
 
 /// Setup: a schema-4 file (everything but the queue) under the clock's boot, with a

@@ -272,3 +272,45 @@ pub async fn a_session_term_shows_no_value<F: std::future::Future<Output = ()>>(
     assert!(detached.acquired && detached.fencing_token == b.fencing_token);
     assert_eq!(store.get("r").await.unwrap().unwrap().value, None);
 }
+
+/// An earlier tenure, whose statements know no values, takes over a lapsed term that
+/// advertised one, or releases one: the value is shown for neither the term it started
+/// nor the role it released. node-a holds `taken` and `released` for `short`, each with
+/// a value; once `lapse` let both lapse, `take_over` runs the earlier acquire statement,
+/// which gives `taken` to old-b with token 2, and after node-a took `released` again
+/// (for `long`), `release` runs the earlier release statement on it.
+pub async fn an_earlier_term_never_shows_its_predecessors_value<L, T, R>(
+    store: &dyn LeaseStore,
+    short: Duration,
+    long: Duration,
+    lapse: impl FnOnce() -> L,
+    take_over: impl FnOnce() -> T,
+    release: impl FnOnce() -> R,
+) where
+    L: std::future::Future<Output = ()>,
+    T: std::future::Future<Output = ()>,
+    R: std::future::Future<Output = ()>,
+{
+    for role in ["taken", "released"] {
+        let lease = store
+            .try_acquire_with_value(role, "node-a", short, Some(URL_A))
+            .await;
+        assert!(lease.acquired);
+    }
+    lapse().await;
+    take_over().await;
+    let info = store.get("taken").await.unwrap().unwrap();
+    assert_eq!(info.live_holder(), Some("old-b"), "{info:?}");
+    assert_eq!(info.value, None, "{info:?}");
+
+    let lease = store
+        .try_acquire_with_value("released", "node-a", long, Some(URL_A))
+        .await;
+    assert!(
+        lease.acquired && lease.fencing_token.get() == 2,
+        "{lease:?}"
+    );
+    release().await;
+    let info = store.get("released").await.unwrap().unwrap();
+    assert_eq!(info.value, None, "{info:?}");
+}

@@ -84,6 +84,18 @@ impl Setup {
         (late, call)
     }
 
+    /// `owner` asks with `try_acquire_or_queue`, and the answer is lost after the store
+    /// applied the call: the caller sees an error. Returns what the store answered.
+    async fn queue_answer_lost(&self, owner: &str) -> LeaseResult {
+        let lost = self.faults.lose_answer("try_acquire_or_queue", owner);
+        assert!(self
+            .store
+            .try_acquire_or_queue(ROLE, owner, self.ttl, None)
+            .await
+            .is_err());
+        lost.store_answer().await.into_lease().unwrap()
+    }
+
     /// Queues `owner` behind the live holder.
     async fn queue(&self, owner: &str, ttl: Duration) {
         let (acquired, _) = self.contend(owner, ttl).await;
@@ -121,6 +133,15 @@ impl Setup {
             acquired && renewed == token,
             "{owner} renews its term {token}, got {renewed} (acquired: {acquired})"
         );
+    }
+
+    /// `owner`, a live contender that keeps asking, leads once the holder's term (or
+    /// what was left of its candidacy) of one TTL lapses, as [`wait_to_lead`] waits
+    /// for it, and renews the term it won.
+    async fn leads_once_the_holder_lapses(&mut self, owner: &str) {
+        let lapse = self.ttl;
+        let token = wait_to_lead(self, owner, lapse).await;
+        self.renews(owner, token).await;
     }
 
     /// `owner`, holding no live term, is refused by a plain acquire (which queues
@@ -260,25 +281,13 @@ pub async fn scenario_fault_hand_over_answer_lost(backend: &dyn LeaseBackend) {
 /// place ahead of a candidate that queued between the two.
 pub async fn scenario_fault_queue_answer_lost(backend: &dyn LeaseBackend) {
     let mut s = Setup::new(backend).await;
-    let lost = s.faults.lose_answer("try_acquire_or_queue", "node-a");
-    assert!(s
-        .store
-        .try_acquire_or_queue(ROLE, "node-a", s.ttl, None)
-        .await
-        .is_err());
-    let first = lost.store_answer().await.into_lease().unwrap();
+    let first = s.queue_answer_lost("node-a").await;
     assert!(first.acquired, "the lost call acquired: {first:?}");
     s.history.expect("node-a", first.fencing_token).await;
     s.renews("node-a", first.fencing_token).await;
     s.history.expect("node-a", first.fencing_token).await;
 
-    let lost = s.faults.lose_answer("try_acquire_or_queue", "node-b");
-    assert!(s
-        .store
-        .try_acquire_or_queue(ROLE, "node-b", s.ttl, None)
-        .await
-        .is_err());
-    assert!(!lost.store_answer().await.into_lease().unwrap().acquired);
+    assert!(!s.queue_answer_lost("node-b").await.acquired);
     s.queue("node-c", s.ttl).await;
     s.queue("node-b", s.ttl).await;
     s.expect_candidates(&["node-b", "node-c"], "the retry kept node-b's place")
@@ -347,9 +356,7 @@ pub async fn scenario_fault_late_queue_after_withdraw(backend: &dyn LeaseBackend
     // which went on long ago, never renews. Its term lapses with its candidacy.
     assert!(s.release("node-c", c).await);
     s.history.expect_new("node-b").await;
-    let lapse = s.ttl;
-    let d = wait_to_lead(&mut s, "node-d", lapse).await;
-    s.renews("node-d", d).await;
+    s.leads_once_the_holder_lapses("node-d").await;
 }
 
 /// A queue call that reaches the store late, after its candidate withdrew and the role
@@ -377,9 +384,7 @@ pub async fn scenario_fault_late_queue_takes_a_free_role(backend: &dyn LeaseBack
     );
     assert!(bounded(refresh).await.unwrap().is_err());
     s.history.expect("node-b", landed.fencing_token).await;
-    let lapse = s.ttl;
-    let c = wait_to_lead(&mut s, "node-c", lapse).await;
-    s.renews("node-c", c).await;
+    s.leads_once_the_holder_lapses("node-c").await;
 }
 
 /// A planned `hand_over` to a named candidate that died in the queue just before (it
@@ -397,9 +402,7 @@ pub async fn scenario_fault_hand_over_to_a_candidate_that_died(backend: &dyn Lea
             .unwrap()
     );
     s.history.expect_new("node-b").await;
-    let lapse = s.ttl;
-    let c = wait_to_lead(&mut s, "node-c", lapse).await;
-    s.renews("node-c", c).await;
+    s.leads_once_the_holder_lapses("node-c").await;
     s.refused("node-b").await;
 }
 
@@ -424,13 +427,7 @@ pub async fn scenario_fault_late_release_after_role_taken_again(backend: &dyn Le
     assert!(s.release("node-a", a1).await, "the caller's own retry");
     let b = s.history.expect_new("node-b").await;
 
-    let (caught, call) = late.remove(0);
-    caught.land();
-    assert!(
-        !caught.store_answer().await.into_released().unwrap(),
-        "a late release of an old term ends nothing"
-    );
-    assert!(bounded(call).await.unwrap().is_err());
+    lands_refused(&mut late, "a late release of an old term ends nothing").await;
     s.history.expect("node-b", b).await;
     s.renews("node-b", b).await;
 
@@ -438,13 +435,11 @@ pub async fn scenario_fault_late_release_after_role_taken_again(backend: &dyn Le
     assert_eq!(s.history.look().await, None, "nobody queued");
     let a2 = s.acquire("node-a").await;
     assert!(a2 > b);
-    let (caught, call) = late.remove(0);
-    caught.land();
-    assert!(
-        !caught.store_answer().await.into_released().unwrap(),
-        "a late release of node-a's old term leaves its new one"
-    );
-    assert!(bounded(call).await.unwrap().is_err());
+    lands_refused(
+        &mut late,
+        "a late release of node-a's old term leaves its new one",
+    )
+    .await;
     s.history.expect("node-a", a2).await;
     s.renews("node-a", a2).await;
 }
@@ -472,10 +467,7 @@ pub async fn scenario_fault_late_hand_over_with_old_token(backend: &dyn LeaseBac
     assert!(s.release("node-a", a1).await);
     let b = s.history.expect_new("node-b").await;
 
-    let (caught, call) = late.remove(0);
-    caught.land();
-    assert!(!caught.store_answer().await.into_released().unwrap());
-    assert!(bounded(call).await.unwrap().is_err());
+    lands_refused(&mut late, "a late hand_over of an ended term answers false").await;
     s.history.expect("node-b", b).await;
     s.expect_candidates(&["node-c"], "the late hand_over handed nothing on")
         .await;
@@ -490,13 +482,11 @@ pub async fn scenario_fault_late_hand_over_with_old_token(backend: &dyn LeaseBac
     s.expect_candidates(&["node-c"], "node-c queued behind node-a's term")
         .await;
 
-    let (caught, call) = late.remove(0);
-    caught.land();
-    assert!(
-        !caught.store_answer().await.into_released().unwrap(),
-        "a late hand_over of node-a's old term leaves its new one"
-    );
-    assert!(bounded(call).await.unwrap().is_err());
+    lands_refused(
+        &mut late,
+        "a late hand_over of node-a's old term leaves its new one",
+    )
+    .await;
     s.history.expect("node-a", a2).await;
     s.expect_candidates(&["node-c"], "node-c keeps its place")
         .await;
@@ -515,10 +505,24 @@ pub async fn scenario_fault_candidate_dies_before_release(backend: &dyn LeaseBac
     // node-b dies here: it never calls again.
     assert!(s.release("node-a", a).await);
     s.history.expect_new("node-b").await;
-    let lapse = s.ttl;
-    let c = wait_to_lead(&mut s, "node-c", lapse).await;
-    s.renews("node-c", c).await;
+    s.leads_once_the_holder_lapses("node-c").await;
     s.refused("node-b").await;
+}
+
+/// A release or `hand_over` held at the store's door, with its caller's task.
+type LateEnd = (Arc<Caught>, JoinHandle<tenure::Result<bool>>);
+
+/// Lands the oldest of `late`, each a release or `hand_over` of a term that has ended
+/// since: it answers `false` (`why`: it ends nothing), and its caller, which gave up on
+/// it long ago, got an error.
+async fn lands_refused(late: &mut Vec<LateEnd>, why: &str) {
+    let (caught, call) = late.remove(0);
+    caught.land();
+    assert!(
+        !caught.store_answer().await.into_released().unwrap(),
+        "{why}"
+    );
+    assert!(bounded(call).await.unwrap().is_err());
 }
 
 /// `owner`, a live contender that keeps asking (as the elector's retry timer does),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tenure::{Error, LeaseStore, SessionGrant};
 
-use crate::conformance::assert_invalid;
+use crate::conformance::{assert_invalid, spawn_term_waiter};
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
@@ -131,17 +131,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
         "the rest of the session is untouched"
     );
 
-    let waiter = {
-        let store = Arc::clone(&store);
-        let observed = two.fencing_token;
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            store
-                .wait_for_change("g/1", observed, start + Duration::from_secs(60))
-                .await;
-            start.elapsed()
-        })
-    };
+    let waiter = spawn_term_waiter(&store, "g/1", two.fencing_token);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let other = fx.reopen().await;
     assert!(

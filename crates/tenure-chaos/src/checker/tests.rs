@@ -3,7 +3,8 @@
 
 use super::*;
 
-fn ev(t: u64, worker: &str, ev: EventKind, token: u64, seq: u64) -> Event {
+/// A history line at `t` ns; the timeline's tests make theirs with it too.
+pub(crate) fn ev(t: u64, worker: &str, ev: EventKind, token: u64, seq: u64) -> Event {
     Event {
         t,
         worker: worker.to_owned(),

@@ -97,3 +97,27 @@ macro_rules! shard_fault_scenarios {
             scenario_shard_fault_answer_lost_then_member_stops);
     };
 }
+
+/// Generates one `#[tokio::test]` per scenario of every suite a backend with a lease
+/// store and a registry runs, each suite's macro given the same arguments:
+/// [`lease_scenarios!`](crate::lease_scenarios),
+/// [`session_scenarios!`](crate::session_scenarios),
+/// [`registry_scenarios!`](crate::registry_scenarios),
+/// [`queue_scenarios!`](crate::queue_scenarios),
+/// [`queue_fault_scenarios!`](crate::queue_fault_scenarios) and
+/// [`shard_fault_scenarios!`](crate::shard_fault_scenarios).
+///
+/// ```text
+/// tenure_testkit::backend_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
+/// ```
+#[macro_export]
+macro_rules! backend_scenarios {
+    ($backend:expr $(, $key:ident = $value:tt)*) => {
+        $crate::lease_scenarios!($backend $(, $key = $value)*);
+        $crate::session_scenarios!($backend $(, $key = $value)*);
+        $crate::registry_scenarios!($backend $(, $key = $value)*);
+        $crate::queue_scenarios!($backend $(, $key = $value)*);
+        $crate::queue_fault_scenarios!($backend $(, $key = $value)*);
+        $crate::shard_fault_scenarios!($backend $(, $key = $value)*);
+    };
+}

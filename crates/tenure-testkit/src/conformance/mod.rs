@@ -6,7 +6,11 @@
 //! `#[tokio::test]`; [`lease_scenarios!`](crate::lease_scenarios) and
 //! [`registry_scenarios!`](crate::registry_scenarios) generate those tests.
 
-use tenure::FencingToken;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{FencingToken, LeaseStore};
+use tokio::task::JoinHandle;
 
 use crate::{LeaseBackend, RegistryBackend};
 
@@ -43,6 +47,23 @@ pub use terms::{
 
 fn token(n: u64) -> FencingToken {
     FencingToken::from(n)
+}
+
+/// Spawns a task that waits (60 s at most) for the term `observed` of `role` to end,
+/// and returns how long it waited.
+pub(crate) fn spawn_term_waiter(
+    store: &Arc<dyn LeaseStore>,
+    role: &str,
+    observed: FencingToken,
+) -> JoinHandle<Duration> {
+    let (store, role) = (Arc::clone(store), role.to_owned());
+    tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        store
+            .wait_for_change(&role, observed, start + Duration::from_secs(60))
+            .await;
+        start.elapsed()
+    })
 }
 
 /// Runs every lease scenario in sequence.

@@ -1,10 +1,9 @@
 //! Ending a term early: release hands over at once, a stale release changes nothing, a
 //! waiter is pushed the release, and the token counter survives release and reopening.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::token;
+use super::{spawn_term_waiter, token};
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
@@ -129,17 +128,7 @@ pub async fn scenario_wait_wakes_on_release(backend: &dyn LeaseBackend) {
         "a term already over must not be waited on"
     );
 
-    let waiter = {
-        let store = Arc::clone(&store);
-        let observed = a.fencing_token;
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            store
-                .wait_for_change("alpha", observed, start + Duration::from_secs(60))
-                .await;
-            start.elapsed()
-        })
-    };
+    let waiter = spawn_term_waiter(&store, "alpha", a.fencing_token);
     // Let the waiter subscribe; then release through another instance.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let other = fx.reopen().await;
