@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    // The guard is forked first, while this process has one thread (logging starts one).
+    // The guard is forked first, while this process has one thread (logging may start one).
     let running = matches!(cli.command, Command::Run { .. });
     if running {
         cgroup::setup();

@@ -9,29 +9,26 @@
 //! (Rust starts tenure with SIGPIPE ignored, so EPIPE is an error, never a signal.)
 
 use std::io::Write;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use tracing_appender::non_blocking::NonBlocking;
+/// Whether messages go through the logs' writer (set once logging is set up).
+static VIA_LOGS: AtomicBool = AtomicBool::new(false);
 
-static WRITER: OnceLock<NonBlocking> = OnceLock::new();
-
-/// Sends later messages through `writer` (the logs' writer, so they keep their order).
-pub fn install(writer: NonBlocking) {
-    let _ = WRITER.set(writer);
+/// Sends later messages through the logs' writer ([`crate::logging::writer`]), so they keep
+/// their order with the logs.
+pub fn install() {
+    VIA_LOGS.store(true, Ordering::Release);
 }
 
 /// Writes one line; never blocks once [`install`] was called, never panics. Use [`say!`].
 pub fn line(message: std::fmt::Arguments<'_>) {
     let text = format!("{message}\n");
-    match WRITER.get() {
-        Some(writer) => {
-            let _ = writer.clone().write_all(text.as_bytes());
-        }
+    if VIA_LOGS.load(Ordering::Acquire) {
+        let _ = crate::logging::writer().write_all(text.as_bytes());
+    } else {
         // Before logging is set up nothing renews yet, so a blocking write cannot cost a
         // term; it still must not panic.
-        None => {
-            let _ = std::io::stderr().write_all(text.as_bytes());
-        }
+        let _ = std::io::stderr().write_all(text.as_bytes());
     }
 }
 
