@@ -420,10 +420,11 @@ fn acquire_statement(t: &str, sessions: &str, c: &str) -> String {
 /// acquire of the session's roles locks each row, then takes a share lock on the
 /// holder's session row; a close locking its rows in the table's order would hold some
 /// the acquire reaches later while waiting on one it holds, a deadlock PostgreSQL breaks
-/// only after `deadlock_timeout` (a second), failing one of the two. They are freed, not handed to a candidate: a release hands over, closing a
-/// session ends its terms (as the in-memory store does). A node of node table `nodes`
-/// that names the session may go with it (see `registry.rs`): membership waiters are
-/// told on the members channel.
+/// only after `deadlock_timeout` (a second), failing one of the two. They are freed,
+/// not handed to a candidate: a release hands over, closing a session ends its terms
+/// (as the in-memory store does). A node of node table `nodes` that names the session
+/// may go with it (see `registry.rs`): membership waiters are told on the members
+/// channel.
 fn close_statement(t: &str, sessions: &str, nodes: &str) -> String {
     let notify = notify_sql(
         "$2",

@@ -119,9 +119,6 @@ pub(super) struct Member<'a> {
     /// doubled at each look that still finds it short, so a member short for long (a
     /// join waiting for handovers) costs a few extra looks, not one per division.
     pub(super) short_looks: u32,
-    /// When the latest term that refused an acquire of the last contention ends (on
-    /// this process's clock), if one refused.
-    pub(super) refused_until: Option<Instant>,
     /// While looks are put off until a departed member's session ends (see
     /// `reconcile`): when the first refusal said it ends. Looks are put off only until
     /// then, so a holder that lives on (its term renewed) is read as any other.

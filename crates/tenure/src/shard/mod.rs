@@ -322,7 +322,6 @@ impl ShardElector {
             lost_acquire_at: None,
             settled: false,
             short_looks: 0,
-            refused_until: None,
             look_put_off: None,
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();

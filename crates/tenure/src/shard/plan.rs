@@ -71,9 +71,10 @@ impl Member<'_> {
                 shards = departed.len(),
                 "taking the shards of members that left before reading the group"
             );
-            self.contend(departed, work, wake_tx, Some(&seen.registry))
+            let refused_until = self
+                .contend(departed, work, wake_tx, Some(&seen.registry))
                 .await;
-            if let Some(until) = self.put_off_until(now) {
+            if let Some(until) = self.put_off_until(refused_until, now) {
                 // The departed member's session outlives its membership (a registry TTL
                 // is at most `lease_ttl`): its shards free when the session ends. Read
                 // the group then, not now: the read grows with the group, and the acquire
@@ -218,13 +219,11 @@ impl Member<'_> {
     }
 
     /// Whether to put off reading the group until the departed member's session ends,
-    /// and until when: the latest end of a term that refused the departed contention
-    /// just made, if within `lease_ttl`, and no later than the end the first such
-    /// refusal said.
-    fn put_off_until(&mut self, now: Instant) -> Option<Instant> {
-        let until = self
-            .refused_until
-            .filter(|until| *until <= now + self.options().lease_ttl)?;
+    /// and until when: `refused_until` (the latest end of a term that refused the
+    /// departed contention just made), if within `lease_ttl`, and no later than the end
+    /// the first such refusal said.
+    fn put_off_until(&mut self, refused_until: Option<Instant>, now: Instant) -> Option<Instant> {
+        let until = refused_until.filter(|until| *until <= now + self.options().lease_ttl)?;
         match self.look_put_off {
             None => {
                 self.look_put_off = Some(until);
@@ -335,19 +334,24 @@ impl Member<'_> {
     /// of another group sharing the registry costs that look too). Without it, a member
     /// that planned alone at a cold start would go on contending for every shard of a
     /// large group, batch after batch, while the others join and it looks at nothing.
+    ///
+    /// Returns when the latest term that refused one of them ends (on this process's
+    /// clock), if one did.
     pub(super) async fn contend<W, Fut>(
         &mut self,
         wanted: Vec<(u32, bool)>,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
         planned_for: Option<&[String]>,
-    ) where
+    ) -> Option<Instant>
+    where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        self.refused_until = None;
-        let Some(session) = &self.session else { return };
+        let Some(session) = &self.session else {
+            return None;
+        };
         let (id, alive) = (session.id, session.alive.clone());
         let (store, group) = (self.elector.store.clone(), self.options().group.clone());
         let mut queue = wanted
@@ -389,6 +393,7 @@ impl Member<'_> {
         };
         tokio::pin!(members_changed);
         let mut stale = false;
+        let mut refused_until = None;
         loop {
             let joined = tokio::select! {
                 biased;
@@ -419,7 +424,8 @@ impl Member<'_> {
                             role,
                             result,
                         };
-                        self.answered(contended, &alive, work, wake_tx).await;
+                        let ends = self.answered(contended, &alive, work, wake_tx).await;
+                        refused_until = refused_until.max(ends);
                     }
                     // Once per batch: the view is rebuilt from every term held, so once
                     // per shard made a cold start quadratic in the shards won.
@@ -448,6 +454,7 @@ impl Member<'_> {
                 None => debug!(shards = shards.len(), "the session ended while contending"),
             }
         }
+        refused_until
     }
 
     /// Records acquires of `shards` whose answers were lost (see
@@ -458,14 +465,16 @@ impl Member<'_> {
     }
 
     /// Acts on the answer to contending for a shard: start its term, wait for it, or
-    /// give up for now. `alive` is that of the session the call was sent under.
+    /// give up for now. `alive` is that of the session the call was sent under. Returns
+    /// when the term that refused it ends (on this process's clock), if one did.
     pub(super) async fn answered<W, Fut>(
         &mut self,
         contended: Contended,
         alive: &CancellationToken,
         work: &mut W,
         wake_tx: &mpsc::UnboundedSender<Wake>,
-    ) where
+    ) -> Option<Instant>
+    where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
@@ -486,12 +495,12 @@ impl Member<'_> {
                         self.record_lost_acquires([shard]);
                     }
                     debug!(shard, token = %result.fencing_token, "already worked on here");
-                    return;
+                    return None;
                 }
                 // Never start work for a term whose deadline has passed.
                 let deadline = self.session.as_ref().map(Session::deadline);
                 if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
-                    return;
+                    return None;
                 }
                 let token = result.fencing_token;
                 match self.pending_releases.get(&shard) {
@@ -500,7 +509,7 @@ impl Member<'_> {
                     Some(pending) if *pending == token => {
                         debug!(shard, token = %token,
                             "not working under a token whose release may still land");
-                        return;
+                        return None;
                     }
                     // A newer term: the late release of an older one cannot end it.
                     Some(_) => {
@@ -530,10 +539,9 @@ impl Member<'_> {
                         probe: false,
                     },
                 );
+                None
             }
             result => {
-                let ends = Instant::now() + result.remaining();
-                self.refused_until = Some(self.refused_until.map_or(ends, |u| u.max(ends)));
                 // Held elsewhere (a handover in progress): wake on the store's push. A
                 // bounded number of waiters: each costs the store a read before it
                 // waits, and thousands at once (a member joining a large group) would
@@ -548,6 +556,7 @@ impl Member<'_> {
                         let _ = wake.send(Wake::ShardChanged(shard));
                     });
                 }
+                Some(Instant::now() + result.remaining())
             }
         }
     }
