@@ -97,6 +97,10 @@ pub struct HerdRow {
     pub handovers: usize,
     /// Release -> successor's work running.
     pub latency: Latency,
+    /// The slowest handovers (at most 5), each as `(round, handover, milliseconds)`:
+    /// handover 0 is a round's first. Whether the tail is one kind of handover (the
+    /// first on a fresh store, say) or spread over the round.
+    pub slowest: Vec<(usize, usize, f64)>,
     /// Server requests per handover: the rounds' requests once every contender waited,
     /// over the handovers. `None` when the store cannot count them.
     pub requests_per_handover: Option<f64>,
@@ -154,6 +158,22 @@ impl HerdReport {
                     .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
                 row.requests_per_handover
                     .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+            ));
+        }
+        out.push_str(
+            "\nSlowest handovers (round.handover: time; handover 0 is a round's first):\n",
+        );
+        for row in &self.rows {
+            let slowest: Vec<String> = row
+                .slowest
+                .iter()
+                .map(|(round, at, ms)| format!("{round}.{at}: {ms:.2} ms"))
+                .collect();
+            out.push_str(&format!(
+                "- {} contenders, {}: {}\n",
+                row.contenders,
+                row.mode,
+                slowest.join(", ")
             ));
         }
         for failure in &self.failed {
@@ -295,6 +315,18 @@ pub(crate) async fn measure(
                 .iter()
                 .flat_map(|r| r.latencies.iter().copied())
                 .collect();
+            let mut slowest: Vec<(usize, usize, f64)> = of_mode
+                .iter()
+                .enumerate()
+                .flat_map(|(round, r)| {
+                    r.latencies
+                        .iter()
+                        .enumerate()
+                        .map(move |(at, l)| (round, at, l.as_secs_f64() * 1e3))
+                })
+                .collect();
+            slowest.sort_by(|a, b| b.2.total_cmp(&a.2));
+            slowest.truncate(5);
             let requests = of_mode.iter().map(|r| r.requests).sum::<Option<u64>>();
             let handovers = latencies.len();
             let calls: u64 = of_mode.iter().map(|r| r.calls).sum();
@@ -303,6 +335,7 @@ pub(crate) async fn measure(
                 mode: mode.label(),
                 handovers,
                 latency: summarize(&latencies),
+                slowest,
                 requests_per_handover: requests
                     .filter(|_| handovers > 0)
                     .map(|r| r as f64 / handovers as f64),
