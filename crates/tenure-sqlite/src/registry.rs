@@ -18,12 +18,19 @@
 //! before any reader sees it lapse (see `docs/semantics.md`). A closed session (its row
 //! deleted) stops counting at once and wakes this database's membership waiters; a
 //! leave deletes the node's row at once.
+//!
+//! **Other processes' joins and leaves** are no write of this process: a join (a
+//! heartbeat that begins a membership) and a leave of a live node send a wake-up to the
+//! other live nodes' processes (see `wake.rs`), so their membership waiters read at once
+//! and otherwise poll slowly.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, Metadata, NodeInfo};
 use tenure::session::HeartbeatsWritten;
@@ -47,6 +54,12 @@ pub(crate) const MEMBERSHIP: &str = "\0membership";
 /// A membership waiter polls the file every this many of the database's poll intervals
 /// (100 ms by default) for joins and leaves written by other processes.
 const MEMBERSHIP_POLLS: u32 = 10;
+
+/// As [`MEMBERSHIP_POLLS`], while a node heartbeating through the registry hears
+/// wake-ups (1 s by default): joins and leaves then wake it, whichever process wrote
+/// them, and the poll only catches what no wake announced (a lost datagram, a session
+/// closed without a leave, a node that a keep-alive brought back).
+const WOKEN_MEMBERSHIP_POLLS: u32 = 100;
 
 // The statements of a heartbeat, run in one `BEGIN IMMEDIATE` transaction after
 // `READ_BOOT`. Times are monotonic nanoseconds. Public (through `statements`) only so the benchmark issues exactly
@@ -193,6 +206,9 @@ pub struct SqliteNodeRegistry {
     ttl: Duration,
     /// What this registry's last successful heartbeat of each node wrote.
     written: Arc<HeartbeatsWritten>,
+    /// The nodes heartbeating through this registry that hear wake-ups (see `wake.rs`):
+    /// while there is one, the others' joins and leaves wake this process.
+    listening: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl SqliteNodeRegistry {
@@ -207,6 +223,7 @@ impl SqliteNodeRegistry {
             db: db.clone(),
             ttl,
             written: Arc::default(),
+            listening: Arc::default(),
         })
     }
 
@@ -238,6 +255,9 @@ impl SqliteNodeRegistry {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
+        if self.db.listen_for_wakes(node_id) {
+            self.listening.lock().insert(node_id.to_owned());
+        }
         // Only a session whose id the file could have handed out is named.
         let link = self
             .db
@@ -321,8 +341,25 @@ impl SqliteNodeRegistry {
             .map_err(store_error("cannot commit the heartbeat"))?;
         if joined {
             self.db.signal_change(MEMBERSHIP);
+            self.wake_members(node_id).await;
         }
         Ok(())
+    }
+
+    /// Tells the processes of the live nodes other than `changed` that the membership
+    /// changed (`changed` joined or left). Best effort: a node that does not hear it
+    /// finds the change at its next poll.
+    async fn wake_members(&self, changed: &str) {
+        match self.live_nodes().await {
+            Ok(nodes) => {
+                for node in nodes.iter().filter(|node| *node != changed) {
+                    self.db.wake(node, MEMBERSHIP);
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot read whom to wake; the others' polls find the change")
+            }
+        }
     }
 
     /// The live rows, sorted by id, and the store time they were judged at.
@@ -414,8 +451,10 @@ impl NodeRegistry for SqliteNodeRegistry {
             .await
             .map_err(store_error("cannot commit the leave"))?;
         let was_live = last.is_some_and(|last| is_live(last, self.ttl, now));
+        self.listening.lock().remove(node_id);
         if was_live {
             self.db.signal_change(MEMBERSHIP);
+            self.wake_members(node_id).await;
         }
         Ok(was_live)
     }
@@ -425,7 +464,12 @@ impl NodeRegistry for SqliteNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
-        let poll = self.db.poll_interval() * MEMBERSHIP_POLLS;
+        let polls = if self.listening.lock().is_empty() {
+            MEMBERSHIP_POLLS
+        } else {
+            WOKEN_MEMBERSHIP_POLLS
+        };
+        let poll = self.db.poll_interval() * polls;
         let unchanged = || async { Ok(self.live_nodes().await? == observed) };
         self.db
             .wait_polling(MEMBERSHIP, poll, deadline, unchanged)

@@ -1,8 +1,10 @@
 //! Wake-ups between processes on one host: a release that hands a role to a candidate
 //! in another process tells that process at once, instead of leaving it to its next
-//! poll of the file.
+//! poll of the file; so does a join or a leave, to the processes of the other live
+//! nodes (the message is then the membership's signal name, see `registry.rs`).
 //!
-//! Every owner that queues through a database listens on a datagram socket of its own,
+//! Every owner that queues through a database, and every node that heartbeats through
+//! it, listens on a datagram socket of its own,
 //! named after the file (device and inode) and the owner, in Linux's abstract socket
 //! namespace (no file to create or clean up; it goes with the process). A store that
 //! hands a role to an owner sends the role's name there, and the listener wakes its
@@ -67,6 +69,11 @@ impl Wakes {
             }
         };
         owners.insert(owner.to_owned(), listener);
+    }
+
+    /// Whether `owner` listens for its wake-ups here (it asked to, and could bind).
+    pub(crate) fn listening(&self, owner: &str) -> bool {
+        matches!(self.owners.lock().get(owner), Some(Some(_)))
     }
 
     /// Whether every owner that queued through this database hears its wake-ups.

@@ -146,3 +146,51 @@ async fn heartbeats_resume_when_keep_alives_stop() {
     let members = registry.members().await.unwrap();
     assert!(same_time(members[0].first_seen, first), "{members:?}");
 }
+
+/// A join and a leave written through another handle of the file (another process, as
+/// far as the file can tell) wake a membership waiter at once: both handles poll every
+/// second here, so membership waiters read the file every 100 s while one of their
+/// nodes hears wake-ups, and only the wake can bring the news within the bound. A
+/// waiter whose registry heartbeats no node polls as before (every 10 s here).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_and_a_leave_in_another_process_wake_a_membership_waiter() {
+    use tenure_sqlite::SqliteOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wake.db");
+    let open = || async {
+        let options = SqliteOptions::new().poll_interval(Duration::from_secs(1));
+        let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+        Arc::new(SqliteNodeRegistry::new(&db, TTL).unwrap())
+    };
+    let (a, b) = (open().await, open().await);
+    a.record_heartbeat("node-a", None).await.unwrap();
+    let wait = |observed: Vec<String>| {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            a.wait_for_members_change(&observed, started + Duration::from_secs(20))
+                .await;
+            started.elapsed()
+        })
+    };
+    let joined = wait(vec!["node-a".to_owned()]);
+    // The waiter has read the members once and sleeps on its poll.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.record_heartbeat("node-b", None).await.unwrap();
+    let took = tokio::time::timeout(Duration::from_secs(2), joined)
+        .await
+        .expect("node-a's process was not woken within 2 s of node-b's join")
+        .unwrap();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(a.live_nodes().await.unwrap(), ["node-a", "node-b"]);
+
+    let left = wait(vec!["node-a".to_owned(), "node-b".to_owned()]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.leave("node-b").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(2), left)
+        .await
+        .expect("node-a's process was not woken within 2 s of node-b's leave")
+        .unwrap();
+}

@@ -93,11 +93,16 @@ impl SqliteDatabase {
         }
     }
 
-    /// Listens for the wake-ups of `owner`, a candidate queued through this database,
-    /// from the processes that may hand it a role.
-    pub(crate) fn listen_for_wakes(&self, owner: &str) {
-        if let Some(wakes) = &self.inner.wakes {
-            wakes.listen(owner, Arc::downgrade(&self.inner.changes));
+    /// Listens for the wake-ups of `owner` (a candidate queued through this database, a
+    /// node heartbeating through it) from the processes that may hand it a role or
+    /// change the membership. Whether it hears them: `false` where nothing can listen.
+    pub(crate) fn listen_for_wakes(&self, owner: &str) -> bool {
+        match &self.inner.wakes {
+            Some(wakes) => {
+                wakes.listen(owner, Arc::downgrade(&self.inner.changes));
+                wakes.listening(owner)
+            }
+            None => false,
         }
     }
 
