@@ -263,6 +263,12 @@ pub struct Churn {
     pub join_settle_ms: f64,
     /// Each moved shard: the old owner's work ending to the new owner's work starting.
     pub handover: Latency,
+    /// Of those, the handovers whose old owner's work ended before the newcomer worked
+    /// on any shard: probes (see `tenure::shard`), which wait for the newcomer to be
+    /// ready (its first look, its waiters), not only for the handover.
+    pub handover_before_working: Latency,
+    /// The rest: handovers to a newcomer already working on a shard.
+    pub handover_to_working: Latency,
     /// The member with the most shards killed.
     pub kill: Kill,
     /// The lease (and member) TTL.

@@ -60,7 +60,7 @@ pub(super) async fn churn(
         .iter()
         .filter(|s| owners_after.get(s) == Some(&newcomer))
         .count();
-    let mut handovers = Vec::new();
+    let mut marks = Vec::new();
     for shard in &moved {
         let Some(from) = owners_before.get(shard) else {
             continue;
@@ -68,9 +68,26 @@ pub(super) async fn churn(
         let ended = scenario.log.end_of(*shard, from, joined);
         let started = scenario.log.first_start(*shard, joined, Some(from));
         if let (Some(ended), Some(started)) = (ended, started) {
-            handovers.push(started.saturating_duration_since(ended));
+            marks.push((ended, started));
         }
     }
+    let handovers: Vec<Duration> = marks
+        .iter()
+        .map(|(ended, started)| started.saturating_duration_since(*ended))
+        .collect();
+    // The newcomer works from its first start on: a handover that ended before it was
+    // handed to a member not yet working.
+    let working_from = marks.iter().map(|(_, started)| *started).min();
+    let (before_working, to_working): (Vec<_>, Vec<_>) = marks
+        .iter()
+        .partition(|(ended, _)| working_from.is_some_and(|from| *ended < from));
+    let latency = |marks: Vec<&(Instant, Instant)>| {
+        let spans: Vec<Duration> = marks
+            .iter()
+            .map(|(ended, started)| started.saturating_duration_since(*ended))
+            .collect();
+        summarize(&spans)
+    };
 
     tracing::info!("churn: the member with the most shards is killed");
     let kill = scenario.kill_busiest(&mut members, limit).await?;
@@ -86,6 +103,8 @@ pub(super) async fn churn(
         join_moved_to_newcomer: to_newcomer,
         join_settle_ms: millis(join_settle),
         handover: summarize(&handovers),
+        handover_before_working: latency(before_working),
+        handover_to_working: latency(to_working),
         kill,
         ttl_ms: millis(scenario.ttl),
     })

@@ -115,6 +115,18 @@ impl ShardReport {
             );
             let _ = writeln!(
                 out,
+                "    before the newcomer worked (probes): {} handovers, p50 {:.2}ms max {:.2}ms; \
+                 to it working: {}, p50 {:.2}ms p99 {:.2}ms max {:.2}ms",
+                c.handover_before_working.count,
+                c.handover_before_working.p50_us / 1e3,
+                c.handover_before_working.max_us / 1e3,
+                c.handover_to_working.count,
+                c.handover_to_working.p50_us / 1e3,
+                c.handover_to_working.p99_us / 1e3,
+                c.handover_to_working.max_us / 1e3
+            );
+            let _ = writeln!(
+                out,
                 "  a member with {} shards killed: all owned again after {:.0}ms (ttl {:.0}ms; its session lapsed after {:.0}ms)",
                 c.kill.shards, c.kill.reowned_ms, c.ttl_ms, c.kill.lapse_ms
             );
