@@ -166,7 +166,10 @@ impl Member<'_> {
             }
             if look {
                 looked_at = Instant::now();
-                observed = match self.reconcile(work, wake_tx).await {
+                let looked = self.reconcile(work, wake_tx).await;
+                // How long pushes waited behind it: they are acted on between looks.
+                debug!(took = ?looked_at.elapsed(), settled = self.settled, "looked at the group");
+                observed = match looked {
                     Ok(members) => members,
                     Err(error) => {
                         warn!(group = %self.options().group, %error, "could not read the group; retrying");
