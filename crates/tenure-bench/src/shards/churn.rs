@@ -71,16 +71,6 @@ pub(super) async fn churn(
             marks.push((ended, started));
         }
     }
-    let handovers: Vec<Duration> = marks
-        .iter()
-        .map(|(ended, started)| started.saturating_duration_since(*ended))
-        .collect();
-    // The newcomer works from its first start on: a handover that ended before it was
-    // handed to a member not yet working.
-    let working_from = marks.iter().map(|(_, started)| *started).min();
-    let (before_working, to_working): (Vec<_>, Vec<_>) = marks
-        .iter()
-        .partition(|(ended, _)| working_from.is_some_and(|from| *ended < from));
     let latency = |marks: Vec<&(Instant, Instant)>| {
         let spans: Vec<Duration> = marks
             .iter()
@@ -88,6 +78,12 @@ pub(super) async fn churn(
             .collect();
         summarize(&spans)
     };
+    // The newcomer works from its first start on: a handover that ended before it was
+    // handed to a member not yet working.
+    let working_from = marks.iter().map(|(_, started)| *started).min();
+    let (before_working, to_working): (Vec<_>, Vec<_>) = marks
+        .iter()
+        .partition(|(ended, _)| working_from.is_some_and(|from| *ended < from));
 
     tracing::info!("churn: the member with the most shards is killed");
     let kill = scenario.kill_busiest(&mut members, limit).await?;
@@ -102,7 +98,7 @@ pub(super) async fn churn(
         join_moved: moved.len(),
         join_moved_to_newcomer: to_newcomer,
         join_settle_ms: millis(join_settle),
-        handover: summarize(&handovers),
+        handover: latency(marks.iter().collect()),
         handover_before_working: latency(before_working),
         handover_to_working: latency(to_working),
         kill,
