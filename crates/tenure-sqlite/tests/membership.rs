@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tenure_testkit::registry::waited_for_change;
 use tenure_testkit::session_membership::{
     self as scenario, group, keep_alive_and_beat, EVERY, SESSION_TTL, TTL,
 };
@@ -147,6 +148,19 @@ async fn heartbeats_resume_when_keep_alives_stop() {
     assert!(same_time(members[0].first_seen, first), "{members:?}");
 }
 
+/// Waits in the background, up to 20 s, for `registry`'s live members to differ from
+/// `observed`; the task answers how long it waited.
+fn wait_for_a_change(
+    registry: &Arc<SqliteNodeRegistry>,
+    observed: &[&str],
+) -> tokio::task::JoinHandle<Duration> {
+    let registry = Arc::clone(registry);
+    let observed: Vec<String> = observed.iter().map(|node| (*node).to_owned()).collect();
+    tokio::spawn(async move {
+        waited_for_change(registry.as_ref(), &observed, Duration::from_secs(20)).await
+    })
+}
+
 /// A join and a leave written through another handle of the file (another process, as
 /// far as the file can tell) wake a membership waiter at once: both handles poll every
 /// second here, so membership waiters read the file every 100 s while one of their
@@ -166,16 +180,7 @@ async fn a_join_and_a_leave_in_another_process_wake_a_membership_waiter() {
     };
     let (a, b) = (open().await, open().await);
     a.record_heartbeat("node-a", None).await.unwrap();
-    let wait = |observed: Vec<String>| {
-        let a = Arc::clone(&a);
-        tokio::spawn(async move {
-            let started = Instant::now();
-            a.wait_for_members_change(&observed, started + Duration::from_secs(20))
-                .await;
-            started.elapsed()
-        })
-    };
-    let joined = wait(vec!["node-a".to_owned()]);
+    let joined = wait_for_a_change(&a, &["node-a"]);
     // The waiter has read the members once and sleeps on its poll.
     tokio::time::sleep(Duration::from_millis(200)).await;
     b.record_heartbeat("node-b", None).await.unwrap();
@@ -186,11 +191,49 @@ async fn a_join_and_a_leave_in_another_process_wake_a_membership_waiter() {
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(a.live_nodes().await.unwrap(), ["node-a", "node-b"]);
 
-    let left = wait(vec!["node-a".to_owned(), "node-b".to_owned()]);
+    let left = wait_for_a_change(&a, &["node-a", "node-b"]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(b.leave("node-b").await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), left)
         .await
         .expect("node-a's process was not woken within 2 s of node-b's leave")
         .unwrap();
+}
+
+/// A join whose wake-up never arrives (its writer gave up after the commit, or died
+/// there, or the datagram was lost; here a handle made from a pool, which knows no file
+/// to wake through) is still seen, at the waiter's slow poll: one second here (polls of
+/// 10 ms), so later than a wake but within the bound.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_whose_wake_is_lost_is_seen_at_the_slow_poll() {
+    use tenure_sqlite::SqliteOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lost.db");
+    let options = SqliteOptions::new().poll_interval(Duration::from_millis(10));
+    let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+    let a = Arc::new(SqliteNodeRegistry::new(&db, TTL).unwrap());
+    let pool =
+        sqlx::SqlitePool::connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(&path))
+            .await
+            .unwrap();
+    let silent = SqliteDatabase::from_pool(pool).await.unwrap();
+    let b = SqliteNodeRegistry::new(&silent, TTL).unwrap();
+    a.record_heartbeat("node-a", None).await.unwrap();
+    let waiter = wait_for_a_change(&a, &["node-a"]);
+    // The waiter has read the members once and sleeps on its slow poll.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.record_heartbeat("node-b", None).await.unwrap();
+    let took = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("node-b's join was not seen within 5 s")
+        .unwrap();
+    // Seen by the poll, not a wake: the fault happened, and its cost is bounded.
+    assert!(
+        took >= Duration::from_millis(500),
+        "woken at {took:?}: no lost wake"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(a.live_nodes().await.unwrap(), ["node-a", "node-b"]);
 }
