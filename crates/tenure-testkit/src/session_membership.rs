@@ -10,6 +10,8 @@ use std::time::Duration;
 use tenure::{LeaseStore, Metadata, NodeRegistry};
 use tokio::time::Instant;
 
+use crate::registry::waited_for_change;
+
 /// The member TTL: several round trips fit in it on a loaded 2-core machine.
 pub const TTL: Duration = Duration::from_secs(2);
 /// The session TTL (a shard member's `lease_ttl` is at least the registry's TTL).
@@ -75,11 +77,7 @@ pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
     let waiter = {
         let registry = registry.clone();
         tokio::spawn(async move {
-            let started = Instant::now();
-            registry
-                .wait_for_members_change(&observed, started + Duration::from_secs(30))
-                .await;
-            started.elapsed()
+            waited_for_change(registry.as_ref(), &observed, Duration::from_secs(30)).await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
