@@ -26,7 +26,8 @@
 //! that it kept it for all of it, which is what a member computing its deadline from the
 //! TTL it asked for would act on), and a store that acknowledges a release before
 //! applying it (what a member that starts work under a token whose release may still
-//! land would act on).
+//! land would act on), and a store that answers a batch of acquires out of order (what a
+//! member pairing a batch's answers with the wrong shards would act on).
 //!
 //! Three schedules in eight have a node of another group heartbeating into the same
 //! registry: no change of the group, and no reason to read it (members once waited for
@@ -84,6 +85,9 @@ struct Broken {
     early_release_acks: bool,
     /// A keep-alive tells that the other members lapse ten TTLs later than they do.
     late_peers_lapse: bool,
+    /// A batch of acquires is answered out of order: each role gets the answer of the
+    /// role after it (the last the first's).
+    misordered_batches: bool,
 }
 
 /// One member's view of the store: latency, stalls, calls applied after their caller
@@ -238,10 +242,15 @@ impl Interceptor for MemberFaults {
                 None => std::future::pending().await,
             };
         }
+        let batch = matches!(call, Call::AcquireManyInSession { .. });
         let reply = next.run(call).await;
         tokio::time::sleep(self.delay()).await;
         self.wait_out_stall().await;
         match reply {
+            Reply::Leases(Ok(mut answers)) if batch && self.broken.misordered_batches => {
+                answers.rotate_left(1);
+                Reply::Leases(Ok(answers))
+            }
             Reply::KeptAlive(Ok(Some(mut grant))) if self.broken.late_peers_lapse => {
                 if let Some(told) = grant.peers_lapse.as_mut() {
                     told.after += 10 * TTL;
@@ -743,12 +752,15 @@ fn schedules_are_reproducible_from_their_seed() {
     assert_ne!(first.trace, run_schedule(820, Broken::default()).trace);
 }
 
-/// The first of 40 schedules under `broken` that has two members working on one shard.
-fn first_overlap(broken: Broken) -> Option<(u64, Vec<String>)> {
-    (0..40).find_map(|seed| {
+/// Asserts that one of 40 schedules under `broken` has two members working on one
+/// shard, and prints the first; `what` names the fault in the failure.
+fn assert_overlap_caught(broken: Broken, what: &str) {
+    let caught = (0..40).find_map(|seed| {
         let overlaps = run_schedule(seed, broken).overlaps;
         (!overlaps.is_empty()).then_some((seed, overlaps))
-    })
+    });
+    println!("caught: {caught:?}");
+    assert!(caught.is_some(), "no schedule caught {what}");
 }
 
 /// The negative control: members that believe their session lasts a TTL longer than the
@@ -760,8 +772,7 @@ fn negative_control_lying_renewals_overlap() {
         lying_sessions: true,
         ..Broken::default()
     };
-    let caught = first_overlap(broken);
-    assert!(caught.is_some(), "no schedule caught the lying renewals");
+    assert_overlap_caught(broken, "the lying renewals");
 }
 
 /// The negative control of late releases: a store that says a release is done while it
@@ -774,12 +785,19 @@ fn negative_control_releases_acknowledged_before_they_land_overlap() {
         early_release_acks: true,
         ..Broken::default()
     };
-    let caught = first_overlap(broken);
-    println!("caught: {caught:?}");
-    assert!(
-        caught.is_some(),
-        "no schedule caught the early acknowledgements"
-    );
+    assert_overlap_caught(broken, "the early acknowledgements");
+}
+
+/// The negative control of batched acquires: a store answering a batch out of order
+/// (as a member pairing answers with the wrong roles would read it) must be caught: a
+/// member starts work on a shard another member holds.
+#[test]
+fn negative_control_misordered_batch_answers_overlap() {
+    let broken = Broken {
+        misordered_batches: true,
+        ..Broken::default()
+    };
+    assert_overlap_caught(broken, "the misordered batches");
 }
 
 /// The negative control of the keep-alive's account of the other members: a store
