@@ -302,6 +302,69 @@ async fn a_join_moves_only_the_newcomers_shards() {
     assert_eq!(new_terms, moved.len(), "one new term per moved shard");
 }
 
+/// Records each wait for a change of a shard, and whether the newcomer `e` was a member
+/// of the group's registry when it began.
+#[derive(Default)]
+struct WaitsBeforeJoin {
+    registry: std::sync::OnceLock<Arc<dyn NodeRegistry>>,
+    waits: Mutex<Vec<(String, bool)>>,
+}
+
+#[async_trait::async_trait]
+impl Interceptor for WaitsBeforeJoin {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        if let (Call::WaitForChange { role, .. }, Some(registry)) = (&call, self.registry.get()) {
+            let members = registry.members().await.unwrap_or_default();
+            let joined = members.iter().any(|m| m.node_id == "e");
+            self.waits.lock().push((role.clone(), joined));
+        }
+        next.run(call).await
+    }
+}
+
+/// Setup: 4 members settled on 64 shards; a fifth, `e`, starts. Before it joins the
+/// registry it already waits on shards the others hold that it will be handed, so their
+/// releases reach it from the moment the others see it (and not after its first look).
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_waits_on_its_shards_before_it_joins() {
+    let waits = Arc::new(WaitsBeforeJoin::default());
+    let hook = waits.clone();
+    let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
+    let _ = waits.registry.set(group.registry.clone());
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    waits.waits.lock().clear();
+
+    group.start("e", 64);
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(64);
+    let ends_with_e: Vec<u32> = group.owned()["e"].clone();
+    let before: Vec<String> = waits
+        .waits
+        .lock()
+        .iter()
+        .filter(|(_, joined)| !joined)
+        .map(|(role, _)| role.clone())
+        .collect();
+    assert!(
+        !before.is_empty(),
+        "no wait began before the join: {:?}",
+        waits.waits.lock()
+    );
+    for role in &before {
+        let shard: u32 = role
+            .strip_prefix("jobs/")
+            .and_then(|k| k.parse().ok())
+            .unwrap();
+        assert!(
+            ends_with_e.contains(&shard),
+            "waited on {role} before joining, which e does not end with: {ends_with_e:?}"
+        );
+    }
+}
+
 /// Setup: 4 members settled; one shuts down. Its shards are taken over at once (the
 /// session is closed and the member leaves), by the other three, evenly; nothing else
 /// moved.

@@ -147,14 +147,21 @@ impl Member<'_> {
         shutdown: &CancellationToken,
         wake_tx: &mpsc::UnboundedSender<Wake>,
         wake_rx: &mut mpsc::UnboundedReceiver<Wake>,
+        prepared: Option<MembersSeen>,
     ) -> Result<()>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        let mut observed = MembersSeen::default();
-        let mut look = true;
+        // Prepared (see `prepare_to_join`): pushes first, the first look a short while
+        // after joining.
+        let mut look = prepared.is_none();
+        if !look {
+            self.next_look =
+                Some(Instant::now() + self.options().retry_interval / SHORT_LOOK_DIVISOR);
+        }
+        let mut observed = prepared.unwrap_or_default();
         let mut looked_at = Instant::now();
         loop {
             if self.session.is_none() {

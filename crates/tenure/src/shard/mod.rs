@@ -327,12 +327,18 @@ impl ShardElector {
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as
         // they see the join, and a newcomer still opening its session would leave them
-        // unowned meanwhile. (It reads the group only after joining: members starting
-        // together then see each other instead of each contending for every shard.)
+        // unowned meanwhile. (It contends only after joining: members starting together
+        // then see each other instead of each contending for every shard. Before, it
+        // only reads, and waits on what the others will hand it.)
         member.open_session(&shutdown).await;
+        let prepared = if member.drains.iter().any(|drain| *drain.borrow()) {
+            None
+        } else {
+            member.prepare_to_join(&wake_tx).await
+        };
         member.follow_drains().await;
         let outcome = member
-            .run(&mut work, &shutdown, &wake_tx, &mut wake_rx)
+            .run(&mut work, &shutdown, &wake_tx, &mut wake_rx, prepared)
             .await;
         // Leave first, then release: the others retarget on the leave and are waiting
         // on these shards when the session closes, so each moves in one push.
