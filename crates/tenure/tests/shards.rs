@@ -324,7 +324,7 @@ impl Interceptor for WaitsBeforeJoin {
 
 /// Setup: 4 members settled on 64 shards; a fifth, `e`, starts. Before it joins the
 /// registry it already waits on shards the others hold that it will be handed, so their
-/// releases reach it from the moment the others see it (and not after its first look).
+/// releases reach it as soon as the others see it (and not after its first look).
 #[tokio::test(start_paused = true)]
 async fn a_newcomer_waits_on_its_shards_before_it_joins() {
     let waits = Arc::new(WaitsBeforeJoin::default());
