@@ -633,10 +633,20 @@ impl Member<'_> {
             }
         }
         // The waits run as tasks of their own: let them begin (subscribe, read the
-        // term) before the join's heartbeat is sent.
+        // term). Then the members again: a plan made for members that changed meanwhile
+        // is not acted on. The read also queues behind the waits' own first reads, so
+        // the heartbeat that follows does not.
         tokio::task::yield_now().await;
-        debug!(waiting = self.waiting.len(), all_waited, "ready to join");
-        if !all_waited || self.waiting.is_empty() {
+        let unchanged = matches!(
+            self.group_members().await,
+            Ok(again) if again.group.iter().chain([me]).collect::<BTreeSet<_>>()
+                == seen.group.iter().collect::<BTreeSet<_>>()
+        );
+        debug!(
+            waiting = self.waiting.len(),
+            all_waited, unchanged, "ready to join"
+        );
+        if !all_waited || !unchanged || self.waiting.is_empty() {
             return None;
         }
         self.publish(seen.group.clone(), target);
