@@ -256,7 +256,11 @@ impl SqliteNodeRegistry {
             .transpose()
             .map_err(|e| Error::store(BACKEND, "cannot encode metadata", e))?;
         if self.db.listen_for_wakes(node_id) {
-            self.listening.lock().insert(node_id.to_owned());
+            let mut listening = self.listening.lock();
+            // Every heartbeat passes here: no new string once the node is known.
+            if !listening.contains(node_id) {
+                listening.insert(node_id.to_owned());
+            }
         }
         // Only a session whose id the file could have handed out is named.
         let link = self

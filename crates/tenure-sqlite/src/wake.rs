@@ -53,13 +53,13 @@ impl Wakes {
     }
 
     /// Listens for wake-ups addressed to `owner` (once per owner), waking the waiters
-    /// in `signals`.
-    pub(crate) fn listen(&self, owner: &str, signals: Weak<Signals>) {
+    /// in `signals`. Whether `owner` hears them: `false` when it could not bind.
+    pub(crate) fn listen(&self, owner: &str, signals: Weak<Signals>) -> bool {
         // One lock over the check and the bind: two queue calls of one owner at once
         // bind once.
         let mut owners = self.owners.lock();
-        if owners.contains_key(owner) {
-            return;
+        if let Some(listener) = owners.get(owner) {
+            return listener.is_some();
         }
         let listener = match socket::bind(&self.name(owner)) {
             Ok(socket) => Some(tokio::spawn(receive(socket, signals))),
@@ -68,12 +68,9 @@ impl Wakes {
                 None
             }
         };
+        let listens = listener.is_some();
         owners.insert(owner.to_owned(), listener);
-    }
-
-    /// Whether `owner` listens for its wake-ups here (it asked to, and could bind).
-    pub(crate) fn listening(&self, owner: &str) -> bool {
-        matches!(self.owners.lock().get(owner), Some(Some(_)))
+        listens
     }
 
     /// Whether every owner that queued through this database hears its wake-ups.

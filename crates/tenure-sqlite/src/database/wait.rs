@@ -97,13 +97,10 @@ impl SqliteDatabase {
     /// node heartbeating through it) from the processes that may hand it a role or
     /// change the membership. Whether it hears them: `false` where nothing can listen.
     pub(crate) fn listen_for_wakes(&self, owner: &str) -> bool {
-        match &self.inner.wakes {
-            Some(wakes) => {
-                wakes.listen(owner, Arc::downgrade(&self.inner.changes));
-                wakes.listening(owner)
-            }
-            None => false,
-        }
+        self.inner
+            .wakes
+            .as_ref()
+            .is_some_and(|wakes| wakes.listen(owner, Arc::downgrade(&self.inner.changes)))
     }
 
     /// Tells `owner`'s process, whichever it is, that it was handed `role`.
