@@ -161,6 +161,19 @@ fn wait_for_a_change(
     })
 }
 
+/// How long `waiter` (from [`wait_for_a_change`]) waited; fails, naming `what` was not
+/// seen, unless it answers within `bound`.
+async fn seen_within(
+    waiter: tokio::task::JoinHandle<Duration>,
+    bound: Duration,
+    what: &str,
+) -> Duration {
+    tokio::time::timeout(bound, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what} was not seen within {bound:?}"))
+        .unwrap()
+}
+
 /// A join and a leave written through another handle of the file (another process, as
 /// far as the file can tell) wake a membership waiter at once: both handles poll every
 /// second here, so membership waiters read the file every 100 s while one of their
@@ -184,20 +197,14 @@ async fn a_join_and_a_leave_in_another_process_wake_a_membership_waiter() {
     // The waiter has read the members once and sleeps on its poll.
     tokio::time::sleep(Duration::from_millis(200)).await;
     b.record_heartbeat("node-b", None).await.unwrap();
-    let took = tokio::time::timeout(Duration::from_secs(2), joined)
-        .await
-        .expect("node-a's process was not woken within 2 s of node-b's join")
-        .unwrap();
+    let took = seen_within(joined, Duration::from_secs(2), "node-b's join").await;
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(a.live_nodes().await.unwrap(), ["node-a", "node-b"]);
 
     let left = wait_for_a_change(&a, &["node-a", "node-b"]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(b.leave("node-b").await.unwrap());
-    tokio::time::timeout(Duration::from_secs(2), left)
-        .await
-        .expect("node-a's process was not woken within 2 s of node-b's leave")
-        .unwrap();
+    seen_within(left, Duration::from_secs(2), "node-b's leave").await;
 }
 
 /// A join whose wake-up never arrives (its writer gave up after the commit, or died
@@ -225,10 +232,7 @@ async fn a_join_whose_wake_is_lost_is_seen_at_the_slow_poll() {
     // The waiter has read the members once and sleeps on its slow poll.
     tokio::time::sleep(Duration::from_millis(100)).await;
     b.record_heartbeat("node-b", None).await.unwrap();
-    let took = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("node-b's join was not seen within 5 s")
-        .unwrap();
+    let took = seen_within(waiter, Duration::from_secs(5), "node-b's join").await;
     // Seen by the poll, not a wake: the fault happened, and its cost is bounded.
     assert!(
         took >= Duration::from_millis(500),
