@@ -68,22 +68,28 @@ pub(super) async fn churn(
         let ended = scenario.log.end_of(*shard, from, joined);
         let started = scenario.log.first_start(*shard, joined, Some(from));
         if let (Some(ended), Some(started)) = (ended, started) {
-            marks.push((ended, started));
+            let to_newcomer = owners_after.get(shard) == Some(&newcomer);
+            marks.push((ended, started, to_newcomer));
         }
     }
-    let latency = |marks: Vec<&(Instant, Instant)>| {
+    let latency = |marks: Vec<&(Instant, Instant, bool)>| {
         let spans: Vec<Duration> = marks
             .iter()
-            .map(|(ended, started)| started.saturating_duration_since(*ended))
+            .map(|(ended, started, _)| started.saturating_duration_since(*ended))
             .collect();
         summarize(&spans)
     };
-    // The newcomer works from its first start on: a handover that ended before it was
+    // The newcomer works from its first start of a shard it ends with on (a shard moved
+    // between old members says nothing of it): a handover that ended before then was
     // handed to a member not yet working.
-    let working_from = marks.iter().map(|(_, started)| *started).min();
+    let working_from = marks
+        .iter()
+        .filter(|(_, _, to_newcomer)| *to_newcomer)
+        .map(|(_, started, _)| *started)
+        .min();
     let (before_working, to_working): (Vec<_>, Vec<_>) = marks
         .iter()
-        .partition(|(ended, _)| working_from.is_some_and(|from| *ended < from));
+        .partition(|(ended, _, _)| working_from.is_some_and(|from| *ended < from));
 
     tracing::info!("churn: the member with the most shards is killed");
     let kill = scenario.kill_busiest(&mut members, limit).await?;
