@@ -350,6 +350,7 @@ impl Interceptor for StoreHealth {
             Reply::KeptAlive(result) => result.is_err(),
             Reply::Info(result) => result.is_err(),
             Reply::List(result) => result.is_err(),
+            Reply::Changes(result) => result.is_err(),
             // A wait ends whether or not the store is there: it tells nothing.
             _ => return reply,
         };

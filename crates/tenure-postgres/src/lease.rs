@@ -61,7 +61,8 @@ use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
     acquire_in_session_as_batch, validate_name, validate_release, validate_roles, validate_ttl,
-    wait_out_bad_role, AcquireRequest, EndRequest, Handover,
+    wait_out_bad_role, AcquireRequest, ChangeMark, EndRequest, Handover, ListedLease,
+    PrefixChanges,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -141,6 +142,7 @@ struct Inner {
     hand_over_to_sql: String,
     get_sql: String,
     list_sql: String,
+    changes_sql: String,
     sessions: SessionStatements,
     /// The sessions this store keeps alive, by owner: what its registries (see
     /// [`PgLeaseStore::registry`]) count as heartbeats.
@@ -163,19 +165,19 @@ impl PgLeaseStore {
         let hand_over_to_sql = end_term(Successor::Named);
         // A session-held row shows its session's expiry; one whose session row is
         // missing (forgotten once it ended, see `session.rs`) reads as expired.
-        let read = format!(
-            "SELECT l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
+        let columns = "l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
                 THEN l.expires_at
                 ELSE COALESCE(s.expires_at, LEAST(l.expires_at, statement_timestamp())) END
                 AS expires_at, statement_timestamp() AS now,
                 CASE WHEN l.holder IS NOT NULL AND l.value_token = l.fencing_token
-                THEN l.value END AS value
-             FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id"
-        );
+                THEN l.value END AS value";
+        let read =
+            format!("SELECT {columns} FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id");
         let get_sql = format!("{read} WHERE l.role = $1");
         // starts_with, not LIKE: a prefix needs no escaping.
         let list_sql =
             format!("{read} WHERE starts_with(l.role, $1) ORDER BY l.role COLLATE \"C\"");
+        let changes_sql = changes_statement(&t, &sessions, columns);
         let notifier = Notifier::for_terms(pool.clone(), schema.channel());
         PgLeaseStore {
             inner: Arc::new(Inner {
@@ -196,6 +198,7 @@ impl PgLeaseStore {
                 hand_over_to_sql,
                 get_sql,
                 list_sql,
+                changes_sql,
                 sessions: SessionStatements::new(&t, &sessions, &c, &nodes),
                 links: Arc::default(),
             }),
@@ -423,6 +426,68 @@ impl LeaseStore for PgLeaseStore {
         rows.iter().map(lease_info).collect()
     }
 
+    async fn list_prefix_changes(
+        &self,
+        prefix: &str,
+        since: Option<ChangeMark>,
+        sessions: &[SessionId],
+    ) -> Result<PrefixChanges> {
+        let since = since
+            .map(|mark| i64::try_from(mark.get()))
+            .transpose()
+            .map_err(|_| Error::invalid("since", "not a mark this store made"))?;
+        let ids = sessions
+            .iter()
+            .map(|id| i64::try_from(id.get()))
+            .collect::<std::result::Result<Vec<i64>, _>>()
+            .map_err(|_| Error::invalid("sessions", "not a session this store made"))?;
+        // Planned for the mark given, not once for any mark: a plan made for any mark
+        // reads the whole table, one for a recent mark only the index's newest entries.
+        let rows = sqlx::query(&self.inner.changes_sql)
+            .persistent(false)
+            .bind(prefix)
+            .bind(since)
+            .bind(&ids)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| pg_error("could not read the changes of leases", e))?;
+        let mut changes = PrefixChanges {
+            leases: Vec::new(),
+            complete: since.is_none(),
+            sessions: Vec::new(),
+            mark: None,
+        };
+        for row in &rows {
+            let session = |row| -> Result<Option<SessionId>> {
+                let id: Option<i64> = decode(row, "session_id")?;
+                Ok(id
+                    .and_then(|id| u64::try_from(id).ok())
+                    .map(SessionId::from))
+            };
+            match decode::<i32>(row, "kind")? {
+                0 => changes.leases.push(ListedLease {
+                    info: lease_info(row)?,
+                    session: session(row)?,
+                }),
+                1 => {
+                    let left: i64 = decode(row, "left_us")?;
+                    if let Some(id) = session(row)? {
+                        let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
+                        changes.sessions.push((id, left));
+                    }
+                }
+                _ => {
+                    let mark: i64 = decode(row, "mark")?;
+                    changes.mark = u64::try_from(mark).ok().map(ChangeMark::new);
+                }
+            }
+        }
+        changes
+            .leases
+            .sort_unstable_by(|a, b| a.info.role.cmp(&b.info.role));
+        Ok(changes)
+    }
+
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
         let unchanged = async {
             let info = self.fetch_info(role).await?;
@@ -623,6 +688,43 @@ fn acquire_statement_with(
             SELECT up.holder, up.fencing_token, up.expires_at, statement_timestamp() AS now,
                 (SELECT count(*) FROM (SELECT {notify} FROM up WHERE up.new_term) n) AS notified
             FROM up"
+    )
+}
+
+/// The statement of [`LeaseStore::list_prefix_changes`] on lease table `t` and session
+/// table `sessions`, selecting `columns` of a lease (those `lease_info` decodes, over
+/// `{t} l LEFT JOIN {sessions} s`): `($1 prefix, $2 mark or NULL, $3 session ids)`.
+/// Rows of `kind` 0 are leases (with `session_id`), 1 the sessions asked about that
+/// exist (`session_id`, `left_us` microseconds left), and one of kind 2 the mark
+/// (`mark`).
+///
+/// Every statement that begins or ends a term sets the row's `term_txid` to its
+/// transaction's id (`txid_current()`), and the mark is the lowest transaction id still
+/// running when this statement's snapshot was taken (`pg_snapshot_xmin`): every
+/// transaction below it had finished and is in this read, so the next read, of
+/// `term_txid >= mark`, misses none that commits later, out of id order. A long
+/// transaction elsewhere in the database holds the mark back, and reads return more
+/// (never less) meanwhile. Held leases of their own (no session) are read every time:
+/// their renewals change no term. Each part has its own index (`schema.rs`).
+fn changes_statement(t: &str, sessions: &str, columns: &str) -> String {
+    format!(
+        "SELECT 0 AS kind, {columns}, l.session_id, NULL::bigint AS left_us, NULL::bigint AS mark
+         FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id
+         WHERE starts_with(l.role, $1) AND ($2::bigint IS NULL OR (l.term_txid >= $2
+             AND NOT (l.session_id IS NULL AND l.holder IS NOT NULL)))
+         UNION ALL
+         SELECT 0, {columns}, l.session_id, NULL, NULL
+         FROM {t} l LEFT JOIN {sessions} s ON s.id = l.session_id
+         WHERE $2::bigint IS NOT NULL AND l.session_id IS NULL AND l.holder IS NOT NULL
+             AND starts_with(l.role, $1)
+         UNION ALL
+         SELECT 1, NULL, NULL, NULL, NULL, NULL, NULL, s.id,
+             floor(extract(epoch FROM s.expires_at - statement_timestamp()) * 1000000)::bigint,
+             NULL
+         FROM {sessions} s WHERE s.id = ANY($3::bigint[])
+         UNION ALL
+         SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
     )
 }
 

@@ -149,8 +149,7 @@ pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Su
                 value = next.value,
                 value_token = CASE WHEN next.owner IS NULL
                     THEN l.value_token ELSE l.fencing_token + 1 END,
-                term_txid = CASE WHEN next.owner IS NULL
-                    THEN l.term_txid ELSE txid_current() END
+                term_txid = txid_current()
             FROM held {join} next ON true
             WHERE l.role = held.role
             RETURNING l.holder, l.fencing_token

@@ -437,7 +437,7 @@ fn close_statement(t: &str, sessions: &str, nodes: &str) -> String {
         ),
         rel AS (
             UPDATE {t} l SET holder = NULL, session_id = NULL, value = NULL,
-                expires_at = statement_timestamp()
+                expires_at = statement_timestamp(), term_txid = txid_current()
             FROM locked
             WHERE l.role = locked.role AND l.session_id = $1
             RETURNING l.role, l.fencing_token

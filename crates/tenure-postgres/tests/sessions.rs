@@ -555,3 +555,71 @@ async fn a_close_and_an_acquire_of_its_roles_never_deadlock() {
         "the two waited on each other for {took:?}"
     );
 }
+
+/// Reads of what changed (`list_prefix_changes`) return the changed rows and the held
+/// leases of their own, not every row: after 300 roles taken under a session, a release
+/// and a plain lease come back alone, with the session's time left. Other tests' open
+/// transactions on the shared server can hold the mark back (a read then returns more,
+/// which is allowed), so each step reads until one returns what it must, a bounded number
+/// of times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_changes_returns_what_changed() {
+    let (_pool, schema) = setup("pg-changes").await;
+    let store = PgLeaseStore::new(_pool.clone(), schema);
+    let session = store.open_session("node-a", LONG).await.unwrap();
+    let roles: Vec<String> = (0..300).map(|k| format!("c/{k}")).collect();
+    let taken = store
+        .acquire_many_in_session(&roles, session.id)
+        .await
+        .unwrap();
+    assert!(taken.iter().all(|t| t.acquired));
+    let complete = store.list_prefix_changes("c/", None, &[]).await.unwrap();
+    assert!(complete.complete);
+    assert_eq!(complete.leases.len(), 300);
+    assert!(complete
+        .leases
+        .iter()
+        .all(|l| l.session == Some(session.id)));
+    let mut mark = complete.mark.expect("postgres reads changes from a mark");
+
+    // Reads until one returns no more than `most` leases; returns that read.
+    let mut settle = async |most: usize| {
+        for _ in 0..100 {
+            let read = store
+                .list_prefix_changes("c/", Some(mark), &[session.id])
+                .await
+                .unwrap();
+            assert!(!read.complete);
+            mark = read.mark.unwrap();
+            if read.leases.len() <= most {
+                return read;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("every read of changes returned more than {most} leases");
+    };
+    let quiet = settle(0).await;
+    assert_eq!(quiet.sessions.len(), 1);
+    assert!(quiet.sessions[0].1 > LONG / 2, "{quiet:?}");
+
+    assert!(store
+        .release("c/7", "node-a", taken[7].fencing_token)
+        .await
+        .unwrap());
+    store
+        .try_acquire_or_renew("c/x", "node-b", LONG)
+        .await
+        .unwrap();
+    let changed = settle(2).await;
+    let roles: Vec<&str> = changed
+        .leases
+        .iter()
+        .map(|l| l.info.role.as_str())
+        .collect();
+    assert_eq!(roles, ["c/7", "c/x"], "{changed:?}");
+    assert_eq!(changed.leases[0].info.live_holder(), None);
+    // The plain lease is read every time (its renewals change no term); nothing else.
+    let again = settle(1).await;
+    assert_eq!(again.leases.len(), 1);
+    assert_eq!(again.leases[0].info.role, "c/x");
+}

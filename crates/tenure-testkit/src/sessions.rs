@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Error, LeaseStore, SessionGrant};
+use tenure::{Error, LeaseCopy, LeaseStore, SessionGrant};
 
 use crate::conformance::{assert_invalid, spawn_term_waiter};
 use crate::LeaseBackend;
@@ -420,6 +420,85 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
     }
 }
 
+/// Brings `copy` up to the store through [`LeaseStore::list_prefix_changes`] and
+/// asserts it shows what a complete `list_prefix` does: the same roles, live holders
+/// and tokens.
+async fn assert_copy_matches(copy: &mut LeaseCopy<String>, store: &dyn LeaseStore, step: &str) {
+    copy.read(store, "q/", |role| Some(role.to_owned()))
+        .await
+        .unwrap();
+    let listed = store.list_prefix("q/").await.unwrap();
+    let want: Vec<_> = listed
+        .iter()
+        .map(|l| {
+            (
+                l.role.clone(),
+                l.live_holder().map(str::to_owned),
+                l.fencing_token,
+            )
+        })
+        .collect();
+    let got: Vec<_> = copy
+        .iter()
+        .map(|(role, lease)| {
+            let holder = lease.live_holder().map(str::to_owned);
+            (format!("q/{role}"), holder, lease.fencing_token)
+        })
+        .collect();
+    assert_eq!(
+        got, want,
+        "{step}: the copy kept by changes against a complete read"
+    );
+}
+
+/// A copy of a prefix's leases kept by reading only what changed
+/// ([`LeaseStore::list_prefix_changes`]) shows, after each read, what a complete read
+/// shows: through new terms, releases, plain leases renewed and lapsing, sessions kept
+/// alive, lapsing and closed, and writes through another instance of the store.
+pub async fn scenario_session_changes_keep_a_copy(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let other = fx.reopen().await;
+    let ttl = fx.ttl();
+    let mut copy = LeaseCopy::default();
+    assert_copy_matches(&mut copy, store.as_ref(), "empty").await;
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    let b = open(store.as_ref(), "node-b", ttl).await;
+    let roles: Vec<String> = (0..4).map(|k| format!("q/{k}")).collect();
+    store.acquire_many_in_session(&roles, a.id).await.unwrap();
+    store.acquire_in_session("q/4", b.id).await.unwrap();
+    store.try_acquire("q/5", "node-c", ttl).await;
+    store.try_acquire("r/0", "node-c", ttl).await;
+    assert_copy_matches(&mut copy, store.as_ref(), "first read").await;
+    assert_copy_matches(&mut copy, store.as_ref(), "nothing changed").await;
+
+    let one = copy.get(&"1".to_owned()).unwrap().fencing_token;
+    assert!(other.release_term("q/1", "node-a", one).await);
+    store.try_acquire("q/5", "node-c", ttl).await;
+    other.acquire_in_session("q/6", a.id).await.unwrap();
+    store.keep_alive(b.id, ttl).await.unwrap();
+    assert_copy_matches(&mut copy, store.as_ref(), "a release and a new term").await;
+
+    fx.pass_time(ttl.mul_f64(0.6)).await;
+    store.keep_alive(a.id, ttl).await.unwrap();
+    fx.pass_time(ttl.mul_f64(0.6)).await;
+    store.keep_alive(a.id, ttl).await.unwrap();
+    assert_copy_matches(
+        &mut copy,
+        store.as_ref(),
+        "b's session and c's lease lapsed",
+    )
+    .await;
+
+    assert!(other.close_session(a.id).await.unwrap());
+    let d = open(store.as_ref(), "node-d", ttl).await;
+    other.acquire_in_session("q/2", d.id).await.unwrap();
+    store.try_acquire("q/4", "node-c", ttl).await;
+    assert_copy_matches(&mut copy, store.as_ref(), "a closed, d and c took roles").await;
+    let reopened = copy.get(&"4".to_owned()).unwrap();
+    assert_eq!(reopened.live_holder(), Some("node-c"));
+}
+
 /// Runs every session scenario against one backend as `#[tokio::test]`s.
 #[macro_export]
 macro_rules! session_scenarios {
@@ -433,6 +512,7 @@ macro_rules! session_scenarios {
             scenario_session_acquire_many,
             scenario_session_acquire_many_rules,
             scenario_session_acquire_many_contention,
-            scenario_session_bad_input);
+            scenario_session_bad_input,
+            scenario_session_changes_keep_a_copy);
     };
 }

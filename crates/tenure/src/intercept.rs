@@ -67,8 +67,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    AcquireRequest, EndRequest, Error, FencingToken, Handover, LeaseInfo, LeaseResult, LeaseStore,
-    Result, SessionGrant, SessionId, TermChange,
+    AcquireRequest, ChangeMark, EndRequest, Error, FencingToken, Handover, LeaseInfo, LeaseResult,
+    LeaseStore, PrefixChanges, Result, SessionGrant, SessionId, TermChange,
 };
 
 mod registry;
@@ -139,6 +139,15 @@ pub enum Call {
     List {
         /// The roles' prefix; empty for every role.
         prefix: String,
+    },
+    /// [`LeaseStore::list_prefix_changes`].
+    ListChanges {
+        /// The roles' prefix.
+        prefix: String,
+        /// Where the caller's last read left off; `None` for a complete read.
+        since: Option<ChangeMark>,
+        /// The sessions whose time left the caller asks.
+        sessions: Vec<SessionId>,
     },
     /// [`LeaseStore::wait_for_change`].
     WaitForChange {
@@ -214,6 +223,7 @@ impl Call {
             Call::Release { .. } => "release",
             Call::Get { .. } => "get",
             Call::List { .. } => "list",
+            Call::ListChanges { .. } => "list_changes",
             Call::WaitForChange { .. } => "wait_for_change",
             Call::WaitForSuccessor { .. } => "wait_for_successor",
             Call::WaitForTerm { .. } => "wait_for_term",
@@ -243,6 +253,8 @@ pub enum Reply {
     Info(Result<Option<LeaseInfo>>),
     /// From [`Call::List`].
     List(Result<Vec<LeaseInfo>>),
+    /// From [`Call::ListChanges`].
+    Changes(Result<PrefixChanges>),
     /// From [`Call::WaitForChange`] and [`Call::WaitForTerm`]: the wait ended.
     Changed,
     /// From [`Call::WaitForSuccessor`]: the wait ended with what it learned.
@@ -268,6 +280,7 @@ impl Reply {
             }
             Call::Get { .. } => Reply::Info(Err(error)),
             Call::List { .. } => Reply::List(Err(error)),
+            Call::ListChanges { .. } => Reply::Changes(Err(error)),
             Call::WaitForChange { .. } | Call::WaitForTerm { .. } => Reply::Changed,
             Call::WaitForSuccessor { .. } => Reply::Succession(TermChange::Unknown),
             Call::Candidates { .. } => Reply::Candidates(Err(error)),
@@ -330,6 +343,15 @@ impl Reply {
         }
     }
 
+    /// The answer of a [`Call::ListChanges`]; an error if it is the reply to another
+    /// method.
+    pub fn into_changes(self) -> Result<PrefixChanges> {
+        match self {
+            Reply::Changes(result) => result,
+            other => Err(other.mismatch("list_changes")),
+        }
+    }
+
     /// A bug in an interceptor, reported to the caller rather than panicking inside a
     /// store call.
     fn mismatch(&self, method: &str) -> Error {
@@ -338,6 +360,7 @@ impl Reply {
             Reply::Released(_) => "release",
             Reply::Info(_) => "get",
             Reply::List(_) => "list",
+            Reply::Changes(_) => "list_changes",
             Reply::Changed => "wait_for_change",
             Reply::Succession(_) => "wait_for_successor",
             Reply::Candidates(_) => "candidates",
@@ -444,6 +467,11 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
         }
         Call::Get { role } => Reply::Info(store.get(&role).await),
         Call::List { prefix } => Reply::List(store.list_prefix(&prefix).await),
+        Call::ListChanges {
+            prefix,
+            since,
+            sessions,
+        } => Reply::Changes(store.list_prefix_changes(&prefix, since, &sessions).await),
         Call::WaitForChange {
             role,
             observed,
@@ -583,6 +611,21 @@ impl LeaseStore for InterceptStore {
         })
         .await
         .into_list()
+    }
+
+    async fn list_prefix_changes(
+        &self,
+        prefix: &str,
+        since: Option<ChangeMark>,
+        sessions: &[SessionId],
+    ) -> Result<PrefixChanges> {
+        self.call(Call::ListChanges {
+            prefix: prefix.to_owned(),
+            since,
+            sessions: sessions.to_vec(),
+        })
+        .await
+        .into_changes()
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {

@@ -163,6 +163,51 @@ impl LeaseInfo {
     }
 }
 
+/// Where a [`LeaseStore::list_prefix_changes`] read left off: the next read given it
+/// returns what changed after it. Opaque outside the store that made it, and meaningful
+/// only to that store (and prefix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChangeMark(u64);
+
+impl ChangeMark {
+    /// A mark from a store's own counter (a change number, a transaction id).
+    pub const fn new(mark: u64) -> Self {
+        ChangeMark(mark)
+    }
+
+    /// The store's counter value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// One lease of a [`PrefixChanges`]: its view, and the session its term is held under
+/// (`None` for a lease of its own, a released one, or a store that does not say).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedLease {
+    /// The lease as [`LeaseStore::list_prefix`] shows it.
+    pub info: LeaseInfo,
+    /// The session its term is held under, if any.
+    pub session: Option<SessionId>,
+}
+
+/// The answer of [`LeaseStore::list_prefix_changes`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixChanges {
+    /// The leases read, sorted by role: every lease of the prefix when `complete`,
+    /// else those the read's rules name.
+    pub leases: Vec<ListedLease>,
+    /// Whether `leases` is every lease of the prefix: the reader replaces its copy
+    /// rather than updating it.
+    pub complete: bool,
+    /// How long each session asked about had left at the read (store time); one that
+    /// ended and was forgotten is missing, and its leases lapsed.
+    pub sessions: Vec<(SessionId, Duration)>,
+    /// Where the next read starts; `None` when the store reads only completely (the
+    /// next read is then complete too).
+    pub mark: Option<ChangeMark>,
+}
+
 /// What a waiter learned of a role's term from [`LeaseStore::wait_for_successor`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TermChange {
@@ -341,6 +386,46 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// by role; every role's for `""`. Reads only those roles where the backend can, so
     /// a group's members need not read every role of the store.
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>>;
+
+    /// What changed among the leases of the roles that start with `prefix` since the
+    /// read that gave `since`, so that a reader keeping its own copy of them (a shard
+    /// member's view of its group) reads what changed, not every lease each time.
+    ///
+    /// With `since` `None`, every lease of the prefix ([`PrefixChanges::complete`]).
+    /// Otherwise at least: every lease whose term changed after that read (began, was
+    /// released or ended, moved from a session to a lease of its own), and every lease
+    /// held without a session (whose expiry moves with each renewal, which is no change
+    /// of term); and, for each of `sessions` that has not been forgotten, how long it has
+    /// left. A lease held under a session that is neither returned nor among
+    /// [`PrefixChanges::sessions`] lapsed. A store may return more (a complete read is
+    /// always a correct answer, and this default gives one).
+    ///
+    /// Applying each answer to the copy the previous answers built gives, lease for
+    /// lease, what [`list_prefix`](Self::list_prefix) would have returned at this read
+    /// (the conformance suite checks this). The work of a read that is not complete
+    /// grows with what changed, not with the number of leases, on the backends that
+    /// implement it (in memory, PostgreSQL).
+    async fn list_prefix_changes(
+        &self,
+        prefix: &str,
+        since: Option<ChangeMark>,
+        sessions: &[SessionId],
+    ) -> Result<PrefixChanges> {
+        let _ = (since, sessions);
+        let leases = self.list_prefix(prefix).await?;
+        Ok(PrefixChanges {
+            leases: leases
+                .into_iter()
+                .map(|info| ListedLease {
+                    info,
+                    session: None,
+                })
+                .collect(),
+            complete: true,
+            sessions: Vec::new(),
+            mark: None,
+        })
+    }
 
     /// Waits until the term `observed` of `role` has ended (released, or replaced by a
     /// term with another token) or until `deadline`, whichever comes first.

@@ -76,6 +76,7 @@ mod fence;
 pub mod handoff;
 pub mod intercept;
 pub mod lease;
+pub mod lease_copy;
 pub mod memory;
 pub mod observe;
 mod owner;
@@ -93,8 +94,10 @@ pub use elector::{
 pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
 pub use lease::{
-    AcquireRequest, EndRequest, Handover, LeaseInfo, LeaseResult, LeaseStore, TermChange,
+    AcquireRequest, ChangeMark, EndRequest, Handover, LeaseInfo, LeaseResult, LeaseStore,
+    ListedLease, PrefixChanges, TermChange,
 };
+pub use lease_copy::{CopiedLease, LeaseCopy};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};
 pub use observe::{observe, Leader, LeaderObserver};
 pub use owner::{owner_id_with_label, MAX_OWNER_LABEL_LEN};

@@ -677,7 +677,7 @@ struct SlowLooks(Duration);
 #[async_trait::async_trait]
 impl Interceptor for SlowLooks {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
-        if let Call::List { .. } = call {
+        if let Call::List { .. } | Call::ListChanges { .. } = call {
             tokio::time::sleep(self.0).await;
         }
         next.run(call).await

@@ -12,8 +12,8 @@ use tokio::sync::Notify;
 
 use super::registry::NodeTable;
 use crate::lease::{
-    validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, EndRequest,
-    Handover,
+    validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, ChangeMark,
+    EndRequest, Handover, ListedLease, PrefixChanges,
 };
 use crate::session::validate_open;
 use crate::{
@@ -39,6 +39,9 @@ struct Slot {
     /// The candidates queued for the role, oldest first (lapsed ones are dropped when
     /// next seen).
     queue: Vec<Candidate>,
+    /// The store's change number when the term last began, ended or left its session
+    /// (see [`LeaseStore::list_prefix_changes`]).
+    changed_at: u64,
 }
 
 /// One queued contender (see [`LeaseStore::try_acquire_or_queue`]).
@@ -185,6 +188,10 @@ pub struct InMemoryLeaseStore {
     created: Notify,
     /// The nodes of the registries made by [`InMemoryLeaseStore::registry`].
     nodes: Arc<NodeTable>,
+    /// The last change number handed out ([`Slot::changed_at`]). Taken under the
+    /// changed slot's lock, and read before a read of changes locks any: so a change
+    /// numbered at or below a read's mark is visible to that read.
+    changes: AtomicU64,
 }
 
 impl Default for InMemoryLeaseStore {
@@ -211,6 +218,7 @@ impl InMemoryLeaseStore {
             next_session: AtomicU64::new(1),
             created: Notify::new(),
             nodes: Arc::default(),
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -239,6 +247,11 @@ impl InMemoryLeaseStore {
             None => slot.expires_at,
             Some(_) => self.sessions.lock().expiry(slot),
         }
+    }
+
+    /// The next change number, for a slot whose term changes under its shard's lock.
+    fn stamp(&self) -> u64 {
+        self.changes.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     fn is_live_term(&self, slot: &Slot, token: FencingToken, now: SystemTime) -> bool {
@@ -273,6 +286,7 @@ fn first_slot(
     expires_at: SystemTime,
     session: Option<SessionId>,
     value: Option<&str>,
+    changed_at: u64,
 ) -> Slot {
     Slot {
         holder: Some(owner.to_owned()),
@@ -282,6 +296,7 @@ fn first_slot(
         value: value.map(str::to_owned),
         changed: Arc::new(Notify::new()),
         queue: Vec::new(),
+        changed_at,
     }
 }
 
@@ -314,7 +329,8 @@ impl InMemoryLeaseStore {
         validate_name("role", role)?;
         validate_name("owner", owner)?;
         let Some(slot) = shard.get_mut(role) else {
-            shard.insert(role.to_owned(), first_slot(owner, expires_at, None, value));
+            let slot = first_slot(owner, expires_at, None, value, self.stamp());
+            shard.insert(role.to_owned(), slot);
             self.created.notify_waiters();
             return Ok(LeaseResult {
                 acquired: true,
@@ -330,7 +346,9 @@ impl InMemoryLeaseStore {
             Some(holder) if live && holder == owner => {
                 // The holder renews on its own from here: a session's term becomes a
                 // plain lease, same token.
-                slot.session = None;
+                if slot.session.take().is_some() {
+                    slot.changed_at = self.stamp();
+                }
                 slot.expires_at = expires_at;
             }
             Some(holder) if live => {
@@ -349,6 +367,7 @@ impl InMemoryLeaseStore {
             _ => {
                 slot.dequeue(owner, now);
                 new_term(slot, owner, expires_at, None, value);
+                slot.changed_at = self.stamp();
             }
         }
         Ok(LeaseResult {
@@ -380,6 +399,7 @@ impl InMemoryLeaseStore {
             },
         };
         slot.hand_to(next, now);
+        slot.changed_at = self.stamp();
         Ok(true)
     }
 }
@@ -425,22 +445,59 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
+        let complete = self.list_prefix_changes(prefix, None, &[]).await?;
+        Ok(complete.leases.into_iter().map(|l| l.info).collect())
+    }
+
+    /// Scans every slot (one process: the work saved is the caller's, which applies
+    /// only what changed), returning those changed after `since`.
+    async fn list_prefix_changes(
+        &self,
+        prefix: &str,
+        since: Option<ChangeMark>,
+        sessions: &[SessionId],
+    ) -> Result<PrefixChanges> {
+        // Before any slot is locked: see `changes`.
+        let mark = self.changes.load(Ordering::SeqCst);
         let now = self.clock.now();
-        let mut leases: Vec<LeaseInfo> = self
+        let mut leases: Vec<ListedLease> = self
             .shards
             .iter()
             .flat_map(|shard| {
                 let shard = shard.lock();
-                let sessions = self.sessions.lock();
+                let known = self.sessions.lock();
                 shard
                     .iter()
-                    .filter(|(role, _)| role.starts_with(prefix))
-                    .map(|(role, slot)| sessions.info(slot, role, now))
+                    .filter(|(role, slot)| {
+                        role.starts_with(prefix)
+                            && (since.is_none_or(|since| slot.changed_at > since.get())
+                                || (slot.session.is_none() && slot.holder.is_some()))
+                    })
+                    .map(|(role, slot)| ListedLease {
+                        info: known.info(slot, role, now),
+                        session: slot.session,
+                    })
                     .collect::<Vec<_>>()
             })
             .collect();
-        leases.sort_by(|a, b| a.role.cmp(&b.role));
-        Ok(leases)
+        leases.sort_by(|a, b| a.info.role.cmp(&b.info.role));
+        let known = self.sessions.lock();
+        let sessions = sessions
+            .iter()
+            .filter_map(|id| {
+                let session = known.by_id.get(id)?;
+                Some((
+                    *id,
+                    session.expires_at.duration_since(now).unwrap_or_default(),
+                ))
+            })
+            .collect();
+        Ok(PrefixChanges {
+            leases,
+            complete: since.is_none(),
+            sessions,
+            mark: Some(ChangeMark::new(mark)),
+        })
     }
 
     async fn wait_for_change(
@@ -592,10 +649,8 @@ impl LeaseStore for InMemoryLeaseStore {
         };
         let token = match shard.get_mut(role) {
             None => {
-                shard.insert(
-                    role.to_owned(),
-                    first_slot(&owner, session_expiry, Some(session), None),
-                );
+                let slot = first_slot(&owner, session_expiry, Some(session), None, self.stamp());
+                shard.insert(role.to_owned(), slot);
                 self.created.notify_waiters();
                 FencingToken::from(1)
             }
@@ -617,6 +672,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 // A term begun for a queued owner ends its candidacy, as every acquire.
                 slot.dequeue(&owner, now);
                 new_term(slot, &owner, session_expiry, Some(session), None);
+                slot.changed_at = self.stamp();
                 slot.token
             }
         };
@@ -638,6 +694,7 @@ impl LeaseStore for InMemoryLeaseStore {
                     slot.holder = None;
                     slot.session = None;
                     slot.expires_at = now.min(entry.expires_at);
+                    slot.changed_at = self.stamp();
                     slot.changed.notify_waiters();
                 }
             }

@@ -123,6 +123,8 @@ pub(super) struct Member<'a> {
     /// `reconcile`): when the first refusal said it ends. Looks are put off only until
     /// then, so a holder that lives on (its term renewed) is read as any other.
     pub(super) look_put_off: Option<Instant>,
+    /// The copy of the group's leases each look brings up to date.
+    pub(super) view: crate::LeaseCopy<u32>,
 }
 
 impl Drop for Member<'_> {

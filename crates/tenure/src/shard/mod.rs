@@ -323,6 +323,7 @@ impl ShardElector {
             settled: false,
             short_looks: 0,
             look_put_off: None,
+            view: Default::default(),
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as

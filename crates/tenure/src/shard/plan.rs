@@ -676,28 +676,30 @@ impl Member<'_> {
         })
     }
 
-    /// The live owner of each shard, from the store, how long its term has left unless
-    /// renewed (on store time), and its token.
-    pub(super) async fn live_owners(
-        &self,
-    ) -> Result<BTreeMap<u32, (String, Duration, FencingToken)>> {
-        let prefix = format!("{}/", self.options().group);
-        let leases = self.elector.store.list_prefix(&prefix).await?;
-        Ok(leases
-            .into_iter()
-            .filter_map(|lease| {
-                let shard: u32 = lease.role.strip_prefix(&prefix)?.parse().ok()?;
+    /// The live owner of each shard, how long its term has left unless renewed (on
+    /// store time), and its token: the member's copy of the group, brought up to date
+    /// with what changed in the store since the last look.
+    pub(super) async fn live_owners(&mut self) -> Result<BTreeMap<u32, Held>> {
+        let options = &self.elector.options;
+        let prefix = format!("{}/", options.group);
+        let shards = options.shards;
+        let shard = |role: &str| role.parse::<u32>().ok().filter(|k| *k < shards);
+        self.view
+            .read(self.elector.store.as_ref(), &prefix, shard)
+            .await?;
+        Ok(self
+            .view
+            .iter()
+            .filter_map(|(k, lease)| {
                 let holder = lease.live_holder()?.to_owned();
-                let left = lease
-                    .expires_at
-                    .duration_since(lease.now)
-                    .unwrap_or_default();
-                let held = (holder, left, lease.fencing_token);
-                (shard < self.options().shards).then_some((shard, held))
+                Some((*k, (holder, lease.left, lease.fencing_token)))
             })
             .collect())
     }
 }
+
+/// A shard's live owner as a look sees it: holder, time left in its term, token.
+type Held = (String, Duration, FencingToken);
 
 /// Starts handing over shards targeted at other members, as many as
 /// `max_moves_in_flight` leaves room for. A target that works on no shard (`working`,

@@ -1,0 +1,228 @@
+//! [`LeaseCopy`]: a reader's own copy of the leases under a prefix, kept current by
+//! reads of what changed ([`LeaseStore::list_prefix_changes`]). A shard member's look at
+//! a settled group of a million shards reads the few terms that began or ended since
+//! its last look and how long each member's session has left, not every lease.
+//!
+//! A copy is only ever a view: roles are taken and released through the store, which
+//! alone decides. A copy gone stale plans from wrong holders (an acquire refused, an
+//! orphan left until a later read), and can never give a role two holders.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::lease::{ChangeMark, LeaseStore, PrefixChanges};
+use crate::{FencingToken, Result, SessionId};
+
+/// One lease as the copy last read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopiedLease {
+    /// The owner of the latest term, or `None` once it was released.
+    pub holder: Option<String>,
+    /// The latest token handed out for the role.
+    pub fencing_token: FencingToken,
+    /// The session the term is held under, if the store said.
+    pub session: Option<SessionId>,
+    /// Time left in the term at the last read (zero: lapsed or released).
+    pub left: Duration,
+}
+
+impl CopiedLease {
+    /// The live holder, if any: set, and time left at the last read.
+    pub fn live_holder(&self) -> Option<&str> {
+        self.holder.as_deref().filter(|_| !self.left.is_zero())
+    }
+}
+
+/// The leases under one prefix, keyed by `K` (what a key function makes of a role:
+/// the role itself, a shard number), as of the last [`read`](Self::read).
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use std::time::Duration;
+/// use tenure::{InMemoryLeaseStore, LeaseCopy, LeaseStore};
+///
+/// let store = InMemoryLeaseStore::new();
+/// let session = store.open_session("a", Duration::from_secs(10)).await.unwrap().id;
+/// store.acquire_in_session("jobs/7", session).await.unwrap();
+/// let mut copy = LeaseCopy::default();
+/// let shard = |role: &str| role.parse::<u32>().ok();
+/// copy.read(&store, "jobs/", shard).await.unwrap(); // complete: the first read
+/// store.acquire_in_session("jobs/8", session).await.unwrap();
+/// copy.read(&store, "jobs/", shard).await.unwrap(); // only jobs/8, and the session
+/// assert_eq!(copy.get(&8).and_then(|lease| lease.live_holder()), Some("a"));
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LeaseCopy<K> {
+    /// Where the last read left off; `None`: the next read is complete.
+    mark: Option<ChangeMark>,
+    leases: BTreeMap<K, CopiedLease>,
+}
+
+impl<K> Default for LeaseCopy<K> {
+    fn default() -> Self {
+        LeaseCopy {
+            mark: None,
+            leases: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord> LeaseCopy<K> {
+    /// Brings the copy up to what the store holds under `prefix`, reading what changed
+    /// since the last read (everything the first time, and after a failed read). `key`
+    /// makes a key of each role with `prefix` stripped; roles it refuses are left out.
+    pub async fn read(
+        &mut self,
+        store: &dyn LeaseStore,
+        prefix: &str,
+        key: impl Fn(&str) -> Option<K>,
+    ) -> Result<()> {
+        let sessions: Vec<SessionId> = match self.mark {
+            Some(_) => self
+                .leases
+                .values()
+                .filter(|lease| lease.holder.is_some())
+                .filter_map(|lease| lease.session)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        let since = self.mark.take();
+        let changes = store.list_prefix_changes(prefix, since, &sessions).await?;
+        self.apply(changes, prefix, key);
+        Ok(())
+    }
+
+    /// Applies one answer of [`LeaseStore::list_prefix_changes`].
+    fn apply(&mut self, changes: PrefixChanges, prefix: &str, key: impl Fn(&str) -> Option<K>) {
+        if changes.complete {
+            self.leases.clear();
+        } else {
+            // Leases not read again: one under a session has what its session has left
+            // (nothing once the session is gone); one of its own is no longer held (every
+            // held one is read each time).
+            let left: HashMap<SessionId, Duration> = changes.sessions.into_iter().collect();
+            for lease in self.leases.values_mut() {
+                lease.left = match lease.session {
+                    Some(session) => left.get(&session).copied().unwrap_or_default(),
+                    None => Duration::ZERO,
+                };
+            }
+        }
+        for listed in changes.leases {
+            let Some(k) = listed.info.role.strip_prefix(prefix).and_then(&key) else {
+                continue;
+            };
+            let left = listed.info.remaining();
+            let lease = CopiedLease {
+                holder: listed.info.holder,
+                fencing_token: listed.info.fencing_token,
+                session: listed.session,
+                left,
+            };
+            self.leases.insert(k, lease);
+        }
+        self.mark = changes.mark;
+    }
+
+    /// The lease of `key`, as last read.
+    pub fn get(&self, key: &K) -> Option<&CopiedLease> {
+        self.leases.get(key)
+    }
+
+    /// Every lease, in key order, as last read.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &CopiedLease)> {
+        self.leases.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::{InMemoryLeaseStore, ManualClock};
+
+    type Live = BTreeMap<u32, (String, Duration, FencingToken)>;
+
+    fn shard(role: &str) -> Option<u32> {
+        role.parse().ok()
+    }
+
+    fn live(copy: &LeaseCopy<u32>) -> Live {
+        copy.iter()
+            .filter_map(|(k, lease)| {
+                let holder = lease.live_holder()?.to_owned();
+                Some((*k, (holder, lease.left, lease.fencing_token)))
+            })
+            .collect()
+    }
+
+    /// What a complete read shows.
+    async fn fresh(store: &dyn LeaseStore) -> Live {
+        let mut copy = LeaseCopy::default();
+        copy.read(store, "g/", shard).await.unwrap();
+        live(&copy)
+    }
+
+    async fn read(copy: &mut LeaseCopy<u32>, store: &dyn LeaseStore) -> Live {
+        copy.read(store, "g/", shard).await.unwrap();
+        let read = live(copy);
+        assert_eq!(read, fresh(store).await);
+        read
+    }
+
+    #[tokio::test]
+    async fn a_copy_kept_by_changes_matches_a_complete_read() {
+        let clock = ManualClock::new(SystemTime::UNIX_EPOCH);
+        let store = Arc::new(InMemoryLeaseStore::with_clock(clock.clone()));
+        let ttl = Duration::from_secs(10);
+        let a = store.open_session("a", ttl).await.unwrap().id;
+        let b = store.open_session("b", ttl).await.unwrap().id;
+        let mut copy = LeaseCopy::default();
+        let roles = |range: std::ops::Range<u32>| -> Vec<String> {
+            range.map(|k| format!("g/{k}")).collect()
+        };
+        store
+            .acquire_many_in_session(&roles(0..4), a)
+            .await
+            .unwrap();
+        store
+            .acquire_many_in_session(&roles(4..8), b)
+            .await
+            .unwrap();
+        assert_eq!(read(&mut copy, store.as_ref()).await.len(), 8);
+
+        // A release, a plain lease, time passing and a keep-alive: none of it rewrites
+        // the untouched leases, and the copy still matches.
+        let token = copy.get(&1).unwrap().fencing_token;
+        assert!(store.release("g/1", "a", token).await.unwrap());
+        store
+            .try_acquire_or_renew("g/1", "c", ttl / 2)
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(3));
+        store.keep_alive_session(b, ttl).await.unwrap();
+        let now = read(&mut copy, store.as_ref()).await;
+        assert_eq!(now[&1].0, "c");
+        assert_eq!(now[&5].1, ttl);
+
+        // a's session lapses, c's own lease too: their shards drop out.
+        clock.advance(Duration::from_secs(7));
+        let now = read(&mut copy, store.as_ref()).await;
+        assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![4, 5, 6, 7]);
+
+        // b closes its session; a new one takes a shard back.
+        store.close_session(b).await.unwrap();
+        let d = store.open_session("d", ttl).await.unwrap().id;
+        store.acquire_in_session("g/6", d).await.unwrap();
+        let now = read(&mut copy, store.as_ref()).await;
+        assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![6]);
+    }
+}
