@@ -106,7 +106,8 @@ pub(super) struct Member<'a> {
     pub(super) lost_acquire_at: Option<Instant>,
     /// The last look found nothing to do: every shard owned by the member the plan
     /// targets, none to take, hand over, wait for or release here. Looks are then
-    /// [`SETTLED_LOOK_TTLS`] TTLs apart (each reads every shard of the group); joins and
+    /// [`SETTLED_LOOK_TTLS`] TTLs apart (each reads what changed in the group, every
+    /// shard on a store that reads only completely); joins and
     /// leaves are pushed, and a membership due to lapse has its own read of the members
     /// (a look if it did lapse).
     pub(super) settled: bool,
