@@ -60,9 +60,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
-    acquire_in_session_as_batch, validate_name, validate_release, validate_roles, validate_ttl,
-    wait_out_bad_role, AcquireRequest, ChangeMark, EndRequest, Handover, ListedLease,
-    PrefixChanges,
+    acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
+    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, EndRequest, Handover,
+    ListedLease, PrefixChanges,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -432,10 +432,7 @@ impl LeaseStore for PgLeaseStore {
         since: Option<ChangeMark>,
         sessions: &[SessionId],
     ) -> Result<PrefixChanges> {
-        let since = since
-            .map(|mark| i64::try_from(mark.get()))
-            .transpose()
-            .map_err(|_| Error::invalid("since", "not a mark this store made"))?;
+        let since = mark_to_i64(since)?;
         let ids = sessions
             .iter()
             .map(|id| i64::try_from(id.get()))
@@ -451,41 +448,23 @@ impl LeaseStore for PgLeaseStore {
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| pg_error("could not read the changes of leases", e))?;
-        let mut changes = PrefixChanges {
-            leases: Vec::new(),
-            complete: since.is_none(),
-            sessions: Vec::new(),
-            mark: None,
-        };
-        for row in &rows {
-            let session = |row| -> Result<Option<SessionId>> {
-                let id: Option<i64> = decode(row, "session_id")?;
-                Ok(id
-                    .and_then(|id| u64::try_from(id).ok())
-                    .map(SessionId::from))
-            };
-            match decode::<i32>(row, "kind")? {
-                0 => changes.leases.push(ListedLease {
+        let decoded = rows.iter().map(|row| {
+            let session = decode::<Option<i64>>(row, "session_id")?
+                .and_then(|id| u64::try_from(id).ok())
+                .map(SessionId::from);
+            Ok(match (decode::<i32>(row, "kind")?, session) {
+                (0, session) => ChangeRow::Lease(ListedLease {
                     info: lease_info(row)?,
-                    session: session(row)?,
+                    session,
                 }),
-                1 => {
+                (1, Some(id)) => {
                     let left: i64 = decode(row, "left_us")?;
-                    if let Some(id) = session(row)? {
-                        let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
-                        changes.sessions.push((id, left));
-                    }
+                    ChangeRow::Session(id, Duration::from_micros(u64::try_from(left).unwrap_or(0)))
                 }
-                _ => {
-                    let mark: i64 = decode(row, "mark")?;
-                    changes.mark = u64::try_from(mark).ok().map(ChangeMark::new);
-                }
-            }
-        }
-        changes
-            .leases
-            .sort_unstable_by(|a, b| a.info.role.cmp(&b.info.role));
-        Ok(changes)
+                _ => ChangeRow::Mark(decode(row, "mark")?),
+            })
+        });
+        PrefixChanges::from_rows(since.is_none(), decoded)
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {

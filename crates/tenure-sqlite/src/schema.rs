@@ -1,7 +1,7 @@
 //! The file's tables and their versions: creating them, migrating a schema-1 file (wall
 //! clock) to monotonic time, a schema-2 file to sessions, a schema-3 file to
-//! advertised values, a schema-4 file to the queue of candidates and a schema-5 file to
-//! membership through sessions, and starting a new
+//! advertised values, a schema-4 file to the queue of candidates, a schema-5 file to
+//! membership through sessions and a schema-6 file to change numbers, and starting a new
 //! boot (every lease, session and candidacy ends, every token stays).
 
 use std::time::{Duration, SystemTime};
@@ -16,8 +16,9 @@ use crate::BACKEND;
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
 /// nanoseconds and a high-water mark (`tenure_clock`); version 2 had no sessions;
 /// version 3 no advertised values; version 4 no queue of candidates; version 5 no
-/// membership through sessions. Opening an older file migrates it.
-pub(crate) const SCHEMA_VERSION: i64 = 6;
+/// membership through sessions; version 6 no change numbers. Opening an older file
+/// migrates it.
+pub(crate) const SCHEMA_VERSION: i64 = 7;
 
 /// The tables, created idempotently. Times are nanoseconds of the host's monotonic
 /// clock, meaningful only under the boot recorded in `tenure_boot` (one row, written by
@@ -64,7 +65,8 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
     expires_at INTEGER NOT NULL,
     session_id INTEGER,
     value      TEXT,
-    value_token INTEGER
+    value_token INTEGER,
+    changed    INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tenure_sessions (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -104,13 +106,40 @@ CREATE INDEX IF NOT EXISTS tenure_leases_session ON tenure_leases (session_id)
     WHERE session_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tenure_nodes_session ON tenure_nodes (session_id)
     WHERE session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS tenure_leases_changed ON tenure_leases (changed);
+CREATE INDEX IF NOT EXISTS tenure_leases_held_alone ON tenure_leases (role)
+    WHERE session_id IS NULL AND holder IS NOT NULL;
 CREATE VIEW IF NOT EXISTS tenure_terms AS
     SELECT l.role, l.holder, l.token, coalesce(s.expires_at, l.expires_at) AS expires_at,
            l.session_id,
            CASE WHEN l.holder IS NOT NULL AND l.value_token = l.token THEN l.value END
-               AS value
+               AS value,
+           l.changed
     FROM tenure_leases l LEFT JOIN tenure_sessions s ON s.id = l.session_id
 ";
+
+/// Number every change of a lease's term (a new row, and any write of its holder, token
+/// or session) with the file's next change number, for reads of what changed
+/// (`list_prefix_changes`). Triggers, so every writer numbers its changes, a schema-6
+/// tenure still running on a migrated file too. Writes are serialized by the file's
+/// write lock, so numbers grow in commit order: a reader whose snapshot shows number `n`
+/// as the largest has seen every change numbered up to `n`, and every later change gets
+/// a larger one. (Each statement has `;` inside, so they are not in
+/// [`SESSION_OBJECTS`].)
+const CHANGE_NUMBERS: [&str; 2] = [
+    "CREATE TRIGGER IF NOT EXISTS tenure_leases_number_new
+AFTER INSERT ON tenure_leases
+BEGIN
+    UPDATE tenure_leases SET changed = (SELECT max(changed) FROM tenure_leases) + 1
+    WHERE role = NEW.role;
+END",
+    "CREATE TRIGGER IF NOT EXISTS tenure_leases_number_change
+AFTER UPDATE OF holder, token, session_id ON tenure_leases
+BEGIN
+    UPDATE tenure_leases SET changed = (SELECT max(changed) FROM tenure_leases) + 1
+    WHERE role = NEW.role;
+END",
+];
 
 /// Refuses a new term that keeps the session of the term it replaces. This build never
 /// writes one (a new term names its own session, or none), but a schema-2 tenure still
@@ -330,7 +359,10 @@ pub(crate) async fn create_schema_at(
             if from <= 4 {
                 add_queue(conn).await?;
             }
-            add_heartbeat_sessions(conn).await?;
+            if from <= 5 {
+                add_heartbeat_sessions(conn).await?;
+            }
+            add_change_numbers(conn).await?;
         }
         Some(other) => {
             return Err(Error::store_msg(
@@ -343,11 +375,13 @@ pub(crate) async fn create_schema_at(
         }
     }
     run_all(conn, SESSION_OBJECTS).await?;
-    sqlx::query(SESSION_GUARD)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))
+    for statement in std::iter::once(SESSION_GUARD).chain(CHANGE_NUMBERS) {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
+    }
+    Ok(())
 }
 
 /// Runs `statements` one by one: they have no `;` inside a statement.
@@ -425,26 +459,54 @@ async fn add_queue(conn: &mut SqliteConnection) -> Result<()> {
 /// session is its own, and a session it keeps alive stops counting a TTL after its
 /// last stamp), and a node it reads is live by its own heartbeats only.
 async fn add_heartbeat_sessions(conn: &mut SqliteConnection) -> Result<()> {
-    for (table, column, kind) in [
-        ("tenure_sessions", "kept_at", "INTEGER"),
-        ("tenure_nodes", "session_id", "INTEGER"),
+    for (table, column) in [
+        ("tenure_sessions", "kept_at"),
+        ("tenure_nodes", "session_id"),
     ] {
-        let present: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
-                .bind(table)
-                .bind(column)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(store_error("cannot read the table's columns"))?;
-        if present == 0 {
-            sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error("cannot add heartbeat sessions"))?;
-        }
+        add_column_unless_present(conn, table, column, "INTEGER").await?;
     }
     record_version(conn, 6).await?;
     tracing::info!("migrated the sqlite store to schema 6: membership through sessions");
+    Ok(())
+}
+
+/// Migrates a schema-6 file to change numbers: `tenure_leases.changed` (0 for every
+/// existing row: a reader's first read is complete), and the `tenure_terms` view is
+/// dropped so [`SESSION_OBJECTS`] creates it again with the column. A schema-6 tenure
+/// still running on the file numbers its changes through the triggers.
+async fn add_change_numbers(conn: &mut SqliteConnection) -> Result<()> {
+    let kind = "INTEGER NOT NULL DEFAULT 0";
+    add_column_unless_present(conn, "tenure_leases", "changed", kind).await?;
+    sqlx::query("DROP VIEW IF EXISTS tenure_terms")
+        .execute(&mut *conn)
+        .await
+        .map_err(store_error("cannot add change numbers to the leases"))?;
+    record_version(conn, 7).await?;
+    tracing::info!("migrated the sqlite store to schema 7: change numbers");
+    Ok(())
+}
+
+/// Adds `column` of `kind` to `table` unless it has it: a table the file created under a
+/// later schema than the one it records has it already.
+async fn add_column_unless_present(
+    conn: &mut SqliteConnection,
+    table: &str,
+    column: &str,
+    kind: &str,
+) -> Result<()> {
+    let present: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(store_error("cannot read the table's columns"))?;
+    if present == 0 {
+        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::store(BACKEND, format!("cannot add {table}.{column}"), e))?;
+    }
     Ok(())
 }
 

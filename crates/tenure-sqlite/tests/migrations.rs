@@ -11,7 +11,7 @@ use tenure_testkit::MustAnswer;
 const TTL: Duration = Duration::from_secs(30);
 
 /// The schema version this build writes.
-const CURRENT: i64 = 6;
+const CURRENT: i64 = 7;
 
 /// The tables schemas 1 and 2 share, as those versions of tenure created them.
 macro_rules! old_tables {
@@ -469,6 +469,62 @@ async fn schema_5_file_gains_membership_through_sessions() {
         .await
         .unwrap()
         .contains(&"m".to_owned()));
+    db.pool().close().await;
+    let again = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(schema_version(&again).await, CURRENT);
+}
+
+/// Setup: a schema-6 file (this schema without change numbers) with roles held under a
+/// session. Opening it migrates it to the current schema: a first read of changes is
+/// complete, and a read from its mark returns what changed after (a release), not the
+/// rows written before the migration; a second open changes nothing.
+#[tokio::test]
+async fn schema_6_file_gains_change_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v6.db");
+    let (session, token) = {
+        let db = SqliteDatabase::open(&path).await.unwrap();
+        let store = db.lease_store();
+        let session = store.open_session("m", TTL).await.unwrap().id;
+        let roles: Vec<String> = (0..3).map(|k| format!("g/{k}")).collect();
+        let taken = store
+            .acquire_many_in_session(&roles, session)
+            .await
+            .unwrap();
+        for statement in [
+            "DROP TRIGGER tenure_leases_number_new",
+            "DROP TRIGGER tenure_leases_number_change",
+            "DROP INDEX tenure_leases_changed",
+            "DROP INDEX tenure_leases_held_alone",
+            "DROP VIEW tenure_terms",
+            "ALTER TABLE tenure_leases DROP COLUMN changed",
+            "UPDATE tenure_meta SET value = 6 WHERE key = 'schema_version'",
+        ] {
+            sqlx::query(statement).execute(db.pool()).await.unwrap();
+        }
+        db.pool().close().await;
+        (session, taken[1].fencing_token)
+    };
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let complete = store.list_prefix_changes("g/", None, &[]).await.unwrap();
+    assert!(complete.complete);
+    assert_eq!(complete.leases.len(), 3);
+    let mark = complete.mark.expect("sqlite reads changes from a mark");
+    assert!(store.release("g/1", "m", token).await.unwrap());
+    let changed = store
+        .list_prefix_changes("g/", Some(mark), &[session])
+        .await
+        .unwrap();
+    assert!(!changed.complete);
+    let roles: Vec<&str> = changed
+        .leases
+        .iter()
+        .map(|l| l.info.role.as_str())
+        .collect();
+    assert_eq!(roles, ["g/1"]);
+    assert_eq!(changed.sessions.len(), 1);
     db.pool().close().await;
     let again = SqliteDatabase::open(&path).await.unwrap();
     assert_eq!(schema_version(&again).await, CURRENT);

@@ -181,6 +181,28 @@ impl ChangeMark {
     }
 }
 
+/// `since` as the signed 64-bit integer SQL stores keep marks in: above `i64::MAX` is
+/// [`Error::InvalidArgument`] (no such store made it). For backends.
+pub fn mark_to_i64(since: Option<ChangeMark>) -> Result<Option<i64>> {
+    since
+        .map(|mark| i64::try_from(mark.get()))
+        .transpose()
+        .map_err(|_| Error::invalid("since", "not a mark this store made"))
+}
+
+/// One row of an SQL backend's read of changes, decoded (see
+/// [`PrefixChanges::from_rows`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeRow {
+    /// A lease the read returns.
+    Lease(ListedLease),
+    /// A session asked about, and its time left.
+    Session(SessionId, Duration),
+    /// The mark the next read starts from, as the store keeps it (a negative one is
+    /// no mark: the next read is complete).
+    Mark(i64),
+}
+
 /// One lease of a [`PrefixChanges`]: its view, and the session its term is held under
 /// (`None` for a lease of its own, a released one, or a store that does not say).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,6 +228,36 @@ pub struct PrefixChanges {
     /// Where the next read starts; `None` when the store reads only completely (the
     /// next read is then complete too).
     pub mark: Option<ChangeMark>,
+}
+
+impl PrefixChanges {
+    /// The answer built from `rows` (each decoded, or the error that decoding met), the
+    /// leases sorted by role: `complete` when the read had no mark. For backends whose
+    /// read is one statement returning leases, sessions and the mark as rows.
+    pub fn from_rows(
+        complete: bool,
+        rows: impl IntoIterator<Item = Result<ChangeRow>>,
+    ) -> Result<Self> {
+        let mut changes = PrefixChanges {
+            leases: Vec::new(),
+            complete,
+            sessions: Vec::new(),
+            mark: None,
+        };
+        for row in rows {
+            match row? {
+                ChangeRow::Lease(lease) => changes.leases.push(lease),
+                ChangeRow::Session(id, left) => changes.sessions.push((id, left)),
+                ChangeRow::Mark(mark) => {
+                    changes.mark = u64::try_from(mark).ok().map(ChangeMark::new);
+                }
+            }
+        }
+        changes
+            .leases
+            .sort_unstable_by(|a, b| a.info.role.cmp(&b.info.role));
+        Ok(changes)
+    }
 }
 
 /// What a waiter learned of a role's term from [`LeaseStore::wait_for_successor`].
@@ -404,7 +456,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// lease, what [`list_prefix`](Self::list_prefix) would have returned at this read
     /// (the conformance suite checks this). The work of a read that is not complete
     /// grows with what changed, not with the number of leases, on the backends that
-    /// implement it (in memory, PostgreSQL).
+    /// implement it (in memory, PostgreSQL, SQLite).
     async fn list_prefix_changes(
         &self,
         prefix: &str,

@@ -29,8 +29,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
-    acquire_in_session_as_batch, validate_name, validate_release, validate_roles, validate_ttl,
-    wait_out_bad_role, AcquireRequest, EndRequest, Handover, ACQUIRE_BATCH_SIZE,
+    acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
+    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, EndRequest, Handover,
+    ListedLease, PrefixChanges, ACQUIRE_BATCH_SIZE,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -80,6 +81,29 @@ const RELEASE_SESSION_ROLES: &str = "UPDATE tenure_leases \
      SET holder = NULL, session_id = NULL, expires_at = min(?2, coalesce(?3, expires_at)), \
      value = NULL WHERE session_id = ?1 RETURNING role";
 /// Reads role `?1`'s latest token, for [`LeaseStore::wait_for_term`].
+/// [`LeaseStore::list_prefix_changes`]: `(?1 boot id, ?2 prefix, ?3 mark or NULL, ?4
+/// session ids as a JSON array)`, one statement, so everything comes from one snapshot.
+/// Columns 0-5 are those `info_from` reads, then the session (6), the row's kind (7: 0 a
+/// lease, 1 a session asked about, 2 the mark) and the mark (8: the largest change
+/// number in the snapshot; see `schema.rs`). Held leases of their own (no session) are
+/// read every time: their renewals change no term, and so no number.
+const READ_CHANGES: &str = "WITH boot AS (
+    SELECT coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?1, 0) AS this
+)
+SELECT role, holder, token, expires_at, (SELECT this FROM boot), value, session_id, 0, NULL
+FROM tenure_terms WHERE substr(role, 1, length(?2)) = ?2 AND (?3 IS NULL OR (changed > ?3
+    AND NOT (session_id IS NULL AND holder IS NOT NULL)))
+UNION ALL
+SELECT role, holder, token, expires_at, (SELECT this FROM boot), value, session_id, 0, NULL
+FROM tenure_terms WHERE ?3 IS NOT NULL AND session_id IS NULL AND holder IS NOT NULL
+    AND substr(role, 1, length(?2)) = ?2
+UNION ALL
+SELECT NULL, NULL, NULL, expires_at, (SELECT this FROM boot), NULL, id, 1, NULL
+FROM tenure_sessions WHERE id IN (SELECT value FROM json_each(?4))
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2,
+    (SELECT coalesce(max(changed), 0) FROM tenure_leases)";
+
 const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 
 /// Durable, fenced leases in a SQLite file, shared by every process on the host that
@@ -436,6 +460,48 @@ impl LeaseStore for SqliteLeaseStore {
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
         self.read_leases(None, prefix).await
+    }
+
+    async fn list_prefix_changes(
+        &self,
+        prefix: &str,
+        since: Option<ChangeMark>,
+        sessions: &[SessionId],
+    ) -> Result<PrefixChanges> {
+        let now = self.db.read_now()?;
+        let since = mark_to_i64(since)?;
+        let ids = sessions
+            .iter()
+            .map(|id| id.get().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let rows = sqlx::query(READ_CHANGES)
+            .bind(&now.boot_id)
+            .bind(prefix)
+            .bind(since)
+            .bind(format!("[{ids}]"))
+            .fetch_all(self.db.pool())
+            .await
+            .map_err(store_error("cannot read the changes of leases"))?;
+        let decoded = rows.iter().map(|row| {
+            let session = column::<Option<i64>>(row, 6)?
+                .and_then(|id| u64::try_from(id).ok())
+                .map(SessionId::from);
+            Ok(match (column::<i64>(row, 7)?, session) {
+                (0, session) => ChangeRow::Lease(ListedLease {
+                    info: self.info_from(row, &now)?,
+                    session,
+                }),
+                (1, Some(id)) => {
+                    let this_boot: bool = column(row, 4)?;
+                    let expires_at: i64 = column(row, 3)?;
+                    let left = if this_boot { expires_at - now.mono } else { 0 };
+                    ChangeRow::Session(id, Duration::from_nanos(u64::try_from(left).unwrap_or(0)))
+                }
+                _ => ChangeRow::Mark(column(row, 8)?),
+            })
+        });
+        PrefixChanges::from_rows(since.is_none(), decoded)
     }
 
     async fn wait_for_change(&self, role: &str, observed: FencingToken, deadline: Instant) {
