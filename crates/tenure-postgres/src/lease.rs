@@ -61,7 +61,7 @@ use async_trait::async_trait;
 use sqlx::{PgPool, Row};
 use tenure::lease::{
     acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
-    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, EndRequest, Handover,
+    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeRow, ChangesRead, EndRequest, Handover,
     ListedLease, PrefixChanges,
 };
 use tenure::session::validate_open;
@@ -426,14 +426,10 @@ impl LeaseStore for PgLeaseStore {
         rows.iter().map(lease_info).collect()
     }
 
-    async fn list_prefix_changes(
-        &self,
-        prefix: &str,
-        since: Option<ChangeMark>,
-        sessions: &[SessionId],
-    ) -> Result<PrefixChanges> {
-        let since = mark_to_i64(since)?;
-        let ids = sessions
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
+        let since = mark_to_i64(read.since)?;
+        let ids = read
+            .sessions
             .iter()
             .map(|id| i64::try_from(id.get()))
             .collect::<std::result::Result<Vec<i64>, _>>()
@@ -442,7 +438,7 @@ impl LeaseStore for PgLeaseStore {
         // reads the whole table, one for a recent mark only the index's newest entries.
         let rows = sqlx::query(&self.inner.changes_sql)
             .persistent(false)
-            .bind(prefix)
+            .bind(read.prefix)
             .bind(since)
             .bind(&ids)
             .fetch_all(&self.inner.pool)

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tenure::{LeaseResult, LeaseStore, SessionGrant};
+use tenure::{ChangesRead, LeaseResult, LeaseStore, SessionGrant};
 use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
@@ -573,7 +573,10 @@ async fn a_read_of_changes_returns_what_changed() {
         .await
         .unwrap();
     assert!(taken.iter().all(|t| t.acquired));
-    let complete = store.list_prefix_changes("c/", None, &[]).await.unwrap();
+    let complete = store
+        .list_prefix_changes(ChangesRead::complete("c/"))
+        .await
+        .unwrap();
     assert!(complete.complete);
     assert_eq!(complete.leases.len(), 300);
     assert!(complete
@@ -586,7 +589,7 @@ async fn a_read_of_changes_returns_what_changed() {
     let mut settle = async |most: usize| {
         for _ in 0..100 {
             let read = store
-                .list_prefix_changes("c/", Some(mark), &[session.id])
+                .list_prefix_changes(ChangesRead::since("c/", mark, &[session.id]))
                 .await
                 .unwrap();
             assert!(!read.complete);

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tenure::LeaseStore;
+use tenure::{ChangesRead, LeaseStore};
 use tenure_sqlite::SqliteDatabase;
 use tenure_testkit::MustAnswer;
 
@@ -508,13 +508,16 @@ async fn schema_6_file_gains_change_numbers() {
     let db = SqliteDatabase::open(&path).await.unwrap();
     assert_eq!(schema_version(&db).await, CURRENT);
     let store = db.lease_store();
-    let complete = store.list_prefix_changes("g/", None, &[]).await.unwrap();
+    let complete = store
+        .list_prefix_changes(ChangesRead::complete("g/"))
+        .await
+        .unwrap();
     assert!(complete.complete);
     assert_eq!(complete.leases.len(), 3);
     let mark = complete.mark.expect("sqlite reads changes from a mark");
     assert!(store.release("g/1", "m", token).await.unwrap());
     let changed = store
-        .list_prefix_changes("g/", Some(mark), &[session])
+        .list_prefix_changes(ChangesRead::since("g/", mark, &[session]))
         .await
         .unwrap();
     assert!(!changed.complete);

@@ -67,8 +67,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::{
-    AcquireRequest, ChangeMark, EndRequest, Error, FencingToken, Handover, LeaseInfo, LeaseResult,
-    LeaseStore, PrefixChanges, Result, SessionGrant, SessionId, TermChange,
+    AcquireRequest, ChangeMark, ChangesRead, EndRequest, Error, FencingToken, Handover, LeaseInfo,
+    LeaseResult, LeaseStore, PrefixChanges, Result, SessionGrant, SessionId, TermChange,
 };
 
 mod registry;
@@ -471,7 +471,14 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
             prefix,
             since,
             sessions,
-        } => Reply::Changes(store.list_prefix_changes(&prefix, since, &sessions).await),
+        } => {
+            let read = ChangesRead {
+                prefix: &prefix,
+                since,
+                sessions: &sessions,
+            };
+            Reply::Changes(store.list_prefix_changes(read).await)
+        }
         Call::WaitForChange {
             role,
             observed,
@@ -613,16 +620,11 @@ impl LeaseStore for InterceptStore {
         .into_list()
     }
 
-    async fn list_prefix_changes(
-        &self,
-        prefix: &str,
-        since: Option<ChangeMark>,
-        sessions: &[SessionId],
-    ) -> Result<PrefixChanges> {
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
         self.call(Call::ListChanges {
-            prefix: prefix.to_owned(),
-            since,
-            sessions: sessions.to_vec(),
+            prefix: read.prefix.to_owned(),
+            since: read.since,
+            sessions: read.sessions.to_vec(),
         })
         .await
         .into_changes()

@@ -181,6 +181,38 @@ impl ChangeMark {
     }
 }
 
+/// One call of [`LeaseStore::list_prefix_changes`]: which leases, from where, and the
+/// sessions the caller asks about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChangesRead<'a> {
+    /// The roles' prefix.
+    pub prefix: &'a str,
+    /// Where the caller's last read left off; `None` for a complete read.
+    pub since: Option<ChangeMark>,
+    /// The sessions whose time left the caller asks (those its copy holds leases under).
+    pub sessions: &'a [SessionId],
+}
+
+impl<'a> ChangesRead<'a> {
+    /// A complete read of `prefix`.
+    pub fn complete(prefix: &'a str) -> Self {
+        ChangesRead {
+            prefix,
+            since: None,
+            sessions: &[],
+        }
+    }
+
+    /// A read of what changed under `prefix` since `mark`, asking after `sessions`.
+    pub fn since(prefix: &'a str, mark: ChangeMark, sessions: &'a [SessionId]) -> Self {
+        ChangesRead {
+            prefix,
+            since: Some(mark),
+            sessions,
+        }
+    }
+}
+
 /// `since` as the signed 64-bit integer SQL stores keep marks in: above `i64::MAX` is
 /// [`Error::InvalidArgument`] (no such store made it). For backends.
 pub fn mark_to_i64(since: Option<ChangeMark>) -> Result<Option<i64>> {
@@ -439,16 +471,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// a group's members need not read every role of the store.
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>>;
 
-    /// What changed among the leases of the roles that start with `prefix` since the
-    /// read that gave `since`, so that a reader keeping its own copy of them (a shard
+    /// What changed among the leases of the roles that start with `read.prefix` since
+    /// the read that gave `read.since`, so that a reader keeping its own copy of them (a shard
     /// member's view of its group) reads what changed, not every lease each time.
     ///
-    /// With `since` `None`, every lease of the prefix ([`PrefixChanges::complete`]).
+    /// With no mark, every lease of the prefix ([`PrefixChanges::complete`]).
     /// Otherwise at least: every lease whose term changed after that read (began, was
     /// released or ended, moved from a session to a lease of its own), and every lease
     /// held without a session (whose expiry moves with each renewal, which is no change
-    /// of term); and, for each of `sessions` that has not been forgotten, how long it has
-    /// left. A lease held under a session that is neither returned nor among
+    /// of term); and, for each of `read.sessions` that has not been forgotten, how long
+    /// it has left. A lease held under a session that is neither returned nor among
     /// [`PrefixChanges::sessions`] lapsed. A store may return more (a complete read is
     /// always a correct answer, and this default gives one).
     ///
@@ -457,14 +489,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// (the conformance suite checks this). The work of a read that is not complete
     /// grows with what changed, not with the number of leases, on the backends that
     /// implement it (in memory, PostgreSQL, SQLite).
-    async fn list_prefix_changes(
-        &self,
-        prefix: &str,
-        since: Option<ChangeMark>,
-        sessions: &[SessionId],
-    ) -> Result<PrefixChanges> {
-        let _ = (since, sessions);
-        let leases = self.list_prefix(prefix).await?;
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
+        let leases = self.list_prefix(read.prefix).await?;
         Ok(PrefixChanges {
             leases: leases
                 .into_iter()

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use crate::lease::{ChangeMark, LeaseStore, PrefixChanges};
+use crate::lease::{ChangeMark, ChangesRead, LeaseStore, PrefixChanges};
 use crate::{FencingToken, Result, SessionId};
 
 /// One lease as the copy last read it.
@@ -93,7 +93,12 @@ impl<K: Ord> LeaseCopy<K> {
             None => Vec::new(),
         };
         let since = self.mark.take();
-        let changes = store.list_prefix_changes(prefix, since, &sessions).await?;
+        let read = ChangesRead {
+            prefix,
+            since,
+            sessions: &sessions,
+        };
+        let changes = store.list_prefix_changes(read).await?;
         self.apply(changes, prefix, key);
         Ok(())
     }

@@ -94,8 +94,8 @@ pub use elector::{
 pub use error::{BoxError, Error, Result};
 pub use fence::{Fence, FenceStore};
 pub use lease::{
-    AcquireRequest, ChangeMark, ChangeRow, EndRequest, Handover, LeaseInfo, LeaseResult,
-    LeaseStore, ListedLease, PrefixChanges, TermChange,
+    AcquireRequest, ChangeMark, ChangeRow, ChangesRead, EndRequest, Handover, LeaseInfo,
+    LeaseResult, LeaseStore, ListedLease, PrefixChanges, TermChange,
 };
 pub use lease_copy::{CopiedLease, LeaseCopy};
 pub use memory::{InMemoryLeaseStore, InMemoryNodeRegistry};

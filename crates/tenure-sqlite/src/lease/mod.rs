@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
     acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
-    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, EndRequest, Handover,
+    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeRow, ChangesRead, EndRequest, Handover,
     ListedLease, PrefixChanges, ACQUIRE_BATCH_SIZE,
 };
 use tenure::session::validate_open;
@@ -462,22 +462,18 @@ impl LeaseStore for SqliteLeaseStore {
         self.read_leases(None, prefix).await
     }
 
-    async fn list_prefix_changes(
-        &self,
-        prefix: &str,
-        since: Option<ChangeMark>,
-        sessions: &[SessionId],
-    ) -> Result<PrefixChanges> {
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
         let now = self.db.read_now()?;
-        let since = mark_to_i64(since)?;
-        let ids = sessions
+        let since = mark_to_i64(read.since)?;
+        let ids = read
+            .sessions
             .iter()
             .map(|id| id.get().to_string())
             .collect::<Vec<_>>()
             .join(",");
         let rows = sqlx::query(READ_CHANGES)
             .bind(&now.boot_id)
-            .bind(prefix)
+            .bind(read.prefix)
             .bind(since)
             .bind(format!("[{ids}]"))
             .fetch_all(self.db.pool())

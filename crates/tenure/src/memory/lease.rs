@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use super::registry::NodeTable;
 use crate::lease::{
     validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, ChangeMark,
-    EndRequest, Handover, ListedLease, PrefixChanges,
+    ChangesRead, EndRequest, Handover, ListedLease, PrefixChanges,
 };
 use crate::session::validate_open;
 use crate::{
@@ -445,18 +445,20 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
-        let complete = self.list_prefix_changes(prefix, None, &[]).await?;
+        let complete = self
+            .list_prefix_changes(ChangesRead::complete(prefix))
+            .await?;
         Ok(complete.leases.into_iter().map(|l| l.info).collect())
     }
 
     /// Scans every slot (one process: the work saved is the caller's, which applies
     /// only what changed), returning those changed after `since`.
-    async fn list_prefix_changes(
-        &self,
-        prefix: &str,
-        since: Option<ChangeMark>,
-        sessions: &[SessionId],
-    ) -> Result<PrefixChanges> {
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
+        let ChangesRead {
+            prefix,
+            since,
+            sessions,
+        } = read;
         // Before any slot is locked: see `changes`.
         let mark = self.changes.load(Ordering::SeqCst);
         let now = self.clock.now();
