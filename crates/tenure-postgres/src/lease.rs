@@ -446,8 +446,8 @@ impl LeaseStore for PgLeaseStore {
             .map_err(|e| pg_error("could not read the changes of leases", e))?;
         let decoded = rows.iter().map(|row| {
             let session = decode::<Option<i64>>(row, "session_id")?
-                .and_then(|id| u64::try_from(id).ok())
-                .map(SessionId::from);
+                .map(session::session_from_db)
+                .transpose()?;
             Ok(match (decode::<i32>(row, "kind")?, session) {
                 (0, session) => ChangeRow::Lease(ListedLease {
                     info: lease_info(row)?,

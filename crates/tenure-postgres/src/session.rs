@@ -210,12 +210,16 @@ impl SessionStatements {
     }
 }
 
+/// A session id as the table keeps it; a negative one is a store error.
+pub(crate) fn session_from_db(id: i64) -> Result<SessionId> {
+    u64::try_from(id)
+        .map(SessionId::from)
+        .map_err(|_| Error::store_msg(BACKEND, format!("session id {id} is negative")))
+}
+
 fn grant(row: &PgRow) -> Result<SessionGrant> {
-    let id: i64 = decode(row, "id")?;
-    let id = u64::try_from(id)
-        .map_err(|_| Error::store_msg(BACKEND, format!("session id {id} is negative")))?;
     Ok(SessionGrant {
-        id: SessionId::from(id),
+        id: session_from_db(decode(row, "id")?)?,
         owner: decode(row, "owner")?,
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),

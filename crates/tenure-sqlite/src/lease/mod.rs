@@ -468,7 +468,8 @@ impl LeaseStore for SqliteLeaseStore {
         let ids = read
             .sessions
             .iter()
-            .map(|id| id.get().to_string())
+            .filter_map(|id| session_to_db(*id))
+            .map(|id| id.to_string())
             .collect::<Vec<_>>()
             .join(",");
         let rows = sqlx::query(READ_CHANGES)
@@ -481,8 +482,8 @@ impl LeaseStore for SqliteLeaseStore {
             .map_err(store_error("cannot read the changes of leases"))?;
         let decoded = rows.iter().map(|row| {
             let session = column::<Option<i64>>(row, 6)?
-                .and_then(|id| u64::try_from(id).ok())
-                .map(SessionId::from);
+                .map(session_from_db)
+                .transpose()?;
             Ok(match (column::<i64>(row, 7)?, session) {
                 (0, session) => ChangeRow::Lease(ListedLease {
                     info: self.info_from(row, &now)?,
