@@ -266,18 +266,26 @@ fn owned_per_status(store: &str, node: &str) -> u64 {
     report["per_member"][node].as_u64().unwrap_or(0)
 }
 
-/// Two members of a 6-shard group: each one's `/leader` answers 200 once it owns a
-/// shard, listing its shards and tokens; once they settle at 3 each, each one's
-/// `tenure_shards_owned` gauge, its `/leader` body and `tenure status --group` agree, and
-/// each owned shard's role reports `tenure_is_leader` 1 with its token.
+/// Two members of a 6-shard group, the second joining once the first owns every
+/// shard: each one's `/leader` answers 200 once it owns a shard, listing its shards and
+/// tokens; once they settle at 3 each, each one's `tenure_shards_owned` gauge, its
+/// `/leader` body and `tenure status --group` agree, each owned shard's role reports
+/// `tenure_is_leader` 1 with its token, and each shard handed over reports 0 where it
+/// was owned before.
 #[test]
 fn group_member_reports_the_shards_it_owns() {
     let dir = tempdir();
     let store = sqlite_url(dir.path());
-    let members = [
-        ("a", member(&store, "a", "6")),
-        ("b", member(&store, "b", "6")),
-    ];
+    let first = member(&store, "a", "6");
+    let first_addr = endpoint(&first);
+    assert!(
+        wait_until(LONG, || sample(
+            first_addr,
+            r#"tenure_shards_owned{group="jobs"}"#
+        ) == Some(6.0)),
+        "the first member never owned all 6 shards"
+    );
+    let members = [("a", first), ("b", member(&store, "b", "6"))];
     let addrs: Vec<(&str, SocketAddr)> = members
         .iter()
         .map(|(node, proc)| (*node, endpoint(proc)))
@@ -301,7 +309,7 @@ fn group_member_reports_the_shards_it_owns() {
         assert_eq!(status, 200, "{body}");
         let shards = body["shards"].as_object().expect("shards").clone();
         assert_eq!(shards.len(), 3, "{node}: {body}");
-        for (shard, token) in shards {
+        for (shard, token) in &shards {
             let role = format!(r#"{{role="jobs/{shard}"}}"#);
             assert_eq!(
                 sample(addr, &format!("tenure_is_leader{role}")),
@@ -312,6 +320,14 @@ fn group_member_reports_the_shards_it_owns() {
                 sample(addr, &format!("tenure_fencing_token{role}")),
                 token.as_u64().map(|t| t as f64),
                 "{node}"
+            );
+        }
+        for shard in (0..6).filter(|k| !shards.contains_key(&k.to_string())) {
+            let series = format!(r#"tenure_is_leader{{role="jobs/{shard}"}}"#);
+            let gauge = sample(addr, &series);
+            assert!(
+                gauge.is_none_or(|g| g == 0.0),
+                "{node}: {series} is {gauge:?} for a shard it does not own"
             );
         }
     }

@@ -74,6 +74,11 @@ pub(super) struct Member<'a> {
     /// Probes of targets that work on no shard yet.
     pub(super) probes: Probes,
     pub(super) terms: BTreeMap<u32, Term>,
+    /// Shards whose term here began, ended or began handing over since the view was
+    /// last published: what [`Member::publish_owned`] applies to the published `owned`,
+    /// so that publishing costs what changed, not every shard held (once per batch of
+    /// acquires, rebuilding it from every term made winning a large share quadratic).
+    pub(super) owned_changes: BTreeSet<u32>,
     /// Shards whose work returned on its own: not taken again before then.
     pub(super) cooling: HashMap<u32, Instant>,
     /// When this member first saw each shard with no live owner.
@@ -358,6 +363,7 @@ impl Member<'_> {
     /// Cancels and awaits every shard's work (the session, if any, still holds them).
     pub(super) async fn stop_work(&mut self) {
         let terms = std::mem::take(&mut self.terms);
+        self.owned_changes.extend(terms.keys());
         for term in terms.values() {
             term.leadership.cancel();
         }
@@ -452,6 +458,7 @@ impl Member<'_> {
         let Some(term) = self.terms.remove(&shard) else {
             return false;
         };
+        self.owned_changes.insert(shard);
         let returned_on_its_own = !term.leadership.is_cancelled();
         term.leadership.cancel();
         if let Err(error) = work_outcome_of(term.task).await {
@@ -479,7 +486,7 @@ impl Member<'_> {
             // whole group once per `max_moves_in_flight` shards moved.
             let state = self.elector.state.borrow();
             let options = &self.elector.options;
-            start_handovers(
+            let handing_over = start_handovers(
                 &mut self.terms,
                 options,
                 &state.target,
@@ -487,6 +494,7 @@ impl Member<'_> {
                 &mut self.probes,
                 Instant::now(),
             );
+            self.owned_changes.extend(handing_over);
         }
         !term.handing_over
     }
@@ -520,48 +528,55 @@ impl Member<'_> {
 
     // The look at the group and what follows from it are in `plan.rs`.
 
-    pub(super) fn publish(&self, members: Vec<String>, target: BTreeMap<u32, String>) {
-        let owned = self.owned();
+    /// Publishes a look's members and targets, with the shards owned.
+    pub(super) fn publish(&mut self, members: Vec<String>, target: BTreeMap<u32, String>) {
+        self.publish_owned();
         self.elector.state.send_if_modified(|state| {
-            let next = ShardState {
-                members,
-                owned,
-                target,
-            };
-            let changed = *state != next;
-            *state = next;
+            let changed = state.members != members || state.target != target;
+            if changed {
+                state.members = members;
+                state.target = target;
+            }
             changed
         });
     }
 
-    pub(super) fn publish_owned(&self) {
-        let owned = self.owned();
+    /// Publishes the shards owned (worked on and not handing over) as the terms now
+    /// are, applying only the shards in `owned_changes`, with their gauges.
+    pub(super) fn publish_owned(&mut self) {
+        let changes = std::mem::take(&mut self.owned_changes);
+        let terms = &self.terms;
         let group = &self.elector.options.group;
-        metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned.len() as f64);
+        let mut owned = 0;
         self.elector.state.send_if_modified(|state| {
-            let changed = state.owned != owned;
-            if changed {
-                // Per shard only on a change, so a large group costs nothing per pass.
-                for shard in state.owned.keys().filter(|k| !owned.contains_key(k)) {
-                    metrics::gauge!("tenure_is_leader", "role" => role(group, *shard)).set(0.0);
+            let mut changed = false;
+            for shard in changes {
+                let now = terms
+                    .get(&shard)
+                    .filter(|term| !term.handing_over)
+                    .map(|term| term.token);
+                if state.owned.get(&shard).copied() == now {
+                    continue;
                 }
-                for (shard, token) in owned.iter().filter(|(k, t)| state.owned.get(k) != Some(t)) {
-                    let role = role(group, *shard);
-                    metrics::gauge!("tenure_is_leader", "role" => role.clone()).set(1.0);
-                    metrics::gauge!("tenure_fencing_token", "role" => role).set(token.get() as f64);
+                changed = true;
+                let role = role(group, shard);
+                match now {
+                    Some(token) => {
+                        state.owned.insert(shard, token);
+                        metrics::gauge!("tenure_is_leader", "role" => role.clone()).set(1.0);
+                        metrics::gauge!("tenure_fencing_token", "role" => role)
+                            .set(token.get() as f64);
+                    }
+                    None => {
+                        state.owned.remove(&shard);
+                        metrics::gauge!("tenure_is_leader", "role" => role).set(0.0);
+                    }
                 }
             }
-            state.owned = owned;
+            owned = state.owned.len();
             changed
         });
-    }
-
-    pub(super) fn owned(&self) -> BTreeMap<u32, FencingToken> {
-        self.terms
-            .iter()
-            .filter(|(_, t)| !t.handing_over)
-            .map(|(k, t)| (*k, t.token))
-            .collect()
+        metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned as f64);
     }
 
     /// Shutdown, after the member left the group: close the session, releasing every

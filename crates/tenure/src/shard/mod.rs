@@ -319,6 +319,7 @@ impl ShardElector {
             next_lapse: None,
             pending_releases: BTreeMap::new(),
             lost_acquires: BTreeSet::new(),
+            owned_changes: BTreeSet::new(),
             lost_acquire_at: None,
             settled: false,
             short_looks: 0,

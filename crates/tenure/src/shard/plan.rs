@@ -123,7 +123,7 @@ impl Member<'_> {
         // Hand over what is targeted at another member, a few at a time.
         self.working = owners.values().cloned().collect();
         self.probes.seen(&self.working, &planned);
-        start_handovers(
+        let handing_over = start_handovers(
             &mut self.terms,
             &options,
             &target,
@@ -131,6 +131,7 @@ impl Member<'_> {
             &mut self.probes,
             now,
         );
+        self.owned_changes.extend(handing_over);
 
         // Contend for what is targeted here, and rescue long orphans.
         let mut wanted = Vec::new();
@@ -527,6 +528,7 @@ impl Member<'_> {
                 });
                 info!(shard, token = %result.fencing_token, "shard term started");
                 self.orphaned_since.remove(&shard);
+                self.owned_changes.insert(shard);
                 self.terms.insert(
                     shard,
                     Term {
@@ -704,7 +706,8 @@ type Held = (String, Duration, FencingToken);
 /// Starts handing over shards targeted at other members, as many as
 /// `max_moves_in_flight` leaves room for. A target that works on no shard (`working`,
 /// from the last look) gets a probe first (see [`super::probe`]); a rescued shard goes
-/// only to a target that works, or as a probe after [`RESCUE_HOLD`] TTLs.
+/// only to a target that works, or as a probe after [`RESCUE_HOLD`] TTLs. Returns the
+/// shards it began handing over.
 pub(super) fn start_handovers(
     terms: &mut BTreeMap<u32, Term>,
     options: &ShardOptions,
@@ -712,7 +715,8 @@ pub(super) fn start_handovers(
     working: &BTreeSet<String>,
     probes: &mut Probes,
     now: Instant,
-) {
+) -> Vec<u32> {
+    let mut started = Vec::new();
     let moving = terms.values().filter(|t| t.handing_over).count();
     let mut room = options.max_moves_in_flight.saturating_sub(moving);
     // A probe is the shard held here longest of those a target that works on none may
@@ -752,6 +756,8 @@ pub(super) fn start_handovers(
         term.handing_over = true;
         term.probe = probe;
         term.leadership.cancel();
+        started.push(*shard);
         room -= 1;
     }
+    started
 }
