@@ -12,7 +12,9 @@
 //! `std`'s hasher, whose algorithm may change between Rust releases: members built by
 //! different compilers must agree on every weight.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 /// The target owner of each shard `0..shards` of `group`, given the live `members` and the
 /// `current` owners (shard -> member; owners that are not live members are ignored).
@@ -60,15 +62,16 @@ pub fn place(
     if members.is_empty() || shards == 0 {
         return BTreeMap::new();
     }
-    let index: HashMap<&str, usize> = members.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+    let index: FxHashMap<&str, usize> = members.iter().enumerate().map(|(i, m)| (*m, i)).collect();
     let seeds: Vec<u64> = members.iter().map(|m| member_seed(group, m)).collect();
-    let weight = |shard: u32, member: usize| mix(seeds[member] ^ mix(u64::from(shard)));
+    // `mix(shard)` once per shard, not once per shard and member.
+    let weight = |mixed_shard: u64, member: usize| mix(seeds[member] ^ mixed_shard);
 
-    // Each live member's current shards.
-    let mut held: Vec<Vec<u32>> = vec![Vec::new(); members.len()];
+    // Each live member's current shards, with its weight of each.
+    let mut held: Vec<Vec<(u64, u32)>> = vec![Vec::new(); members.len()];
     for (&shard, owner) in current.range(..shards) {
         if let Some(&m) = index.get(owner.as_str()) {
-            held[m].push(shard);
+            held[m].push((weight(mix(u64::from(shard)), m), shard));
         }
     }
 
@@ -76,19 +79,26 @@ pub fn place(
     let mut target: Vec<Option<usize>> = vec![None; shards as usize];
     let mut load = vec![0u32; members.len()];
     for (m, shards_held) in held.iter_mut().enumerate() {
-        // Keep the shards this member weighs highest, up to its share.
-        shards_held.sort_by_key(|&shard| std::cmp::Reverse((weight(shard, m), shard)));
-        for &shard in shards_held.iter().take(quotas[m] as usize) {
-            target[shard as usize] = Some(m);
-            load[m] += 1;
+        // Keep the shards this member weighs highest (ties: the higher shard), up to its
+        // share: a selection, not a sort, and none at all for a member within its share
+        // (every member of a settled group).
+        let quota = quotas[m] as usize;
+        if shards_held.len() > quota {
+            shards_held.select_nth_unstable_by(quota, |a, b| b.cmp(a));
+            shards_held.truncate(quota);
         }
+        for &(_, shard) in shards_held.iter() {
+            target[shard as usize] = Some(m);
+        }
+        load[m] = shards_held.len() as u32;
     }
     for (shard, slot) in (0..shards).zip(target.iter_mut()) {
         if slot.is_none() {
+            let mixed = mix(u64::from(shard));
             // The quotas add up to `shards`, so some member always has room.
             let best = (0..members.len())
                 .filter(|&m| load[m] < quotas[m])
-                .max_by_key(|&m| (weight(shard, m), std::cmp::Reverse(m)));
+                .max_by_key(|&m| (weight(mixed, m), std::cmp::Reverse(m)));
             if let Some(m) = best {
                 *slot = Some(m);
                 load[m] += 1;

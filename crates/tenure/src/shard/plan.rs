@@ -121,7 +121,14 @@ impl Member<'_> {
             .min();
 
         // Hand over what is targeted at another member, a few at a time.
-        self.working = owners.values().cloned().collect();
+        // A clone per member, not per shard: a million shards have a few hundred owners.
+        let mut working = BTreeSet::new();
+        for owner in owners.values() {
+            if !working.contains(owner) {
+                working.insert(owner.clone());
+            }
+        }
+        self.working = working;
         self.probes.seen(&self.working, &planned);
         let handing_over = start_handovers(
             &mut self.terms,
