@@ -95,11 +95,16 @@ impl Member<'_> {
         self.look_put_off = None;
 
         let held = self.live_owners().await?;
+        // A look at a large group is long work between awaits (a store that answers at
+        // once, as in memory, never yields): let the session's keep-alive and the other
+        // tasks of this worker run between its parts.
+        tokio::task::yield_now().await;
         let owners: BTreeMap<u32, String> = held
             .iter()
             .map(|(shard, (holder, _, _))| (*shard, holder.clone()))
             .collect();
         let target = place(&options.group, options.shards, &planned, &owners);
+        tokio::task::yield_now().await;
         // A crashed member's shards free when its session ends and its targets move when
         // its membership lapses; neither is pushed, so look again right after the session
         // ends, and read the members right after the membership is due to lapse (a look
