@@ -950,7 +950,8 @@ fn a_registry_outliving_the_session_is_refused() {
 
 /// Setup: 2 members settled on 8 shards; one member's `run` is dropped (its task
 /// aborted). The work of its shards, on tasks of their own, must see `leadership`
-/// cancelled at once: nothing renews their session any more.
+/// cancelled at once: nothing renews their session any more; and its published state
+/// owns nothing.
 #[tokio::test(start_paused = true)]
 async fn dropping_run_cancels_every_shards_leadership() {
     let mut group = Group::in_memory();
@@ -969,6 +970,11 @@ async fn dropping_run_cancels_every_shards_leadership() {
         .filter(|node| node == "a")
         .count();
     assert_eq!(still, 0, "a's shard work still believes it leads");
+    let owned = dropped.state.borrow().owned.clone();
+    assert!(
+        owned.is_empty(),
+        "a still publishes shards it owned: {owned:?}"
+    );
 }
 
 /// Each member's count of shards being worked on right now.

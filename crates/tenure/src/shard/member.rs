@@ -141,6 +141,12 @@ impl Drop for Member<'_> {
         for term in self.terms.values() {
             term.leadership.cancel();
         }
+        // It works on nothing now, and a later run's publishes only apply changes to what
+        // was published: dropped mid-run, it publishes that it owns nothing.
+        self.terms.clear();
+        let published: Vec<u32> = self.elector.state.borrow().owned.keys().copied().collect();
+        self.owned_changes.extend(published);
+        self.publish_owned();
     }
 }
 
