@@ -534,10 +534,11 @@ impl Member<'_> {
 
     // The look at the group and what follows from it are in `plan.rs`.
 
-    /// Publishes a look's members and targets, with the shards owned.
+    /// Publishes a look's members and targets, with the shards owned: one change of
+    /// the state, so a watcher never sees the owned shards of one moment beside the
+    /// targets of another.
     pub(super) fn publish(&mut self, members: Vec<String>, target: BTreeMap<u32, String>) {
-        self.publish_owned();
-        self.elector.state.send_if_modified(|state| {
+        self.publish_with(|state| {
             let changed = state.members != members || state.target != target;
             if changed {
                 state.members = members;
@@ -550,6 +551,12 @@ impl Member<'_> {
     /// Publishes the shards owned (worked on and not handing over) as the terms now
     /// are, applying only the shards in `owned_changes`, with their gauges.
     pub(super) fn publish_owned(&mut self) {
+        self.publish_with(|_| false);
+    }
+
+    /// Applies `owned_changes` to the published state, and `more` (whether it changed
+    /// anything else) in the same change of it.
+    fn publish_with(&mut self, more: impl FnOnce(&mut ShardState) -> bool) {
         let changes = std::mem::take(&mut self.owned_changes);
         let terms = &self.terms;
         let group = &self.elector.options.group;
@@ -580,7 +587,7 @@ impl Member<'_> {
                 }
             }
             owned = state.owned.len();
-            changed
+            more(state) || changed
         });
         metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned as f64);
     }
