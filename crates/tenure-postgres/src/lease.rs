@@ -431,9 +431,9 @@ impl LeaseStore for PgLeaseStore {
         let ids = read
             .sessions
             .iter()
-            .map(|id| i64::try_from(id.get()))
-            .collect::<std::result::Result<Vec<i64>, _>>()
-            .map_err(|_| Error::invalid("sessions", "not a session this store made"))?;
+            .map(|id| session::session_to_db(*id))
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| Error::invalid("sessions", "not a session this store made"))?;
         // Planned for the mark given, not once for any mark: a plan made for any mark
         // reads the whole table, one for a recent mark only the index's newest entries.
         let rows = sqlx::query(&self.inner.changes_sql)

@@ -96,7 +96,7 @@ impl SessionStatements {
         micros: i64,
         registry_ttl: Option<(Duration, i64)>,
     ) -> Result<Option<(SessionGrant, bool)>> {
-        let Ok(id) = i64::try_from(session.get()) else {
+        let Some(id) = session_to_db(session) else {
             // No such id was ever handed out.
             return Ok(None);
         };
@@ -136,7 +136,7 @@ impl SessionStatements {
         session: SessionId,
         channel: &str,
     ) -> Result<Vec<LeaseResult>> {
-        let Ok(id) = i64::try_from(session.get()) else {
+        let Some(id) = session_to_db(session) else {
             return Err(Error::SessionEnded(session));
         };
         let mut answers: HashMap<&str, LeaseResult> = HashMap::with_capacity(roles.len());
@@ -195,7 +195,7 @@ impl SessionStatements {
         channel: &str,
         members_channel: &str,
     ) -> Result<bool> {
-        let Ok(id) = i64::try_from(session.get()) else {
+        let Some(id) = session_to_db(session) else {
             return Ok(false);
         };
         let query = sqlx::query(&self.close)
@@ -208,6 +208,12 @@ impl SessionStatements {
         let ended: i64 = decode(&row, "ended")?;
         Ok(ended > 0)
     }
+}
+
+/// A session id as the table keeps it, or `None` for one above `i64::MAX`: no such id
+/// was ever handed out.
+pub(crate) fn session_to_db(id: SessionId) -> Option<i64> {
+    i64::try_from(id.get()).ok()
 }
 
 /// A session id as the table keeps it; a negative one is a store error.
