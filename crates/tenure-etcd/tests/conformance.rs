@@ -130,6 +130,11 @@ tenure_testkit::backend_scenarios!(
     flavor = "multi_thread",
     worker_threads = 2
 );
+tenure_testkit::session_handover_release_scenarios!(
+    Etcd { safe_server: false },
+    flavor = "multi_thread",
+    worker_threads = 2
+);
 
 /// The lease scenarios with keep-alive and transaction sent together.
 mod renewals_in_one_round_trip {

@@ -129,6 +129,7 @@ fn wait_turn(
                 TermChange::Began {
                     holder,
                     fencing_token,
+                    ..
                 } if holder != owner => observed = fencing_token,
                 TermChange::Began { fencing_token, .. } => {
                     let renewed = store
@@ -302,7 +303,8 @@ async fn a_contender_finishes_a_handover_its_releaser_left() {
         waiting.await.unwrap(),
         TermChange::Began {
             holder: "node-b".into(),
-            fencing_token: p.fencing_token
+            fencing_token: p.fencing_token,
+            session: None,
         }
     );
     let info = store.get(ROLE).await.unwrap().unwrap();

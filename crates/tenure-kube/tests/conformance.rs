@@ -96,3 +96,8 @@ impl RegistryFixture for KubeRegistryFixture {
 }
 
 tenure_testkit::backend_scenarios!(Kube, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::session_handover_release_scenarios!(
+    Kube,
+    flavor = "multi_thread",
+    worker_threads = 2
+);

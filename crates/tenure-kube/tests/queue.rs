@@ -109,6 +109,7 @@ async fn a_handover_costs_two_requests_however_many_wait() {
             TermChange::Began {
                 holder: "node-0".to_owned(),
                 fencing_token: next,
+                session: None,
             },
             "every waiter learns from the watch that node-0 queued first"
         );

@@ -140,6 +140,7 @@ struct Inner {
     hand_over_sql: String,
     /// Hand over to the live candidate `$5`, or change nothing.
     hand_over_to_sql: String,
+    hand_to_session_sql: String,
     get_sql: String,
     list_sql: String,
     changes_sql: String,
@@ -163,6 +164,7 @@ impl PgLeaseStore {
         let end_term = |successor| queue::end_term_statement(&t, &sessions, &c, successor);
         let hand_over_sql = end_term(Successor::Oldest);
         let hand_over_to_sql = end_term(Successor::Named);
+        let hand_to_session_sql = queue::hand_to_session_statement(&t, &sessions, &c);
         // A session-held row shows its session's expiry; one whose session row is
         // missing (forgotten once it ended, see `session.rs`) reads as expired.
         let columns = "l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL
@@ -196,6 +198,7 @@ impl PgLeaseStore {
                 release_sql,
                 hand_over_sql,
                 hand_over_to_sql,
+                hand_to_session_sql,
                 get_sql,
                 list_sql,
                 changes_sql,
@@ -407,6 +410,7 @@ impl LeaseStore for PgLeaseStore {
             Handover::Release => ("could not release the lease", &self.inner.release_sql, None),
             Handover::To(None) => (handing, &self.inner.hand_over_sql, None),
             Handover::To(Some(named)) => (handing, &self.inner.hand_over_to_sql, Some(Some(named))),
+            Handover::ToSessionOf(to) => (handing, &self.inner.hand_to_session_sql, Some(Some(to))),
         };
         self.close_term(what, end.role, end.owner, end.token, sql, successor)
             .await

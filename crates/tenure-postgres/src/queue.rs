@@ -33,7 +33,7 @@
 //! (`synchronous_commit = on`; see the crate docs).
 
 use crate::session;
-use crate::succession::{began_sql, ended_sql, notify_sql};
+use crate::succession::{began_in_session_sql, began_sql, ended_sql, notify_sql};
 
 /// Creates the candidates table `c` (a quoted, qualified name), for `migrate`. The
 /// primary key is also the index every statement reads it by: a role's candidates
@@ -103,6 +103,21 @@ pub(crate) enum Successor {
     Named,
 }
 
+/// The CTE `held` of a statement ending a term: locks the lease row of the live term
+/// `($1 role, $2 owner, $3 token)`, first of any row the statement writes. Its session's
+/// expiry is read without locking the session row (see [`end_term_statement`]).
+fn held_cte(t: &str, sessions: &str) -> String {
+    let end = session::term_end(sessions, false);
+    format!(
+        "held AS MATERIALIZED (
+            SELECT l.role FROM {t} l
+            WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
+                AND {end} > statement_timestamp()
+            FOR NO KEY UPDATE OF l
+        )"
+    )
+}
+
 /// The statement ending the live term `($1 role, $2 owner, $3 token)` and handing the
 /// role as `successor` says, notifying `$4` (and the candidate `$5` for
 /// [`Successor::Named`]). One row: `ended`, 1 when the term ended, else 0.
@@ -113,7 +128,7 @@ pub(crate) enum Successor {
 /// session. `held` locks the lease row before `next` locks a candidate (see the module
 /// docs); `next` is the oldest by `seq` whose candidacy is live.
 pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Successor) -> String {
-    let end = session::term_end(sessions, false);
+    let held = held_cte(t, sessions);
     let (named, join) = match successor {
         Successor::OldestOrFree => ("", "LEFT JOIN"),
         Successor::Oldest => ("", "JOIN"),
@@ -126,12 +141,7 @@ pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Su
     );
     let notify = notify_sql("$4", &payload, "$1");
     format!(
-        "WITH held AS MATERIALIZED (
-            SELECT l.role FROM {t} l
-            WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
-                AND {end} > statement_timestamp()
-            FOR NO KEY UPDATE OF l
-        ),
+        "WITH {held},
         next AS MATERIALIZED (
             SELECT c.owner, c.expires_at, c.value FROM {c} c
             WHERE c.role = $1 AND c.expires_at > statement_timestamp(){named}
@@ -158,6 +168,69 @@ pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Su
             DELETE FROM {c} c
             WHERE c.role = $1 AND EXISTS (SELECT 1 FROM rel)
                 AND (c.owner = (SELECT owner FROM next)
+                    OR c.expires_at <= statement_timestamp())
+        )
+        SELECT count(*) AS ended FROM (SELECT {notify} FROM rel) n"
+    )
+}
+
+/// The statement ending the live term `($1 role, $2 owner, $3 token)` and beginning the
+/// next under the newest live session of owner `$5`
+/// ([`hand_to_session`](tenure::LeaseStore::hand_to_session)), notifying `$4`; as
+/// [`Successor::OldestOrFree`] when `$5` has no live session. One row: `ended`, 1 when
+/// the term ended, else 0.
+///
+/// The session row is read, not locked, as an acquire under a session reads its own:
+/// `held` locks the lease row first, as every statement here does. A session closed
+/// while this runs leaves the row naming a session that is gone, which every statement
+/// reads as a term that ended. The term's `expires_at` is the session's at the handover
+/// (a session-held row's end is always read from its session), and the notification
+/// names the session, so the member it was handed to starts on the push alone.
+pub(crate) fn hand_to_session_statement(t: &str, sessions: &str, c: &str) -> String {
+    let held = held_cte(t, sessions);
+    let payload = format!(
+        "CASE WHEN rel.holder IS NULL THEN {}
+              WHEN rel.session_id IS NULL THEN {}
+              ELSE {} END",
+        ended_sql("$1", "rel.fencing_token"),
+        began_sql("$1", "rel.fencing_token", "rel.holder"),
+        began_in_session_sql("$1", "rel.fencing_token", "rel.session_id", "rel.holder")
+    );
+    let notify = notify_sql("$4", &payload, "$1");
+    format!(
+        "WITH {held},
+        to_session AS MATERIALIZED (
+            SELECT s.id, s.owner, s.expires_at FROM {sessions} s
+            WHERE s.owner = $5 AND s.expires_at > statement_timestamp()
+                AND EXISTS (SELECT 1 FROM held)
+            ORDER BY s.id DESC LIMIT 1
+        ),
+        next AS MATERIALIZED (
+            SELECT c.owner, c.expires_at, c.value FROM {c} c
+            WHERE c.role = $1 AND c.expires_at > statement_timestamp()
+                AND EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM to_session)
+            ORDER BY c.seq LIMIT 1
+            FOR UPDATE OF c
+        ),
+        rel AS (
+            UPDATE {t} AS l SET
+                holder = COALESCE(ts.owner, next.owner),
+                fencing_token = CASE WHEN COALESCE(ts.owner, next.owner) IS NULL
+                    THEN l.fencing_token ELSE l.fencing_token + 1 END,
+                expires_at = COALESCE(ts.expires_at, next.expires_at, statement_timestamp()),
+                session_id = ts.id,
+                value = next.value,
+                value_token = CASE WHEN COALESCE(ts.owner, next.owner) IS NULL
+                    THEN l.value_token ELSE l.fencing_token + 1 END,
+                term_txid = txid_current()
+            FROM held LEFT JOIN to_session ts ON true LEFT JOIN next ON true
+            WHERE l.role = held.role
+            RETURNING l.holder, l.fencing_token, l.session_id
+        ),
+        gone AS (
+            DELETE FROM {c} c
+            WHERE c.role = $1 AND EXISTS (SELECT 1 FROM rel)
+                AND (c.owner = COALESCE((SELECT owner FROM to_session), (SELECT owner FROM next))
                     OR c.expires_at <= statement_timestamp())
         )
         SELECT count(*) AS ended FROM (SELECT {notify} FROM rel) n"

@@ -8,6 +8,10 @@
 //! with control characters are refused):
 //!
 //! - `role US began US token US holder`: the term `token` of `holder` began;
+//! - `role US began-in US token US session US holder`: the term `token` of `holder`
+//!   began under session `session` (a term handed to a member's session, see
+//!   [`LeaseStore::hand_to_session`](tenure::LeaseStore::hand_to_session)); an earlier
+//!   tenure reads it as unknown, and reads the row;
 //! - `role US ended US token`: the term `token` ended and no term is live.
 //!
 //! The same statement also notifies the bare role, right after, as every tenure before
@@ -24,7 +28,7 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
-use tenure::{FencingToken, LeaseInfo, TermChange};
+use tenure::{FencingToken, LeaseInfo, SessionId, TermChange};
 
 /// Separates a payload's fields (U+001F UNIT SEPARATOR).
 const SEPARATOR: char = '\u{1f}';
@@ -41,6 +45,9 @@ pub(crate) struct TermState {
     pub(crate) token: FencingToken,
     /// The holder of term `token` while it is live; `None` once it ended.
     pub(crate) holder: Option<Box<str>>,
+    /// The session the term is held under, when the notification said (a read of the
+    /// row does not).
+    pub(crate) session: Option<SessionId>,
 }
 
 impl TermState {
@@ -52,6 +59,7 @@ impl TermState {
             Some(holder) if self.token > observed => Some(TermChange::Began {
                 holder: holder.to_string(),
                 fencing_token: self.token,
+                session: self.session,
             }),
             None if self.token >= observed => Some(TermChange::Ended),
             _ => None,
@@ -69,10 +77,12 @@ impl TermState {
             Some(info) => TermState {
                 token: info.fencing_token,
                 holder: info.live_holder().map(Box::from),
+                session: None,
             },
             None => TermState {
                 token: FencingToken::from(0),
                 holder: None,
+                session: None,
             },
         }
     }
@@ -113,14 +123,24 @@ fn parse_state(fields: &str) -> Option<TermState> {
     let kind = fields.next()?;
     let token: u64 = fields.next()?.parse().ok()?;
     let token = FencingToken::from(token);
-    match (kind, fields.next()) {
-        ("began", Some(holder)) if !holder.is_empty() => Some(TermState {
+    let began = |session, holder: &str| {
+        (!holder.is_empty()).then(|| TermState {
             token,
             holder: Some(holder.into()),
-        }),
+            session,
+        })
+    };
+    match (kind, fields.next()) {
+        ("began", Some(holder)) => began(None, holder),
+        ("began-in", Some(rest)) => {
+            let (session, holder) = rest.split_once(SEPARATOR)?;
+            let session: u64 = session.parse().ok()?;
+            began(Some(SessionId::from(session)), holder)
+        }
         ("ended", None) => Some(TermState {
             token,
             holder: None,
+            session: None,
         }),
         _ => None,
     }
@@ -129,6 +149,15 @@ fn parse_state(fields: &str) -> Option<TermState> {
 /// The SQL expression of a `began` payload for the role, token and holder expressions.
 pub(crate) fn began_sql(role: &str, token: &str, holder: &str) -> String {
     format!("{role} || chr(31) || 'began' || chr(31) || {token} || chr(31) || {holder}")
+}
+
+/// The SQL expression of a `began-in` payload for the role, token, session id and holder
+/// expressions.
+pub(crate) fn began_in_session_sql(role: &str, token: &str, session: &str, holder: &str) -> String {
+    format!(
+        "{role} || chr(31) || 'began-in' || chr(31) || {token} || chr(31) || {session} \
+         || chr(31) || {holder}"
+    )
 }
 
 /// The SQL expression of an `ended` payload for the role and token expressions.
@@ -242,6 +271,7 @@ mod tests {
         Some(TermState {
             token: FencingToken::from(token),
             holder: Some(holder.into()),
+            session: None,
         })
     }
 
@@ -249,6 +279,7 @@ mod tests {
         Some(TermState {
             token: FencingToken::from(token),
             holder: None,
+            session: None,
         })
     }
 
@@ -265,7 +296,19 @@ mod tests {
             parse("r\u{1f}began\u{1f}1\u{1f}a\u{1f}b").state,
             began(1, "a\u{1f}b")
         );
+        assert_eq!(
+            parse("r\u{1f}began-in\u{1f}7\u{1f}42\u{1f}node-b").state,
+            Some(TermState {
+                token: FencingToken::from(7),
+                holder: Some("node-b".into()),
+                session: Some(SessionId::from(42)),
+            })
+        );
         for unreadable in [
+            "r\u{1f}began-in\u{1f}7\u{1f}42",
+            "r\u{1f}began-in\u{1f}7\u{1f}42\u{1f}",
+            "r\u{1f}began-in\u{1f}7\u{1f}x\u{1f}a",
+            "r\u{1f}began-in\u{1f}7\u{1f}-1\u{1f}a",
             "r\u{1f}",
             "r\u{1f}began",
             "r\u{1f}began\u{1f}7",
@@ -293,7 +336,8 @@ mod tests {
             state.answer(at(4)),
             Some(TermChange::Began {
                 holder: "b".into(),
-                fencing_token: at(5)
+                fencing_token: at(5),
+                session: None,
             })
         );
         assert_eq!(state.answer(at(5)), None, "the observed term itself");

@@ -123,3 +123,4 @@ impl RegistryFixture for PgRegistryFixture {
 }
 
 tenure_testkit::backend_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::session_handover_scenarios!(Postgres, flavor = "multi_thread", worker_threads = 2);

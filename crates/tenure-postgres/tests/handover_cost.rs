@@ -93,6 +93,7 @@ async fn contend(
             TermChange::Began {
                 holder,
                 fencing_token,
+                ..
             } if holder == name => {
                 told = Instant::now();
                 let renewed = store

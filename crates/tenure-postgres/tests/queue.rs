@@ -192,6 +192,7 @@ async fn an_earlier_tenures_notification_tells_nothing() {
             TermChange::Began {
                 holder: "node-z".to_owned(),
                 fencing_token: FencingToken::from(9),
+                session: None,
             },
         ),
     ] {
@@ -271,6 +272,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
         TermChange::Began {
             holder: "node-b".to_owned(),
             fencing_token: FencingToken::from(a.fencing_token.get() + 1),
+            session: None,
         }
     );
 }

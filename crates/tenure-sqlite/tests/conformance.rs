@@ -129,3 +129,4 @@ impl RegistryFixture for SqliteRegistryFixture {
 }
 
 tenure_testkit::backend_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::session_handover_scenarios!(Sqlite, flavor = "multi_thread", worker_threads = 2);

@@ -116,7 +116,8 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
             change,
             TermChange::Began {
                 holder: "node-1".to_owned(),
-                fencing_token: next
+                fencing_token: next,
+                session: None,
             }
         );
         learned.push(at - released);
@@ -188,7 +189,8 @@ async fn a_release_wakes_the_successor_in_another_process() {
             change,
             TermChange::Began {
                 holder: to.to_owned(),
-                fencing_token: token
+                fencing_token: token,
+                session: None,
             }
         );
         term = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();

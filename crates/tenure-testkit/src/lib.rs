@@ -6,6 +6,7 @@
 //!   [`LeaseBackend`] / [`RegistryBackend`].
 //! - [`sessions`]: the session scenarios (many roles held under one renewable session).
 //! - [`queue`]: the queue of candidates, handoff and `wait_for_successor`.
+//! - [`handover`]: a term handed to a member's session in one step.
 //! - [`queue_faults`]: the queue under lost answers, late calls and candidates that die
 //!   in the queue, injected with `tenure::intercept` on the real store.
 //! - [`faults`]: the [`faults::Faults`] interceptor both fault sets inject with.
@@ -22,6 +23,7 @@ pub mod faults;
 mod fixture;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+pub mod handover;
 pub mod observe;
 pub mod queue;
 pub mod queue_faults;

@@ -392,9 +392,10 @@ pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn Lea
         change,
         TermChange::Began {
             holder: "node-b".to_owned(),
-            fencing_token: b_token
+            fencing_token: b_token,
+            session: None,
         },
-        "the push names the successor"
+        "the push names the successor, and no session (a queued term is a lease of its own)"
     );
     assert!(
         waited.elapsed() < patience / 2,

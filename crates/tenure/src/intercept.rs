@@ -121,6 +121,17 @@ pub enum Call {
         /// The candidate to begin the next term; `None` for the oldest.
         successor: Option<String>,
     },
+    /// [`LeaseStore::hand_to_session`].
+    HandToSession {
+        /// The role.
+        role: String,
+        /// The holder handing over.
+        owner: String,
+        /// The token of the term to end.
+        token: FencingToken,
+        /// The owner whose newest live session begins the next term.
+        to: String,
+    },
     /// [`LeaseStore::release`].
     Release {
         /// The role.
@@ -220,6 +231,7 @@ impl Call {
             Call::Candidates { .. } => "candidates",
             Call::Withdraw { .. } => "withdraw",
             Call::HandOver { .. } => "hand_over",
+            Call::HandToSession { .. } => "hand_to_session",
             Call::Release { .. } => "release",
             Call::Get { .. } => "get",
             Call::List { .. } => "list",
@@ -242,7 +254,8 @@ impl Call {
 pub enum Reply {
     /// From [`Call::TryAcquireOrRenew`] and [`Call::AcquireInSession`].
     Lease(Result<LeaseResult>),
-    /// From [`Call::Release`], [`Call::HandOver`], [`Call::Withdraw`] and
+    /// From [`Call::Release`], [`Call::HandOver`], [`Call::HandToSession`],
+    /// [`Call::Withdraw`] and
     /// [`Call::CloseSession`].
     Released(Result<bool>),
     /// From [`Call::OpenSession`].
@@ -275,9 +288,10 @@ impl Reply {
     pub fn error(call: &Call, error: Error) -> Reply {
         match call {
             Call::TryAcquireOrRenew { .. } => Reply::Lease(Err(error)),
-            Call::Release { .. } | Call::HandOver { .. } | Call::Withdraw { .. } => {
-                Reply::Released(Err(error))
-            }
+            Call::Release { .. }
+            | Call::HandOver { .. }
+            | Call::HandToSession { .. }
+            | Call::Withdraw { .. } => Reply::Released(Err(error)),
             Call::Get { .. } => Reply::Info(Err(error)),
             Call::List { .. } => Reply::List(Err(error)),
             Call::ListChanges { .. } => Reply::Changes(Err(error)),
@@ -462,6 +476,12 @@ async fn forward(store: &dyn LeaseStore, call: Call) -> Reply {
                 .hand_over(&role, &owner, token, successor.as_deref())
                 .await,
         ),
+        Call::HandToSession {
+            role,
+            owner,
+            token,
+            to,
+        } => Reply::Released(store.hand_to_session(&role, &owner, token, &to).await),
         Call::Release { role, owner, token } => {
             Reply::Released(store.release(&role, &owner, token).await)
         }
@@ -600,6 +620,12 @@ impl LeaseStore for InterceptStore {
                 owner,
                 token,
                 successor: successor.map(str::to_owned),
+            },
+            Handover::ToSessionOf(to) => Call::HandToSession {
+                role,
+                owner,
+                token,
+                to: to.to_owned(),
             },
         };
         self.call(call).await.into_released()

@@ -64,13 +64,16 @@ pub enum Handover<'a> {
     /// [`LeaseStore::hand_over`]: to this candidate (the oldest for `None`), or not at
     /// all.
     To(Option<&'a str>),
+    /// [`LeaseStore::hand_to_session`]: to the newest live session of this owner, or as
+    /// [`Handover::Release`] when it has none.
+    ToSessionOf(&'a str),
 }
 
 impl<'a> Handover<'a> {
     /// The candidate named, if any.
     pub fn successor(&self) -> Option<&'a str> {
         match self {
-            Handover::Release => None,
+            Handover::Release | Handover::ToSessionOf(_) => None,
             Handover::To(successor) => *successor,
         }
     }
@@ -95,7 +98,11 @@ impl EndRequest<'_> {
     /// rules. Every backend calls it before touching its store.
     pub fn validate(&self) -> Result<()> {
         validate_release(self.role, self.owner)?;
-        validate_successor(self.how.successor())
+        validate_successor(self.how.successor())?;
+        match self.how {
+            Handover::ToSessionOf(to) => validate_name("to", to),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -307,6 +314,12 @@ pub enum TermChange {
         holder: String,
         /// The new term's token.
         fencing_token: FencingToken,
+        /// The session the new term is held under, when it is held under one and the
+        /// push says which (`None` otherwise: a lease of its own, or a backend whose
+        /// push does not carry it). A holder that did not acquire the term itself (see
+        /// [`LeaseStore::hand_to_session`]) works on it only when this is its current
+        /// session.
+        session: Option<SessionId>,
     },
 }
 
@@ -454,6 +467,40 @@ pub trait LeaseStore: Send + Sync + 'static {
             owner,
             token,
             how: Handover::To(successor),
+        })
+        .await
+    }
+
+    /// Ends the live term `(role, owner, token)` and, in the same atomic step, begins
+    /// the next one under the newest live session of owner `to` (see
+    /// [`open_session`](Self::open_session)): token + 1, holder `to`, no value, live
+    /// while that session is, as if `to` had acquired it there with
+    /// [`acquire_in_session`](Self::acquire_in_session). When `to` has no live session
+    /// the step is a [`release`](Self::release). Returns whether the term ended.
+    ///
+    /// For a planned move of a shard to a member known to want it: the member learns of
+    /// its new term from [`wait_for_successor`](Self::wait_for_successor)
+    /// ([`TermChange::Began`] naming its session) and works on it with no call of its
+    /// own, so the move costs the store one step and no contest. The shard is held
+    /// even if the member no longer wants it (it then releases it, or its session's
+    /// end frees it); a member that restarted under a new session is not handed the
+    /// terms meant for its earlier one once the new one is open.
+    ///
+    /// A backend that cannot do it in one step releases instead (etcd and Kubernetes
+    /// do, today): `to` then acquires as after any release. In memory, PostgreSQL and
+    /// SQLite it is one step.
+    async fn hand_to_session(
+        &self,
+        role: &str,
+        owner: &str,
+        token: FencingToken,
+        to: &str,
+    ) -> Result<bool> {
+        self.end_term(EndRequest {
+            role,
+            owner,
+            token,
+            how: Handover::ToSessionOf(to),
         })
         .await
     }

@@ -173,6 +173,7 @@ async fn a_keep_alive_tells_when_the_other_nodes_lapse() {
     assert_eq!(told().await, None, "two registry TTLs");
 }
 tenure_testkit::session_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
+tenure_testkit::session_handover_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
 tenure_testkit::queue_fault_scenarios!(Memory, flavor = "multi_thread", worker_threads = 2);
 

@@ -4,7 +4,9 @@
 //! with the same node id, members whose store calls stall for up to two TTLs, work that
 //! returns on its own, and calls that reach the store after their caller gave up
 //! (releases, acquires and keep-alives sent, then answered with an error or never, and
-//! applied up to two TTLs later, as a request already on the wire is). No shard may ever
+//! applied up to two TTLs later, as a request already on the wire is), and pushes heard
+//! up to four TTLs late (a slow listener: what such a push says of a shard's term may be
+//! long out of date, as a term handed to a member that ended it since). No shard may ever
 //! have two members working on it at once; after a quiet phase every shard is worked on
 //! by exactly one live member and each owns `floor(N/M)` or `ceil(N/M)`.
 //!
@@ -27,7 +29,9 @@
 //! TTL it asked for would act on), and a store that acknowledges a release before
 //! applying it (what a member that starts work under a token whose release may still
 //! land would act on), and a store that answers a batch of acquires out of order (what a
-//! member pairing a batch's answers with the wrong shards would act on).
+//! member pairing a batch's answers with the wrong shards would act on), and pushes
+//! that name a member's current session for terms handed to its earlier one (what a
+//! member working on any term handed to its node id would act on).
 //!
 //! Three schedules in eight have a node of another group heartbeating into the same
 //! registry: no change of the group, and no reason to read it (members once waited for
@@ -64,7 +68,7 @@ use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::intercept::{FilteredRegistry, RegistryFilter};
 use tenure::{
     FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeRegistry,
-    ShardElector, ShardOptions, TokioClock,
+    SessionId, ShardElector, ShardOptions, TermChange, TokioClock,
 };
 use tenure_testkit::registry::counting_reads;
 use tokio::task::JoinHandle;
@@ -91,6 +95,10 @@ struct Broken {
     /// A read of what changed since a mark leaves out the leases released since (what a
     /// store that stamps new terms but not releases would answer).
     missed_releases: bool,
+    /// A push of a term begun for this member names the member's current session,
+    /// whichever session the term was handed to (what a member that took any term
+    /// handed to its node id for its own would act on).
+    misattributed_pushes: bool,
 }
 
 /// One member's view of the store: latency, stalls, calls applied after their caller
@@ -111,6 +119,8 @@ struct MemberFaults {
     /// The store also says its waits poll ([`LeaseStore::change_poll`], as SQLite's
     /// do), so members read their drain roles on a cadence of their own.
     polls: bool,
+    /// The member's latest session as opened (for `misattributed_pushes`).
+    opened: Mutex<Option<(String, SessionId)>>,
 }
 
 /// A call the store applies after its caller stopped waiting, and what the caller got.
@@ -153,13 +163,45 @@ impl MemberFaults {
         lost
     }
 
+    /// How late a push is heard this time, if it is: up to two TTLs, now and then.
+    fn late_push(&self) -> Option<Duration> {
+        if Instant::now() >= self.late_until {
+            return None;
+        }
+        let mut rng = self.rng.lock();
+        rng.random_bool(0.25)
+            .then(|| TTL.mul_f64(rng.random_range(0.0..4.0)))
+    }
+
+    /// What a broken store makes of a push.
+    fn lie_about(&self, reply: Reply) -> Reply {
+        match reply {
+            Reply::Succession(TermChange::Began {
+                holder,
+                fencing_token,
+                session: Some(session),
+            }) if self.broken.misattributed_pushes => {
+                let session = match &*self.opened.lock() {
+                    Some((owner, current)) if *owner == holder => *current,
+                    _ => session,
+                };
+                Reply::Succession(TermChange::Began {
+                    holder,
+                    fencing_token,
+                    session: Some(session),
+                })
+            }
+            other => other,
+        }
+    }
+
     /// Whether `call` reaches the store late this time, and how its caller is answered.
     fn late(&self, call: &Call) -> Option<Late> {
         if Instant::now() >= self.late_until {
             return None;
         }
         let odds = match call {
-            Call::Release { .. } => 0.25,
+            Call::Release { .. } | Call::HandToSession { .. } => 0.25,
             Call::AcquireInSession { .. } | Call::AcquireManyInSession { .. } => 0.05,
             Call::KeepAliveSession { .. } => 0.02,
             _ => return None,
@@ -168,7 +210,7 @@ impl MemberFaults {
         if !rng.random_bool(odds) {
             return None;
         }
-        let release = matches!(call, Call::Release { .. });
+        let release = matches!(call, Call::Release { .. } | Call::HandToSession { .. });
         Some(match rng.random_bool(0.5) {
             _ if release && self.broken.early_release_acks => Late::Acknowledged,
             // An acquire waits for its answer as long as its session lives.
@@ -201,6 +243,18 @@ impl Interceptor for MemberFaults {
                 return Reply::Changed;
             }
             return next.run(call).await;
+        }
+        if let Call::WaitForSuccessor { deadline, .. } = call {
+            if self.no_pushes {
+                tokio::time::sleep_until(deadline).await;
+                return Reply::Succession(TermChange::Unknown);
+            }
+            let reply = next.run(call).await;
+            // A push heard late (a slow listener): what it says may be long out of date.
+            if let Some(late) = self.late_push() {
+                tokio::time::sleep(late).await;
+            }
+            return self.lie_about(reply);
         }
         self.wait_out_stall().await;
         tokio::time::sleep(self.delay()).await;
@@ -270,6 +324,10 @@ impl Interceptor for MemberFaults {
             }
             Reply::Session(Ok(mut grant)) if lie => {
                 grant.expires_at = grant.now + TTL;
+                Reply::Session(Ok(grant))
+            }
+            Reply::Session(Ok(grant)) if self.broken.misattributed_pushes => {
+                *self.opened.lock() = Some((grant.owner.clone(), grant.id));
                 Reply::Session(Ok(grant))
             }
             other => other,
@@ -377,6 +435,7 @@ impl Sim {
             broken: self.broken,
             no_pushes: self.no_pushes,
             polls: self.no_pushes && self.kills,
+            opened: Mutex::new(None),
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
         let killed = Arc::new(AtomicBool::new(false));
@@ -762,7 +821,7 @@ fn schedules_are_reproducible_from_their_seed() {
 /// Asserts that one of 40 schedules under `broken` has two members working on one
 /// shard, and prints the first; `what` names the fault in the failure.
 fn assert_overlap_caught(broken: Broken, what: &str) {
-    let caught = (0..40).find_map(|seed| {
+    let caught = (0..400).find_map(|seed| {
         let overlaps = run_schedule(seed, broken).overlaps;
         (!overlaps.is_empty()).then_some((seed, overlaps))
     });
@@ -831,6 +890,22 @@ fn negative_control_reads_missing_releases_leave_shards_idle() {
         ..Broken::default()
     };
     assert_idle_caught(broken, 0..80, "the releases left out of reads");
+}
+
+/// The negative control: a member that works on any term handed to its node id, not
+/// only on one handed to its current session (a push reaching a stalled member after the
+/// session it was handed to ended, when another member may hold the shard), must be
+/// caught working on one shard at once with that other member.
+#[test]
+fn negative_control_pushes_of_earlier_sessions_taken_overlap() {
+    let broken = Broken {
+        misattributed_pushes: true,
+        ..Broken::default()
+    };
+    assert_overlap_caught(
+        broken,
+        "terms handed to an earlier session taken as this one's",
+    );
 }
 
 /// Runs `seeds` under `broken` until one leaves a shard idle after the quiet phase

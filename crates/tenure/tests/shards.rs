@@ -303,20 +303,26 @@ async fn a_join_moves_only_the_newcomers_shards() {
 }
 
 /// Records each wait for a change of a shard, and whether the newcomer `e` was a member
-/// of the group's registry when it began.
+/// of the group's registry when it began; and each shard handed to a session.
 #[derive(Default)]
 struct WaitsBeforeJoin {
     registry: std::sync::OnceLock<Arc<dyn NodeRegistry>>,
     waits: Mutex<Vec<(String, bool)>>,
+    /// Each shard handed to a member's session: role, member.
+    handed: Mutex<Vec<(String, String)>>,
 }
 
 #[async_trait::async_trait]
 impl Interceptor for WaitsBeforeJoin {
     async fn intercept(&self, call: Call, next: Next) -> Reply {
-        if let (Call::WaitForChange { role, .. }, Some(registry)) = (&call, self.registry.get()) {
+        if let (Call::WaitForSuccessor { role, .. }, Some(registry)) = (&call, self.registry.get())
+        {
             let members = registry.members().await.unwrap_or_default();
             let joined = members.iter().any(|m| m.node_id == "e");
             self.waits.lock().push((role.clone(), joined));
+        }
+        if let Call::HandToSession { role, to, .. } = &call {
+            self.handed.lock().push((role.clone(), to.clone()));
         }
         next.run(call).await
     }
@@ -362,6 +368,46 @@ async fn a_newcomer_waits_on_its_shards_before_it_joins() {
             ends_with_e.contains(&shard),
             "waited on {role} before joining, which e does not end with: {ends_with_e:?}"
         );
+    }
+}
+
+/// Setup: 4 members settled on 64 shards; a fifth, `e`, starts. Each shard that moves to
+/// `e` is handed to its session in the step that ends the old term (no release and
+/// acquire), and the store shows `e` holding each.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_is_handed_its_shards_in_the_step_that_ends_their_terms() {
+    let calls = Arc::new(WaitsBeforeJoin::default());
+    let hook = calls.clone();
+    let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
+    for node in ["a", "b", "c", "d"] {
+        group.start(node, 64);
+    }
+    tokio::time::sleep(2 * RENEW).await;
+    calls.handed.lock().clear();
+
+    group.start("e", 64);
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(64);
+    let mut ends_with_e: Vec<String> = group.owned()["e"]
+        .iter()
+        .map(|shard| format!("jobs/{shard}"))
+        .collect();
+    ends_with_e.sort();
+    let mut handed_to_e: Vec<String> = calls
+        .handed
+        .lock()
+        .iter()
+        .filter(|(_, to)| to == "e")
+        .map(|(role, _)| role.clone())
+        .collect();
+    handed_to_e.sort();
+    assert_eq!(
+        handed_to_e, ends_with_e,
+        "every shard e works on was handed to it"
+    );
+    for role in &ends_with_e {
+        let info = group.store.get(role).await.unwrap().unwrap();
+        assert_eq!(info.live_holder(), Some("e"), "{role}");
     }
 }
 

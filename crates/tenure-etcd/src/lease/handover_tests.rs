@@ -73,7 +73,7 @@ async fn first_step(store: &EtcdLeaseStore, token: FencingToken, how: Handover<'
         released: true,
     };
     let (txn, to) = match how {
-        Handover::Release => (
+        Handover::Release | Handover::ToSessionOf(_) => (
             release_txn(&store.keys, ROLE, "node-a", revision, &record).unwrap(),
             None,
         ),

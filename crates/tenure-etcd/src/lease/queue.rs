@@ -359,7 +359,12 @@ impl EtcdLeaseStore {
             released: true,
         };
         let txn = match how {
-            Handover::Release => release_txn(&self.keys, role, owner, revision, &record)?,
+            // A token here is the lease key's create revision, and one transaction
+            // cannot delete and create a key: released, and the member acquires as
+            // after any release.
+            Handover::Release | Handover::ToSessionOf(_) => {
+                release_txn(&self.keys, role, owner, revision, &record)?
+            }
             Handover::To(_) => handover_txn(&self.keys, role, owner, revision, &record, successor)?,
         };
         let response = self.conn.txn("releasing a lease", txn).await?;

@@ -97,6 +97,7 @@ impl Watched {
             Some((holder, token, _)) if *token != observed => Some(TermChange::Began {
                 holder: holder.clone(),
                 fencing_token: FencingToken::from(u64::try_from(*token).unwrap_or(0)),
+                session: None,
             }),
             Some(_) => None,
             None if *handing => None,
@@ -302,7 +303,8 @@ mod tests {
             known(12, Some(("b", 12)), false).answer(observed),
             Some(TermChange::Began {
                 holder: "b".into(),
-                fencing_token: FencingToken::from(12)
+                fencing_token: FencingToken::from(12),
+                session: None,
             })
         );
         assert_eq!(

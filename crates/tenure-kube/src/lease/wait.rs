@@ -206,9 +206,11 @@ impl KubeLeaseStore {
                 lapses: Some(lapses),
                 session,
             },
+            // No session named: this backend hands no term to a session.
             Some(holder) if judged.live => Verdict::Answer(TermChange::Began {
                 holder,
                 fencing_token: token,
+                session: None,
             }),
             _ => Verdict::Answer(TermChange::Ended),
         }

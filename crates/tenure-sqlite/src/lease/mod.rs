@@ -328,6 +328,7 @@ impl SqliteLeaseStore {
             Some(holder) if live => Some(TermChange::Began {
                 holder,
                 fencing_token: token_from_db(current.token)?,
+                session: current.session_id.map(session_from_db).transpose()?,
             }),
             _ => Some(TermChange::Ended),
         })
@@ -339,7 +340,7 @@ impl SqliteLeaseStore {
         let now = self.db.read_now()?;
         let row = sqlx::query(
             "SELECT holder, token, expires_at, \
-             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0) \
+             coalesce((SELECT boot_id FROM tenure_boot WHERE id = 0) = ?2, 0), session_id \
              FROM tenure_terms WHERE role = ?1",
         )
         .bind(role)
@@ -359,7 +360,7 @@ impl SqliteLeaseStore {
             } else {
                 now.mono
             },
-            session_id: None,
+            session_id: column(&row, 4)?,
         };
         Ok(Some((current, now.mono)))
     }
@@ -448,6 +449,7 @@ impl LeaseStore for SqliteLeaseStore {
         let successor = match end.how {
             Handover::Release => Successor::OldestOrFree,
             Handover::To(successor) => Successor::Candidate(successor),
+            Handover::ToSessionOf(to) => Successor::SessionOf(to),
         };
         self.close_term(end.role, end.owner, end.token, successor)
             .await

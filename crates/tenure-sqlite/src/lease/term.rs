@@ -252,6 +252,26 @@ struct NewTerm<'a> {
     value: Option<&'a str>,
 }
 
+/// `owner`'s live session opened last at store time `now`: its id and expiry. (Sessions
+/// of an earlier boot are deleted when the file is opened under a new one.)
+async fn newest_live_session(
+    conn: &mut SqliteConnection,
+    owner: &str,
+    now: i64,
+) -> Result<Option<(i64, i64)>> {
+    let row = sqlx::query(
+        "SELECT id, expires_at FROM tenure_sessions WHERE owner = ?1 AND expires_at > ?2 \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(owner)
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(store_error("cannot read the sessions"))?;
+    row.map(|row| Ok((column(&row, 0)?, column(&row, 1)?)))
+        .transpose()
+}
+
 /// Begins `term` on `role`'s row, replacing the term there.
 async fn take_over(conn: &mut SqliteConnection, role: &str, term: NewTerm<'_>) -> Result<()> {
     sqlx::query(TAKE_OVER_LEASE)
@@ -300,6 +320,9 @@ pub(super) enum Successor<'a> {
     OldestOrFree,
     /// `hand_over`: this live candidate (the oldest for `None`), or nothing changes.
     Candidate(Option<&'a str>),
+    /// `hand_to_session`: the newest live session of this owner, or as
+    /// [`Successor::OldestOrFree`] when it has none.
+    SessionOf(&'a str),
 }
 
 /// Ends `owner`'s live term `token` on `role` at store time `now` and, in the same
@@ -323,6 +346,22 @@ pub(super) async fn end_term(
     let named = match successor {
         Successor::OldestOrFree => None,
         Successor::Candidate(named) => named,
+        Successor::SessionOf(to) => {
+            if let Some((session, expires_at)) = newest_live_session(conn, to, now).await? {
+                let term = NewTerm {
+                    owner: to,
+                    token: next_token(role, row.token)?,
+                    expires_at,
+                    session: Some(session),
+                    value: None,
+                };
+                take_over(conn, role, term).await?;
+                // A term begun for a queued owner ends its candidacy, as every acquire.
+                queue::sweep(conn, role, to, now).await?;
+                return Ok(Ended::HandedTo(to.to_owned()));
+            }
+            None
+        }
     };
     match (queue::next(conn, role, named, now).await?, successor) {
         (Some(next), _) => {
@@ -337,7 +376,7 @@ pub(super) async fn end_term(
             queue::sweep(conn, role, &next.owner, now).await?;
             Ok(Ended::HandedTo(next.owner))
         }
-        (None, Successor::OldestOrFree) => {
+        (None, Successor::OldestOrFree | Successor::SessionOf(_)) => {
             sqlx::query(RELEASE_LEASE)
                 .bind(role)
                 .bind(now)

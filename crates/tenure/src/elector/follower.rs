@@ -164,6 +164,7 @@ impl LeaseLeaderElector {
                 TermChange::Began {
                     holder,
                     fencing_token,
+                    ..
                 } if holder != self.options.owner_id && Instant::now() < retry => {
                     debug!(role, owner = %self.options.owner_id, %holder, token = %fencing_token,
                         "the term passed to another contender; keeping our place");

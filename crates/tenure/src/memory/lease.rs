@@ -135,6 +135,15 @@ impl Sessions {
         }
     }
 
+    /// `owner`'s live session with the highest id (the one opened last), if any.
+    fn newest_live(&mut self, owner: &str, now: SystemTime) -> Option<(SessionId, &mut Session)> {
+        self.by_id
+            .iter_mut()
+            .filter(|(_, s)| s.owner == owner && now < s.expires_at)
+            .max_by_key(|(id, _)| **id)
+            .map(|(id, s)| (*id, s))
+    }
+
     fn info(&self, slot: &Slot, role: &str, now: SystemTime) -> LeaseInfo {
         LeaseInfo {
             role: role.to_owned(),
@@ -397,6 +406,19 @@ impl InMemoryLeaseStore {
                 Some(next) => Some(next),
                 None => return Ok(false),
             },
+            Handover::ToSessionOf(to) => {
+                let mut sessions = self.sessions.lock();
+                match sessions.newest_live(to, now) {
+                    Some((id, session)) => {
+                        session.roles.insert(role.to_owned());
+                        slot.dequeue(to, now);
+                        new_term(slot, to, session.expires_at, Some(id), None);
+                        slot.changed_at = self.stamp();
+                        return Ok(true);
+                    }
+                    None => slot.take_candidate(None, now),
+                }
+            }
         };
         slot.hand_to(next, now);
         slot.changed_at = self.stamp();
@@ -550,6 +572,7 @@ impl LeaseStore for InMemoryLeaseStore {
             Some(holder) if now < self.expiry(slot) => TermChange::Began {
                 holder: holder.clone(),
                 fencing_token: slot.token,
+                session: slot.session,
             },
             _ => TermChange::Ended,
         }

@@ -15,6 +15,7 @@ use super::plan::{start_handovers, MembersSeen};
 use super::probe::{Probes, PROBE_WAIT};
 use super::session::Session;
 use super::*;
+use crate::TermChange;
 
 /// One shard term running here.
 pub(super) struct Term {
@@ -50,8 +51,8 @@ pub(super) enum Wake {
     /// token tells a late wake of an earlier term from one of the current term.
     WorkEnded(u32, FencingToken),
     /// The store pushed a change of a shard held elsewhere that this member waits for
-    /// (or the wait ran out).
-    ShardChanged(u32),
+    /// (or the wait ran out), and what the push said of it.
+    ShardChanged(u32, TermChange),
     /// A probe's target took the shard, or the probe is due to be taken back.
     ProbeSettled(u32),
 }
@@ -99,6 +100,11 @@ pub(super) struct Member<'a> {
     /// one, so no work starts under its token (a late release would end that term under
     /// it); each look releases the shard again until one answers.
     pub(super) pending_releases: BTreeMap<u32, FencingToken>,
+    /// The latest term of each shard that this member worked on, released or handed
+    /// over under the current session. A push is heard late at times (a slow listener,
+    /// a stalled process): one saying that a term at or below this one was handed here
+    /// is about a term already ended here, and another member may hold the shard now.
+    pub(super) latest_terms: BTreeMap<u32, FencingToken>,
     /// Shards whose acquire under the current session got an error: the store may have
     /// granted it, then or later, with no term here. A live session would keep such a
     /// shard from its target for good, so each look takes it (targeted here) or releases
@@ -359,6 +365,8 @@ impl Member<'_> {
         // Whatever the session held frees as it ends, and a release still on its way
         // cannot end a later term: those take new tokens.
         self.pending_releases.clear();
+        // A push about a term of the ended session is refused on that account.
+        self.latest_terms.clear();
         self.lost_acquires.clear();
         self.lost_acquire_at = None;
         self.look_put_off = None;
@@ -397,16 +405,25 @@ impl Member<'_> {
     {
         let mut look = false;
         let mut pushed = Vec::new();
+        let mut handed = Vec::new();
         let mut seen = BTreeSet::new();
         for wake in wakes {
             match wake {
-                Wake::ShardChanged(shard) => {
-                    debug!(shard, "the store pushed a change of a shard held elsewhere");
+                Wake::ShardChanged(shard, change) => {
+                    debug!(
+                        shard,
+                        ?change,
+                        "the store pushed a change of a shard held elsewhere"
+                    );
                     self.waiting.remove(&shard);
                     // Taken here meanwhile, or targeted elsewhere since: nothing to act on
                     // (a look per such wake read the whole group up to `MAX_WAITERS` times
                     // as a group settled, when the waits ran out).
                     if !self.targeted_here(shard) || self.terms.contains_key(&shard) {
+                        continue;
+                    }
+                    if let Some(token) = self.handed_here(shard, &change) {
+                        handed.push((shard, token));
                         continue;
                     }
                     let now = Instant::now();
@@ -427,12 +444,51 @@ impl Member<'_> {
                 }
             }
         }
+        if let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) {
+            for (shard, token) in handed {
+                if !self.terms.contains_key(&shard) {
+                    self.start_term(shard, token, false, &alive, work, wake_tx);
+                }
+            }
+        }
         // Once per burst, not per ended term (see `contend`).
         self.publish_owned();
         if !pushed.is_empty() {
             self.contend(pushed, work, wake_tx, None).await;
         }
         look
+    }
+
+    /// The token of the term that `change` says began for this member under its current
+    /// session: handed to it by the shard's last holder (see
+    /// [`LeaseStore::hand_to_session`]), to be worked on with no acquire. Never a term
+    /// of an earlier session (that one ends with it, and may be held by another member
+    /// by now), nor one this member has ended since (see [`Member::latest_terms`]).
+    fn handed_here(&self, shard: u32, change: &TermChange) -> Option<FencingToken> {
+        let session = self.session.as_ref()?;
+        match change {
+            TermChange::Began {
+                holder,
+                fencing_token,
+                session: Some(held_under),
+            } if *held_under == session.id
+                && *holder == self.options().node_id
+                && self
+                    .latest_terms
+                    .get(&shard)
+                    .is_none_or(|t| fencing_token > t) =>
+            {
+                Some(*fencing_token)
+            }
+            _ => None,
+        }
+    }
+
+    /// Records that this member works on, or ends, `shard`'s term `token` (see
+    /// [`Member::latest_terms`]).
+    pub(super) fn saw_term(&mut self, shard: u32, token: FencingToken) {
+        let latest = self.latest_terms.entry(shard).or_insert(token);
+        *latest = (*latest).max(token);
     }
 
     /// Whether `shard` may be taken again at `now`: its last term here did not return on
@@ -474,7 +530,19 @@ impl Member<'_> {
             self.cooling
                 .insert(shard, Instant::now() + self.options().retry_interval);
         }
-        self.release(shard, term.token).await;
+        // A shard handed over goes to its target's session in the step that ends the
+        // term here: the target works on it when the push reaches it, with no acquire.
+        let to = if term.handing_over {
+            let state = self.elector.state.borrow();
+            state
+                .target
+                .get(&shard)
+                .filter(|to| **to != self.options().node_id)
+                .cloned()
+        } else {
+            None
+        };
+        self.end_term(shard, term.token, to.as_deref()).await;
         if term.probe {
             // Look again when its target takes it (then it works, and gets the rest),
             // or when it is due to be taken back.
@@ -505,18 +573,32 @@ impl Member<'_> {
         !term.handing_over
     }
 
+    /// Releases `shard`'s term `token`.
     pub(super) async fn release(&mut self, shard: u32, token: FencingToken) {
+        self.end_term(shard, token, None).await;
+    }
+
+    /// Ends `shard`'s term `token`: handed to member `to`'s session (see
+    /// [`LeaseStore::hand_to_session`]), or released. One that may still land is
+    /// released again at the next look.
+    async fn end_term(&mut self, shard: u32, token: FencingToken, to: Option<&str>) {
+        self.saw_term(shard, token);
         let role = role(&self.options().group, shard);
         let node = &self.options().node_id;
         let deadline = self
             .session
             .as_ref()
             .map_or_else(Instant::now, Session::deadline);
-        match tokio::time::timeout_at(deadline, self.elector.store.release(&role, node, token))
-            .await
-        {
+        let store = &self.elector.store;
+        let ended = async {
+            match to {
+                Some(to) => store.hand_to_session(&role, node, token, to).await,
+                None => store.release(&role, node, token).await,
+            }
+        };
+        match tokio::time::timeout_at(deadline, ended).await {
             Ok(Ok(_)) => {
-                debug!(shard, token = %token, "shard released");
+                debug!(shard, token = %token, to, "shard released");
                 self.pending_releases.remove(&shard);
             }
             Ok(Err(error)) => {

@@ -318,6 +318,7 @@ impl ShardElector {
             next_look: None,
             next_lapse: None,
             pending_releases: BTreeMap::new(),
+            latest_terms: BTreeMap::new(),
             lost_acquires: BTreeSet::new(),
             owned_changes: BTreeSet::new(),
             lost_acquire_at: None,

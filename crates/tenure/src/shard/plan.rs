@@ -303,8 +303,8 @@ impl Member<'_> {
     /// Acts on the shards the store may hold for this member with no work on them
     /// (`held` and `target` from this look): a pending release is sent again, whatever
     /// the target, so the next term takes a new token; a lost acquire that the store
-    /// granted is released when the shard is targeted elsewhere (targeted here, it is
-    /// taken like any other shard).
+    /// granted, or a term handed to this session, is released when the shard is
+    /// targeted elsewhere (targeted here, it is taken like any other shard).
     pub(super) async fn release_strays(
         &mut self,
         held: &BTreeMap<u32, (String, Duration, FencingToken)>,
@@ -323,9 +323,21 @@ impl Member<'_> {
                 self.release(shard, token).await;
             }
         }
+        // Also a shard handed to this session (see `LeaseStore::hand_to_session`) by a
+        // member whose plan differed from this look's: held under this very session, so
+        // no other process of this node works on it.
+        let current = self.session.as_ref().map(|session| session.id);
+        let handed = self
+            .view
+            .iter()
+            .filter(|(_, lease)| lease.session.is_some() && lease.session == current)
+            .map(|(shard, _)| shard);
         let stranded: Vec<(u32, FencingToken)> = self
             .lost_acquires
             .iter()
+            .chain(handed)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .filter(|shard| !self.terms.contains_key(shard) && target.get(shard) != Some(&node))
             .filter_map(|shard| Some((*shard, held_here(shard)?)))
             .collect();
@@ -510,49 +522,7 @@ impl Member<'_> {
                     debug!(shard, token = %result.fencing_token, "already worked on here");
                     return None;
                 }
-                // Never start work for a term whose deadline has passed.
-                let deadline = self.session.as_ref().map(Session::deadline);
-                if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
-                    return None;
-                }
-                let token = result.fencing_token;
-                match self.pending_releases.get(&shard) {
-                    // The session still holds the term whose release may yet land and end
-                    // it: released again at the next look, then taken under a new token.
-                    Some(pending) if *pending == token => {
-                        debug!(shard, token = %token,
-                            "not working under a token whose release may still land");
-                        return None;
-                    }
-                    // A newer term: the late release of an older one cannot end it.
-                    Some(_) => {
-                        self.pending_releases.remove(&shard);
-                    }
-                    None => {}
-                }
-                let leadership = alive.child_token();
-                let future = work(shard, token, leadership.clone());
-                let wake = wake_tx.clone();
-                let task = tokio::spawn(async move {
-                    let outcome = work_outcome(tokio::spawn(future).await);
-                    let _ = wake.send(Wake::WorkEnded(shard, token));
-                    outcome
-                });
-                info!(shard, token = %result.fencing_token, "shard term started");
-                self.orphaned_since.remove(&shard);
-                self.owned_changes.insert(shard);
-                self.terms.insert(
-                    shard,
-                    Term {
-                        token: result.fencing_token,
-                        leadership,
-                        task,
-                        handing_over: false,
-                        rescued,
-                        started: Instant::now(),
-                        probe: false,
-                    },
-                );
+                self.start_term(shard, result.fencing_token, rescued, alive, work, wake_tx);
                 None
             }
             result => {
@@ -564,6 +534,67 @@ impl Member<'_> {
                 Some(Instant::now() + result.remaining())
             }
         }
+    }
+
+    /// Starts the work of `shard`'s term `token`, held under the session whose `alive`
+    /// is given (acquired, or handed here), unless that session is past its deadline or
+    /// a release of the same term may still land.
+    pub(super) fn start_term<W, Fut>(
+        &mut self,
+        shard: u32,
+        token: FencingToken,
+        rescued: bool,
+        alive: &CancellationToken,
+        work: &mut W,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) where
+        W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkOutcome,
+    {
+        // Never start work for a term whose deadline has passed.
+        let deadline = self.session.as_ref().map(Session::deadline);
+        if alive.is_cancelled() || deadline.is_none_or(|d| Instant::now() >= d) {
+            return;
+        }
+        match self.pending_releases.get(&shard) {
+            // The session still holds the term whose release may yet land and end it:
+            // released again at the next look, then taken under a new token.
+            Some(pending) if *pending == token => {
+                debug!(shard, token = %token,
+                    "not working under a token whose release may still land");
+                return;
+            }
+            // A newer term: the late release of an older one cannot end it.
+            Some(_) => {
+                self.pending_releases.remove(&shard);
+            }
+            None => {}
+        }
+        self.saw_term(shard, token);
+        let leadership = alive.child_token();
+        let future = work(shard, token, leadership.clone());
+        let wake = wake_tx.clone();
+        let task = tokio::spawn(async move {
+            let outcome = work_outcome(tokio::spawn(future).await);
+            let _ = wake.send(Wake::WorkEnded(shard, token));
+            outcome
+        });
+        info!(shard, token = %token, "shard term started");
+        self.orphaned_since.remove(&shard);
+        self.owned_changes.insert(shard);
+        self.terms.insert(
+            shard,
+            Term {
+                token,
+                leadership,
+                task,
+                handing_over: false,
+                rescued,
+                started: Instant::now(),
+                probe: false,
+            },
+        );
     }
 
     /// Waits (for at most a TTL) for the store to push a change of `shard`, held
@@ -584,8 +615,8 @@ impl Member<'_> {
         let wake = wake_tx.clone();
         let until = Instant::now() + self.options().lease_ttl;
         tokio::spawn(async move {
-            store.wait_for_change(&role, observed, until).await;
-            let _ = wake.send(Wake::ShardChanged(shard));
+            let change = store.wait_for_successor(&role, observed, until).await;
+            let _ = wake.send(Wake::ShardChanged(shard, change));
         });
     }
 
