@@ -484,7 +484,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// own, so the move costs the store one step and no contest. The shard is held
     /// even if the member no longer wants it (it then releases it, or its session's
     /// end frees it); a member that restarted under a new session is not handed the
-    /// terms meant for its earlier one once the new one is open.
+    /// terms meant for its earlier one once the new one is open. The owner is named, not
+    /// a session: one owner name must stand for one such member (a term handed to a
+    /// session of the same name that some other part of the program opened is held,
+    /// unworked, until that session ends).
     ///
     /// A backend that cannot do it in one step releases instead (etcd and Kubernetes
     /// do, today): `to` then acquires as after any release. In memory, PostgreSQL and
