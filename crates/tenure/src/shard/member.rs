@@ -174,12 +174,13 @@ impl Member<'_> {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        // Prepared (see `prepare_to_join`): pushes first, the first look a short while
-        // after joining.
+        // Prepared (see `prepare_to_join`): every shard targeted here is waited on, and
+        // their handovers begin its terms on the pushes; the first look a retry interval
+        // after joining. (A look sooner held the pushes of the first handovers behind it:
+        // wakes are acted on between looks.)
         let mut look = prepared.is_none();
         if !look {
-            self.next_look =
-                Some(Instant::now() + self.options().retry_interval / SHORT_LOOK_DIVISOR);
+            self.next_look = Some(Instant::now() + self.options().retry_interval);
         }
         let mut observed = prepared.unwrap_or_default();
         let mut looked_at = Instant::now();
