@@ -11,8 +11,8 @@
 //! by exactly one live member and each owns `floor(N/M)` or `ceil(N/M)`.
 //!
 //! A third of the schedules also have a wedged member: it heartbeats into the group from
-//! start to end but never runs an elector, so the others plan shards for it that it never
-//! takes. They try it with one probe shard at a time and take each probe back when it
+//! start to end, and keeps a session alive, but never runs an elector, so the others plan
+//! shards for it that it never takes (and must not hand to its session). They try it with one probe shard at a time and take each probe back when it
 //! stays free, which puts releases and takes-back of the same shard under the faults
 //! above. There, after the quiet phase, every shard must be worked on (the working
 //! members cannot share evenly a plan that counts the wedged one).
@@ -663,6 +663,21 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
             TTL / 3,
             stop_wedged.clone(),
         );
+        // Its session is kept alive too (a member whose loop is stuck while its
+        // keep-alive task runs): a term handed to that session would be held, and never
+        // worked on, for as long as the keep-alives go on.
+        let (store, stop) = (sim.store.clone(), stop_wedged.clone());
+        tokio::spawn(async move {
+            let Ok(session) = store.open_session("wedged", TTL).await else {
+                return;
+            };
+            while !stop.is_cancelled() {
+                tokio::time::sleep(RENEW).await;
+                if !matches!(store.keep_alive_session(session.id, TTL).await, Ok(Some(_))) {
+                    return;
+                }
+            }
+        });
     }
     if outsider {
         let mut metadata = Metadata::new();

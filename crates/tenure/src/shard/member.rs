@@ -533,12 +533,16 @@ impl Member<'_> {
         }
         // A shard handed over goes to its target's session in the step that ends the
         // term here: the target works on it when the push reaches it, with no acquire.
+        // Only to a target the last look saw working on some shard: one that works on
+        // none takes its shards itself (a probe first), which shows that its loop runs
+        // and not only its session's keep-alive; handed to a session whose loop is stuck
+        // they would be held, idle, for as long as the keep-alives go on.
         let to = if term.handing_over {
             let state = self.elector.state.borrow();
             state
                 .target
                 .get(&shard)
-                .filter(|to| **to != self.options().node_id)
+                .filter(|to| **to != self.options().node_id && self.working.contains(*to))
                 .cloned()
         } else {
             None
