@@ -140,6 +140,8 @@ struct Inner {
     hand_over_sql: String,
     /// Hand over to the live candidate `$5`, or change nothing.
     hand_over_to_sql: String,
+    /// End the term and begin the next under the newest live session of `$5`, or
+    /// release.
     hand_to_session_sql: String,
     get_sql: String,
     list_sql: String,
@@ -164,7 +166,7 @@ impl PgLeaseStore {
         let end_term = |successor| queue::end_term_statement(&t, &sessions, &c, successor);
         let hand_over_sql = end_term(Successor::Oldest);
         let hand_over_to_sql = end_term(Successor::Named);
-        let hand_to_session_sql = queue::hand_to_session_statement(&t, &sessions, &c);
+        let hand_to_session_sql = end_term(Successor::SessionOf);
         // A session-held row shows its session's expiry; one whose session row is
         // missing (forgotten once it ended, see `session.rs`) reads as expired.
         let columns = "l.role, l.holder, l.fencing_token, CASE WHEN l.session_id IS NULL

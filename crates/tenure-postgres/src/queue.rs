@@ -101,136 +101,104 @@ pub(crate) enum Successor {
     Oldest,
     /// `hand_over` to the live candidate `$5`, or nothing changes.
     Named,
-}
-
-/// The CTE `held` of a statement ending a term: locks the lease row of the live term
-/// `($1 role, $2 owner, $3 token)`, first of any row the statement writes. Its session's
-/// expiry is read without locking the session row (see [`end_term_statement`]).
-fn held_cte(t: &str, sessions: &str) -> String {
-    let end = session::term_end(sessions, false);
-    format!(
-        "held AS MATERIALIZED (
-            SELECT l.role FROM {t} l
-            WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
-                AND {end} > statement_timestamp()
-            FOR NO KEY UPDATE OF l
-        )"
-    )
+    /// [`hand_to_session`](tenure::LeaseStore::hand_to_session): the newest live
+    /// session of owner `$5`, or as [`Successor::OldestOrFree`] when it has none.
+    SessionOf,
 }
 
 /// The statement ending the live term `($1 role, $2 owner, $3 token)` and handing the
-/// role as `successor` says, notifying `$4` (and the candidate `$5` for
-/// [`Successor::Named`]). One row: `ended`, 1 when the term ended, else 0.
+/// role as `successor` says, notifying `$4` (and naming the candidate or session owner
+/// `$5` for [`Successor::Named`] and [`Successor::SessionOf`]). One row: `ended`, 1 when
+/// the term ended, else 0.
 ///
 /// A role held under a session is released alone (the session goes on); its expiry is
 /// read without locking the session row, since a release decides no takeover and
 /// locking the session before the lease row would invert the lock order of closing a
 /// session. `held` locks the lease row before `next` locks a candidate (see the module
 /// docs); `next` is the oldest by `seq` whose candidacy is live.
+///
+/// For [`Successor::SessionOf`], `to_session` reads (without locking, as an acquire
+/// under a session reads its own) the newest live session of `$5`, and `next` is only
+/// looked for when there is none. A session closed while this runs leaves the row
+/// naming a session that is gone, which every statement reads as a term that ended. The
+/// notification names the session, so the member it was handed to starts on the push
+/// alone.
 pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Successor) -> String {
-    let held = held_cte(t, sessions);
+    let end = session::term_end(sessions, false);
     let (named, join) = match successor {
-        Successor::OldestOrFree => ("", "LEFT JOIN"),
+        Successor::OldestOrFree | Successor::SessionOf => ("", "LEFT JOIN"),
         Successor::Oldest => ("", "JOIN"),
         Successor::Named => (" AND c.owner = $5", "JOIN"),
     };
-    let payload = format!(
-        "CASE WHEN rel.holder IS NULL THEN {} ELSE {} END",
-        ended_sql("$1", "rel.fencing_token"),
-        began_sql("$1", "rel.fencing_token", "rel.holder")
-    );
-    let notify = notify_sql("$4", &payload, "$1");
-    format!(
-        "WITH {held},
-        next AS MATERIALIZED (
-            SELECT c.owner, c.expires_at, c.value FROM {c} c
-            WHERE c.role = $1 AND c.expires_at > statement_timestamp(){named}
+    // What the new term is taken from: the candidate `next`, or first the session `ts`.
+    let (to_session, unless_session, owner, expires_at, session_id, from, taken) = match successor {
+        Successor::SessionOf => (
+            format!(
+                "
+        to_session AS MATERIALIZED (
+            SELECT s.id, s.owner, s.expires_at FROM {sessions} s
+            WHERE s.owner = $5 AND s.expires_at > statement_timestamp()
                 AND EXISTS (SELECT 1 FROM held)
-            ORDER BY c.seq LIMIT 1
-            FOR UPDATE OF c
+            ORDER BY s.id DESC LIMIT 1
+        ),"
+            ),
+            " AND NOT EXISTS (SELECT 1 FROM to_session)",
+            "COALESCE(ts.owner, next.owner)",
+            "COALESCE(ts.expires_at, next.expires_at, statement_timestamp())",
+            "ts.id",
+            format!("held LEFT JOIN to_session ts ON true {join} next ON true"),
+            "COALESCE((SELECT owner FROM to_session), (SELECT owner FROM next))",
         ),
-        rel AS (
-            UPDATE {t} AS l SET
-                holder = next.owner,
-                fencing_token = CASE WHEN next.owner IS NULL
-                    THEN l.fencing_token ELSE l.fencing_token + 1 END,
-                expires_at = COALESCE(next.expires_at, statement_timestamp()),
-                session_id = NULL,
-                value = next.value,
-                value_token = CASE WHEN next.owner IS NULL
-                    THEN l.value_token ELSE l.fencing_token + 1 END,
-                term_txid = txid_current()
-            FROM held {join} next ON true
-            WHERE l.role = held.role
-            RETURNING l.holder, l.fencing_token
+        _ => (
+            String::new(),
+            "",
+            "next.owner",
+            "COALESCE(next.expires_at, statement_timestamp())",
+            "NULL",
+            format!("held {join} next ON true"),
+            "(SELECT owner FROM next)",
         ),
-        gone AS (
-            DELETE FROM {c} c
-            WHERE c.role = $1 AND EXISTS (SELECT 1 FROM rel)
-                AND (c.owner = (SELECT owner FROM next)
-                    OR c.expires_at <= statement_timestamp())
-        )
-        SELECT count(*) AS ended FROM (SELECT {notify} FROM rel) n"
-    )
-}
-
-/// The statement ending the live term `($1 role, $2 owner, $3 token)` and beginning the
-/// next under the newest live session of owner `$5`
-/// ([`hand_to_session`](tenure::LeaseStore::hand_to_session)), notifying `$4`; as
-/// [`Successor::OldestOrFree`] when `$5` has no live session. One row: `ended`, 1 when
-/// the term ended, else 0.
-///
-/// The session row is read, not locked, as an acquire under a session reads its own:
-/// `held` locks the lease row first, as every statement here does. A session closed
-/// while this runs leaves the row naming a session that is gone, which every statement
-/// reads as a term that ended. The term's `expires_at` is the session's at the handover
-/// (a session-held row's end is always read from its session), and the notification
-/// names the session, so the member it was handed to starts on the push alone.
-pub(crate) fn hand_to_session_statement(t: &str, sessions: &str, c: &str) -> String {
-    let held = held_cte(t, sessions);
+    };
     let payload = format!(
-        "CASE WHEN rel.holder IS NULL THEN {}
-              WHEN rel.session_id IS NULL THEN {}
-              ELSE {} END",
+        "CASE WHEN rel.holder IS NULL THEN {} WHEN rel.session_id IS NULL THEN {} ELSE {} END",
         ended_sql("$1", "rel.fencing_token"),
         began_sql("$1", "rel.fencing_token", "rel.holder"),
         began_in_session_sql("$1", "rel.fencing_token", "rel.session_id", "rel.holder")
     );
     let notify = notify_sql("$4", &payload, "$1");
     format!(
-        "WITH {held},
-        to_session AS MATERIALIZED (
-            SELECT s.id, s.owner, s.expires_at FROM {sessions} s
-            WHERE s.owner = $5 AND s.expires_at > statement_timestamp()
-                AND EXISTS (SELECT 1 FROM held)
-            ORDER BY s.id DESC LIMIT 1
-        ),
+        "WITH held AS MATERIALIZED (
+            SELECT l.role FROM {t} l
+            WHERE l.role = $1 AND l.holder = $2 AND l.fencing_token = $3
+                AND {end} > statement_timestamp()
+            FOR NO KEY UPDATE OF l
+        ),{to_session}
         next AS MATERIALIZED (
             SELECT c.owner, c.expires_at, c.value FROM {c} c
-            WHERE c.role = $1 AND c.expires_at > statement_timestamp()
-                AND EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM to_session)
+            WHERE c.role = $1 AND c.expires_at > statement_timestamp(){named}
+                AND EXISTS (SELECT 1 FROM held){unless_session}
             ORDER BY c.seq LIMIT 1
             FOR UPDATE OF c
         ),
         rel AS (
             UPDATE {t} AS l SET
-                holder = COALESCE(ts.owner, next.owner),
-                fencing_token = CASE WHEN COALESCE(ts.owner, next.owner) IS NULL
+                holder = {owner},
+                fencing_token = CASE WHEN {owner} IS NULL
                     THEN l.fencing_token ELSE l.fencing_token + 1 END,
-                expires_at = COALESCE(ts.expires_at, next.expires_at, statement_timestamp()),
-                session_id = ts.id,
+                expires_at = {expires_at},
+                session_id = {session_id},
                 value = next.value,
-                value_token = CASE WHEN COALESCE(ts.owner, next.owner) IS NULL
+                value_token = CASE WHEN {owner} IS NULL
                     THEN l.value_token ELSE l.fencing_token + 1 END,
                 term_txid = txid_current()
-            FROM held LEFT JOIN to_session ts ON true LEFT JOIN next ON true
+            FROM {from}
             WHERE l.role = held.role
             RETURNING l.holder, l.fencing_token, l.session_id
         ),
         gone AS (
             DELETE FROM {c} c
             WHERE c.role = $1 AND EXISTS (SELECT 1 FROM rel)
-                AND (c.owner = COALESCE((SELECT owner FROM to_session), (SELECT owner FROM next))
+                AND (c.owner = {taken}
                     OR c.expires_at <= statement_timestamp())
         )
         SELECT count(*) AS ended FROM (SELECT {notify} FROM rel) n"
