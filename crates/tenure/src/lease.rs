@@ -1,9 +1,9 @@
 //! The lease store contract: one atomic step on store time per call.
 //!
 //! A lease is `(role, owner, fencing token, expires_at)`. [`LeaseStore`] is the trait
-//! every backend implements and every elector drives; the validation helpers here are
-//! the one place where the contract's input rules live, so every backend rejects the
-//! same bad input with the same message.
+//! every backend implements and every elector drives. Its input rules live in one place,
+//! `validate` (so every backend rejects the same bad input with the same message), and
+//! the change feed of a prefix in `changes`; both are re-exported here.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +11,15 @@ use async_trait::async_trait;
 
 use crate::session::{SessionGrant, SessionId};
 use crate::{Error, FencingToken, Result};
+
+mod changes;
+mod validate;
+
+pub use changes::{mark_to_i64, ChangeMark, ChangeRow, ChangesRead, ListedLease, PrefixChanges};
+pub use validate::{
+    token_from_i64, token_to_i64, validate_name, validate_release, validate_roles,
+    validate_successor, validate_ttl, validate_value,
+};
 
 /// How many calls the default [`LeaseStore::acquire_many_in_session`] makes at once.
 pub const ACQUIRE_MANY_IN_FLIGHT: usize = 16;
@@ -167,135 +176,6 @@ impl LeaseInfo {
         self.expires_at
             .duration_since(self.now)
             .unwrap_or(Duration::ZERO)
-    }
-}
-
-/// Where a [`LeaseStore::list_prefix_changes`] read left off: the next read given it
-/// returns what changed after it. Opaque outside the store that made it, and meaningful
-/// only to that store (and prefix).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ChangeMark(u64);
-
-impl ChangeMark {
-    /// A mark from a store's own counter (a change number, a transaction id).
-    pub const fn new(mark: u64) -> Self {
-        ChangeMark(mark)
-    }
-
-    /// The store's counter value.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
-
-/// One call of [`LeaseStore::list_prefix_changes`]: which leases, from where, and the
-/// sessions the caller asks about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChangesRead<'a> {
-    /// The roles' prefix.
-    pub prefix: &'a str,
-    /// Where the caller's last read left off; `None` for a complete read.
-    pub since: Option<ChangeMark>,
-    /// The sessions whose time left the caller asks (those its copy holds leases under).
-    pub sessions: &'a [SessionId],
-}
-
-impl<'a> ChangesRead<'a> {
-    /// A complete read of `prefix`.
-    pub fn complete(prefix: &'a str) -> Self {
-        ChangesRead {
-            prefix,
-            since: None,
-            sessions: &[],
-        }
-    }
-
-    /// A read of what changed under `prefix` since `mark`, asking after `sessions`.
-    pub fn since(prefix: &'a str, mark: ChangeMark, sessions: &'a [SessionId]) -> Self {
-        ChangesRead {
-            prefix,
-            since: Some(mark),
-            sessions,
-        }
-    }
-}
-
-/// `since` as the signed 64-bit integer SQL stores keep marks in: above `i64::MAX` is
-/// [`Error::InvalidArgument`] (no such store made it). For backends.
-pub fn mark_to_i64(since: Option<ChangeMark>) -> Result<Option<i64>> {
-    since
-        .map(|mark| i64::try_from(mark.get()))
-        .transpose()
-        .map_err(|_| Error::invalid("since", "not a mark this store made"))
-}
-
-/// One row of an SQL backend's read of changes, decoded (see
-/// [`PrefixChanges::from_rows`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChangeRow {
-    /// A lease the read returns.
-    Lease(ListedLease),
-    /// A session asked about, and its time left.
-    Session(SessionId, Duration),
-    /// The mark the next read starts from, as the store keeps it (a negative one is
-    /// no mark: the next read is complete).
-    Mark(i64),
-}
-
-/// One lease of a [`PrefixChanges`]: its view, and the session its term is held under
-/// (`None` for a lease of its own, a released one, or a store that does not say).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListedLease {
-    /// The lease as [`LeaseStore::list_prefix`] shows it.
-    pub info: LeaseInfo,
-    /// The session its term is held under, if any.
-    pub session: Option<SessionId>,
-}
-
-/// The answer of [`LeaseStore::list_prefix_changes`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrefixChanges {
-    /// The leases read, sorted by role: every lease of the prefix when `complete`,
-    /// else those the read's rules name.
-    pub leases: Vec<ListedLease>,
-    /// Whether `leases` is every lease of the prefix: the reader replaces its copy
-    /// rather than updating it.
-    pub complete: bool,
-    /// How long each session asked about had left at the read (store time); one that
-    /// ended and was forgotten is missing, and its leases lapsed.
-    pub sessions: Vec<(SessionId, Duration)>,
-    /// Where the next read starts; `None` when the store reads only completely (the
-    /// next read is then complete too).
-    pub mark: Option<ChangeMark>,
-}
-
-impl PrefixChanges {
-    /// The answer built from `rows` (each decoded, or the error that decoding met), the
-    /// leases sorted by role: `complete` when the read had no mark. For backends whose
-    /// read is one statement returning leases, sessions and the mark as rows.
-    pub fn from_rows(
-        complete: bool,
-        rows: impl IntoIterator<Item = Result<ChangeRow>>,
-    ) -> Result<Self> {
-        let mut changes = PrefixChanges {
-            leases: Vec::new(),
-            complete,
-            sessions: Vec::new(),
-            mark: None,
-        };
-        for row in rows {
-            match row? {
-                ChangeRow::Lease(lease) => changes.leases.push(lease),
-                ChangeRow::Session(id, left) => changes.sessions.push((id, left)),
-                ChangeRow::Mark(mark) => {
-                    changes.mark = u64::try_from(mark).ok().map(ChangeMark::new);
-                }
-            }
-        }
-        changes
-            .leases
-            .sort_unstable_by(|a, b| a.info.role.cmp(&b.info.role));
-        Ok(changes)
     }
 }
 
@@ -698,104 +578,6 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn close_session(&self, session: SessionId) -> Result<bool>;
 }
 
-/// A token as the signed 64-bit integer SQL stores keep it in: above `i64::MAX` is
-/// [`Error::InvalidArgument`] naming `field`. For backends.
-pub fn token_to_i64(field: &'static str, backend: &str, token: FencingToken) -> Result<i64> {
-    i64::try_from(token.get()).map_err(|_| {
-        Error::invalid(
-            field,
-            format!(
-                "{token} is larger than the {backend} backend's largest token, {}",
-                i64::MAX
-            ),
-        )
-    })
-}
-
-/// A token read back from a signed 64-bit column; a negative one is a corrupt row
-/// ([`Error::Store`]). For backends.
-pub fn token_from_i64(backend: &'static str, value: i64) -> Result<FencingToken> {
-    u64::try_from(value).map(FencingToken::from).map_err(|_| {
-        Error::store_msg(
-            backend,
-            format!("corrupt fencing token {value} in the store"),
-        )
-    })
-}
-
-/// Checks a role, owner or node id: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL
-/// and no control characters.
-pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if value.len() > MAX_NAME_LEN {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is {} bytes long, at most {MAX_NAME_LEN} allowed",
-                value.len()
-            ),
-        ));
-    }
-    if value.as_bytes().contains(&0) {
-        return Err(Error::invalid(field, "must not contain a NUL byte"));
-    }
-    let has_control = if value.is_ascii() {
-        value.bytes().any(|b| b.is_ascii_control())
-    } else {
-        value.chars().any(char::is_control)
-    };
-    if has_control {
-        return Err(Error::invalid(field, "must not contain control characters"));
-    }
-    Ok(())
-}
-
-/// Checks a term's advertised value: at most [`MAX_VALUE_LEN`] bytes, no NUL byte (SQL
-/// text cannot hold one). `field` names it in the error.
-pub fn validate_value(field: &'static str, value: Option<&str>) -> Result<()> {
-    let Some(value) = value else {
-        return Ok(());
-    };
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is {} bytes long, at most {MAX_VALUE_LEN} allowed",
-                value.len()
-            ),
-        ));
-    }
-    if value.as_bytes().contains(&0) {
-        return Err(Error::invalid(field, "must not contain a NUL byte"));
-    }
-    Ok(())
-}
-
-/// Checks a TTL: at least `min` (and so never zero), and `now + ttl` representable.
-pub fn validate_ttl(ttl: Duration, min: Duration, now: SystemTime) -> Result<SystemTime> {
-    if ttl.is_zero() {
-        return Err(Error::invalid("ttl", "must be greater than zero"));
-    }
-    if ttl < min {
-        return Err(Error::invalid(
-            "ttl",
-            format!("{ttl:?} is below the store's minimum of {min:?}"),
-        ));
-    }
-    now.checked_add(ttl)
-        .ok_or_else(|| Error::invalid("ttl", format!("{ttl:?} is too large: now + ttl overflows")))
-}
-
-/// Checks every role of a batch ([`LeaseStore::acquire_many_in_session`]) before
-/// anything is written.
-pub fn validate_roles(roles: &[String]) -> Result<()> {
-    roles
-        .iter()
-        .try_for_each(|role| validate_name("role", role))
-}
-
 /// [`LeaseStore::acquire_in_session`] as a batch of one role, for backends whose
 /// [`LeaseStore::acquire_many_in_session`] is the one acquire under a session they
 /// write. An answer that is not exactly one is [`Error::Store`] naming `backend`.
@@ -829,16 +611,4 @@ pub async fn wait_out_bad_role(role: &str, deadline: tokio::time::Instant) -> bo
     }
     tokio::time::sleep_until(deadline).await;
     true
-}
-
-/// Checks the successor named to [`LeaseStore::hand_over`] (or a handoff), if any: a
-/// name as [`validate_name`] rules, reported as `successor`.
-pub fn validate_successor(successor: Option<&str>) -> Result<()> {
-    successor.map_or(Ok(()), |successor| validate_name("successor", successor))
-}
-
-/// Checks the arguments of [`LeaseStore::release`].
-pub fn validate_release(role: &str, owner: &str) -> Result<()> {
-    validate_name("role", role)?;
-    validate_name("owner", owner)
 }
