@@ -328,53 +328,6 @@ impl Member<'_> {
         }
     }
 
-    /// Opens a session, retrying on store errors until shutdown.
-    pub(super) async fn open_session(&mut self, shutdown: &CancellationToken) {
-        let options = self.options().clone();
-        loop {
-            let sent = Instant::now();
-            let attempt = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                attempt = self.elector.store.open_session(&options.node_id, options.lease_ttl) => attempt,
-            };
-            match attempt {
-                Ok(grant) => {
-                    info!(group = %options.group, node = %options.node_id, session = %grant.id,
-                        "session opened");
-                    let (store, timing) = (self.elector.store.clone(), options.timing());
-                    let published = self.elector.deadline.clone();
-                    self.session = Some(Session::start(store, timing, sent, &grant, published));
-                    return;
-                }
-                Err(error) if !error.is_transient() => {
-                    warn!(%error, "cannot open a session; retrying");
-                }
-                Err(error) => warn!(%error, "opening a session failed; retrying"),
-            }
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(options.retry_interval) => {}
-            }
-        }
-    }
-
-    /// The session is gone: stop every shard's work, forget the session.
-    pub(super) async fn lose_everything(&mut self) {
-        self.stop_work().await;
-        // Whatever the session held frees as it ends, and a release still on its way
-        // cannot end a later term: those take new tokens.
-        self.pending_releases.clear();
-        // A push about a term of the ended session is refused on that account.
-        self.latest_terms.clear();
-        self.lost_acquires.clear();
-        self.lost_acquire_at = None;
-        self.look_put_off = None;
-        self.session = None;
-        self.elector.deadline.send_replace(None);
-    }
-
     /// Cancels and awaits every shard's work (the session, if any, still holds them).
     pub(super) async fn stop_work(&mut self) {
         let terms = std::mem::take(&mut self.terms);
@@ -677,22 +630,6 @@ impl Member<'_> {
             more(state) || changed
         });
         metrics::gauge!("tenure_shards_owned", "group" => group.clone()).set(owned as f64);
-    }
-
-    /// Shutdown, after the member left the group: close the session, releasing every
-    /// shard at once (the others, having seen the leave, wait on them by now).
-    pub(super) async fn close_session(&mut self) {
-        if let Some(session) = self.session.take() {
-            self.elector.deadline.send_replace(None);
-            let close = self.elector.store.close_session(session.id);
-            match tokio::time::timeout_at(session.deadline(), close).await {
-                Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),
-                Ok(Err(error)) => {
-                    warn!(%error, "closing the session failed; it expires on its own")
-                }
-                Err(_) => warn!("closing the session timed out; it expires on its own"),
-            }
-        }
     }
 }
 

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod contend;
 mod drain;
 mod member;
 mod membership;

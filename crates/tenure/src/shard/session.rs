@@ -1,5 +1,5 @@
 //! The member's session, kept alive by a task of its own so renewals never wait for the
-//! member's loop.
+//! member's loop; and the member's side of it: opening one, losing it, closing it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::*;
 
@@ -166,6 +166,72 @@ pub(super) fn lifetime(
         sent + timing.leadership_window_for(granted),
         sent + timing.renew_after(granted),
     )
+}
+
+/// The member's side of its session: opening one, losing it, closing it at shutdown.
+impl Member<'_> {
+    /// Opens a session, retrying on store errors until shutdown.
+    pub(super) async fn open_session(&mut self, shutdown: &CancellationToken) {
+        let options = self.options().clone();
+        loop {
+            let sent = Instant::now();
+            let attempt = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                attempt = self.elector.store.open_session(&options.node_id, options.lease_ttl) => attempt,
+            };
+            match attempt {
+                Ok(grant) => {
+                    info!(group = %options.group, node = %options.node_id, session = %grant.id,
+                        "session opened");
+                    let (store, timing) = (self.elector.store.clone(), options.timing());
+                    let published = self.elector.deadline.clone();
+                    self.session = Some(Session::start(store, timing, sent, &grant, published));
+                    return;
+                }
+                Err(error) if !error.is_transient() => {
+                    warn!(%error, "cannot open a session; retrying");
+                }
+                Err(error) => warn!(%error, "opening a session failed; retrying"),
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(options.retry_interval) => {}
+            }
+        }
+    }
+
+    /// The session is gone: stop every shard's work, forget the session.
+    pub(super) async fn lose_everything(&mut self) {
+        self.stop_work().await;
+        // Whatever the session held frees as it ends, and a release still on its way
+        // cannot end a later term: those take new tokens.
+        self.pending_releases.clear();
+        // A push about a term of the ended session is refused on that account.
+        self.latest_terms.clear();
+        self.lost_acquires.clear();
+        self.lost_acquire_at = None;
+        self.look_put_off = None;
+        self.session = None;
+        self.elector.deadline.send_replace(None);
+    }
+
+    /// Shutdown, after the member left the group: close the session, releasing every
+    /// shard at once (the others, having seen the leave, wait on them by now).
+    pub(super) async fn close_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.elector.deadline.send_replace(None);
+            let close = self.elector.store.close_session(session.id);
+            match tokio::time::timeout_at(session.deadline(), close).await {
+                Ok(Ok(_)) => info!(session = %session.id, "session closed; every shard released"),
+                Ok(Err(error)) => {
+                    warn!(%error, "closing the session failed; it expires on its own")
+                }
+                Err(_) => warn!("closing the session timed out; it expires on its own"),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
