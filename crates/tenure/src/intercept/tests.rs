@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::{InMemoryLeaseStore, TokioClock};
+use crate::{Error, InMemoryLeaseStore, TokioClock};
 
 const ROLE: &str = "reports";
 

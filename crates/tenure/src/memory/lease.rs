@@ -11,6 +11,7 @@ use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
 use super::registry::NodeTable;
+use super::slot::{first_slot, new_term, Session, Sessions, Slot};
 use crate::lease::{
     validate_name, validate_release, validate_ttl, validate_value, AcquireRequest, ChangeMark,
     ChangesRead, EndRequest, Handover, ListedLease, PrefixChanges,
@@ -22,139 +23,6 @@ use crate::{
 };
 
 const SHARDS: usize = 16;
-
-#[derive(Debug)]
-struct Slot {
-    holder: Option<String>,
-    token: FencingToken,
-    /// The term's end; for a term held under a session, the session's expiry decides
-    /// instead (see [`Sessions::expiry`]).
-    expires_at: SystemTime,
-    /// The session the term is held under, if any.
-    session: Option<SessionId>,
-    /// The value the term advertised when it began.
-    value: Option<String>,
-    /// Woken on every change of term (release or a new token), never on renewal.
-    changed: Arc<Notify>,
-    /// The candidates queued for the role, oldest first (lapsed ones are dropped when
-    /// next seen).
-    queue: Vec<Candidate>,
-    /// The store's change number when the term last began, ended or left its session
-    /// (see [`LeaseStore::list_prefix_changes`]).
-    changed_at: u64,
-}
-
-/// One queued contender (see [`LeaseStore::try_acquire_or_queue`]).
-#[derive(Debug)]
-struct Candidate {
-    owner: String,
-    expires_at: SystemTime,
-    value: Option<String>,
-}
-
-impl Slot {
-    /// Queues `owner` until `expires_at`, keeping the place of a live candidacy.
-    fn enqueue(
-        &mut self,
-        owner: &str,
-        expires_at: SystemTime,
-        value: Option<&str>,
-        now: SystemTime,
-    ) {
-        self.queue.retain(|c| now < c.expires_at);
-        let value = value.map(str::to_owned);
-        match self.queue.iter_mut().find(|c| c.owner == owner) {
-            Some(candidate) => {
-                candidate.expires_at = expires_at;
-                candidate.value = value;
-            }
-            None => self.queue.push(Candidate {
-                owner: owner.to_owned(),
-                expires_at,
-                value,
-            }),
-        }
-    }
-
-    /// Removes `owner`'s candidacy; whether it was live.
-    fn dequeue(&mut self, owner: &str, now: SystemTime) -> bool {
-        let position = self.queue.iter().position(|c| c.owner == owner);
-        position.is_some_and(|at| now < self.queue.remove(at).expires_at)
-    }
-
-    /// Takes the oldest live candidate, or `successor` only when it is given.
-    fn take_candidate(&mut self, successor: Option<&str>, now: SystemTime) -> Option<Candidate> {
-        self.queue.retain(|c| now < c.expires_at);
-        let at = match successor {
-            Some(owner) => self.queue.iter().position(|c| c.owner == owner)?,
-            None if self.queue.is_empty() => return None,
-            None => 0,
-        };
-        Some(self.queue.remove(at))
-    }
-
-    /// Ends the live term and begins the candidate's, or frees the role.
-    fn hand_to(&mut self, next: Option<Candidate>, now: SystemTime) {
-        match next {
-            Some(c) => new_term(self, &c.owner, c.expires_at, None, c.value.as_deref()),
-            None => {
-                self.holder = None;
-                self.session = None;
-                self.value = None;
-                self.expires_at = now;
-                self.changed.notify_waiters();
-            }
-        }
-    }
-}
-
-/// A live or expired session; closed ones are removed.
-#[derive(Debug)]
-struct Session {
-    owner: String,
-    expires_at: SystemTime,
-    /// The roles acquired under it (some may have been released or taken over since).
-    roles: FxHashSet<String>,
-}
-
-#[derive(Debug, Default)]
-struct Sessions {
-    by_id: FxHashMap<SessionId, Session>,
-}
-
-impl Sessions {
-    /// When `slot`'s term ends: its own expiry, or its session's (the epoch once the
-    /// session was closed).
-    fn expiry(&self, slot: &Slot) -> SystemTime {
-        match slot.session {
-            None => slot.expires_at,
-            Some(id) => self
-                .by_id
-                .get(&id)
-                .map_or(SystemTime::UNIX_EPOCH, |s| s.expires_at),
-        }
-    }
-
-    /// `owner`'s live session with the highest id (the one opened last), if any.
-    fn newest_live(&mut self, owner: &str, now: SystemTime) -> Option<(SessionId, &mut Session)> {
-        self.by_id
-            .iter_mut()
-            .filter(|(_, s)| s.owner == owner && now < s.expires_at)
-            .max_by_key(|(id, _)| **id)
-            .map(|(id, s)| (*id, s))
-    }
-
-    fn info(&self, slot: &Slot, role: &str, now: SystemTime) -> LeaseInfo {
-        LeaseInfo {
-            role: role.to_owned(),
-            holder: slot.holder.clone(),
-            fencing_token: slot.token,
-            expires_at: self.expiry(slot),
-            now,
-            value: slot.value.clone(),
-        }
-    }
-}
 
 /// The lease store for one process, on an injected [`Clock`].
 ///
@@ -265,47 +133,6 @@ impl InMemoryLeaseStore {
 
     fn is_live_term(&self, slot: &Slot, token: FencingToken, now: SystemTime) -> bool {
         slot.holder.is_some() && slot.token == token && now < self.expiry(slot)
-    }
-}
-
-/// Starts a new term for `owner` in `slot` (token + 1) and wakes its waiters.
-fn new_term(
-    slot: &mut Slot,
-    owner: &str,
-    expires_at: SystemTime,
-    session: Option<SessionId>,
-    value: Option<&str>,
-) {
-    slot.token = slot.token.next();
-    slot.expires_at = expires_at;
-    slot.session = session;
-    slot.value = value.map(str::to_owned);
-    match &mut slot.holder {
-        Some(holder) => {
-            holder.clear();
-            holder.push_str(owner);
-        }
-        None => slot.holder = Some(owner.to_owned()),
-    }
-    slot.changed.notify_waiters();
-}
-
-fn first_slot(
-    owner: &str,
-    expires_at: SystemTime,
-    session: Option<SessionId>,
-    value: Option<&str>,
-    changed_at: u64,
-) -> Slot {
-    Slot {
-        holder: Some(owner.to_owned()),
-        token: FencingToken::from(1),
-        expires_at,
-        session,
-        value: value.map(str::to_owned),
-        changed: Arc::new(Notify::new()),
-        queue: Vec::new(),
-        changed_at,
     }
 }
 

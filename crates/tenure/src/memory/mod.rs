@@ -5,6 +5,7 @@
 
 mod lease;
 mod registry;
+mod slot;
 
 pub use lease::InMemoryLeaseStore;
 pub use registry::InMemoryNodeRegistry;
