@@ -505,7 +505,10 @@ impl Member<'_> {
             // Look again when its target takes it (then it works, and gets the rest),
             // or when it is due to be taken back.
             let until = Instant::now() + self.options().retry_interval * PROBE_WAIT;
-            self.probes.released(shard, until);
+            // (A target retargeted since is read as none: nothing to forget.)
+            let target = self.elector.state.borrow().target.get(&shard).cloned();
+            self.probes
+                .released(shard, until, target.unwrap_or_default());
             let (store, wake) = (self.elector.store.clone(), wake_tx.clone());
             let role = role(&self.options().group, shard);
             tokio::spawn(async move {

@@ -132,6 +132,7 @@ impl Member<'_> {
             }
         }
         self.working = working;
+        self.probes.settle(&owners, now);
         self.probes.seen(&self.working, &planned);
         let handing_over = start_handovers(
             &mut self.terms,
@@ -153,7 +154,6 @@ impl Member<'_> {
             let orphan_for = match owner {
                 Some(_) => {
                     self.orphaned_since.remove(&shard);
-                    self.probes.owned(shard);
                     Duration::ZERO
                 }
                 None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),

@@ -11,8 +11,11 @@
 //! each time, up to [`MAX_BACKOFF`] TTLs. A healthy newcomer takes its probe at once
 //! (it waits on the shards it wants by the store's push), the member that handed it
 //! over looks again on that push, sees it working, and hands it the rest.
+//! A probe that another member takes before it is due back (members that join together
+//! plan apart for a moment) tested nothing: its target may be probed again at the next
+//! look.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,8 +39,8 @@ struct Probe {
 #[derive(Default)]
 pub(super) struct Probes {
     targets: HashMap<String, Probe>,
-    /// Released probe shards, and when each is taken back if still free.
-    released: HashMap<u32, Instant>,
+    /// Released probe shards: when each is taken back if still free, and its target.
+    released: HashMap<u32, (Instant, String)>,
 }
 
 impl Probes {
@@ -72,16 +75,16 @@ impl Probes {
             .retain(|target, _| !working.contains(target) && planned.binary_search(target).is_ok());
     }
 
-    /// Probe `shard` was released: taken back at `until` unless its target took it.
-    pub(super) fn released(&mut self, shard: u32, until: Instant) {
-        self.released.insert(shard, until);
+    /// Probe `shard` was released to `target`: taken back at `until` unless it is taken.
+    pub(super) fn released(&mut self, shard: u32, until: Instant, target: String) {
+        self.released.insert(shard, (until, target));
     }
 
     /// Whether the probe `shard`, free at this look, is due to be taken back; a due
     /// probe is forgotten either way (its shard is free or taken by now).
     pub(super) fn take_back(&mut self, shard: u32, now: Instant) -> bool {
         match self.released.get(&shard) {
-            Some(until) if now >= *until => {
+            Some((until, _)) if now >= *until => {
                 self.released.remove(&shard);
                 true
             }
@@ -89,15 +92,29 @@ impl Probes {
         }
     }
 
-    /// Forgets the probe `shard` once it has an owner (its target took it, or another
-    /// member did).
-    pub(super) fn owned(&mut self, shard: u32) {
-        self.released.remove(&shard);
+    /// Forgets the probes whose shards have an owner at `now` (`owners`, from a look).
+    /// One taken by a member other than its target before it was due back tested
+    /// nothing: the target may be probed again at once, not after a backoff it did not
+    /// earn (members joining together plan apart for a moment, and one may take
+    /// another's probe: that target then got no shard for `RESCUE_HOLD` TTLs). One
+    /// taken later was rescued from a target that did not take it: the backoff stands.
+    pub(super) fn settle(&mut self, owners: &BTreeMap<u32, String>, now: Instant) {
+        let targets = &mut self.targets;
+        self.released
+            .retain(|shard, (until, target)| match owners.get(shard) {
+                None => true,
+                Some(owner) => {
+                    if owner != target && now < *until {
+                        targets.remove(target.as_str());
+                    }
+                    false
+                }
+            });
     }
 
     /// When the first released probe is due to be taken back.
     pub(super) fn next_due(&self) -> Option<Instant> {
-        self.released.values().min().copied()
+        self.released.values().map(|(until, _)| *until).min()
     }
 }
 
@@ -140,5 +157,38 @@ mod tests {
         assert!(!probes.try_probe("c", now, TTL), "c still waits");
         // d left and came back: it is probed as a newcomer would be.
         assert!(probes.try_probe("d", now, TTL));
+    }
+
+    #[test]
+    fn a_probe_taken_by_another_member_lets_its_target_be_probed_again() {
+        let mut probes = Probes::default();
+        let now = Instant::now();
+        let until = now + TTL;
+        for (shard, target) in [(1, "b"), (2, "c"), (4, "e")] {
+            assert!(probes.try_probe(target, now, TTL));
+            probes.released(shard, until, target.to_owned());
+        }
+        probes.released(3, until, "d".to_owned());
+        // b's probe was taken by d (planning apart for a moment), c took its own, and
+        // d's is still free.
+        let owners = BTreeMap::from([(1, "d".to_owned()), (2, "c".to_owned())]);
+        probes.settle(&owners, now);
+        assert!(
+            probes.try_probe("b", now, TTL),
+            "b was not tested: probed again"
+        );
+        assert!(
+            !probes.try_probe("c", now, TTL),
+            "c took its probe: no second one"
+        );
+        // e's probe, still free when due, was rescued by a: e's backoff stands.
+        probes.settle(&BTreeMap::from([(4, "a".to_owned())]), until);
+        assert!(
+            !probes.try_probe("e", until, TTL),
+            "e did not take its probe"
+        );
+        assert_eq!(probes.next_due(), Some(until), "d's probe is still out");
+        assert!(!probes.take_back(1, until), "a settled probe is forgotten");
+        assert!(probes.take_back(3, until));
     }
 }
