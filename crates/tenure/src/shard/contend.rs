@@ -11,9 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::member::{Contended, Term, Wake};
-use super::plan::NEVER;
 use super::session::Session;
 use super::*;
+
+/// A deadline no wait reaches.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl Member<'_> {
     /// Contends for `wanted` (shard, taken as a rescue) in batches of up to the store's

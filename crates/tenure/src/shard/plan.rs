@@ -29,9 +29,6 @@ pub(super) struct MembersSeen {
     pub(super) lapse: Option<Duration>,
 }
 
-/// A deadline no wait reaches.
-pub(super) const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
-
 impl Member<'_> {
     /// Reads the group and acts on it: contend for the shards targeted here, hand over
     /// the ones targeted elsewhere, rescue orphans. Returns the live members seen.
