@@ -490,25 +490,23 @@ impl Member<'_> {
         // none takes its shards itself (a probe first), which shows that its loop runs
         // and not only its session's keep-alive; handed to a session whose loop is stuck
         // they would be held, idle, for as long as the keep-alives go on.
-        let to = if term.handing_over {
+        let target = if term.handing_over {
             let state = self.elector.state.borrow();
             state
                 .target
                 .get(&shard)
-                .filter(|to| **to != self.options().node_id && self.working.contains(*to))
+                .filter(|to| **to != self.options().node_id)
                 .cloned()
         } else {
             None
         };
-        self.end_term(shard, term.token, to.as_deref()).await;
+        let to = target.as_deref().filter(|to| self.working.contains(*to));
+        self.end_term(shard, term.token, to).await;
         if term.probe {
             // Look again when its target takes it (then it works, and gets the rest),
             // or when it is due to be taken back.
             let until = Instant::now() + self.options().retry_interval * PROBE_WAIT;
-            // (A target retargeted since is read as none: nothing to forget.)
-            let target = self.elector.state.borrow().target.get(&shard).cloned();
-            self.probes
-                .released(shard, until, target.unwrap_or_default());
+            self.probes.released(shard, until, target);
             let (store, wake) = (self.elector.store.clone(), wake_tx.clone());
             let role = role(&self.options().group, shard);
             tokio::spawn(async move {

@@ -39,8 +39,9 @@ struct Probe {
 #[derive(Default)]
 pub(super) struct Probes {
     targets: HashMap<String, Probe>,
-    /// Released probe shards: when each is taken back if still free, and its target.
-    released: HashMap<u32, (Instant, String)>,
+    /// Released probe shards: when each is taken back if still free, and its target
+    /// (none if the plan no longer targeted it elsewhere when it was released).
+    released: HashMap<u32, (Instant, Option<String>)>,
 }
 
 impl Probes {
@@ -76,7 +77,7 @@ impl Probes {
     }
 
     /// Probe `shard` was released to `target`: taken back at `until` unless it is taken.
-    pub(super) fn released(&mut self, shard: u32, until: Instant, target: String) {
+    pub(super) fn released(&mut self, shard: u32, until: Instant, target: Option<String>) {
         self.released.insert(shard, (until, target));
     }
 
@@ -104,8 +105,11 @@ impl Probes {
             .retain(|shard, (until, target)| match owners.get(shard) {
                 None => true,
                 Some(owner) => {
-                    if owner != target && now < *until {
-                        targets.remove(target.as_str());
+                    match target {
+                        Some(target) if target != owner && now < *until => {
+                            targets.remove(target.as_str());
+                        }
+                        _ => {}
                     }
                     false
                 }
@@ -166,9 +170,9 @@ mod tests {
         let until = now + TTL;
         for (shard, target) in [(1, "b"), (2, "c"), (4, "e")] {
             assert!(probes.try_probe(target, now, TTL));
-            probes.released(shard, until, target.to_owned());
+            probes.released(shard, until, Some(target.to_owned()));
         }
-        probes.released(3, until, "d".to_owned());
+        probes.released(3, until, Some("d".to_owned()));
         // b's probe was taken by d (planning apart for a moment), c took its own, and
         // d's is still free.
         let owners = BTreeMap::from([(1, "d".to_owned()), (2, "c".to_owned())]);
