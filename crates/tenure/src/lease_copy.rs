@@ -31,6 +31,14 @@ impl CopiedLease {
     pub fn live_holder(&self) -> Option<&str> {
         self.holder.as_deref().filter(|_| !self.left.is_zero())
     }
+
+    /// The same term, held or not alike: holder, token, session and liveness equal.
+    fn same_term(&self, other: &CopiedLease) -> bool {
+        self.holder == other.holder
+            && self.fencing_token == other.fencing_token
+            && self.session == other.session
+            && self.left.is_zero() == other.left.is_zero()
+    }
 }
 
 /// The leases under one prefix, keyed by `K` (what a key function makes of a role:
@@ -75,12 +83,17 @@ impl<K: Ord> LeaseCopy<K> {
     /// Brings the copy up to what the store holds under `prefix`, reading what changed
     /// since the last read (everything the first time, and after a failed read). `key`
     /// makes a key of each role with `prefix` stripped; roles it refuses are left out.
+    ///
+    /// Returns whether any lease now differs from the last read in its holder, token,
+    /// session, or whether it is live (time left alone does not count): a reader that
+    /// planned from the last read and gets `false` may keep that plan, at a cost that
+    /// grows with what changed, not with the number of leases.
     pub async fn read(
         &mut self,
         store: &dyn LeaseStore,
         prefix: &str,
         key: impl Fn(&str) -> Option<K>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let sessions: Vec<SessionId> = match self.mark {
             Some(_) => self
                 .leases
@@ -99,24 +112,31 @@ impl<K: Ord> LeaseCopy<K> {
             sessions: &sessions,
         };
         let changes = store.list_prefix_changes(read).await?;
-        self.apply(changes, prefix, key);
-        Ok(())
+        Ok(self.apply(changes, prefix, key))
     }
 
-    /// Applies one answer of [`LeaseStore::list_prefix_changes`].
-    fn apply(&mut self, changes: PrefixChanges, prefix: &str, key: impl Fn(&str) -> Option<K>) {
-        if changes.complete {
-            self.leases.clear();
-        } else {
+    /// Applies one answer of [`LeaseStore::list_prefix_changes`]; whether any lease
+    /// changed (see [`read`](Self::read)).
+    fn apply(
+        &mut self,
+        changes: PrefixChanges,
+        prefix: &str,
+        key: impl Fn(&str) -> Option<K>,
+    ) -> bool {
+        let before = changes.complete.then(|| std::mem::take(&mut self.leases));
+        let mut changed = false;
+        if !changes.complete {
             // Leases not read again: one under a session has what its session has left
             // (nothing once the session is gone); one of its own is no longer held (every
             // held one is read each time).
             let left: HashMap<SessionId, Duration> = changes.sessions.into_iter().collect();
             for lease in self.leases.values_mut() {
+                let was_live = !lease.left.is_zero();
                 lease.left = match lease.session {
                     Some(session) => left.get(&session).copied().unwrap_or_default(),
                     None => Duration::ZERO,
                 };
+                changed |= was_live == lease.left.is_zero();
             }
         }
         for listed in changes.leases {
@@ -130,9 +150,19 @@ impl<K: Ord> LeaseCopy<K> {
                 session: listed.session,
                 left,
             };
+            changed |= self.leases.get(&k).is_none_or(|was| !was.same_term(&lease));
             self.leases.insert(k, lease);
         }
+        if let Some(before) = before {
+            // A complete read replaced every lease: compare the whole copy.
+            changed = before.len() != self.leases.len()
+                || before
+                    .iter()
+                    .zip(&self.leases)
+                    .any(|((k, was), (key, now))| k != key || !was.same_term(now));
+        }
         self.mark = changes.mark;
+        changed
     }
 
     /// The lease of `key`, as last read.
@@ -176,11 +206,26 @@ mod tests {
         live(&copy)
     }
 
-    async fn read(copy: &mut LeaseCopy<u32>, store: &dyn LeaseStore) -> Live {
-        copy.read(store, "g/", shard).await.unwrap();
+    /// Reads `copy` again; what it holds now, checked against a complete read, and
+    /// whether the read said it changed, checked against what it held before.
+    async fn read(copy: &mut LeaseCopy<u32>, store: &dyn LeaseStore) -> (Live, bool) {
+        let terms = |copy: &LeaseCopy<u32>| -> Vec<_> {
+            copy.iter()
+                .map(|(k, lease)| {
+                    (
+                        *k,
+                        lease.live_holder().map(str::to_owned),
+                        lease.fencing_token,
+                    )
+                })
+                .collect()
+        };
+        let before = terms(copy);
+        let changed = copy.read(store, "g/", shard).await.unwrap();
         let read = live(copy);
         assert_eq!(read, fresh(store).await);
-        read
+        assert_eq!(changed, terms(copy) != before, "{before:?} -> {read:?}");
+        (read, changed)
     }
 
     #[tokio::test]
@@ -202,7 +247,14 @@ mod tests {
             .acquire_many_in_session(&roles(4..8), b)
             .await
             .unwrap();
-        assert_eq!(read(&mut copy, store.as_ref()).await.len(), 8);
+        let (now, changed) = read(&mut copy, store.as_ref()).await;
+        assert!(changed);
+        assert_eq!(now.len(), 8);
+        // Nothing changed; then a keep-alive only: time left is not a change.
+        assert!(!read(&mut copy, store.as_ref()).await.1);
+        clock.advance(Duration::from_secs(1));
+        store.keep_alive_session(b, ttl).await.unwrap();
+        assert!(!read(&mut copy, store.as_ref()).await.1);
 
         // A release, a plain lease, time passing and a keep-alive: none of it rewrites
         // the untouched leases, and the copy still matches.
@@ -212,22 +264,25 @@ mod tests {
             .try_acquire_or_renew("g/1", "c", ttl / 2)
             .await
             .unwrap();
-        clock.advance(Duration::from_secs(3));
+        clock.advance(Duration::from_secs(2));
         store.keep_alive_session(b, ttl).await.unwrap();
-        let now = read(&mut copy, store.as_ref()).await;
+        let (now, changed) = read(&mut copy, store.as_ref()).await;
+        assert!(changed);
         assert_eq!(now[&1].0, "c");
         assert_eq!(now[&5].1, ttl);
 
         // a's session lapses, c's own lease too: their shards drop out.
         clock.advance(Duration::from_secs(7));
-        let now = read(&mut copy, store.as_ref()).await;
+        let (now, changed) = read(&mut copy, store.as_ref()).await;
+        assert!(changed);
         assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![4, 5, 6, 7]);
 
         // b closes its session; a new one takes a shard back.
         store.close_session(b).await.unwrap();
         let d = store.open_session("d", ttl).await.unwrap().id;
         store.acquire_in_session("g/6", d).await.unwrap();
-        let now = read(&mut copy, store.as_ref()).await;
+        let (now, changed) = read(&mut copy, store.as_ref()).await;
+        assert!(changed);
         assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![6]);
     }
 }

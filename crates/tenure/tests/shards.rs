@@ -131,7 +131,12 @@ impl Group {
                                 running.terms.lock().push((shard, name.clone(), token));
                             }
                             leadership.cancelled().await;
-                            running.now.lock().remove(&shard);
+                            // Its own entry only: a term the store ended under it (an
+                            // outside release) may have a successor working already.
+                            let mut now = running.now.lock();
+                            if now.get(&shard) == Some(&(name.clone(), token)) {
+                                now.remove(&shard);
+                            }
                         }
                     },
                     stop,
@@ -933,6 +938,47 @@ async fn a_settled_group_reads_the_group_about_once_per_ten_ttls() {
     );
     assert_eq!(group.running.terms.lock().len(), terms, "no term restarted");
     group.assert_balanced(1000);
+}
+
+/// Setup: two members settle 8 shards; then a's term of one shard is released in the
+/// store by someone else (an operator, a late release), which pushes nothing to a or b.
+/// A settled member's look, which costs what changed when nothing did, must still see
+/// that change: within the settled look interval (10 TTLs) a's work on the old term is
+/// cancelled and the shard is worked on again under a newer token.
+#[tokio::test(start_paused = true)]
+async fn a_settled_member_sees_a_change_no_push_announced() {
+    let mut group = Group::in_memory();
+    group.start("a", 8);
+    group.start("b", 8);
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(8);
+    let (shard, token) = {
+        let now = group.running.now.lock();
+        let (shard, (_, token)) = now
+            .iter()
+            .find(|(_, (node, _))| node == "a")
+            .expect("a works on a shard");
+        (*shard, *token)
+    };
+    let role = format!("{GROUP}/{shard}");
+    let released = group.store.release(&role, "a", token).await.unwrap();
+    assert!(released, "the outside release lands");
+    tokio::time::sleep(11 * TTL).await;
+    let lease = group.store.get(&role).await.unwrap();
+    let lease = lease.expect("the shard's lease is kept");
+    let holder = lease.live_holder().expect("the shard is held again");
+    assert!(lease.fencing_token > token, "{lease:?}: not a new term");
+    assert_eq!(
+        group.running.now.lock().get(&shard),
+        Some(&(holder.to_owned(), lease.fencing_token)),
+        "the new term is worked on"
+    );
+    for (node, member) in &group.members {
+        let owned = member.state.borrow().owned.get(&shard).copied();
+        let expected = (node == holder).then_some(lease.fencing_token);
+        assert_eq!(owned, expected, "{node} owns shard {shard} under {owned:?}");
+    }
+    assert_eq!(group.workers().len(), 8, "every shard is worked on");
 }
 
 /// Bad options are `InvalidArgument` naming the option.

@@ -120,7 +120,7 @@ pub(super) struct Member<'a> {
     /// [`SETTLED_LOOK_TTLS`] TTLs apart (each reads what changed in the group, every
     /// shard on a store that reads only completely); joins and
     /// leaves are pushed, and a membership due to lapse has its own read of the members
-    /// (a look if it did lapse).
+    /// (a look if it did lapse). A read of the group that shows a change clears it.
     pub(super) settled: bool,
     /// How many looks in a row left this member short of its share (a shard targeted
     /// here not worked on here). Members plan from the owners each saw at its own look,
@@ -137,6 +137,11 @@ pub(super) struct Member<'a> {
     pub(super) look_put_off: Option<Instant>,
     /// The copy of the group's leases each look brings up to date.
     pub(super) view: crate::LeaseCopy<u32>,
+    /// The members the last look planned for: a look that finds the group and these
+    /// unchanged keeps a settled plan (see `still_settled`).
+    pub(super) planned: Vec<String>,
+    /// The shards the last look targeted here.
+    pub(super) targeted_here: Vec<u32>,
 }
 
 impl Drop for Member<'_> {

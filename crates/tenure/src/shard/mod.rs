@@ -327,6 +327,8 @@ impl ShardElector {
             short_looks: 0,
             look_put_off: None,
             view: Default::default(),
+            planned: Vec::new(),
+            targeted_here: Vec::new(),
         };
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
         // The session is open before the member joins: others hand shards over as soon as

@@ -89,7 +89,16 @@ impl Member<'_> {
         }
         self.look_put_off = None;
 
-        let held = self.live_owners().await?;
+        self.read_group().await?;
+        if self.still_settled(&planned, now) {
+            // The last look found nothing to do, and neither the group nor the members
+            // changed since: its plan stands, and this look costs what changed, not a
+            // pass over every shard.
+            self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
+            self.next_look = self.probes.next_due();
+            return Ok(seen);
+        }
+        let held = self.live_owners();
         // A look at a large group is long work between awaits (a store that answers at
         // once, as in memory, never yields): let the session's keep-alive and the other
         // tasks of this worker run between its parts.
@@ -177,33 +186,47 @@ impl Member<'_> {
         // not look again for many TTLs. Nothing may be pending either: a handover (one
         // begun when the shard was targeted elsewhere releases it whatever the target is
         // now), a wait, a release, an acquire that may still land.
-        let targeted_here = target
-            .iter()
-            .filter(|(_, t)| **t == options.node_id)
-            .map(|(k, _)| k);
-        self.settled = wanted.is_empty()
-            && owners.len() == options.shards as usize
-            && owners
-                .iter()
-                .all(|(shard, owner)| target.get(shard) == Some(owner))
-            && self.terms.keys().eq(targeted_here)
-            && self.terms.values().all(|term| !term.handing_over)
-            && self.waiting.is_empty()
-            && self.pending_releases.is_empty()
-            && self.lost_acquire_at.is_none_or(|at| {
-                now.duration_since(at) >= options.lease_ttl * LOST_ACQUIRE_LANDS_TTLS
-            });
-        self.owners = owners;
         let mine: Vec<u32> = target
             .iter()
             .filter(|(_, t)| **t == options.node_id)
             .map(|(k, _)| *k)
             .collect();
+        self.settled = wanted.is_empty()
+            && owners.len() == options.shards as usize
+            && owners
+                .iter()
+                .all(|(shard, owner)| target.get(shard) == Some(owner))
+            && self.works_on_only(&mine, now);
+        self.owners = owners;
         self.publish(live.clone(), target);
         self.contend(wanted, work, wake_tx, Some(&seen.registry))
             .await;
         self.look_soon_if_short(&mine, now);
+        self.planned = planned;
+        self.targeted_here = mine;
         Ok(seen)
+    }
+
+    /// Whether this member works on exactly the shards `mine`, with nothing of its own
+    /// pending: no handover, wait or release, and no lost acquire that may still land.
+    fn works_on_only(&self, mine: &[u32], now: Instant) -> bool {
+        let ttl = self.options().lease_ttl;
+        self.terms.keys().eq(mine)
+            && self.terms.values().all(|term| !term.handing_over)
+            && self.waiting.is_empty()
+            && self.pending_releases.is_empty()
+            && self
+                .lost_acquire_at
+                .is_none_or(|at| now.duration_since(at) >= ttl * LOST_ACQUIRE_LANDS_TTLS)
+    }
+
+    /// Whether the last look's plan stands: that look was settled and no read of the
+    /// group since showed a change (see [`Member::read_group`]), it planned for the same
+    /// members (`planned`), and nothing happened here since that did not reach the store
+    /// (a term's release that failed, a lost acquire; what did reach it changed the
+    /// group).
+    fn still_settled(&self, planned: &[String], now: Instant) -> bool {
+        self.settled && self.planned == planned && self.works_on_only(&self.targeted_here, now)
     }
 
     /// Brings the next look forward when shards of `mine` (this look's targets here)
@@ -369,13 +392,11 @@ impl Member<'_> {
                 return None;
             }
         };
-        let held = match self.live_owners().await {
-            Ok(held) => held,
-            Err(error) => {
-                debug!(%error, "could not read the group before joining");
-                return None;
-            }
-        };
+        if let Err(error) = self.read_group().await {
+            debug!(%error, "could not read the group before joining");
+            return None;
+        }
+        let held = self.live_owners();
         for members in [&mut seen.group, &mut seen.registry] {
             members.push(me.clone());
             members.sort();
@@ -443,25 +464,32 @@ impl Member<'_> {
         })
     }
 
-    /// The live owner of each shard, how long its term has left unless renewed (on
-    /// store time), and its token: the member's copy of the group, brought up to date
-    /// with what changed in the store since the last look.
-    pub(super) async fn live_owners(&mut self) -> Result<BTreeMap<u32, Held>> {
+    /// Brings the member's copy of the group up to date with what changed in the store
+    /// since the last read. A change of any shard's holder, token or liveness unsettles
+    /// the member: its next look plans again.
+    pub(super) async fn read_group(&mut self) -> Result<()> {
         let options = &self.elector.options;
         let prefix = format!("{}/", options.group);
         let shards = options.shards;
         let shard = |role: &str| role.parse::<u32>().ok().filter(|k| *k < shards);
-        self.view
+        let changed = self
+            .view
             .read(self.elector.store.as_ref(), &prefix, shard)
             .await?;
-        Ok(self
-            .view
+        self.settled &= !changed;
+        Ok(())
+    }
+
+    /// The live owner of each shard in the copy of the group, how long its term has
+    /// left unless renewed (on store time), and its token.
+    pub(super) fn live_owners(&self) -> BTreeMap<u32, Held> {
+        self.view
             .iter()
             .filter_map(|(k, lease)| {
                 let holder = lease.live_holder()?.to_owned();
                 Some((*k, (holder, lease.left, lease.fencing_token)))
             })
-            .collect())
+            .collect()
     }
 }
 
