@@ -941,10 +941,11 @@ async fn a_settled_group_reads_the_group_about_once_per_ten_ttls() {
 }
 
 /// Setup: two members settle 8 shards; then a's term of one shard is released in the
-/// store by someone else (an operator, a late release), which pushes nothing to a or b.
-/// A settled member's look, which costs what changed when nothing did, must still see
-/// that change: within the settled look interval (10 TTLs) a's work on the old term is
-/// cancelled and the shard is worked on again under a newer token.
+/// store by someone else (an operator, a late release), which pushes nothing to a (it
+/// holds the shard) nor to b (a settled member waits on no shard). A settled member's
+/// look, which costs what changed when nothing did, must still see that change: within
+/// the settled look interval (10 TTLs) a's work on the old term is cancelled and the
+/// shard is worked on again under a newer token, by one member.
 #[tokio::test(start_paused = true)]
 async fn a_settled_member_sees_a_change_no_push_announced() {
     let mut group = Group::in_memory();
@@ -952,6 +953,8 @@ async fn a_settled_member_sees_a_change_no_push_announced() {
     group.start("b", 8);
     tokio::time::sleep(2 * RENEW).await;
     group.assert_balanced(8);
+    // Settled: the moves of the start are over, and the looks are 10 TTLs apart.
+    tokio::time::sleep(2 * TTL).await;
     let (shard, token) = {
         let now = group.running.now.lock();
         let (shard, (_, token)) = now
