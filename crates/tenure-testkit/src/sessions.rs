@@ -422,11 +422,35 @@ pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend
 
 /// Brings `copy` up to the store through [`LeaseStore::list_prefix_changes`] and
 /// asserts it shows what a complete `list_prefix` does: the same roles, live holders
-/// and tokens.
+/// and tokens; and that the read said it changed exactly when some lease's holder,
+/// token, session or liveness did.
 async fn assert_copy_matches(copy: &mut LeaseCopy<String>, store: &dyn LeaseStore, step: &str) {
-    copy.read(store, "q/", |role| Some(role.to_owned()))
+    let terms = |copy: &LeaseCopy<String>| -> Vec<_> {
+        copy.iter()
+            .map(|(role, lease)| {
+                let holder = lease.holder.map(str::to_owned);
+                let live = !lease.left.is_zero();
+                (
+                    role.clone(),
+                    holder,
+                    lease.fencing_token,
+                    lease.session,
+                    live,
+                )
+            })
+            .collect()
+    };
+    let before = terms(copy);
+    let changed = copy
+        .read(store, "q/", |role| Some(role.to_owned()))
         .await
         .unwrap();
+    let after = terms(copy);
+    assert_eq!(
+        changed,
+        after != before,
+        "{step}: whether the read said the copy changed: {before:?} -> {after:?}"
+    );
     let listed = store.list_prefix("q/").await.unwrap();
     let want: Vec<_> = listed
         .iter()

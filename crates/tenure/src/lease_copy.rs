@@ -14,26 +14,27 @@ use crate::lease::{ChangeMark, ChangesRead, LeaseStore, PrefixChanges};
 use crate::{FencingToken, Result, SessionId};
 
 /// One lease as the copy last read it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CopiedLease {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopiedLease<'a> {
     /// The owner of the latest term, or `None` once it was released.
-    pub holder: Option<String>,
+    pub holder: Option<&'a str>,
     /// The latest token handed out for the role.
     pub fencing_token: FencingToken,
     /// The session the term is held under, if the store said.
     pub session: Option<SessionId>,
-    /// Time left in the term at the last read (zero: lapsed or released).
+    /// Time left in the term at the last read (zero: lapsed or released); under a
+    /// session, what the session had left.
     pub left: Duration,
 }
 
-impl CopiedLease {
+impl<'a> CopiedLease<'a> {
     /// The live holder, if any: set, and time left at the last read.
-    pub fn live_holder(&self) -> Option<&str> {
-        self.holder.as_deref().filter(|_| !self.left.is_zero())
+    pub fn live_holder(&self) -> Option<&'a str> {
+        self.holder.filter(|_| !self.left.is_zero())
     }
 
     /// The same term, held or not alike: holder, token, session and liveness equal.
-    fn same_term(&self, other: &CopiedLease) -> bool {
+    fn same_term(&self, other: &CopiedLease<'_>) -> bool {
         self.holder == other.holder
             && self.fencing_token == other.fencing_token
             && self.session == other.session
@@ -41,8 +42,56 @@ impl CopiedLease {
     }
 }
 
+/// A lease as stored in the copy: a term under a session takes its time left from the
+/// session's (see [`LeaseCopy`]), so a read need not touch it when only time passed.
+#[derive(Clone, Debug)]
+struct Stored {
+    holder: Option<String>,
+    fencing_token: FencingToken,
+    session: Option<SessionId>,
+    /// Time left at the read that listed it; used only when it has no session.
+    left: Duration,
+}
+
+/// A session that holds leases of the copy.
+#[derive(Clone, Copy, Debug)]
+struct SessionHolds {
+    /// What it had left at the last read.
+    left: Duration,
+    /// How many of the copy's leases name it with a holder.
+    leases: usize,
+}
+
+/// The copy's sessions, by id.
+type Sessions = HashMap<SessionId, SessionHolds>;
+
+impl Stored {
+    fn view<'a>(&'a self, sessions: &Sessions) -> CopiedLease<'a> {
+        let left = match (&self.holder, self.session) {
+            (None, _) => Duration::ZERO,
+            (Some(_), Some(session)) => sessions.get(&session).map_or(Duration::ZERO, |s| s.left),
+            (Some(_), None) => self.left,
+        };
+        CopiedLease {
+            holder: self.holder.as_deref(),
+            fencing_token: self.fencing_token,
+            session: self.session,
+            left,
+        }
+    }
+
+    /// The session it counts for in [`Sessions`]: its own, while it names a holder.
+    fn held_under(&self) -> Option<SessionId> {
+        self.session.filter(|_| self.holder.is_some())
+    }
+}
+
 /// The leases under one prefix, keyed by `K` (what a key function makes of a role:
 /// the role itself, a shard number), as of the last [`read`](Self::read).
+///
+/// A read costs what changed, not the number of leases: the copy keeps each holding
+/// session's time left once, not each lease's, and the leases held with no session
+/// apart (the store lists each of them at every read).
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -67,7 +116,11 @@ impl CopiedLease {
 pub struct LeaseCopy<K> {
     /// Where the last read left off; `None`: the next read is complete.
     mark: Option<ChangeMark>,
-    leases: BTreeMap<K, CopiedLease>,
+    leases: BTreeMap<K, Stored>,
+    /// Every session that holds one of `leases`.
+    sessions: Sessions,
+    /// The leases held with no session.
+    own: BTreeSet<K>,
 }
 
 impl<K> Default for LeaseCopy<K> {
@@ -75,11 +128,13 @@ impl<K> Default for LeaseCopy<K> {
         LeaseCopy {
             mark: None,
             leases: BTreeMap::new(),
+            sessions: HashMap::new(),
+            own: BTreeSet::new(),
         }
     }
 }
 
-impl<K: Ord> LeaseCopy<K> {
+impl<K: Ord + Clone> LeaseCopy<K> {
     /// Brings the copy up to what the store holds under `prefix`, reading what changed
     /// since the last read (everything the first time, and after a failed read). `key`
     /// makes a key of each role with `prefix` stripped; roles it refuses are left out.
@@ -95,14 +150,7 @@ impl<K: Ord> LeaseCopy<K> {
         key: impl Fn(&str) -> Option<K>,
     ) -> Result<bool> {
         let sessions: Vec<SessionId> = match self.mark {
-            Some(_) => self
-                .leases
-                .values()
-                .filter(|lease| lease.holder.is_some())
-                .filter_map(|lease| lease.session)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
+            Some(_) => self.sessions.keys().copied().collect(),
             None => Vec::new(),
         };
         let since = self.mark.take();
@@ -123,56 +171,89 @@ impl<K: Ord> LeaseCopy<K> {
         prefix: &str,
         key: impl Fn(&str) -> Option<K>,
     ) -> bool {
-        let before = changes.complete.then(|| std::mem::take(&mut self.leases));
+        let before = changes.complete.then(|| {
+            self.own.clear();
+            (
+                std::mem::take(&mut self.leases),
+                std::mem::take(&mut self.sessions),
+            )
+        });
         let mut changed = false;
-        if !changes.complete {
-            // Leases not read again: one under a session has what its session has left
-            // (nothing once the session is gone); one of its own is no longer held (every
-            // held one is read each time).
-            let left: HashMap<SessionId, Duration> = changes.sessions.into_iter().collect();
-            for lease in self.leases.values_mut() {
-                let was_live = !lease.left.is_zero();
-                lease.left = match lease.session {
-                    Some(session) => left.get(&session).copied().unwrap_or_default(),
-                    None => Duration::ZERO,
-                };
-                changed |= was_live == lease.left.is_zero();
-            }
+        // Sessions asked about: what each has left now (none, once it is gone).
+        let left: HashMap<SessionId, Duration> = changes.sessions.into_iter().collect();
+        for (id, session) in &mut self.sessions {
+            let now = left.get(id).copied().unwrap_or_default();
+            changed |= session.left.is_zero() != now.is_zero();
+            session.left = now;
         }
+        // Held leases of their own are listed at every read while held: one not
+        // listed now is no longer held.
+        let mut own_unlisted = std::mem::take(&mut self.own);
         for listed in changes.leases {
             let Some(k) = listed.info.role.strip_prefix(prefix).and_then(&key) else {
                 continue;
             };
-            let left = listed.info.remaining();
-            let lease = CopiedLease {
+            own_unlisted.remove(&k);
+            let lease = Stored {
+                left: listed.info.remaining(),
                 holder: listed.info.holder,
                 fencing_token: listed.info.fencing_token,
                 session: listed.session,
-                left,
             };
-            changed |= self.leases.get(&k).is_none_or(|was| !was.same_term(&lease));
-            self.leases.insert(k, lease);
+            if let Some(session) = lease.held_under() {
+                let holds = self.sessions.entry(session).or_insert(SessionHolds {
+                    left: lease.left,
+                    leases: 0,
+                });
+                holds.leases += 1;
+                holds.left = lease.left;
+            }
+            if lease.holder.is_some() && lease.session.is_none() {
+                self.own.insert(k.clone());
+            }
+            // Both sides seen through the sessions as updated: a lapse counted above.
+            changed |= self.leases.get(&k).is_none_or(|was| {
+                !was.view(&self.sessions)
+                    .same_term(&lease.view(&self.sessions))
+            });
+            let was = self.leases.insert(k, lease);
+            if let Some(session) = was.as_ref().and_then(Stored::held_under) {
+                if let Some(holds) = self.sessions.get_mut(&session) {
+                    holds.leases = holds.leases.saturating_sub(1);
+                }
+            }
         }
-        if let Some(before) = before {
+        for k in own_unlisted {
+            if let Some(lease) = self.leases.get_mut(&k) {
+                changed |= !lease.left.is_zero();
+                lease.left = Duration::ZERO;
+            }
+        }
+        self.sessions.retain(|_, holds| holds.leases > 0);
+        if let Some((leases, sessions)) = before {
             // A complete read replaced every lease: compare the whole copy.
-            changed = before.len() != self.leases.len()
-                || before
+            changed = leases.len() != self.leases.len()
+                || leases
                     .iter()
                     .zip(&self.leases)
-                    .any(|((k, was), (key, now))| k != key || !was.same_term(now));
+                    .any(|((k, was), (key, now))| {
+                        k != key || !was.view(&sessions).same_term(&now.view(&self.sessions))
+                    });
         }
         self.mark = changes.mark;
         changed
     }
 
     /// The lease of `key`, as last read.
-    pub fn get(&self, key: &K) -> Option<&CopiedLease> {
-        self.leases.get(key)
+    pub fn get(&self, key: &K) -> Option<CopiedLease<'_>> {
+        self.leases.get(key).map(|lease| lease.view(&self.sessions))
     }
 
     /// Every lease, in key order, as last read.
-    pub fn iter(&self) -> impl Iterator<Item = (&K, &CopiedLease)> {
-        self.leases.iter()
+    pub fn iter(&self) -> impl Iterator<Item = (&K, CopiedLease<'_>)> {
+        self.leases
+            .iter()
+            .map(|(k, lease)| (k, lease.view(&self.sessions)))
     }
 }
 
