@@ -492,7 +492,10 @@ pub fn run_cli(url: &crate::store::StoreUrl) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let stores = crate::store::open(url, timing.ttl).await?;
-        run(into_demo(stores), timing, true).await
+        let closer = stores.closer.clone();
+        let told = run(into_demo(stores), timing, true).await;
+        closer.close().await;
+        told
     })
 }
 

@@ -153,7 +153,10 @@ where
 {
     runtime()?.block_on(async {
         let stores = store::open(url, member_ttl).await?;
-        work(stores).await
+        let closer = stores.closer.clone();
+        let done = work(stores).await;
+        closer.close().await;
+        done
     })
 }
 

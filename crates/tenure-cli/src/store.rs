@@ -188,7 +188,33 @@ pub struct Stores {
     pub registry: Arc<dyn NodeRegistry>,
     /// The store's downstream fence.
     pub fence: Arc<dyn FenceStore>,
+    /// What to close when the command is done, if anything (see [`Closer::close`]).
+    pub closer: Closer,
 }
+
+/// The connections a command closes before tenure exits.
+#[derive(Clone, Default)]
+pub struct Closer(Option<tenure_sqlite::SqliteDatabase>);
+
+impl Closer {
+    /// Closes a SQLite file's connections so that the last one checkpoints its WAL:
+    /// left open at exit, the WAL grows run after run, and every `tenure` that opens
+    /// the file next reads all of it first (see `SqliteDatabase::close`). Other stores
+    /// need nothing: their connections end with the process.
+    pub async fn close(self) {
+        if let Some(db) = self.0 {
+            // A connection held by a call that never returns would hold the exit up:
+            // the WAL is then left as it was before this close existed.
+            let closed = tokio::time::timeout(CLOSE_WAIT, db.close()).await;
+            if closed.is_err() {
+                tracing::debug!("the store's connections did not close in time");
+            }
+        }
+    }
+}
+
+/// How long a command waits at exit for the store's connections to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Opens the in-memory backends on a clock that follows tokio's (possibly paused) time.
 pub fn memory(registry_ttl: Duration) -> anyhow::Result<Stores> {
@@ -197,6 +223,7 @@ pub fn memory(registry_ttl: Duration) -> anyhow::Result<Stores> {
         leases: Arc::new(InMemoryLeaseStore::with_clock(clock.clone())),
         registry: Arc::new(InMemoryNodeRegistry::with_clock(registry_ttl, clock)?),
         fence: Arc::new(Fence::new()),
+        closer: Closer::default(),
     })
 }
 
@@ -218,6 +245,7 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
                 leases: Arc::new(db.lease_store()),
                 registry: Arc::new(db.node_registry(registry_ttl)?),
                 fence: Arc::new(db.fence()),
+                closer: Closer(Some(db)),
             })
         }
         StoreUrl::Postgres(raw) => {
@@ -233,6 +261,7 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
                 leases: Arc::new(backend.leases),
                 registry: Arc::new(backend.registry),
                 fence: Arc::new(backend.fence),
+                closer: Closer::default(),
             })
         }
         #[cfg(feature = "etcd")]
@@ -250,6 +279,7 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
                     registry_ttl,
                 )?),
                 fence: Arc::new(tenure_etcd::EtcdFence::new(client, url.prefix())?),
+                closer: Closer::default(),
             })
         }
         #[cfg(feature = "kube")]
@@ -263,6 +293,7 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
                     registry_ttl,
                 )?),
                 fence: Arc::new(tenure_kube::KubeFence::new(conn)),
+                closer: Closer::default(),
             })
         }
         #[cfg(not(feature = "kube"))]

@@ -38,6 +38,32 @@ fn overlap_check_catches_bad_logs() {
     }
 }
 
+/// A command leaves no WAL behind: it closes its connection, and the last connection to
+/// the file checkpoints the WAL into it. Left open at exit, the WAL grew with every run
+/// (up to 4 MB) and every next `tenure` read all of it before its first statement.
+#[test]
+fn a_run_leaves_no_wal_behind() {
+    let dir = tempdir();
+    let wal = dir.path().join("tenure.db-wal");
+    for round in 0..3 {
+        let mut run = common::tenure();
+        run.args(["run", "--no-wait", "--role", "wal", "--store"])
+            .arg(sqlite_url(dir.path()))
+            .args(["--", "true"]);
+        let output = common::output_within(&mut run, std::time::Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(!wal.exists(), "run {round} left {}", wal.display());
+    }
+    let mut status = common::tenure();
+    status
+        .args(["status", "--role", "wal", "--store"])
+        .arg(sqlite_url(dir.path()));
+    let output = common::output_within(&mut status, std::time::Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(0));
+    assert!(!wal.exists(), "status left {}", wal.display());
+}
+
 /// `tenure -v run` with `--ttl` alone: the timings in effect (derived from the TTL) are in
 /// one log line, and logs written to a pipe carry no ANSI colour escapes.
 #[test]

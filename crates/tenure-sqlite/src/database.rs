@@ -249,6 +249,31 @@ impl SqliteDatabase {
         Ok(db)
     }
 
+    /// Closes the database's connections, waiting for those in use to come back (every
+    /// later call fails). The last connection to the file checkpoints the WAL into it
+    /// and removes it: a process that exits with its connections open leaves the WAL
+    /// behind, and the next process to open the file alone must first read all of it
+    /// (up to SQLite's 1,000-page checkpoint threshold, 4 MB) to rebuild its index.
+    pub async fn close(&self) {
+        let pool = &self.inner.pool;
+        // Each connection taken and closed here: sqlx's pool close leaves open a
+        // connection that was still on its way back to the pool (a call's last one),
+        // and the process then exits with it.
+        let mut taken = Vec::new();
+        for _ in 0..pool.size() {
+            match pool.acquire().await {
+                Ok(connection) => taken.push(connection),
+                Err(_) => break,
+            }
+        }
+        for connection in taken {
+            if let Err(error) = connection.close().await {
+                tracing::debug!(%error, "closing a connection failed");
+            }
+        }
+        pool.close().await;
+    }
+
     /// Uses an existing pool (its journal mode and busy timeout are left as they are)
     /// and creates the schema if missing.
     pub async fn from_pool(pool: SqlitePool) -> Result<Self> {
