@@ -490,13 +490,9 @@ pub fn run_cli(url: &crate::store::StoreUrl) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let stores = crate::store::open(url, timing.ttl).await?;
-        let closer = stores.closer.clone();
-        let told = run(into_demo(stores), timing, true).await;
-        closer.close().await;
-        told
-    })
+    runtime.block_on(crate::store::with_store(url, timing.ttl, |stores| {
+        run(into_demo(stores), timing, true)
+    }))
 }
 
 fn into_demo(stores: crate::store::Stores) -> DemoStores {

@@ -151,13 +151,7 @@ where
     F: FnOnce(Stores) -> Fut,
     Fut: Future<Output = anyhow::Result<u8>>,
 {
-    runtime()?.block_on(async {
-        let stores = store::open(url, member_ttl).await?;
-        let closer = stores.closer.clone();
-        let done = work(stores).await;
-        closer.close().await;
-        done
-    })
+    runtime()?.block_on(store::with_store(url, member_ttl, work))
 }
 
 fn dispatch(command: Command) -> anyhow::Result<u8> {

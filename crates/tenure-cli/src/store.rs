@@ -6,6 +6,7 @@
 //! `kubectl` is).
 //! Errors name the problem and never echo a password.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,19 +190,37 @@ pub struct Stores {
     /// The store's downstream fence.
     pub fence: Arc<dyn FenceStore>,
     /// What to close when the command is done, if anything (see [`Closer::close`]).
-    pub closer: Closer,
+    closer: Closer,
+}
+
+/// Opens the store at `url` (see [`open`]), runs `work` on it, then closes it (see
+/// [`Closer::close`]), whatever `work` returned.
+pub async fn with_store<F, Fut, T>(
+    url: &StoreUrl,
+    registry_ttl: Duration,
+    work: F,
+) -> anyhow::Result<T>
+where
+    F: FnOnce(Stores) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let stores = open(url, registry_ttl).await?;
+    let closer = stores.closer.clone();
+    let done = work(stores).await;
+    closer.close().await;
+    done
 }
 
 /// The connections a command closes before tenure exits.
 #[derive(Clone, Default)]
-pub struct Closer(Option<tenure_sqlite::SqliteDatabase>);
+struct Closer(Option<tenure_sqlite::SqliteDatabase>);
 
 impl Closer {
     /// Closes a SQLite file's connections so that the last one checkpoints its WAL:
     /// left open at exit, the WAL grows run after run, and every `tenure` that opens
     /// the file next reads all of it first (see `SqliteDatabase::close`). Other stores
     /// need nothing: their connections end with the process.
-    pub async fn close(self) {
+    async fn close(self) {
         if let Some(db) = self.0 {
             // A connection held by a call that never returns would hold the exit up:
             // the WAL is then left as it was before this close existed.
