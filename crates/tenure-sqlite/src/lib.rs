@@ -26,6 +26,12 @@
 //! (or an observer on [`LeaseStore::wait_for_term`](tenure::LeaseStore::wait_for_term))
 //! is woken at once by a release (or a new term) through the same [`SqliteDatabase`],
 //! and by polling the role's row (every 10 ms by default) for one by another process.
+//! On Linux the process whose waits watch a role (one at a time per role) is woken at
+//! once by another process's write too, every such write announcing itself on a
+//! datagram socket named after the file and the role, and its waits then poll every
+//! 10 s: a leader waiting for handoff requests reads the file a few times a minute
+//! instead of a hundred times a second, and a shard member waiting for drain requests
+//! instead of once a second.
 //!
 //! A lease row holds `role`, `holder`, `token`, `expires_at`, `session_id` (the session
 //! a term is held under, if any), and the value the term advertised when it began

@@ -476,7 +476,7 @@ impl NodeRegistry for SqliteNodeRegistry {
         let poll = self.db.poll_interval() * polls;
         let unchanged = || async { Ok(self.live_nodes().await? == observed) };
         self.db
-            .wait_polling(MEMBERSHIP, poll, deadline, unchanged)
+            .wait_polling(MEMBERSHIP, false, poll, deadline, unchanged)
             .await;
     }
 }

@@ -31,6 +31,25 @@ fn woken_at(store: &Arc<SqliteLeaseStore>, token: FencingToken) -> JoinHandle<In
     })
 }
 
+/// Lets `waiter` start waiting (it reads once, then sleeps on its poll), makes `write`
+/// and asserts the waiter returned within 2 s of it; answers what `write` did.
+async fn woken_by<T>(
+    waiter: JoinHandle<Instant>,
+    write: impl std::future::Future<Output = T>,
+    what: &str,
+) -> T {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let written_at = Instant::now();
+    let written = write.await;
+    let woke_at = timeout(secs(5), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not wake the waiter"))
+        .unwrap();
+    let delay = woke_at.saturating_duration_since(written_at);
+    assert!(delay < secs(2), "woke {delay:?} after {what}");
+    written
+}
+
 /// A waiter on the same database is woken by the release itself, not by polling: with
 /// a 30 s polling interval it still returns at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,15 +62,8 @@ async fn release_in_process_wakes_waiter_at_once() {
     let store = Arc::new(db.lease_store());
     let a = store.try_acquire("r", "node-a", TTL).await;
     let waiter = woken_at(&store, a.fencing_token);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let released_at = Instant::now();
-    assert!(store.release_term("r", "node-a", a.fencing_token).await);
-    let woke_at = timeout(secs(5), waiter)
-        .await
-        .expect("waiter must wake on release")
-        .unwrap();
-    let delay = woke_at.saturating_duration_since(released_at);
-    assert!(delay < secs(2), "woke {delay:?} after the release");
+    let release = store.release_term("r", "node-a", a.fencing_token);
+    assert!(woken_by(waiter, release, "the release").await);
 }
 
 /// A waiter on another database instance (another process, in effect) sees the
@@ -75,15 +87,52 @@ async fn release_elsewhere_is_seen_by_polling() {
     assert!(Instant::now() >= short, "a renewal must not end the wait");
 
     let waiter = woken_at(&store, a.fencing_token);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let released_at = Instant::now();
-    assert!(writer.release_term("r", "node-a", a.fencing_token).await);
-    let woke_at = timeout(secs(10), waiter)
-        .await
-        .expect("waiter must see the release")
-        .unwrap();
-    let delay = woke_at.saturating_duration_since(released_at);
-    assert!(delay < secs(2), "saw the release {delay:?} late");
+    let release = writer.release_term("r", "node-a", a.fencing_token);
+    assert!(woken_by(waiter, release, "the release").await);
+}
+
+/// A wait on a role in one process is woken by another process's write that begins or
+/// ends a term of it, not by its poll: both stores poll every 30 s here, so only the
+/// announcement can bring the news within the bound. Covers the waits of observers
+/// (`wait_for_term`, `wait_for_change`): a leader watching for handoff requests, a
+/// member watching for drain requests. (Linux: the announcement is an abstract Unix
+/// socket per role.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_written_elsewhere_wakes_a_watching_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("watch.db");
+    let open = || async {
+        let options = SqliteOptions::new().poll_interval(secs(30));
+        let db = SqliteDatabase::open_with(&path, options).await.unwrap();
+        Arc::new(db.lease_store())
+    };
+    let watcher = open().await;
+    let writer = open().await;
+    for round in 0..3 {
+        let after = watcher
+            .get("r")
+            .await
+            .unwrap()
+            .map_or(FencingToken::from(0), |info| info.fencing_token);
+        let begun = {
+            let watcher = Arc::clone(&watcher);
+            tokio::spawn(async move {
+                watcher
+                    .wait_for_term("r", after, Instant::now() + secs(60))
+                    .await;
+                Instant::now()
+            })
+        };
+        let acquire = writer.try_acquire("r", "node-b", TTL);
+        let term = woken_by(begun, acquire, &format!("round {round}: the acquire")).await;
+        assert!(term.acquired, "round {round}: {term:?}");
+        let ended = woken_at(&watcher, term.fencing_token);
+        let release = writer.release_term("r", "node-b", term.fencing_token);
+        let released = woken_by(ended, release, &format!("round {round}: the release")).await;
+        assert!(released);
+    }
+    assert_eq!(watcher.change_poll(), None, "waits on a file are announced");
 }
 
 async fn ledger(db: &SqliteDatabase) -> Vec<String> {

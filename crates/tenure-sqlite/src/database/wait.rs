@@ -1,6 +1,6 @@
 //! How a database's waiters wait: woken at once by the writes of this process (change
-//! signals per role) and by another process's handover (wake-ups, see `wake.rs`), and
-//! reading the file again on a poll meanwhile.
+//! signals per role) and by another process's handover or term of a watched role
+//! (wake-ups, see `wake.rs`), and reading the file again on a poll meanwhile.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +9,18 @@ use tenure::Result;
 use tokio::sync::Notify;
 
 use super::SqliteDatabase;
-use crate::wake::notify;
+use crate::wake::{notify, RoleWatch};
 
 /// How often a waiter for a successor that hears its wake-ups polls the file (see
 /// [`SqliteDatabase::successor_poll`]).
 const WOKEN_POLL: Duration = Duration::from_millis(100);
+
+/// How often a wait on a role this process watches polls the file: every write that
+/// begins or ends a term of the role announces it, so the poll only catches what no
+/// announcement brought (a writer in another network namespace, a full socket buffer).
+/// An observer waits for requests from people and scripts for as long as it leads, so
+/// this is what such a wait costs the file: a read per 10 s, not per poll interval.
+const WATCHED_POLL: Duration = Duration::from_secs(10);
 
 impl SqliteDatabase {
     pub(crate) fn poll_interval(&self) -> Duration {
@@ -37,9 +44,16 @@ impl SqliteDatabase {
     /// woken at once by the in-process signal `key`, and reading again every `poll` for
     /// changes other processes wrote. A failing read is not a change: it polls on rather
     /// than return early in a loop.
+    ///
+    /// With `watch`, `key` is a role whose terms the wait is about, and it watches the
+    /// role (see `wake.rs`): while this process holds the role's watch, another
+    /// process's write of a term of it wakes the wait at once and the file is read
+    /// every [`WATCHED_POLL`] (or `poll`, if longer); while another process holds it,
+    /// every `poll`, trying to take the watch before each read.
     pub(crate) async fn wait_polling<F, Fut>(
         &self,
         key: &str,
+        watch: bool,
         poll: Duration,
         deadline: tokio::time::Instant,
         mut unchanged: F,
@@ -51,7 +65,7 @@ impl SqliteDatabase {
             let read = unchanged();
             async move { read.await.map(|unchanged| (!unchanged).then_some(())) }
         };
-        self.wait_polling_for(key, poll, deadline, changed).await;
+        self.wait_reading(key, watch, poll, deadline, changed).await;
     }
 
     /// [`wait_polling`](Self::wait_polling) that returns what the read found: `changed`
@@ -62,6 +76,24 @@ impl SqliteDatabase {
         key: &str,
         poll: Duration,
         deadline: tokio::time::Instant,
+        changed: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>>>,
+    {
+        self.wait_reading(key, false, poll, deadline, changed).await
+    }
+
+    /// The waits' one loop: reads with `changed` until it finds a change or `deadline`
+    /// passes, woken by the signal `key`, by the role's watch if `watch` and it is
+    /// held, and by the poll.
+    async fn wait_reading<F, Fut, T>(
+        &self,
+        key: &str,
+        watch: bool,
+        poll: Duration,
+        deadline: tokio::time::Instant,
         mut changed: F,
     ) -> Option<T>
     where
@@ -69,11 +101,16 @@ impl SqliteDatabase {
         Fut: std::future::Future<Output = Result<Option<T>>>,
     {
         let signal = self.change_signal(key);
+        let mut watching: Option<RoleWatch> = None;
         loop {
             let notified = signal.notified();
             tokio::pin!(notified);
-            // Subscribe before reading, so a change between the read and the wait wakes us.
+            // Subscribe before reading, so a change between the read and the wait wakes
+            // us; and watch before reading, so every write after the read is announced.
             notified.as_mut().enable();
+            if watch && watching.is_none() {
+                watching = self.inner.wakes.as_ref().and_then(|wakes| wakes.watch(key));
+            }
             match tokio::time::timeout_at(deadline, changed()).await {
                 Ok(Ok(Some(what))) => return Some(what),
                 Err(_) => return None,
@@ -82,10 +119,26 @@ impl SqliteDatabase {
                     tracing::debug!(key, %error, "cannot poll for a change; retrying")
                 }
             }
+            let poll = match watching {
+                Some(_) => poll.max(WATCHED_POLL),
+                None => poll,
+            };
             let next = (tokio::time::Instant::now() + poll).min(deadline);
+            let heard = async {
+                match &watching {
+                    Some(watch) => watch.heard(&self.inner.changes).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(next) => {}
+                heard = heard => {
+                    if let Err(error) = heard {
+                        tracing::debug!(key, %error, "stopped watching the role; polling");
+                        watching = None;
+                    }
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return None;
@@ -124,8 +177,23 @@ impl SqliteDatabase {
     }
 
     /// Wakes this process's waiters on `role` (a write through this database changed
-    /// its term).
+    /// the membership).
     pub(crate) fn signal_change(&self, role: &str) {
         notify(&self.inner.changes, role);
+    }
+
+    /// A term of `role` began or ended through this database: wakes this process's
+    /// waiters on it, and the process watching it, if another.
+    pub(crate) fn announce_term(&self, role: &str) {
+        self.signal_change(role);
+        if let Some(wakes) = &self.inner.wakes {
+            wakes.announce(role);
+        }
+    }
+
+    /// Whether another process's writes of a term are announced to this one's waits
+    /// (see `wake.rs`): on Linux, for a database with a file.
+    pub(crate) fn hears_announcements(&self) -> bool {
+        cfg!(target_os = "linux") && self.inner.wakes.is_some()
     }
 }

@@ -116,7 +116,12 @@ const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 /// [`wait_for_successor`](LeaseStore::wait_for_successor) and
 /// [`wait_for_term`](LeaseStore::wait_for_term) wake at once for a release or new term
 /// written through the same [`SqliteDatabase`], and within the polling interval (10 ms
-/// by default) for one written by another process; they only read.
+/// by default) for one written by another process; they only read. On Linux one
+/// process at a time watches each role its waits wait on: every write that begins or
+/// ends a term of the role wakes that process at once, and its `wait_for_change` and
+/// `wait_for_term` then read the file every 10 s rather than every polling interval
+/// (an observer waiting for requests for as long as it leads costs the file almost
+/// nothing).
 ///
 /// Contenders that queue ([`try_acquire_or_queue`](LeaseStore::try_acquire_or_queue))
 /// wait in `tenure_candidates`, and a release hands the role to the oldest live one in
@@ -235,7 +240,7 @@ impl SqliteLeaseStore {
         match write {
             LeaseWrite::Written { token, new_term } => {
                 if new_term {
-                    self.db.signal_change(role);
+                    self.db.announce_term(role);
                 }
                 Ok(LeaseResult {
                     acquired: true,
@@ -305,7 +310,7 @@ impl SqliteLeaseStore {
             self.db.wake(next, role);
         }
         if ended != Ended::Not {
-            self.db.signal_change(role);
+            self.db.announce_term(role);
         }
         Ok(ended != Ended::Not)
     }
@@ -410,7 +415,9 @@ impl LeaseStore for SqliteLeaseStore {
         };
         let poll = self.db.poll_interval();
         self.db
-            .wait_polling(role, poll, deadline, || self.is_live_term(role, observed))
+            .wait_polling(role, true, poll, deadline, || {
+                self.is_live_term(role, observed)
+            })
             .await;
     }
 
@@ -442,10 +449,13 @@ impl LeaseStore for SqliteLeaseStore {
             return;
         }
         // A new term through this database signals the role at once (as a release
-        // does); one written by another process is seen within the poll interval.
+        // does); one written by another process is announced to the process watching
+        // the role, and seen by the others within the poll interval.
         let poll = self.db.poll_interval();
         self.db
-            .wait_polling(role, poll, deadline, || self.no_term_after(role, after))
+            .wait_polling(role, true, poll, deadline, || {
+                self.no_term_after(role, after)
+            })
             .await;
     }
 
@@ -457,9 +467,11 @@ impl LeaseStore for SqliteLeaseStore {
         ACQUIRE_BATCH_SIZE
     }
 
-    /// Another process's writes are seen only by reading the file again.
+    /// `None` on Linux for a file: every write of a term is announced to the process
+    /// watching the role (see the type's docs). Elsewhere another process's writes are
+    /// seen only by reading the file again.
     fn change_poll(&self) -> Option<Duration> {
-        Some(self.db.poll_interval())
+        (!self.db.hears_announcements()).then(|| self.db.poll_interval())
     }
 
     async fn open_session(&self, owner: &str, ttl: Duration) -> Result<SessionGrant> {
@@ -614,7 +626,7 @@ impl LeaseStore for SqliteLeaseStore {
             .map_err(store_error("cannot release the session's roles"))?;
         commit(tx, "cannot commit the close").await?;
         for role in &released {
-            self.db.signal_change(role);
+            self.db.announce_term(role);
         }
         if named {
             // A node kept alive by the session may have gone with it.

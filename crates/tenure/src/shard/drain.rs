@@ -35,9 +35,10 @@ pub const DRAIN_ROLE_PREFIX: &str = "tenure.drain/";
 const DRAIN_POLL: Duration = Duration::from_secs(60);
 
 /// How often a member reads its drain role on a store whose waits poll
-/// ([`LeaseStore::change_poll`]): a drain asked there is seen within this, and the
-/// watch costs one read per this instead of one per poll of the store (on SQLite, a
-/// read every 10 ms: half the CPU of a settled group).
+/// ([`LeaseStore::change_poll`]; SQLite where another process's writes are not
+/// announced): a drain asked there is seen within this, and the watch costs one read
+/// per this instead of one per poll of the store (a read every 10 ms: half the CPU of a
+/// settled group).
 const DRAIN_POLL_SLOW_STORE: Duration = Duration::from_secs(1);
 
 /// How often [`request_drain`] counts the member's shards without a push of one of them.
