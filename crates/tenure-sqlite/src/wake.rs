@@ -11,9 +11,9 @@
 //! hands a role to an owner sends the role's name there, and the listener wakes its
 //! process's waiters on that role, which read the row as any poll would.
 //!
-//! An observer's wait on a role (a leader watching for handoff requests, a member for
-//! drain requests, `observe`) watches the role on a socket named after the file and the
-//! role: one process at a time holds that name (the waits themselves receive on it, so
+//! A wait on a role's terms (a leader watching for handoff requests, a member for drain
+//! requests, `observe`, a contender waiting for its turn) watches the role on a socket
+//! named after the file and the role: one process at a time holds that name (the waits themselves receive on it, so
 //! it is free again the moment the last of them ends), and every store writing a new or
 //! ended term of the role sends its name there (a failed send to nobody costs one
 //! system call). The watching process then polls the file rarely instead of every poll

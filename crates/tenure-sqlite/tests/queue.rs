@@ -22,10 +22,28 @@ fn t0() -> SystemTime {
 }
 
 async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatabase {
+    open_polling(path, clock, Duration::from_millis(5)).await
+}
+
+/// The file at `path` opened as another process would, its waits polling every `poll`.
+async fn open_polling(
+    path: &std::path::Path,
+    clock: &ManualHostClock,
+    poll: Duration,
+) -> SqliteDatabase {
     let options = SqliteOptions::new()
         .with_clock(clock.clone())
-        .poll_interval(Duration::from_millis(5));
+        .poll_interval(poll);
     SqliteDatabase::open_with(path, options).await.unwrap()
+}
+
+/// The store of [`open_polling`].
+async fn store_polling(
+    path: &std::path::Path,
+    clock: &ManualHostClock,
+    poll: Duration,
+) -> Arc<SqliteLeaseStore> {
+    Arc::new(open_polling(path, clock, poll).await.lease_store())
 }
 
 async fn candidates(db: &SqliteDatabase, role: &str) -> Vec<String> {
@@ -145,15 +163,8 @@ async fn a_release_wakes_the_successor_in_another_process() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("wake.db");
     let clock = ManualHostClock::new(t0());
-    let open = || async {
-        let options = SqliteOptions::new()
-            .with_clock(clock.clone())
-            .poll_interval(Duration::from_secs(10));
-        let db = SqliteDatabase::open_with(&path, options).await.unwrap();
-        Arc::new(db.lease_store())
-    };
-    let a = open().await;
-    let b = open().await;
+    let open = || store_polling(&path, &clock, Duration::from_secs(10));
+    let (a, b) = (open().await, open().await);
     let mut term = a
         .try_acquire_or_queue("r", "node-a", TTL, None)
         .await
@@ -196,6 +207,62 @@ async fn a_release_wakes_the_successor_in_another_process() {
         term = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();
         assert!(term.acquired && term.fencing_token == token, "{term:?}");
     }
+}
+
+/// A candidate that is not next learns of the handover from the role's watch: the
+/// release wakes the next candidate's process (it was handed the role) and announces the
+/// new term to the process watching the role, so a third process waiting its turn knows
+/// the new holder without its poll (30 s here). (Linux.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_candidate_hears_a_handover_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("watch.db");
+    let clock = ManualHostClock::new(t0());
+    let open = || store_polling(&path, &clock, Duration::from_secs(30));
+    let (holder, next, last) = (open().await, open().await, open().await);
+    let term = holder
+        .try_acquire_or_queue("r", "node-a", TTL, None)
+        .await
+        .unwrap();
+    let queued = next.try_acquire_or_queue("r", "node-b", TTL, None);
+    assert!(!queued.await.unwrap().acquired);
+    let waiting = last.try_acquire_or_queue("r", "node-c", TTL, None).await;
+    let observed = waiting.unwrap().fencing_token;
+    let waiter = {
+        let last = Arc::clone(&last);
+        tokio::spawn(async move {
+            let change = last
+                .wait_for_successor("r", observed, Instant::now() + TTL)
+                .await;
+            (change, Instant::now())
+        })
+    };
+    // The waiter has read the row once and sleeps on its 30 s poll.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    assert!(holder
+        .release("r", "node-a", term.fencing_token)
+        .await
+        .unwrap());
+    let (change, woke_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the candidate waiting its turn did not hear of the handover")
+        .unwrap();
+    let delay = woke_at.saturating_duration_since(released_at);
+    assert!(
+        delay < Duration::from_secs(2),
+        "heard {delay:?} after the release"
+    );
+    let handed = FencingToken::from(term.fencing_token.get() + 1);
+    assert_eq!(
+        change,
+        TermChange::Began {
+            holder: "node-b".to_owned(),
+            fencing_token: handed,
+            session: None,
+        }
+    );
 }
 
 /// Candidacies that lapsed are swept when a contender joins and when a term is handed

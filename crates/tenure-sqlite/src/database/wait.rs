@@ -19,7 +19,8 @@ const WOKEN_POLL: Duration = Duration::from_millis(100);
 /// begins or ends a term of the role announces it, so the poll only catches what no
 /// announcement brought (a writer in another network namespace, a full socket buffer).
 /// An observer waits for requests from people and scripts for as long as it leads, so
-/// this is what such a wait costs the file: a read per 10 s, not per poll interval.
+/// this is what such a wait costs the file: a read per 10 s, not per poll interval. A
+/// term that lapses writes nothing; the waits that care pass its expiry as deadline.
 const WATCHED_POLL: Duration = Duration::from_secs(10);
 
 impl SqliteDatabase {
@@ -65,30 +66,14 @@ impl SqliteDatabase {
             let read = unchanged();
             async move { read.await.map(|unchanged| (!unchanged).then_some(())) }
         };
-        self.wait_reading(key, watch, poll, deadline, changed).await;
+        self.wait_polling_for(key, watch, poll, deadline, changed)
+            .await;
     }
 
     /// [`wait_polling`](Self::wait_polling) that returns what the read found: `changed`
     /// answers `Ok(None)` while nothing changed and `Ok(Some(what))` once something
     /// did; `None` at the deadline.
     pub(crate) async fn wait_polling_for<F, Fut, T>(
-        &self,
-        key: &str,
-        poll: Duration,
-        deadline: tokio::time::Instant,
-        changed: F,
-    ) -> Option<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<Option<T>>>,
-    {
-        self.wait_reading(key, false, poll, deadline, changed).await
-    }
-
-    /// The waits' one loop: reads with `changed` until it finds a change or `deadline`
-    /// passes, woken by the signal `key`, by the role's watch if `watch` and it is
-    /// held, and by the poll.
-    async fn wait_reading<F, Fut, T>(
         &self,
         key: &str,
         watch: bool,
@@ -168,6 +153,7 @@ impl SqliteDatabase {
     /// hears its wake-ups the poll only catches what no write announces (a lost wake,
     /// the others' changes of holder): [`WOKEN_POLL`], or the poll interval if longer.
     /// Otherwise the poll interval: 100 processes polling every 10 ms saturate 2 cores.
+    /// The process that watches the role (see `wake.rs`) polls more rarely still.
     pub(crate) fn successor_poll(&self) -> Duration {
         let poll = self.inner.poll_interval;
         match &self.inner.wakes {

@@ -118,10 +118,10 @@ const READ_TOKEN: &str = "SELECT token FROM tenure_leases WHERE role = ?1";
 /// written through the same [`SqliteDatabase`], and within the polling interval (10 ms
 /// by default) for one written by another process; they only read. On Linux one
 /// process at a time watches each role its waits wait on: every write that begins or
-/// ends a term of the role wakes that process at once, and its `wait_for_change` and
-/// `wait_for_term` then read the file every 10 s rather than every polling interval
-/// (an observer waiting for requests for as long as it leads costs the file almost
-/// nothing).
+/// ends a term of the role wakes that process at once, and its waits then read the file
+/// every 10 s (or at their deadline, a lapse being no write) rather than every polling
+/// interval: an observer waiting for requests for as long as it leads, or the one
+/// follower of a pair, costs the file almost nothing.
 ///
 /// Contenders that queue ([`try_acquire_or_queue`](LeaseStore::try_acquire_or_queue))
 /// wait in `tenure_candidates`, and a release hands the role to the oldest live one in
@@ -434,7 +434,9 @@ impl LeaseStore for SqliteLeaseStore {
         let observed = token_to_db(observed).ok();
         let poll = self.db.successor_poll();
         self.db
-            .wait_polling_for(role, poll, deadline, || self.succession(role, observed))
+            .wait_polling_for(role, true, poll, deadline, || {
+                self.succession(role, observed)
+            })
             .await
             .unwrap_or(TermChange::Unknown)
     }
