@@ -13,12 +13,12 @@
 //!
 //! A wait on a role's terms (a leader watching for handoff requests, a member for drain
 //! requests, `observe`, a contender waiting for its turn) watches the role on a socket
-//! named after the file and the role: one process at a time holds that name (the waits themselves receive on it, so
-//! it is free again the moment the last of them ends), and every store writing a new or
-//! ended term of the role sends its name there (a failed send to nobody costs one
-//! system call). The watching process then polls the file rarely instead of every poll
-//! interval; the others waiting on the role poll as before, trying to take the watch at
-//! every poll.
+//! named after the file and the role. One process at a time holds that name (the waits
+//! themselves receive on it, so it is free again the moment the last of them ends), and
+//! every store writing a new or ended term of the role sends its name there (a failed
+//! send to nobody costs one system call). The watching process then polls the file
+//! rarely instead of every poll interval; the others waiting on the role poll as
+//! before, trying to take the watch at every poll.
 //!
 //! A wake carries no authority: a lost one (no listener, another network namespace)
 //! costs a poll, a forged one a read. Elsewhere than Linux nothing listens and waiters
