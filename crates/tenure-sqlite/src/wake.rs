@@ -171,9 +171,7 @@ impl RoleWatch {
     pub(crate) async fn heard(&self, signals: &Signals) -> std::io::Result<()> {
         let mut buf = vec![0u8; MAX_WAKE + 1];
         let len = self.0.recv(&mut buf).await?;
-        if let Ok(role) = std::str::from_utf8(&buf[..len.min(MAX_WAKE)]) {
-            notify(signals, role);
-        }
+        notify_named(signals, &buf[..len]);
         Ok(())
     }
 }
@@ -193,10 +191,15 @@ async fn receive(socket: tokio::net::UnixDatagram, signals: Weak<Signals>) {
         let Some(signals) = signals.upgrade() else {
             return;
         };
-        let Ok(role) = std::str::from_utf8(&buf[..len.min(MAX_WAKE)]) else {
-            continue;
-        };
-        notify(&signals, role);
+        notify_named(&signals, &buf[..len]);
+    }
+}
+
+/// Wakes the waiters in `signals` on the role a received wake-up names (its first
+/// [`MAX_WAKE`] bytes); one that is not UTF-8 names none.
+fn notify_named(signals: &Signals, wake: &[u8]) {
+    if let Ok(role) = std::str::from_utf8(&wake[..wake.len().min(MAX_WAKE)]) {
+        notify(signals, role);
     }
 }
 
