@@ -50,7 +50,9 @@ impl SqliteDatabase {
     /// role (see `wake.rs`): while this process holds the role's watch, another
     /// process's write of a term of it wakes the wait at once and the file is read
     /// every [`WATCHED_POLL`] (or `poll`, if longer); while another process holds it,
-    /// every `poll`, trying to take the watch before each read.
+    /// every `poll`, trying to take the watch before each read. After a failed read it
+    /// polls every `poll` even while watching: a change written before the watch was
+    /// taken is announced to nobody.
     pub(crate) async fn wait_polling<F, Fut>(
         &self,
         key: &str,
@@ -96,17 +98,20 @@ impl SqliteDatabase {
             if watch && watching.is_none() {
                 watching = self.inner.wakes.as_ref().and_then(|wakes| wakes.watch(key));
             }
-            match tokio::time::timeout_at(deadline, changed()).await {
+            let read = match tokio::time::timeout_at(deadline, changed()).await {
                 Ok(Ok(Some(what))) => return Some(what),
                 Err(_) => return None,
-                Ok(Ok(None)) => {}
+                Ok(Ok(None)) => true,
                 Ok(Err(error)) => {
-                    tracing::debug!(key, %error, "cannot poll for a change; retrying")
+                    tracing::debug!(key, %error, "cannot poll for a change; retrying");
+                    false
                 }
-            }
+            };
+            // A change written before the watch was taken is announced to nobody: only
+            // a read that succeeded lets the watch stand in for the poll.
             let poll = match watching {
-                Some(_) => poll.max(WATCHED_POLL),
-                None => poll,
+                Some(_) if read => poll.max(WATCHED_POLL),
+                _ => poll,
             };
             let next = (tokio::time::Instant::now() + poll).min(deadline);
             let heard = async {
