@@ -53,30 +53,54 @@ pub fn place(
     members: &[String],
     current: &BTreeMap<u32, String>,
 ) -> BTreeMap<u32, String> {
-    let members: Vec<&str> = members
+    let members: Vec<String> = members
         .iter()
-        .map(String::as_str)
         .collect::<BTreeSet<_>>()
         .into_iter()
+        .cloned()
         .collect();
-    if members.is_empty() || shards == 0 {
-        return BTreeMap::new();
+    let index: FxHashMap<&str, u32> = (0..).zip(&members).map(|(i, m)| (m.as_str(), i)).collect();
+    let mut owners = vec![NO_MEMBER; shards as usize];
+    for (&shard, owner) in current.range(..shards) {
+        if let Some(&m) = index.get(owner.as_str()) {
+            owners[shard as usize] = m;
+        }
     }
-    let index: FxHashMap<&str, usize> = members.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+    (0..shards)
+        .zip(place_indexed(group, &members, &owners))
+        .filter(|(_, m)| *m != NO_MEMBER)
+        .map(|(shard, m)| (shard, members[m as usize].clone()))
+        .collect()
+}
+
+/// What [`place_indexed`] takes and gives for a shard with no member.
+pub(crate) const NO_MEMBER: u32 = u32::MAX;
+
+/// [`place`] on member indices: `members` sorted and distinct, `owners[k]` the index
+/// in `members` of shard `k`'s current owner (any index past the end, such as
+/// [`NO_MEMBER`], for none), one entry per shard. Returns each shard's target as an
+/// index in `members` ([`NO_MEMBER`] for every shard when there are no members). A
+/// shard group's look plans a million shards with no `String` per shard this way.
+pub(crate) fn place_indexed(group: &str, members: &[String], owners: &[u32]) -> Vec<u32> {
+    let shards = owners.len() as u32;
+    if members.is_empty() || shards == 0 {
+        return vec![NO_MEMBER; owners.len()];
+    }
+    debug_assert!(members.windows(2).all(|pair| pair[0] < pair[1]));
     let seeds: Vec<u64> = members.iter().map(|m| member_seed(group, m)).collect();
     // `mix(shard)` once per shard, not once per shard and member.
     let weight = |mixed_shard: u64, member: usize| mix(seeds[member] ^ mixed_shard);
 
     // Each live member's current shards, with its weight of each.
     let mut held: Vec<Vec<(u64, u32)>> = vec![Vec::new(); members.len()];
-    for (&shard, owner) in current.range(..shards) {
-        if let Some(&m) = index.get(owner.as_str()) {
-            held[m].push((weight(mix(u64::from(shard)), m), shard));
+    for (shard, &m) in (0..shards).zip(owners) {
+        if let Some(shards_held) = held.get_mut(m as usize) {
+            shards_held.push((weight(mix(u64::from(shard)), m as usize), shard));
         }
     }
 
     let quotas = quotas(shards, &seeds);
-    let mut target: Vec<Option<usize>> = vec![None; shards as usize];
+    let mut target = vec![NO_MEMBER; owners.len()];
     let mut load = vec![0u32; members.len()];
     for (m, shards_held) in held.iter_mut().enumerate() {
         // Keep the shards this member weighs highest (ties: the higher shard), up to its
@@ -88,27 +112,24 @@ pub fn place(
             shards_held.truncate(quota);
         }
         for &(_, shard) in shards_held.iter() {
-            target[shard as usize] = Some(m);
+            target[shard as usize] = m as u32;
         }
         load[m] = shards_held.len() as u32;
     }
     for (shard, slot) in (0..shards).zip(target.iter_mut()) {
-        if slot.is_none() {
+        if *slot == NO_MEMBER {
             let mixed = mix(u64::from(shard));
             // The quotas add up to `shards`, so some member always has room.
             let best = (0..members.len())
                 .filter(|&m| load[m] < quotas[m])
                 .max_by_key(|&m| (weight(mixed, m), std::cmp::Reverse(m)));
             if let Some(m) = best {
-                *slot = Some(m);
+                *slot = m as u32;
                 load[m] += 1;
             }
         }
     }
-    (0..shards)
-        .zip(target)
-        .filter_map(|(shard, m)| m.map(|m| (shard, members[m].to_owned())))
-        .collect()
+    target
 }
 
 /// Each member's share: `floor(N/M)`, plus one for the `N mod M` members with the

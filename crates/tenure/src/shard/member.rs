@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::assignment::Assignment;
 use super::membership::Membership;
 use super::plan::{start_handovers, MembersSeen};
 use super::probe::{Probes, PROBE_WAIT};
@@ -71,7 +72,10 @@ pub(super) struct Member<'a> {
     pub(super) working: BTreeSet<String>,
     /// The live owner of each shard at the last look: whose shards a member that left
     /// since held (see `departed_shards`).
-    pub(super) owners: BTreeMap<u32, String>,
+    pub(super) owners: Assignment,
+    /// The targets last published (as `ShardState::target`): a look whose targets are
+    /// these does not build that map of a `String` per shard again.
+    pub(super) target: Assignment,
     /// Probes of targets that work on no shard yet.
     pub(super) probes: Probes,
     pub(super) terms: BTreeMap<u32, Term>,
@@ -524,10 +528,17 @@ impl Member<'_> {
             // whole group once per `max_moves_in_flight` shards moved.
             let state = self.elector.state.borrow();
             let options = &self.elector.options;
+            let node = options.node_id.as_str();
             let handing_over = start_handovers(
                 &mut self.terms,
                 options,
-                &state.target,
+                |shard| {
+                    state
+                        .target
+                        .get(&shard)
+                        .map(String::as_str)
+                        .filter(|to| *to != node)
+                },
                 &self.working,
                 &mut self.probes,
                 Instant::now(),
@@ -583,12 +594,21 @@ impl Member<'_> {
     /// Publishes a look's members and targets, with the shards owned: one change of
     /// the state, so a watcher never sees the owned shards of one moment beside the
     /// targets of another.
-    pub(super) fn publish(&mut self, members: Vec<String>, target: BTreeMap<u32, String>) {
+    pub(super) fn publish(&mut self, members: Vec<String>, target: Assignment) {
+        let retargeted = (target != self.target).then(|| {
+            let map = target.to_map();
+            self.target = target;
+            map
+        });
         self.publish_with(|state| {
-            let changed = state.members != members || state.target != target;
-            if changed {
+            let mut changed = false;
+            if state.members != members {
                 state.members = members;
+                changed = true;
+            }
+            if let Some(target) = retargeted.filter(|target| state.target != *target) {
                 state.target = target;
+                changed = true;
             }
             changed
         });

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+mod assignment;
 mod contend;
 mod drain;
 mod member;
@@ -46,7 +47,7 @@ use membership::Membership;
 use crate::elector::{check_min_ttl, work_outcome, WorkOutcome};
 use crate::lease::validate_name;
 use crate::{
-    place, Error, FencingToken, LeaseLeaderOptions, LeaseStore, NodeRegistry, Result, SessionGrant,
+    Error, FencingToken, LeaseLeaderOptions, LeaseStore, NodeRegistry, Result, SessionGrant,
     SessionId,
 };
 
@@ -309,7 +310,8 @@ impl ShardElector {
             draining: false,
             drains: [self.draining.subscribe(), store_drain],
             working: BTreeSet::new(),
-            owners: BTreeMap::new(),
+            owners: Default::default(),
+            target: Default::default(),
             probes: Default::default(),
             terms: BTreeMap::new(),
             cooling: HashMap::new(),

@@ -11,9 +11,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::assignment::Assignment;
 use super::member::{Term, Wake};
 use super::probe::Probes;
 use super::*;
+use crate::placement::NO_MEMBER;
 
 /// What one read of the membership showed.
 #[derive(Clone, Debug, Default)]
@@ -83,7 +85,9 @@ impl Member<'_> {
                 self.settled = false;
                 self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
                 self.next_look = Some(until.min(now + options.retry_interval) + LAPSE_NUDGE);
-                self.publish(live.clone(), departed_target);
+                if let Some(target) = departed_target {
+                    self.publish(live.clone(), target);
+                }
                 return Ok(seen);
             }
         }
@@ -98,30 +102,32 @@ impl Member<'_> {
             self.next_look = self.probes.next_due();
             return Ok(seen);
         }
-        let held = self.live_owners();
+        let owners = Assignment::owners(&self.view, options.shards, &planned);
         // A look at a large group is long work between awaits (a store that answers at
         // once, as in memory, never yields): let the session's keep-alive and the other
         // tasks of this worker run between its parts.
         tokio::task::yield_now().await;
-        let owners: BTreeMap<u32, String> = held
-            .iter()
-            .map(|(shard, (holder, _, _))| (*shard, holder.clone()))
-            .collect();
-        let target = place(&options.group, options.shards, &planned, &owners);
+        let target = Assignment::placed(&options.group, &planned, &owners);
         tokio::task::yield_now().await;
+        // Owners and targets share the planned members' indices; this member's is one of
+        // them unless it is drained (then, holding shards, it is named after them).
+        let me = owners.index_of(&options.node_id);
+        let is_me = |m: u32| Some(m) == me;
         // A crashed member's shards free when its session ends and its targets move when
         // its membership lapses; neither is pushed, so look again right after the session
         // ends, and read the members right after the membership is due to lapse (a look
         // only if it did), rather than up to a retry interval later.
-        let expiry = held
+        let expiry = self
+            .view
             .iter()
-            .filter(|(shard, (holder, _, _))| {
-                *holder != options.node_id && target.get(shard) == Some(&options.node_id)
+            .filter(|(shard, _)| {
+                let owner = owners.at(**shard);
+                owner != NO_MEMBER && !is_me(owner) && is_me(target.at(**shard))
             })
-            .map(|(_, (_, left, _))| *left)
+            .map(|(_, lease)| lease.left)
             .min();
-        self.check_terms(&held);
-        self.release_strays(&held, &target).await;
+        self.check_terms(&owners);
+        self.release_strays(&target).await;
         self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
         self.next_look = expiry
             .map(|expiry| now + expiry + LAPSE_NUDGE)
@@ -130,20 +136,13 @@ impl Member<'_> {
             .min();
 
         // Hand over what is targeted at another member, a few at a time.
-        // A clone per member, not per shard: a million shards have a few hundred owners.
-        let mut working = BTreeSet::new();
-        for owner in owners.values() {
-            if !working.contains(owner) {
-                working.insert(owner.clone());
-            }
-        }
-        self.working = working;
-        self.probes.settle(&owners, now);
+        self.working = owners.members_with_shards();
+        self.probes.settle(|shard| owners.get(shard), now);
         self.probes.seen(&self.working, &planned);
         let handing_over = start_handovers(
             &mut self.terms,
             &options,
-            &target,
+            |shard| target.elsewhere(shard, me),
             &self.working,
             &mut self.probes,
             now,
@@ -152,29 +151,32 @@ impl Member<'_> {
 
         // Contend for what is targeted here, and rescue long orphans.
         let mut wanted = Vec::new();
+        let mut worked_on = self.terms.keys().copied().peekable();
         for shard in 0..options.shards {
-            if self.terms.contains_key(&shard) {
+            if worked_on.next_if_eq(&shard).is_some() {
                 continue;
             }
-            let owner = owners.get(&shard);
-            let orphan_for = match owner {
-                Some(_) => {
+            let owned = owners.at(shard) != NO_MEMBER;
+            let orphan_for = if owned {
+                if !self.orphaned_since.is_empty() {
                     self.orphaned_since.remove(&shard);
-                    Duration::ZERO
                 }
-                None => now.duration_since(*self.orphaned_since.entry(shard).or_insert(now)),
+                Duration::ZERO
+            } else {
+                now.duration_since(*self.orphaned_since.entry(shard).or_insert(now))
             };
-            let mine = target.get(&shard) == Some(&options.node_id);
+            let mine = is_me(target.at(shard));
             // A probe its target did not take is taken back at once, not left an orphan.
-            let taken_back = owner.is_none() && self.probes.take_back(shard, now);
-            let rescue =
-                owner.is_none() && (orphan_for > options.lease_ttl || taken_back) && !self.draining;
-            let cooled = self.cooled(shard, now);
+            let taken_back = !owned && self.probes.take_back(shard, now);
+            let rescue = !owned && (orphan_for > options.lease_ttl || taken_back) && !self.draining;
+            if !(mine || rescue) {
+                continue;
+            }
             // Held elsewhere with a waiter on it already (set by the contention for a
             // departed member's shards just before): its push, or its wait running out,
             // brings the next acquire, not this look.
-            let waited = owner.is_some() && self.waiting.contains(&shard);
-            if (mine || rescue) && cooled && !waited {
+            let waited = owned && self.waiting.contains(&shard);
+            if self.cooled(shard, now) && !waited {
                 wanted.push((shard, !mine));
             }
         }
@@ -186,16 +188,13 @@ impl Member<'_> {
         // not look again for many TTLs. Nothing may be pending either: a handover (one
         // begun when the shard was targeted elsewhere releases it whatever the target is
         // now), a wait, a release, an acquire that may still land.
-        let mine: Vec<u32> = target
-            .iter()
-            .filter(|(_, t)| **t == options.node_id)
-            .map(|(k, _)| *k)
-            .collect();
+        let mine = target.shards_of(me);
         self.settled = wanted.is_empty()
-            && owners.len() == options.shards as usize
             && owners
+                .of
                 .iter()
-                .all(|(shard, owner)| target.get(shard) == Some(owner))
+                .zip(&target.of)
+                .all(|(owner, target)| *owner != NO_MEMBER && owner == target)
             && self.works_on_only(&mine, now);
         self.owners = owners;
         self.publish(live.clone(), target);
@@ -233,7 +232,12 @@ impl Member<'_> {
     /// are not worked on here once its acquires were answered (see
     /// [`Member::short_looks`]).
     fn look_soon_if_short(&mut self, mine: &[u32], now: Instant) {
-        let short = mine.iter().any(|shard| !self.terms.contains_key(shard));
+        // Both in shard order: one pass, not a lookup per shard.
+        let mut worked_on = self.terms.keys().peekable();
+        let short = mine.iter().any(|shard| {
+            while worked_on.next_if(|k| *k < shard).is_some() {}
+            worked_on.next_if_eq(&shard).is_none()
+        });
         if !short {
             self.short_looks = 0;
             return;
@@ -275,43 +279,75 @@ impl Member<'_> {
     /// again for every shard the leaver has not yet released), except while looks are
     /// put off until the departed member's session ends: a session that lapses pushes
     /// nothing. Also returns the placement they were chosen by, if any.
-    fn departed_shards(&self, planned: &[String]) -> (Vec<(u32, bool)>, BTreeMap<u32, String>) {
+    fn departed_shards(&self, planned: &[String]) -> (Vec<(u32, bool)>, Option<Assignment>) {
         let options = self.options();
         let node = &options.node_id;
-        // `planned` is sorted (it comes from a set).
-        let departed = |owner: &String| owner != node && planned.binary_search(owner).is_err();
-        if self.draining || !self.owners.values().any(departed) {
-            return (Vec::new(), BTreeMap::new());
-        }
-        let target = place(&options.group, options.shards, planned, &self.owners);
-        let now = Instant::now();
-        let wanted = self
-            .owners
+        let last = &self.owners;
+        // The last look's owners as this look plans them: an index into `planned`, or
+        // none for a member not planned now. `planned` is sorted (it comes from a set).
+        let now_planned: Vec<Option<u32>> = last
+            .names
             .iter()
-            .filter(|(shard, owner)| {
-                departed(owner)
-                    && target.get(shard) == Some(node)
+            .map(|name| planned.binary_search(name).ok().map(|i| i as u32))
+            .collect();
+        let departed: Vec<bool> = (last.names.iter().zip(&now_planned))
+            .map(|(name, now)| name != node && now.is_none())
+            .collect();
+        let departed_at = |shard: u32| departed.get(last.at(shard) as usize) == Some(&true);
+        if self.draining
+            || !departed.contains(&true)
+            || !(0..).zip(&last.of).any(|(k, _)| departed_at(k))
+        {
+            return (Vec::new(), None);
+        }
+        let owners = Assignment {
+            names: planned.to_vec(),
+            of: last
+                .of
+                .iter()
+                .map(|m| {
+                    now_planned
+                        .get(*m as usize)
+                        .copied()
+                        .flatten()
+                        .unwrap_or(NO_MEMBER)
+                })
+                .collect(),
+        };
+        let target = Assignment::placed(&options.group, planned, &owners);
+        let me = target.index_of(node);
+        let now = Instant::now();
+        let wanted = (0..options.shards)
+            .filter(|shard| {
+                departed_at(*shard)
+                    && me.is_some_and(|me| target.at(*shard) == me)
                     && !self.terms.contains_key(shard)
                     && (self.look_put_off.is_some() || !self.waiting.contains(shard))
-                    && self.cooled(**shard, now)
+                    && self.cooled(*shard, now)
             })
-            .map(|(shard, _)| (*shard, false))
+            .map(|shard| (shard, false))
             .collect();
-        (wanted, target)
+        (wanted, Some(target))
     }
 
     /// Cancels every term the store no longer shows as this member's under its token
     /// (`held`, read after each of them began): a release or takeover this member did not
     /// see (applied late, or answered with an error) ended it, and its work must not go on
     /// while another member may take the shard.
-    pub(super) fn check_terms(&mut self, held: &BTreeMap<u32, (String, Duration, FencingToken)>) {
-        let node = &self.elector.options.node_id;
+    pub(super) fn check_terms(&mut self, owners: &Assignment) {
+        let me = owners.index_of(&self.elector.options.node_id);
+        // Both in shard order: one pass over the copy, not a lookup per term.
+        let mut leases = self.view.iter().peekable();
         for (shard, term) in &self.terms {
-            let shown = held
-                .get(shard)
-                .is_some_and(|(holder, _, token)| holder == node && *token == term.token);
+            while leases.next_if(|(k, _)| *k < shard).is_some() {}
+            let lease = leases
+                .peek()
+                .filter(|(k, _)| *k == shard)
+                .map(|(_, lease)| *lease);
+            let shown = me.is_some_and(|me| owners.at(*shard) == me)
+                && lease.is_some_and(|lease| lease.fencing_token == term.token);
             if !shown && !term.leadership.is_cancelled() {
-                warn!(shard, token = %term.token, store = ?held.get(shard),
+                warn!(shard, token = %term.token, store = ?lease,
                     "the store no longer shows this term: cancelling its work");
                 term.leadership.cancel();
             }
@@ -323,23 +359,23 @@ impl Member<'_> {
     /// the target, so the next term takes a new token; a lost acquire that the store
     /// granted, or a term handed to this session, is released when the shard is
     /// targeted elsewhere (targeted here, it is taken like any other shard).
-    pub(super) async fn release_strays(
-        &mut self,
-        held: &BTreeMap<u32, (String, Duration, FencingToken)>,
-        target: &BTreeMap<u32, String>,
-    ) {
+    pub(super) async fn release_strays(&mut self, target: &Assignment) {
         let node = self.elector.options.node_id.clone();
-        let held_here = |shard: &u32| {
-            held.get(shard)
-                .filter(|(holder, _, _)| *holder == node)
-                .map(|(_, _, token)| *token)
+        let held_here = |view: &crate::LeaseCopy<u32>, shard: u32| {
+            view.get(&shard)
+                .filter(|lease| lease.live_holder() == Some(node.as_str()))
+                .map(|lease| lease.fencing_token)
         };
-        for (shard, token) in std::mem::take(&mut self.pending_releases) {
-            // Shown under another token (or not at all), that term is over: a late
-            // release of it is a no-op.
-            if held_here(&shard) == Some(token) && !self.terms.contains_key(&shard) {
-                self.release(shard, token).await;
-            }
+        // Shown under another token (or not at all), that term is over: a late release
+        // of it is a no-op.
+        let pending: Vec<(u32, FencingToken)> = std::mem::take(&mut self.pending_releases)
+            .into_iter()
+            .filter(|(shard, token)| {
+                held_here(&self.view, *shard) == Some(*token) && !self.terms.contains_key(shard)
+            })
+            .collect();
+        for (shard, token) in pending {
+            self.release(shard, token).await;
         }
         // Also a shard handed to this session (see `LeaseStore::hand_to_session`) by a
         // member whose plan differed from this look's: held under this very session, so
@@ -356,8 +392,8 @@ impl Member<'_> {
             .chain(handed)
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .filter(|shard| !self.terms.contains_key(shard) && target.get(shard) != Some(&node))
-            .filter_map(|shard| Some((*shard, held_here(shard)?)))
+            .filter(|shard| !self.terms.contains_key(shard) && target.get(**shard) != Some(&node))
+            .filter_map(|shard| Some((*shard, held_here(&self.view, *shard)?)))
             .collect();
         for (shard, token) in stranded {
             info!(shard, token = %token, "releasing a shard an acquire took with no term here");
@@ -396,28 +432,29 @@ impl Member<'_> {
             debug!(%error, "could not read the group before joining");
             return None;
         }
-        let held = self.live_owners();
         for members in [&mut seen.group, &mut seen.registry] {
             members.push(me.clone());
             members.sort();
             members.dedup();
         }
-        let owners: BTreeMap<u32, String> = held
-            .iter()
-            .map(|(shard, (holder, _, _))| (*shard, holder.clone()))
-            .collect();
-        let target = place(&options.group, options.shards, &seen.group, &owners);
+        let owners = Assignment::owners(&self.view, options.shards, &seen.group);
+        let target = Assignment::placed(&options.group, &seen.group, &owners);
+        let here = target.index_of(me);
         let mut all_waited = true;
-        for (shard, t) in &target {
-            if t != me {
-                continue;
-            }
-            match held.get(shard) {
-                Some((holder, _, token)) if holder != me => {
-                    self.wait_for_push(*shard, role(&options.group, *shard), *token, wake_tx);
-                    all_waited &= self.waiting.contains(shard);
+        for shard in target.shards_of(here) {
+            let held_elsewhere =
+                owners.at(shard) != NO_MEMBER && owners.index_of(me) != Some(owners.at(shard));
+            match self.view.get(&shard).filter(|_| held_elsewhere) {
+                Some(lease) => {
+                    self.wait_for_push(
+                        shard,
+                        role(&options.group, shard),
+                        lease.fencing_token,
+                        wake_tx,
+                    );
+                    all_waited &= self.waiting.contains(&shard);
                 }
-                _ => all_waited = false,
+                None => all_waited = false,
             }
         }
         // The waits run as tasks of their own: let them begin (subscribe, read the
@@ -479,32 +516,18 @@ impl Member<'_> {
         self.settled &= !changed;
         Ok(())
     }
-
-    /// The live owner of each shard in the copy of the group, how long its term has
-    /// left unless renewed (on store time), and its token.
-    pub(super) fn live_owners(&self) -> BTreeMap<u32, Held> {
-        self.view
-            .iter()
-            .filter_map(|(k, lease)| {
-                let holder = lease.live_holder()?.to_owned();
-                Some((*k, (holder, lease.left, lease.fencing_token)))
-            })
-            .collect()
-    }
 }
 
-/// A shard's live owner as a look sees it: holder, time left in its term, token.
-type Held = (String, Duration, FencingToken);
-
-/// Starts handing over shards targeted at other members, as many as
-/// `max_moves_in_flight` leaves room for. A target that works on no shard (`working`,
+/// Starts handing over shards targeted at other members (`elsewhere`: a shard's
+/// target when that is another member), as many as `max_moves_in_flight` leaves room
+/// for. A target that works on no shard (`working`,
 /// from the last look) gets a probe first (see [`super::probe`]); a rescued shard goes
 /// only to a target that works, or as a probe after [`RESCUE_HOLD`] TTLs. Returns the
 /// shards it began handing over.
-pub(super) fn start_handovers(
+pub(super) fn start_handovers<'a>(
     terms: &mut BTreeMap<u32, Term>,
     options: &ShardOptions,
-    target: &BTreeMap<u32, String>,
+    elsewhere: impl Fn(u32) -> Option<&'a str>,
     working: &BTreeSet<String>,
     probes: &mut Probes,
     now: Instant,
@@ -514,9 +537,9 @@ pub(super) fn start_handovers(
     let mut room = options.max_moves_in_flight.saturating_sub(moving);
     // A probe is the shard held here longest of those a target that works on none may
     // get, so a wedged target's failed probes fall on each of its shards in turn.
-    let mut probe_of: BTreeMap<&String, (Instant, u32)> = BTreeMap::new();
+    let mut probe_of: BTreeMap<&str, (Instant, u32)> = BTreeMap::new();
     for (shard, term) in terms.iter() {
-        let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+        let Some(to) = elsewhere(*shard) else {
             continue;
         };
         let held_long = now.duration_since(term.started) >= options.lease_ttl * RESCUE_HOLD;
@@ -532,7 +555,7 @@ pub(super) fn start_handovers(
         if room == 0 {
             break;
         }
-        let Some(to) = target.get(shard).filter(|t| **t != options.node_id) else {
+        let Some(to) = elsewhere(*shard) else {
             continue;
         };
         if term.handing_over {

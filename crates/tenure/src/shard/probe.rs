@@ -15,7 +15,7 @@
 //! plan apart for a moment) tested nothing: its target may be probed again at the next
 //! look.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -93,20 +93,20 @@ impl Probes {
         }
     }
 
-    /// Forgets the probes whose shards have an owner at `now` (`owners`, from a look).
+    /// Forgets the probes whose shards have an owner at `now` (`owner_of`, from a look).
     /// One taken by a member other than its target before it was due back tested
     /// nothing: the target may be probed again at once, not after a backoff it did not
     /// earn (members joining together plan apart for a moment, and one may take
     /// another's probe: that target then got no shard for `RESCUE_HOLD` TTLs). One
     /// taken later was rescued from a target that did not take it: the backoff stands.
-    pub(super) fn settle(&mut self, owners: &BTreeMap<u32, String>, now: Instant) {
+    pub(super) fn settle<'a>(&mut self, owner_of: impl Fn(u32) -> Option<&'a str>, now: Instant) {
         let targets = &mut self.targets;
         self.released
-            .retain(|shard, (until, target)| match owners.get(shard) {
+            .retain(|shard, (until, target)| match owner_of(*shard) {
                 None => true,
                 Some(owner) => {
                     match target {
-                        Some(target) if target != owner && now < *until => {
+                        Some(target) if *target != owner && now < *until => {
                             targets.remove(target.as_str());
                         }
                         _ => {}
@@ -124,6 +124,8 @@ impl Probes {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     const TTL: Duration = Duration::from_secs(1);
@@ -176,7 +178,7 @@ mod tests {
         // b's probe was taken by d (planning apart for a moment), c took its own, and
         // d's is still free.
         let owners = BTreeMap::from([(1, "d".to_owned()), (2, "c".to_owned())]);
-        probes.settle(&owners, now);
+        probes.settle(|k| owners.get(&k).map(String::as_str), now);
         assert!(
             probes.try_probe("b", now, TTL),
             "b was not tested: probed again"
@@ -186,7 +188,7 @@ mod tests {
             "c took its probe: no second one"
         );
         // e's probe, still free when due, was rescued by a: e's backoff stands.
-        probes.settle(&BTreeMap::from([(4, "a".to_owned())]), until);
+        probes.settle(|k| (k == 4).then_some("a"), until);
         assert!(
             !probes.try_probe("e", until, TTL),
             "e did not take its probe"
