@@ -380,20 +380,29 @@ impl Member<'_> {
         // Also a shard handed to this session (see `LeaseStore::hand_to_session`) by a
         // member whose plan differed from this look's: held under this very session, so
         // no other process of this node works on it.
+        // Every shard worked on here is held under this session too: skip those in one
+        // pass in shard order (a member of a million shards holds a million).
         let current = self.session.as_ref().map(|session| session.id);
-        let handed = self
+        let mut worked_on = self.terms.keys().peekable();
+        let handed: Vec<u32> = self
             .view
             .iter()
             .filter(|(_, lease)| lease.session.is_some() && lease.session == current)
-            .map(|(shard, _)| shard);
+            .map(|(shard, _)| *shard)
+            .filter(|shard| {
+                while worked_on.next_if(|k| *k < shard).is_some() {}
+                worked_on.peek() != Some(&shard)
+            })
+            .collect();
         let stranded: Vec<(u32, FencingToken)> = self
             .lost_acquires
             .iter()
+            .copied()
             .chain(handed)
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .filter(|shard| !self.terms.contains_key(shard) && target.get(**shard) != Some(&node))
-            .filter_map(|shard| Some((*shard, held_here(&self.view, *shard)?)))
+            .filter(|shard| !self.terms.contains_key(shard) && target.get(*shard) != Some(&node))
+            .filter_map(|shard| Some((shard, held_here(&self.view, shard)?)))
             .collect();
         for (shard, token) in stranded {
             info!(shard, token = %token, "releasing a shard an acquire took with no term here");
