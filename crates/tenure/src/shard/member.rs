@@ -73,8 +73,9 @@ pub(super) struct Member<'a> {
     /// The live owner of each shard at the last look: whose shards a member that left
     /// since held (see `departed_shards`).
     pub(super) owners: Assignment,
-    /// The targets last published (as `ShardState::target`): a look whose targets are
-    /// these does not build that map of a `String` per shard again.
+    /// The targets last published (as `ShardState::target`), by member index: what
+    /// wakes and the next waves of handovers act on between looks, and a look whose
+    /// targets are these does not build that map of a `String` per shard again.
     pub(super) target: Assignment,
     /// Probes of targets that work on no shard yet.
     pub(super) probes: Probes,
@@ -462,7 +463,8 @@ impl Member<'_> {
 
     /// Whether the last look targeted `shard` at this member.
     pub(super) fn targeted_here(&self, shard: u32) -> bool {
-        self.elector.state.borrow().target.get(&shard) == Some(&self.options().node_id)
+        let here = self.target.index_of(&self.options().node_id);
+        here.is_some_and(|here| self.target.at(shard) == here)
     }
 
     /// A term's work ended: release the shard. Returns whether the group must be read
@@ -499,13 +501,9 @@ impl Member<'_> {
         // none takes its shards itself (a probe first), which shows that its loop runs
         // and not only its session's keep-alive; handed to a session whose loop is stuck
         // they would be held, idle, for as long as the keep-alives go on.
+        let here = self.target.index_of(&self.options().node_id);
         let target = if term.handing_over {
-            let state = self.elector.state.borrow();
-            state
-                .target
-                .get(&shard)
-                .filter(|to| **to != self.options().node_id)
-                .cloned()
+            self.target.elsewhere(shard, here).map(str::to_owned)
         } else {
             None
         };
@@ -526,19 +524,11 @@ impl Member<'_> {
         if term.handing_over {
             // The next few, on the last look's targets: a look per wave would read the
             // whole group once per `max_moves_in_flight` shards moved.
-            let state = self.elector.state.borrow();
-            let options = &self.elector.options;
-            let node = options.node_id.as_str();
+            let target = &self.target;
             let handing_over = start_handovers(
                 &mut self.terms,
-                options,
-                |shard| {
-                    state
-                        .target
-                        .get(&shard)
-                        .map(String::as_str)
-                        .filter(|to| *to != node)
-                },
+                &self.elector.options,
+                |shard| target.elsewhere(shard, here),
                 &self.working,
                 &mut self.probes,
                 Instant::now(),
