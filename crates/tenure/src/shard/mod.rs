@@ -5,10 +5,10 @@
 //! [`ShardElector`] is one member. It heartbeats its `node_id` into a [`NodeRegistry`]
 //! (metadata `group = G`), computes the target owner of every shard from the live
 //! members with [`place`](crate::placement::place), contends only for the shards
-//! targeted at it, and hands the others over gracefully (cancel the work, await it, release, so the target takes the
-//! shard on the store's push). It holds all its shards under one session
-//! ([`crate::session`]), so keeping them alive costs one call per renew interval however
-//! many it holds.
+//! targeted at it, and hands the others over gracefully (cancel the work, await it,
+//! release, so the target takes the shard on the store's push). It holds all its shards
+//! under one session ([`crate::session`]), so keeping them alive costs one call per
+//! renew interval however many it holds.
 //!
 //! **Guarantees.** Each shard has at most one live owner at any store time (it is a
 //! lease). A member cancels every shard's `leadership` no later than
