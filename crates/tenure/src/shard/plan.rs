@@ -331,9 +331,9 @@ impl Member<'_> {
     }
 
     /// Cancels every term the store no longer shows as this member's under its token
-    /// (`held`, read after each of them began): a release or takeover this member did not
-    /// see (applied late, or answered with an error) ended it, and its work must not go on
-    /// while another member may take the shard.
+    /// (the copy, read after each of them began, and `owners` named from it): a release
+    /// or takeover this member did not see (applied late, or answered with an error)
+    /// ended it, and its work must not go on while another member may take the shard.
     pub(super) fn check_terms(&mut self, owners: &Assignment) {
         let me = owners.index_of(&self.elector.options.node_id);
         // Both in shard order: one pass over the copy, not a lookup per term.
