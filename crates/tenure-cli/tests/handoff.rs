@@ -85,7 +85,12 @@ fn handoff_moves_the_role_to_the_waiting_contender(store: &str, dir: &Path) {
     assert_eq!(code, 124, "{line} {stderr}");
     assert_eq!(line["outcome"], "not_handed_over", "{line}");
     assert!(b.exited().is_none(), "b leads on: {}", b.stderr());
-    assert_eq!(lines(&log).last().map(String::as_str), Some("start b"));
+    assert_eq!(
+        lines(&log).last().map(String::as_str),
+        Some("start b"),
+        "b's command runs on: {}",
+        b.stderr()
+    );
     b.signal(nix::sys::signal::Signal::SIGTERM);
     b.code_within(LONG);
 }
