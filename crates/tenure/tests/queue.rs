@@ -312,3 +312,73 @@ async fn a_handoff_asked_through_the_store_moves_the_term() {
     );
     shut_down(&shutdown, runs).await;
 }
+
+/// Delays every read of a role's queue (`candidates`) by its duration.
+struct SlowQueueReads(Duration);
+
+#[async_trait]
+impl Interceptor for SlowQueueReads {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        if matches!(call, Call::Candidates { .. }) {
+            eprintln!("candidates at {:?}", tokio::time::Instant::now());
+            tokio::time::sleep(self.0).await;
+        }
+        next.run(call).await
+    }
+}
+
+/// Setup: node-a leads; its store answers renewals at once but reads of who waits take
+/// 30 s (three TTLs). A handoff asked through the store makes node-a read who waits
+/// before it stops its work: while that read is slow, node-a must still renew, and lead
+/// on under the same token throughout, whatever the read answers. (Before the fix the
+/// leader stopped renewing while it read, lost its term at the local deadline, and took
+/// its own lease again: its work was stopped and started again, as `tenure run`'s
+/// command was.)
+#[tokio::test(start_paused = true)]
+async fn a_slow_read_of_who_waits_does_not_end_the_term() {
+    use tenure::handoff::{request_handoff, HandoffOutcome};
+    let memory = memory();
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(InterceptStore::new(memory.clone()).with(Arc::new(SlowQueueReads(secs(30)))));
+    let shutdown = CancellationToken::new();
+    let never = CancellationToken::new();
+    let a = elector(store.clone(), "node-a");
+    let mut a_state = a.watch();
+    let run_a = run(&a, &never, &shutdown);
+    let token = leads(&mut a_state, "node-a leads").await;
+    // Every state node-a passes through from here on.
+    let mut watch_a = a_state.clone();
+    let states = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while watch_a.changed().await.is_ok() {
+            seen.push(watch_a.borrow().clone());
+        }
+        seen
+    });
+
+    let direct: Arc<dyn LeaseStore> = memory.clone();
+    let outcome = request_handoff(direct, ROLE, Some("node-x"), "ops", secs(60))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, HandoffOutcome::NotHandedOver { from } if from.owner == "node-a"),
+        "{outcome:?}"
+    );
+    let info = memory.get(ROLE).await.unwrap().unwrap();
+    assert_eq!(
+        (info.live_holder(), info.fencing_token),
+        (Some("node-a"), token),
+        "node-a's term went on"
+    );
+    shut_down(&shutdown, [run_a]).await;
+    drop(a);
+    let seen = states.await.unwrap();
+    let before_shutdown: Vec<_> = seen
+        .iter()
+        .take_while(|state| !matches!(state, ElectionState::Idle))
+        .collect();
+    assert!(
+        before_shutdown.len() <= 1,
+        "node-a left its term before the shutdown: {seen:?}"
+    );
+}
