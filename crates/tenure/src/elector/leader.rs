@@ -50,31 +50,48 @@ impl LeaseLeaderElector {
         let mut task: JoinHandle<Fut::Output> = tokio::spawn(work(term.token, leadership.clone()));
         let mut renewal: Option<AttemptFuture<'_>> = None;
         let mut requests = Box::pin(self.handoff_requests(role, term.token));
+        // A handoff asked, while the leader reads whether its successor waits: beside
+        // the renewals, not instead of them (a slow read must not end a healthy term).
+        let mut checking: Option<(AskedOf, SuccessorCheck<'_>)> = None;
         let end = loop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break TermEnd::Shutdown,
                 joined = &mut task => break TermEnd::WorkReturned(work_outcome(joined)),
-                asked = &mut requests => {
+                asked = &mut requests, if checking.is_none() => {
                     let successor = asked.successor;
                     self.handoffs_acted.lock().insert(role.to_owned(), asked.request_token);
                     info!(role, owner, token = %term.token, ?successor, "handoff asked through the store");
-                    if self.successor_waits(role, successor.as_deref(), term.deadline()).await {
-                        break TermEnd::HandOff(HandoffRequest {
-                            token: term.token,
-                            successor,
-                            // Nobody in this process waits for the answer.
-                            answer: oneshot::channel().0,
-                        });
-                    }
-                    requests = Box::pin(self.handoff_requests(role, term.token));
+                    let check = self.successor_waits(role, successor.clone(), term.deadline());
+                    checking = Some((AskedOf::Store(successor), Box::pin(check)));
                 }
-                _ = self.handoff_requested.notified() => {
+                _ = self.handoff_requested.notified(), if checking.is_none() => {
                     if let Some(request) = self.take_handoff(term.token) {
-                        if self.successor_waits(role, request.successor.as_deref(), term.deadline()).await {
+                        let check =
+                            self.successor_waits(role, request.successor.clone(), term.deadline());
+                        checking = Some((AskedOf::InProcess(request), Box::pin(check)));
+                    }
+                }
+                waits = checked(&mut checking), if checking.is_some() => {
+                    match checking.take().map(|(asked, _)| asked) {
+                        Some(AskedOf::Store(successor)) if waits => {
+                            break TermEnd::HandOff(HandoffRequest {
+                                token: term.token,
+                                successor,
+                                // Nobody in this process waits for the answer.
+                                answer: oneshot::channel().0,
+                            });
+                        }
+                        Some(AskedOf::Store(_)) => {
+                            requests = Box::pin(self.handoff_requests(role, term.token));
+                        }
+                        Some(AskedOf::InProcess(request)) if waits => {
                             break TermEnd::HandOff(request);
                         }
-                        let _ = request.answer.send(Ok(false));
+                        Some(AskedOf::InProcess(request)) => {
+                            let _ = request.answer.send(Ok(false));
+                        }
+                        None => {}
                     }
                 }
                 _ = tokio::time::sleep_until(term.deadline()) => {
@@ -295,13 +312,13 @@ impl LeaseLeaderElector {
     async fn successor_waits(
         &self,
         role: &str,
-        successor: Option<&str>,
+        successor: Option<String>,
         deadline: Instant,
     ) -> bool {
         let owner = self.options.owner_id.as_str();
         match tokio::time::timeout_at(deadline, self.store.candidates(role)).await {
             Ok(Ok(candidates)) => {
-                let waits = match successor {
+                let waits = match successor.as_deref() {
                     Some(successor) => candidates.iter().any(|c| c == successor),
                     None => !candidates.is_empty(),
                 };
@@ -423,5 +440,23 @@ impl LeaseLeaderElector {
         }
         self.pending_releases.lock().insert(role.to_owned(), token);
         false
+    }
+}
+
+/// A handoff asked of the term: through the store (to `successor`, any contender for
+/// `None`), or in process (answered on the request's channel).
+enum AskedOf {
+    Store(Option<String>),
+    InProcess(HandoffRequest),
+}
+
+/// The read of whether a handoff's successor waits (see `successor_waits`).
+type SuccessorCheck<'a> = std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+
+/// The answer of the check in `checking`; pending while there is none.
+async fn checked(checking: &mut Option<(AskedOf, SuccessorCheck<'_>)>) -> bool {
+    match checking {
+        Some((_, check)) => check.await,
+        None => std::future::pending().await,
     }
 }
