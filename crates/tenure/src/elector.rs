@@ -368,7 +368,8 @@ impl LeaseLeaderElector {
             let _ = earlier.answer.send(Ok(false));
         }
         self.handoff_requested.notify_one();
-        // The leader loop drops the request unanswered only when `run` ends first.
+        // The leader loop drops the request unanswered only when `run` ends first, or
+        // the term ends while it reads who waits: not handed over, either way.
         answered.await.unwrap_or(Ok(false))
     }
 
