@@ -11,7 +11,9 @@
 //! stays on the store's steady clock (what SQLite does on the host's monotonic clock).
 //! Some releases and acquires reach the store after their caller gave up: the request
 //! is on the wire, the caller gets an error or no answer at all, and the store applies
-//! it up to two TTLs later. Electors are also shut down and restarted as new owners,
+//! it up to two TTLs later. A leader asked for a handoff reads who waits first: that read
+//! is often answered only after a renewal was due (up to two TTLs), and sometimes
+//! fails. Electors are also shut down and restarted as new owners,
 //! their work sometimes returns, and then `run` is sometimes called again on the same
 //! elector (same owner). Every leader writes every few milliseconds through one shared
 //! [`Fence`].
@@ -224,6 +226,11 @@ struct Stats {
     handoffs_asked: u64,
     /// Handovers to a candidate whose process was paused (stalled in the queue).
     handed_to_stalled: u64,
+    /// Reads of a role's candidates (a leader asked for a handoff checks its successor
+    /// waits) answered only after a renewal was due.
+    slow_candidate_reads: u64,
+    /// Reads of a role's candidates that failed.
+    failed_candidate_reads: u64,
 }
 
 /// The outcome of one schedule.
@@ -726,8 +733,46 @@ impl Faults {
                 self.wait_out_pause().await;
                 reply
             }
+            call @ Call::Candidates { .. } => self.read_candidates(call, next).await,
             call => next.run(call).await,
         }
+    }
+
+    /// Passes on a read of who waits with a latency that is sometimes far past the
+    /// renewal due (up to two TTLs), sometimes a failure, and the process's pauses: the
+    /// leader that reads it must renew on meanwhile, and may hand over only to a
+    /// candidate the store still queues.
+    async fn read_candidates(&self, call: Call, next: Next) -> Reply {
+        let (latency, fails) = self.sim.random(|rng| {
+            let slow = rng.random_bool(0.3);
+            let latency = if slow {
+                TTL.mul_f64(rng.random_range(0.5..2.0))
+            } else {
+                TTL.mul_f64(rng.random_range(0.0..0.1))
+            };
+            (latency, rng.random_bool(0.15))
+        });
+        {
+            let mut checker = self.sim.checker.lock();
+            if latency >= RENEW {
+                checker.stats.slow_candidate_reads += 1;
+            }
+            if fails {
+                checker.stats.failed_candidate_reads += 1;
+            }
+        }
+        self.wait_out_pause().await;
+        tokio::time::sleep(latency).await;
+        let reply = if fails {
+            Reply::error(
+                &call,
+                Error::store_msg("memory", "connection reset while reading the queue"),
+            )
+        } else {
+            next.run(call).await
+        };
+        self.wait_out_pause().await;
+        reply
     }
 
     async fn hang(&self, length: Option<Duration>) {
@@ -1145,6 +1190,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
         total.handovers += s.handovers;
         total.handoffs_asked += s.handoffs_asked;
         total.handed_to_stalled += s.handed_to_stalled;
+        total.slow_candidate_reads += s.slow_candidate_reads;
+        total.failed_candidate_reads += s.failed_candidate_reads;
         if !report.violations.is_empty() {
             eprintln!(
                 "schedule {schedule} failed: rerun with TENURE_SIM_SEED={seed}\n{:#?}",
@@ -1178,6 +1225,8 @@ fn seeded_schedules_keep_invariants_1_to_4() {
     assert!(total.handovers >= schedules / 2, "{total:?}");
     assert!(total.handoffs_asked >= schedules / 4, "{total:?}");
     assert!(total.handed_to_stalled >= schedules / 50, "{total:?}");
+    assert!(total.slow_candidate_reads >= schedules / 10, "{total:?}");
+    assert!(total.failed_candidate_reads >= schedules / 20, "{total:?}");
 }
 
 /// Runs the first 200 schedules under `config` until one breaks invariant 4 with
