@@ -73,8 +73,10 @@ impl LeaseLeaderElector {
                     }
                 }
                 waits = checked(&mut checking), if checking.is_some() => {
-                    match checking.take().map(|(asked, _)| asked) {
-                        Some(AskedOf::Store(successor)) if waits => {
+                    // The arm runs only while a check is in flight.
+                    let Some((asked, _)) = checking.take() else { continue };
+                    match asked {
+                        AskedOf::Store(successor) if waits => {
                             break TermEnd::HandOff(HandoffRequest {
                                 token: term.token,
                                 successor,
@@ -82,16 +84,15 @@ impl LeaseLeaderElector {
                                 answer: oneshot::channel().0,
                             });
                         }
-                        Some(AskedOf::Store(_)) => {
+                        AskedOf::Store(_) => {
                             requests = Box::pin(self.handoff_requests(role, term.token));
                         }
-                        Some(AskedOf::InProcess(request)) if waits => {
+                        AskedOf::InProcess(request) if waits => {
                             break TermEnd::HandOff(request);
                         }
-                        Some(AskedOf::InProcess(request)) => {
+                        AskedOf::InProcess(request) => {
                             let _ = request.answer.send(Ok(false));
                         }
-                        None => {}
                     }
                 }
                 _ = tokio::time::sleep_until(term.deadline()) => {
