@@ -40,18 +40,7 @@ pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
-    if value.len() > MAX_NAME_LEN {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is {} bytes long, at most {MAX_NAME_LEN} allowed",
-                value.len()
-            ),
-        ));
-    }
-    if value.as_bytes().contains(&0) {
-        return Err(Error::invalid(field, "must not contain a NUL byte"));
-    }
+    validate_text(field, value, MAX_NAME_LEN)?;
     let has_control = if value.is_ascii() {
         value.bytes().any(|b| b.is_ascii_control())
     } else {
@@ -66,16 +55,16 @@ pub fn validate_name(field: &'static str, value: &str) -> Result<()> {
 /// Checks a term's advertised value: at most [`MAX_VALUE_LEN`] bytes, no NUL byte (SQL
 /// text cannot hold one). `field` names it in the error.
 pub fn validate_value(field: &'static str, value: Option<&str>) -> Result<()> {
-    let Some(value) = value else {
-        return Ok(());
-    };
-    if value.len() > MAX_VALUE_LEN {
+    value.map_or(Ok(()), |value| validate_text(field, value, MAX_VALUE_LEN))
+}
+
+/// The rules names and values share: at most `max` bytes, and no NUL byte (SQL text
+/// cannot hold one).
+fn validate_text(field: &'static str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
         return Err(Error::invalid(
             field,
-            format!(
-                "is {} bytes long, at most {MAX_VALUE_LEN} allowed",
-                value.len()
-            ),
+            format!("is {} bytes long, at most {max} allowed", value.len()),
         ));
     }
     if value.as_bytes().contains(&0) {
