@@ -35,6 +35,21 @@ fn random_case(rng: &mut SmallRng) -> Case {
     }
 }
 
+/// The generator of case `seed`, after it drew the case (what it draws next, owners
+/// first, belongs to that case too).
+fn seeded_case(seed: u64) -> (SmallRng, Case) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let case = random_case(&mut rng);
+    (rng, case)
+}
+
+impl Case {
+    /// `place` over this case's group, shards and members, from `owners`.
+    fn place(&self, owners: &BTreeMap<u32, String>) -> BTreeMap<u32, String> {
+        place(&self.group, self.shards, &self.members, owners)
+    }
+}
+
 /// Any current assignment: some shards owned by members, some by strangers, some free.
 fn random_owners(rng: &mut SmallRng, case: &Case) -> BTreeMap<u32, String> {
     (0..case.shards)
@@ -82,10 +97,9 @@ fn assert_balanced(seed: u64, case: &Case, placed: &BTreeMap<u32, String>) {
 #[test]
 fn deterministic_and_independent_of_member_order() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let owners = random_owners(&mut rng, &case);
-        let first = place(&case.group, case.shards, &case.members, &owners);
+        let first = case.place(&owners);
         let mut shuffled = case.members.clone();
         shuffled.reverse();
         shuffled.push(case.members[0].clone());
@@ -100,10 +114,9 @@ fn deterministic_and_independent_of_member_order() {
 #[test]
 fn balanced_from_any_current_assignment() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let owners = random_owners(&mut rng, &case);
-        let placed = place(&case.group, case.shards, &case.members, &owners);
+        let placed = case.place(&owners);
         assert_balanced(seed, &case, &placed);
     }
 }
@@ -111,12 +124,11 @@ fn balanced_from_any_current_assignment() {
 #[test]
 fn a_settled_placement_is_a_fixed_point() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let owners = random_owners(&mut rng, &case);
-        let settled = place(&case.group, case.shards, &case.members, &owners);
+        let settled = case.place(&owners);
         assert_eq!(
-            place(&case.group, case.shards, &case.members, &settled),
+            case.place(&settled),
             settled,
             "seed {seed}: placing again moves nothing"
         );
@@ -126,16 +138,15 @@ fn a_settled_placement_is_a_fixed_point() {
 #[test]
 fn a_join_moves_only_shards_to_the_newcomer() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let owners = random_owners(&mut rng, &case);
-        let before = place(&case.group, case.shards, &case.members, &owners);
+        let before = case.place(&owners);
         let mut grown = Case {
             members: case.members.clone(),
             ..case
         };
         grown.members.push("newcomer".to_owned());
-        let after = place(&grown.group, grown.shards, &grown.members, &before);
+        let after = grown.place(&before);
         assert_balanced(seed, &grown, &after);
         let moved: Vec<u32> = after
             .iter()
@@ -159,13 +170,12 @@ fn a_join_moves_only_shards_to_the_newcomer() {
 #[test]
 fn a_leave_moves_only_the_leavers_shards() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         if case.members.len() < 2 {
             continue;
         }
         let owners = random_owners(&mut rng, &case);
-        let before = place(&case.group, case.shards, &case.members, &owners);
+        let before = case.place(&owners);
         let leaver = case.members[rng.random_range(0..case.members.len())].clone();
         let shrunk = Case {
             members: case
@@ -176,7 +186,7 @@ fn a_leave_moves_only_the_leavers_shards() {
                 .collect(),
             ..case
         };
-        let after = place(&shrunk.group, shrunk.shards, &shrunk.members, &before);
+        let after = shrunk.place(&before);
         assert_balanced(seed, &shrunk, &after);
         for (shard, owner) in &before {
             if *owner != leaver {
@@ -203,13 +213,12 @@ fn a_cold_start_spreads_64_shards_over_4_members_evenly() {
 #[test]
 fn partial_progress_leaves_every_target_unchanged() {
     for seed in 0..cases() {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let owners: BTreeMap<u32, String> = random_owners(&mut rng, &case)
             .into_iter()
             .filter(|(_, owner)| case.members.contains(owner))
             .collect();
-        let target = place(&case.group, case.shards, &case.members, &owners);
+        let target = case.place(&owners);
         let mover = &case.members[rng.random_range(0..case.members.len())];
         let mut took = owners.clone();
         let mut released = owners.clone();
@@ -226,7 +235,7 @@ fn partial_progress_leaves_every_target_unchanged() {
             ("released the others", &released),
         ] {
             assert_eq!(
-                place(&case.group, case.shards, &case.members, state),
+                case.place(state),
                 target,
                 "seed {seed}: targets changed after {mover} {what}"
             );
@@ -252,11 +261,10 @@ fn digest(placed: &BTreeMap<u32, String>) -> u64 {
 fn placements_are_pinned_across_releases() {
     let mut all = 0u64;
     for seed in 0..500 {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let case = random_case(&mut rng);
+        let (mut rng, case) = seeded_case(seed);
         let current = random_owners(&mut rng, &case);
         for from in [BTreeMap::new(), current] {
-            let placed = place(&case.group, case.shards, &case.members, &from);
+            let placed = case.place(&from);
             all = all.rotate_left(7) ^ digest(&placed);
         }
     }
