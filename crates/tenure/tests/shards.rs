@@ -99,6 +99,15 @@ impl Group {
         self.try_start(node, shards).unwrap();
     }
 
+    /// Starts `nodes` on `shards` and waits the two renew intervals a group needs to
+    /// settle.
+    async fn settle(&mut self, nodes: &[&str], shards: u32) {
+        for node in nodes {
+            self.start(node, shards);
+        }
+        tokio::time::sleep(2 * RENEW).await;
+    }
+
     /// Starts a member, or returns why `ShardElector::new` refused it.
     fn try_start(&mut self, node: &str, shards: u32) -> tenure::Result<()> {
         let dead = Arc::new(AtomicBool::new(false));
@@ -213,10 +222,7 @@ impl Group {
 #[tokio::test(start_paused = true)]
 async fn four_members_settle_64_shards_evenly() {
     let mut group = Group::in_memory();
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     group.assert_balanced(64);
     let owned = group.owned();
     assert!(owned.values().all(|shards| shards.len() == 16), "{owned:?}");
@@ -282,15 +288,11 @@ async fn members_that_planned_apart_settle_before_the_retry_look() {
 #[tokio::test(start_paused = true)]
 async fn a_join_moves_only_the_newcomers_shards() {
     let mut group = Group::in_memory();
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     let before = group.workers();
     let terms_before = group.running.terms.lock().len();
 
-    group.start("e", 64);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["e"], 64).await;
     group.assert_balanced(64);
     let after = group.workers();
     let moved: Vec<u32> = after
@@ -342,14 +344,10 @@ async fn a_newcomer_waits_on_its_shards_before_it_joins() {
     let hook = waits.clone();
     let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
     let _ = waits.registry.set(group.registry.clone());
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     waits.waits.lock().clear();
 
-    group.start("e", 64);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["e"], 64).await;
     group.assert_balanced(64);
     let ends_with_e: Vec<u32> = group.owned()["e"].clone();
     let before: Vec<String> = waits
@@ -385,14 +383,10 @@ async fn a_newcomer_is_handed_its_shards_in_the_step_that_ends_their_terms() {
     let calls = Arc::new(WaitsBeforeJoin::default());
     let hook = calls.clone();
     let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     calls.handed.lock().clear();
 
-    group.start("e", 64);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["e"], 64).await;
     group.assert_balanced(64);
     let mut ends_with_e: Vec<String> = group.owned()["e"]
         .iter()
@@ -432,10 +426,7 @@ async fn a_newcomer_is_handed_its_shards_in_the_step_that_ends_their_terms() {
 #[tokio::test(start_paused = true)]
 async fn a_graceful_leave_hands_over_at_once() {
     let mut group = Group::in_memory();
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     let before = group.workers();
     let leaver = group.members.remove("b").unwrap();
     leaver.shutdown.cancel();
@@ -480,10 +471,7 @@ impl Interceptor for SlowClose {
 async fn a_graceful_leave_costs_at_most_two_acquires_per_moved_shard() {
     let (mut group, calls) =
         Group::counted_with(|store| InterceptStore::new(store).with(Arc::new(SlowClose)));
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     let before = group.workers();
     let moved = before.values().filter(|node| *node == "b").count();
     let acquired_before = *calls.roles_acquired.lock();
@@ -506,10 +494,7 @@ async fn a_graceful_leave_costs_at_most_two_acquires_per_moved_shard() {
 #[tokio::test(start_paused = true)]
 async fn a_crashed_members_shards_are_taken_within_the_ttl() {
     let mut group = Group::in_memory();
-    for node in ["a", "b", "c", "d"] {
-        group.start(node, 64);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c", "d"], 64).await;
     let crashed = group.members.remove("c").unwrap();
     crashed.dead.store(true, Ordering::SeqCst);
     crashed.task.abort();
@@ -557,10 +542,7 @@ async fn membership_reads_over_30s(outsider: Option<&str>) -> usize {
             stop.clone(),
         );
     }
-    for node in ["a", "b"] {
-        group.start(node, 16);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b"], 16).await;
     let before = counted.filter().reads();
     assert!(
         before < 1000,
@@ -869,8 +851,7 @@ async fn a_member_batches_its_acquires_as_the_store_says() {
     });
     let hook = batches.clone();
     let (mut group, _) = Group::counted_with(|store| InterceptStore::new(store).with(hook));
-    group.start("solo", 64);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["solo"], 64).await;
     group.assert_balanced(64);
     let seen = batches.seen.lock().clone();
     assert!(seen.iter().all(|len| *len <= 7), "batches: {seen:?}");
@@ -911,12 +892,8 @@ async fn renewal_costs_one_call_per_interval_however_many_shards() {
 #[tokio::test(start_paused = true)]
 async fn a_settled_group_reads_the_group_about_once_per_ten_ttls() {
     let (mut group, calls) = Group::counted();
-    group.start("a", 1000);
-    tokio::time::sleep(2 * RENEW).await;
-    for node in ["b", "c", "d"] {
-        group.start(node, 1000);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a"], 1000).await;
+    group.settle(&["b", "c", "d"], 1000).await;
     group.assert_balanced(1000);
     let terms = group.running.terms.lock().len();
     let lists = || {
@@ -949,9 +926,7 @@ async fn a_settled_group_reads_the_group_about_once_per_ten_ttls() {
 #[tokio::test(start_paused = true)]
 async fn a_settled_member_sees_a_change_no_push_announced() {
     let mut group = Group::in_memory();
-    group.start("a", 8);
-    group.start("b", 8);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b"], 8).await;
     group.assert_balanced(8);
     // Settled: the moves of the start are over, and the looks are 10 TTLs apart.
     tokio::time::sleep(2 * TTL).await;
@@ -1063,10 +1038,7 @@ fn a_registry_outliving_the_session_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn dropping_run_cancels_every_shards_leadership() {
     let mut group = Group::in_memory();
-    for node in ["a", "b"] {
-        group.start(node, 8);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b"], 8).await;
     group.assert_balanced(8);
     let dropped = group.members.remove("a").unwrap();
     dropped.task.abort();
@@ -1101,10 +1073,7 @@ fn shares(workers: &BTreeMap<u32, String>) -> BTreeMap<String, usize> {
 #[tokio::test(start_paused = true)]
 async fn a_drained_member_hands_every_shard_over_and_joins_again_after() {
     let mut group = Group::in_memory();
-    for node in ["a", "b", "c"] {
-        group.start(node, 24);
-    }
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["a", "b", "c"], 24).await;
     group.assert_balanced(24);
     let before = group.workers();
     let drained =
@@ -1147,8 +1116,7 @@ async fn a_drained_member_hands_every_shard_over_and_joins_again_after() {
 #[tokio::test(start_paused = true)]
 async fn a_lone_member_keeps_its_shards_when_drained() {
     let mut group = Group::in_memory();
-    group.start("solo", 8);
-    tokio::time::sleep(2 * RENEW).await;
+    group.settle(&["solo"], 8).await;
     let outcome =
         tenure::shard::request_drain(group.store.clone(), GROUP, "solo", "ops", 10 * TTL, 2 * TTL)
             .await
