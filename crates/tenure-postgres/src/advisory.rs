@@ -264,25 +264,20 @@ impl AdvisoryLockElector {
                 _ = ticker.tick() => {
                     let check = tokio::time::timeout(self.options.check_timeout, conn.ping()).await;
                     match check {
-                        Ok(Ok(())) => {}
+                        Ok(Ok(())) => continue,
                         Ok(Err(error)) => {
                             warn!(role, token = %token, %error, "advisory lock connection lost; leadership lost");
-                            leadership.cancel();
-                            if let Err(error) = work_outcome(task.await) {
-                                warn!(role, token = %token, %error, "leader work failed after leadership ended");
-                            }
-                            return TermEnd::ConnectionLost;
                         }
                         Err(_) => {
                             warn!(role, token = %token, "advisory lock connection did not answer; leadership lost");
-                            leadership.cancel();
-                            if let Err(error) = work_outcome(task.await) {
-                                warn!(role, token = %token, %error, "leader work failed after leadership ended");
-                            }
-                            // Dropping the connection closes it; the server then frees the lock.
-                            return TermEnd::ConnectionLost;
                         }
                     }
+                    leadership.cancel();
+                    if let Err(error) = work_outcome(task.await) {
+                        warn!(role, token = %token, %error, "leader work failed after leadership ended");
+                    }
+                    // Dropping the connection closes it; the server then frees the lock.
+                    return TermEnd::ConnectionLost;
                 }
             }
         };
