@@ -27,7 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, ThrowawayError};
-use crate::process::{free_ports, shared_server, spawn_from_keeper, sweep_stale_dirs, wait_exit};
+use crate::process::{end_within, free_ports, shared_server, spawn_from_keeper, sweep_stale_dirs};
 
 /// How long a start (or restart) may take before it is reported as failed.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -178,11 +178,7 @@ impl PgServer {
         if let Some(mut running) = child.take() {
             let pid = running.id() as libc::pid_t;
             signal_tree(pid, libc::SIGCONT);
-            unsafe { libc::kill(pid, libc::SIGINT) };
-            if !wait_exit(&mut running, Duration::from_secs(20)) {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                let _ = running.wait();
-            }
+            end_within(&mut running, libc::SIGINT, Duration::from_secs(20));
             wait_children_gone(pid, Duration::from_secs(10));
         }
     }
@@ -409,11 +405,7 @@ impl PgServer {
                 let pid = running.id() as libc::pid_t;
                 signal_tree(pid, libc::SIGCONT);
                 // Immediate shutdown: quick, and it still removes shared memory.
-                unsafe { libc::kill(pid, libc::SIGQUIT) };
-                if !wait_exit(&mut running, Duration::from_secs(5)) {
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    let _ = running.wait();
-                }
+                end_within(&mut running, libc::SIGQUIT, Duration::from_secs(5));
             }
         }
         let _ = fs::remove_dir_all(&self.root);

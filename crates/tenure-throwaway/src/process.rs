@@ -74,6 +74,17 @@ pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> bool {
     false
 }
 
+/// Sends `sig` to `child` and waits up to `grace` for it to exit; then SIGKILL, and waits
+/// until it is gone. A server that ignores its shutdown signal must not outlive the
+/// test that stops it.
+pub(crate) fn end_within(child: &mut Child, sig: libc::c_int, grace: Duration) {
+    signal(child, sig);
+    if !wait_exit(child, grace) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// `count` distinct free loopback ports (all held open at once while choosing), never
 /// 5432, where a system PostgreSQL may appear later.
 pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>> {
@@ -243,11 +254,7 @@ impl ServerProcess {
     pub(crate) fn stop(&self, grace: Duration) {
         if let Some(mut c) = lock(&self.child).take() {
             signal(&c, libc::SIGCONT);
-            signal(&c, libc::SIGTERM);
-            if !wait_exit(&mut c, grace) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            end_within(&mut c, libc::SIGTERM, grace);
         }
     }
 
