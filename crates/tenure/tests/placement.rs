@@ -35,12 +35,16 @@ fn random_case(rng: &mut SmallRng) -> Case {
     }
 }
 
-/// The generator of case `seed`, after it drew the case (what it draws next, owners
-/// first, belongs to that case too).
-fn seeded_case(seed: u64) -> (SmallRng, Case) {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let case = random_case(&mut rng);
-    (rng, case)
+/// Cases `0..count`, each with the current owners it draws after its members: the
+/// seed (for messages), the generator (for what a property draws next), the case and
+/// the owners.
+fn drawn_cases(count: u64) -> impl Iterator<Item = (u64, SmallRng, Case, BTreeMap<u32, String>)> {
+    (0..count).map(|seed| {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let case = random_case(&mut rng);
+        let owners = random_owners(&mut rng, &case);
+        (seed, rng, case, owners)
+    })
 }
 
 impl Case {
@@ -96,9 +100,7 @@ fn assert_balanced(seed: u64, case: &Case, placed: &BTreeMap<u32, String>) {
 
 #[test]
 fn deterministic_and_independent_of_member_order() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
-        let owners = random_owners(&mut rng, &case);
+    for (seed, _, case, owners) in drawn_cases(cases()) {
         let first = case.place(&owners);
         let mut shuffled = case.members.clone();
         shuffled.reverse();
@@ -113,9 +115,7 @@ fn deterministic_and_independent_of_member_order() {
 
 #[test]
 fn balanced_from_any_current_assignment() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
-        let owners = random_owners(&mut rng, &case);
+    for (seed, _, case, owners) in drawn_cases(cases()) {
         let placed = case.place(&owners);
         assert_balanced(seed, &case, &placed);
     }
@@ -123,9 +123,7 @@ fn balanced_from_any_current_assignment() {
 
 #[test]
 fn a_settled_placement_is_a_fixed_point() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
-        let owners = random_owners(&mut rng, &case);
+    for (seed, _, case, owners) in drawn_cases(cases()) {
         let settled = case.place(&owners);
         assert_eq!(
             case.place(&settled),
@@ -137,9 +135,7 @@ fn a_settled_placement_is_a_fixed_point() {
 
 #[test]
 fn a_join_moves_only_shards_to_the_newcomer() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
-        let owners = random_owners(&mut rng, &case);
+    for (seed, _, case, owners) in drawn_cases(cases()) {
         let before = case.place(&owners);
         let mut grown = Case {
             members: case.members.clone(),
@@ -169,12 +165,10 @@ fn a_join_moves_only_shards_to_the_newcomer() {
 
 #[test]
 fn a_leave_moves_only_the_leavers_shards() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
+    for (seed, mut rng, case, owners) in drawn_cases(cases()) {
         if case.members.len() < 2 {
             continue;
         }
-        let owners = random_owners(&mut rng, &case);
         let before = case.place(&owners);
         let leaver = case.members[rng.random_range(0..case.members.len())].clone();
         let shrunk = Case {
@@ -212,9 +206,8 @@ fn a_cold_start_spreads_64_shards_over_4_members_evenly() {
 /// other until their next periodic look.
 #[test]
 fn partial_progress_leaves_every_target_unchanged() {
-    for seed in 0..cases() {
-        let (mut rng, case) = seeded_case(seed);
-        let owners: BTreeMap<u32, String> = random_owners(&mut rng, &case)
+    for (seed, mut rng, case, owners) in drawn_cases(cases()) {
+        let owners: BTreeMap<u32, String> = owners
             .into_iter()
             .filter(|(_, owner)| case.members.contains(owner))
             .collect();
@@ -260,9 +253,7 @@ fn digest(placed: &BTreeMap<u32, String>) -> u64 {
 #[test]
 fn placements_are_pinned_across_releases() {
     let mut all = 0u64;
-    for seed in 0..500 {
-        let (mut rng, case) = seeded_case(seed);
-        let current = random_owners(&mut rng, &case);
+    for (_, _, case, current) in drawn_cases(500) {
         for from in [BTreeMap::new(), current] {
             let placed = case.place(&from);
             all = all.rotate_left(7) ^ digest(&placed);
