@@ -65,13 +65,11 @@ async fn advisory_lock_elector_hands_over_on_connection_loss() {
         let terms = terms.clone();
         async move {
             let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if terms.lock().unwrap().len() >= n {
-                    return terms.lock().unwrap().clone();
-                }
-                assert!(Instant::now() < deadline, "no term {n} within 10 s");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            common::poll_until(deadline, &format!("no term {n} within 10 s"), || {
+                let terms = terms.lock().unwrap();
+                (terms.len() >= n).then(|| terms.clone())
+            })
+            .await
         }
     };
     let first = wait_terms(1).await;
@@ -90,16 +88,10 @@ async fn advisory_lock_elector_hands_over_on_connection_loss() {
     let (_, next_token, _, _) = after[1];
     assert!(next_token > token, "advisory terms carry increasing tokens");
     let deadline = Instant::now() + Duration::from_secs(5);
-    let cancelled = loop {
-        if let Some(at) = terms.lock().unwrap()[0].3 {
-            break at;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old leader's work was not cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let cancelled = common::poll_until(deadline, "the old leader's work was not cancelled", || {
+        terms.lock().unwrap()[0].3
+    })
+    .await;
     assert!(cancelled.duration_since(terminated) < Duration::from_secs(3));
     stop.cancel();
     for task in tasks {

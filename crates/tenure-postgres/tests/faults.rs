@@ -184,16 +184,12 @@ async fn server_outage_longer_than_ttl() {
     // Cancelled by the local deadline: within one TTL of the last successful renewal,
     // which was before the stop finished.
     let deadline = stopped + ttl + Duration::from_millis(500);
-    let cancelled = loop {
-        if let Some(at) = terms.lock().unwrap()[0].2 {
-            break at;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "leadership not cancelled within the TTL of the outage"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let cancelled = common::poll_until(
+        deadline,
+        "leadership not cancelled within the TTL of the outage",
+        || terms.lock().unwrap()[0].2,
+    )
+    .await;
     assert!(
         cancelled <= stopped + ttl,
         "cancelled {:?} after the stop",
@@ -379,20 +375,12 @@ impl Write for Capture {
 }
 
 async fn wait_for<T: Clone>(items: &Mutex<Vec<T>>, n: usize, within: Duration) -> Vec<T> {
-    let deadline = Instant::now() + within;
-    loop {
-        {
-            let items = items.lock().unwrap();
-            if items.len() >= n {
-                return items.clone();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "fewer than {n} terms within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("fewer than {n} terms within {within:?}");
+    common::poll_until(Instant::now() + within, &what, || {
+        let items = items.lock().unwrap();
+        (items.len() >= n).then(|| items.clone())
+    })
+    .await
 }
 
 const CHILD_URL: &str = "TENURE_PG_CHILD_URL";

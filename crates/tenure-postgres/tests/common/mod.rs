@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -105,4 +105,20 @@ pub async fn upgraded(pool: &PgPool, schema: &Schema, sql: &str) -> PgLeaseStore
 /// `"schema"."name"`, quoted.
 pub fn table(schema: &Schema, name: &str) -> String {
     format!("\"{}\".\"{name}\"", schema.name())
+}
+
+/// Polls `found` every 10 ms until it gives a value; panics with `what` once `deadline`
+/// has passed without one.
+pub async fn poll_until<T>(
+    deadline: Instant,
+    what: &str,
+    mut found: impl FnMut() -> Option<T>,
+) -> T {
+    loop {
+        if let Some(value) = found() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
