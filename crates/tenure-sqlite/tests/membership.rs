@@ -10,13 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_testkit::registry::waited_for_change;
-use tenure_testkit::session_membership::{
-    self as scenario, group, keep_alive_and_beat, EVERY, SESSION_TTL, TTL,
-};
+use tenure_testkit::session_membership::{self as scenario, TTL};
 
-use tenure::{LeaseStore, NodeRegistry};
+use tenure::NodeRegistry;
 use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry};
-use tokio::time::Instant;
 
 /// A fresh file, the database over it and a store over that database.
 async fn setup() -> (tempfile::TempDir, SqliteDatabase, SqliteLeaseStore) {
@@ -43,45 +40,25 @@ fn same_time(a: std::time::SystemTime, b: std::time::SystemTime) -> bool {
     apart.is_ok_and(|apart| apart < Duration::from_millis(5))
 }
 
-/// The point: while the session is kept alive, the member's heartbeats write nothing
-/// (its row's own `last_heartbeat` stays where the first heartbeats left it, for more
-/// than a TTL) and it stays live, with `members()` reporting the keep-alive as its last
-/// heartbeat and its membership unbroken.
+/// The scenario of that name: the heartbeats write nothing while the session keeps the
+/// member alive. A reader of another database of the file (another process) sees the
+/// same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live() {
     let (dir, db, store) = setup().await;
     let registry = db.node_registry(TTL).unwrap();
-    let session = store.open_session("m", SESSION_TTL).await.unwrap();
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    let first = registry.members().await.unwrap()[0].first_seen;
-    // The first keep-alive finds the row naming the session; from then on the
-    // keep-alive is the heartbeat.
-    keep_alive_and_beat(&store, &registry, session.id, "m", EVERY).await;
-    let written = own_heartbeat(&db, "m").await;
-    keep_alive_and_beat(&store, &registry, session.id, "m", TTL + TTL / 2).await;
-    assert_eq!(
-        own_heartbeat(&db, "m").await,
-        written,
-        "a heartbeat was written while the session kept the member alive"
-    );
-    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
-    let members = registry.members().await.unwrap();
-    assert_eq!(members.len(), 1, "{members:?}");
-    assert!(
-        same_time(members[0].first_seen, first),
-        "one membership throughout: {members:?}"
-    );
-    assert_eq!(members[0].metadata, group());
-    let heard = members[0].now.duration_since(members[0].last_heartbeat);
-    assert!(
-        heard.is_ok_and(|ago| ago < TTL / 2),
-        "the last keep-alive counts as the last heartbeat: {members:?}"
-    );
-    // A reader of another database of the file (another process) sees the same.
-    let reader = SqliteNodeRegistry::open(dir.path().join("m.db"), TTL)
-        .await
-        .unwrap();
-    assert_eq!(reader.live_nodes().await.unwrap(), ["m"]);
+    scenario::a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live(
+        &store,
+        &registry,
+        || own_heartbeat(&db, "m"),
+        same_time,
+        || async {
+            SqliteNodeRegistry::open(dir.path().join("m.db"), TTL)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
 }
 
 /// Control: a registry sharing no store's sessions (every registry before) writes each
@@ -125,27 +102,18 @@ async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
     .await;
 }
 
-/// When keep-alives stop but the heartbeat loop goes on, the member's own heartbeats
-/// resume before any reader sees it lapse: it stays live past a TTL after the last
-/// keep-alive, in one membership.
+/// The scenario of that name: heartbeats resume when keep-alives stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_resume_when_keep_alives_stop() {
     let (_dir, db, store) = setup().await;
     let registry = db.node_registry(TTL).unwrap();
-    let session = store.open_session("m", SESSION_TTL).await.unwrap();
-    registry.heartbeat_with("m", &group()).await.unwrap();
-    keep_alive_and_beat(&store, &registry, session.id, "m", TTL).await;
-    let first = registry.members().await.unwrap()[0].first_seen;
-    let written = own_heartbeat(&db, "m").await;
-    let until = Instant::now() + TTL * 2;
-    while Instant::now() < until {
-        registry.heartbeat_with("m", &group()).await.unwrap();
-        assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
-        tokio::time::sleep(EVERY).await;
-    }
-    assert_ne!(own_heartbeat(&db, "m").await, written);
-    let members = registry.members().await.unwrap();
-    assert!(same_time(members[0].first_seen, first), "{members:?}");
+    scenario::heartbeats_resume_when_keep_alives_stop(
+        &store,
+        &registry,
+        || own_heartbeat(&db, "m"),
+        same_time,
+    )
+    .await;
 }
 
 /// Waits in the background, up to 20 s, for `registry`'s live members to differ from

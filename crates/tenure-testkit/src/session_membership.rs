@@ -4,8 +4,10 @@
 //! [`an_unlinked_registry_writes_every_heartbeat`], one that shares none); the tests of
 //! each backend make them.
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tenure::{LeaseStore, Metadata, NodeRegistry};
 use tokio::time::Instant;
@@ -43,6 +45,89 @@ pub async fn keep_alive_and_beat(
         registry.heartbeat_with(node, &group()).await.unwrap();
         tokio::time::sleep(EVERY).await;
     }
+}
+
+/// The point: while the session is kept alive, the member's heartbeats write nothing
+/// (its row's own `last_heartbeat` stays where the first heartbeats left it, for more
+/// than a TTL) and it stays live, with `members()` reporting the keep-alive as its last
+/// heartbeat and its membership unbroken; and `reader` (another process's registry,
+/// made once the rest has run) sees the same. `own_heartbeat` is as in
+/// [`an_unlinked_registry_writes_every_heartbeat`]; `same_time` tells whether two
+/// times `members()` reported are the same store time (a store that shows its times on
+/// the wall clock through an offset read each time may show one a few microseconds
+/// apart).
+pub async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live<T, F, R, G>(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+    own_heartbeat: impl Fn() -> F,
+    same_time: impl Fn(SystemTime, SystemTime) -> bool,
+    reader: impl FnOnce() -> G,
+) where
+    T: PartialEq + Debug,
+    F: Future<Output = T>,
+    R: NodeRegistry,
+    G: Future<Output = R>,
+{
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    let first = registry.members().await.unwrap()[0].first_seen;
+    // The first keep-alive finds the row naming the session; from then on the
+    // keep-alive is the heartbeat.
+    keep_alive_and_beat(store, registry, session.id, "m", EVERY).await;
+    let written = own_heartbeat().await;
+    keep_alive_and_beat(store, registry, session.id, "m", TTL + TTL / 2).await;
+    assert_eq!(
+        own_heartbeat().await,
+        written,
+        "a heartbeat was written while the session kept the member alive"
+    );
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+    let members = registry.members().await.unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert!(
+        same_time(members[0].first_seen, first),
+        "one membership throughout: {members:?}, first seen {first:?}"
+    );
+    assert_eq!(members[0].metadata, group());
+    let heard = members[0].now.duration_since(members[0].last_heartbeat);
+    assert!(
+        heard.is_ok_and(|ago| ago < TTL / 2),
+        "the last keep-alive counts as the last heartbeat: {members:?}"
+    );
+    let reader = reader().await;
+    assert_eq!(reader.live_nodes().await.unwrap(), ["m"]);
+}
+
+/// When keep-alives stop but the heartbeat loop goes on, the member's own heartbeats
+/// resume before any reader sees it lapse: it stays live past a TTL after the last
+/// keep-alive, in one membership. `own_heartbeat` and `same_time` are as in
+/// [`a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live`].
+pub async fn heartbeats_resume_when_keep_alives_stop<T, F>(
+    store: &dyn LeaseStore,
+    registry: &dyn NodeRegistry,
+    own_heartbeat: impl Fn() -> F,
+    same_time: impl Fn(SystemTime, SystemTime) -> bool,
+) where
+    T: PartialEq + Debug,
+    F: Future<Output = T>,
+{
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry.heartbeat_with("m", &group()).await.unwrap();
+    keep_alive_and_beat(store, registry, session.id, "m", TTL).await;
+    let first = registry.members().await.unwrap()[0].first_seen;
+    let written = own_heartbeat().await;
+    let until = Instant::now() + TTL * 2;
+    while Instant::now() < until {
+        registry.heartbeat_with("m", &group()).await.unwrap();
+        assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+        tokio::time::sleep(EVERY).await;
+    }
+    assert_ne!(own_heartbeat().await, written);
+    let members = registry.members().await.unwrap();
+    assert!(
+        same_time(members[0].first_seen, first),
+        "{members:?}, first seen {first:?}"
+    );
 }
 
 /// A member kept alive by its session goes at once when the session closes (waking a
@@ -100,8 +185,8 @@ pub async fn an_unlinked_registry_writes_every_heartbeat<T, F>(
     registry: &dyn NodeRegistry,
     own_heartbeat: impl Fn() -> F,
 ) where
-    T: PartialEq + std::fmt::Debug,
-    F: std::future::Future<Output = T>,
+    T: PartialEq + Debug,
+    F: Future<Output = T>,
 {
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
