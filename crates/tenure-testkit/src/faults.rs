@@ -28,6 +28,33 @@ enum Fault {
     LoseAnswerLate,
 }
 
+/// A call the store applies after its caller stopped waiting, and what the caller got:
+/// the late calls of the randomized simulations, which both draw them alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Late {
+    /// The caller got an error (a connection reset after the request was sent).
+    Failed,
+    /// The caller never got an answer and gave up at its own deadline.
+    Unanswered,
+    /// Broken store: the caller was told it was done.
+    Acknowledged,
+}
+
+impl Late {
+    /// What the caller of `call` (on the in-memory store) is told; `None` when it is
+    /// told nothing, ever.
+    pub fn answer(self, call: &Call) -> Option<Reply> {
+        match self {
+            Late::Failed => Some(Reply::error(
+                call,
+                Error::store_msg("memory", "connection reset after the request was sent"),
+            )),
+            Late::Acknowledged => Some(Reply::Released(Ok(true))),
+            Late::Unanswered => None,
+        }
+    }
+}
+
 /// One call a [`Faults`] rule caught: when it arrived, and what the store answered.
 #[derive(Debug, Default)]
 pub struct Caught {

@@ -70,6 +70,7 @@ use tenure::{
     FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeRegistry,
     SessionId, ShardElector, ShardOptions, TermChange, TokioClock,
 };
+use tenure_testkit::faults::Late;
 use tenure_testkit::registry::counting_reads;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -121,16 +122,6 @@ struct MemberFaults {
     polls: bool,
     /// The member's latest session as opened (for `misattributed_pushes`).
     opened: Mutex<Option<(String, SessionId)>>,
-}
-
-/// A call the store applies after its caller stopped waiting, and what the caller got.
-enum Late {
-    /// The caller got an error (a connection reset after the request was sent).
-    Failed,
-    /// The caller never got an answer and gave up at its own deadline.
-    Unanswered,
-    /// Broken store: the caller was told it was done.
-    Acknowledged,
 }
 
 impl MemberFaults {
@@ -279,17 +270,7 @@ impl Interceptor for MemberFaults {
         if let Some(late) = self.late(&call) {
             // The request is on the wire: it reaches the store whatever its caller does.
             let after = TTL.mul_f64(self.rng.lock().random_range(0.0..2.0));
-            let answer = match late {
-                Late::Failed => Some(Reply::error(
-                    &call,
-                    tenure::Error::store_msg(
-                        "memory",
-                        "connection reset after the request was sent",
-                    ),
-                )),
-                Late::Acknowledged => Some(Reply::Released(Ok(true))),
-                Late::Unanswered => None,
-            };
+            let answer = late.answer(&call);
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
                 let _ = next.run(call).await;

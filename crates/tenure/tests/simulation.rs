@@ -44,6 +44,7 @@ use tenure::{
     Clock, Error, Fence, FencingToken, InMemoryLeaseStore, LeaseInfo, LeaseLeaderElector,
     LeaseLeaderOptions, LeaseResult, LeaseStore, Result, TokioClock,
 };
+use tenure_testkit::faults::Late;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -616,16 +617,6 @@ struct Faults {
     index: usize,
 }
 
-/// A call the store applies after its caller stopped waiting, and what the caller got.
-enum Late {
-    /// The caller got an error (a connection reset after the request was sent).
-    Failed,
-    /// The caller never got an answer and gave up at its own deadline.
-    Unanswered,
-    /// Broken store: the caller was told it was done.
-    Acknowledged,
-}
-
 impl Faults {
     fn plan(&self) -> CallPlan {
         self.sim.random(|rng| {
@@ -676,14 +667,7 @@ impl Faults {
             .sim
             .random(|rng| TTL.mul_f64(rng.random_range(0.0..2.0)));
         self.sim.checker.lock().stats.late_calls += 1;
-        let answer = match late {
-            Late::Failed => Some(Reply::error(
-                &call,
-                Error::store_msg("memory", "connection reset after the request was sent"),
-            )),
-            Late::Acknowledged => Some(Reply::Released(Ok(true))),
-            Late::Unanswered => None,
-        };
+        let answer = late.answer(&call);
         let faults = Faults {
             sim: self.sim.clone(),
             index: self.index,
