@@ -292,14 +292,8 @@ impl Member<'_> {
         let departed: Vec<bool> = (last.names.iter().zip(&now_planned))
             .map(|(name, now)| name != node && now.is_none())
             .collect();
-        let departed_at = |shard: u32| departed.get(last.at(shard) as usize) == Some(&true);
-        if self.draining
-            || !departed.contains(&true)
-            || !last
-                .of
-                .iter()
-                .any(|m| departed.get(*m as usize) == Some(&true))
-        {
+        let gone = |member: u32| departed.get(member as usize) == Some(&true);
+        if self.draining || !departed.contains(&true) || !last.of.iter().any(|m| gone(*m)) {
             return (Vec::new(), None);
         }
         let owners = Assignment {
@@ -321,7 +315,7 @@ impl Member<'_> {
         let now = Instant::now();
         let wanted = (0..options.shards)
             .filter(|shard| {
-                departed_at(*shard)
+                gone(last.at(*shard))
                     && me.is_some_and(|me| target.at(*shard) == me)
                     && !self.terms.contains_key(shard)
                     && (self.look_put_off.is_some() || !self.waiting.contains(shard))
