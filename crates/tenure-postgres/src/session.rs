@@ -230,6 +230,7 @@ fn grant(row: &PgRow) -> Result<SessionGrant> {
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),
         peers_lapse: None,
+        terms_handed: None,
     })
 }
 

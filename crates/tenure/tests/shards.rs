@@ -962,6 +962,67 @@ async fn a_settled_member_sees_a_change_no_push_announced() {
     group.assert_no_overlap();
 }
 
+/// Setup: three members settle 64 shards; then one of a's terms is handed to b's
+/// session in the store (`hand_to_session`), as a's own handover that failed with an
+/// error and landed late would be, after all settled: b waits on no shard, so no push
+/// reaches it, and a is not told its term ended. Within three renew intervals each
+/// shard's current term is worked on, and nothing works on an ended term: b learns of
+/// the term from its session's keep-alive (it counts the terms handed to the session),
+/// not from its next settled look ten TTLs later. The shard is one that the plan, with
+/// it at b, leaves at b (`back_to_a` false: b works on it, and hands a shard it weighs
+/// less to a), or targets at a again (b hands it back, which a hears of the same way; a
+/// release would free it with no push to a).
+async fn late_handover_to_a_settled_member(back_to_a: bool) {
+    const SHARDS: u32 = 64;
+    let mut group = Group::in_memory();
+    group.settle(&["a", "b", "c"], SHARDS).await;
+    group.assert_balanced(SHARDS);
+    tokio::time::sleep(2 * TTL).await;
+    let owners: BTreeMap<u32, (String, FencingToken)> =
+        group.running.now.lock().clone().into_iter().collect();
+    let members = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let (shard, token) = owners
+        .iter()
+        .filter(|(_, (node, _))| node == "a")
+        .map(|(shard, (_, token))| (*shard, *token))
+        .find(|(shard, _)| {
+            let mut moved: BTreeMap<u32, String> = owners
+                .iter()
+                .map(|(k, (node, _))| (*k, node.clone()))
+                .collect();
+            moved.insert(*shard, "b".to_owned());
+            let plan = tenure::placement::place(GROUP, SHARDS, &members, &moved);
+            (plan[shard] == "a") == back_to_a
+        })
+        .expect("one of a's shards is placed so");
+    let role = format!("{GROUP}/{shard}");
+    let handed = group.store.hand_to_session(&role, "a", token, "b").await;
+    assert!(handed.unwrap(), "the late handover lands");
+    tokio::time::sleep(3 * RENEW).await;
+    for shard in 0..SHARDS {
+        let role = format!("{GROUP}/{shard}");
+        let lease = group.store.get(&role).await.unwrap();
+        let lease = lease.expect("every shard's lease is kept");
+        let holder = lease.live_holder().map(str::to_owned);
+        let worked = group.running.now.lock().get(&shard).cloned();
+        assert_eq!(
+            worked,
+            holder.map(|holder| (holder, lease.fencing_token)),
+            "shard {shard}: the worker against the store's term ({lease:?})"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_handed_to_a_settled_member_that_did_not_expect_it_is_worked_on() {
+    late_handover_to_a_settled_member(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_handed_to_a_member_whose_plan_targets_it_elsewhere_is_handed_on() {
+    late_handover_to_a_settled_member(true).await;
+}
+
 /// Bad options are `InvalidArgument` naming the option.
 #[test]
 fn bad_options_name_the_option() {

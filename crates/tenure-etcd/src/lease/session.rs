@@ -100,6 +100,7 @@ impl KnownSession {
             expires_at,
             now,
             peers_lapse: None,
+            terms_handed: None,
         }
     }
 }

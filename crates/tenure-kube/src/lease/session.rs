@@ -66,6 +66,7 @@ impl KubeLeaseStore {
             expires_at: self.wall(expires),
             now: self.wall(at),
             peers_lapse: None,
+            terms_handed: None,
         }
     }
 

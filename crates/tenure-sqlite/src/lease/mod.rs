@@ -505,6 +505,7 @@ impl LeaseStore for SqliteLeaseStore {
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
             peers_lapse: None,
+            terms_handed: None,
         })
     }
 
@@ -551,6 +552,7 @@ impl LeaseStore for SqliteLeaseStore {
                 expires_at: now.wall_at(expires_at)?,
                 now: now.wall,
                 peers_lapse,
+                terms_handed: None,
             })
         })
         .transpose()

@@ -238,6 +238,7 @@ impl InMemoryLeaseStore {
                 match sessions.newest_live(to, now) {
                     Some((id, session)) => {
                         session.roles.insert(role.to_owned());
+                        session.terms_handed += 1;
                         slot.dequeue(to, now);
                         new_term(slot, to, session.expires_at, Some(id), None);
                         slot.changed_at = self.stamp();
@@ -440,6 +441,7 @@ impl LeaseStore for InMemoryLeaseStore {
             owner: owner.to_owned(),
             expires_at,
             roles: FxHashSet::default(),
+            terms_handed: 0,
         };
         self.sessions.lock().by_id.insert(id, session);
         Ok(SessionGrant {
@@ -448,6 +450,7 @@ impl LeaseStore for InMemoryLeaseStore {
             expires_at,
             now,
             peers_lapse: None,
+            terms_handed: Some(0),
         })
     }
 
@@ -469,7 +472,8 @@ impl LeaseStore for InMemoryLeaseStore {
             return Ok(None);
         }
         entry.expires_at = entry.expires_at.max(renewed_until);
-        let (owner, expires_at) = (entry.owner.clone(), entry.expires_at);
+        let (owner, expires_at, handed) =
+            (entry.owner.clone(), entry.expires_at, entry.terms_handed);
         // Outside the sessions' lock: the account reads every node.
         drop(sessions);
         let peers_lapse = self
@@ -482,6 +486,7 @@ impl LeaseStore for InMemoryLeaseStore {
             expires_at,
             now,
             peers_lapse,
+            terms_handed: Some(handed),
         }))
     }
 

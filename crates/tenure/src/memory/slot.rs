@@ -105,6 +105,8 @@ pub(super) struct Session {
     pub(super) expires_at: SystemTime,
     /// The roles acquired under it (some may have been released or taken over since).
     pub(super) roles: FxHashSet<String>,
+    /// How many terms were handed to it ([`SessionGrant::terms_handed`](crate::SessionGrant::terms_handed)).
+    pub(super) terms_handed: u64,
 }
 
 #[derive(Debug, Default)]

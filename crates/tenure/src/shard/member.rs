@@ -204,6 +204,9 @@ impl Member<'_> {
             }
             if look {
                 looked_at = Instant::now();
+                if let Some(session) = self.session.as_mut() {
+                    session.see_terms_handed();
+                }
                 let looked = self.reconcile(work, wake_tx).await;
                 // How long pushes waited behind it: they are acted on between looks.
                 debug!(took = ?looked_at.elapsed(), settled = self.settled, "looked at the group");
@@ -211,12 +214,19 @@ impl Member<'_> {
                     Ok(members) => members,
                     Err(error) => {
                         warn!(group = %self.options().group, %error, "could not read the group; retrying");
+                        // It did not see the group: not settled, so it looks again a
+                        // retry interval later.
+                        self.settled = false;
                         observed
                     }
                 };
             }
             look = true;
-            let Some(alive) = self.session.as_ref().map(|s| s.alive.clone()) else {
+            let Some((alive, handed_unseen)) = self
+                .session
+                .as_ref()
+                .map(|s| (s.alive.clone(), s.unseen_terms_handed()))
+            else {
                 continue;
             };
             // Look again a retry interval (SETTLED_LOOK_TTLS TTLs once settled) after the
@@ -261,6 +271,12 @@ impl Member<'_> {
                     continue;
                 }
                 _ = alive.cancelled() => self.lose_everything().await,
+                // A term handed to the session that no push told of (a handover that
+                // landed late, or one planned from another view of the group): the look
+                // reads it and works on it, or hands it on to its target.
+                _ = handed_unseen => {
+                    debug!("a keep-alive counts a term handed here that no push told of");
+                }
                 Some(wake) = wake_rx.recv() => {
                     // Wakes come in bursts (a member handing several shards over): act
                     // on all that are queued at once.
@@ -412,6 +428,9 @@ impl Member<'_> {
             for (shard, token) in handed {
                 if !self.terms.contains_key(&shard) {
                     self.start_term(shard, token, false, &alive, work, wake_tx);
+                    if let Some(session) = self.session.as_mut() {
+                        session.heard_term_handed();
+                    }
                 }
             }
         }
@@ -538,15 +557,10 @@ impl Member<'_> {
         !term.handing_over
     }
 
-    /// Releases `shard`'s term `token`.
-    pub(super) async fn release(&mut self, shard: u32, token: FencingToken) {
-        self.end_term(shard, token, None).await;
-    }
-
     /// Ends `shard`'s term `token`: handed to member `to`'s session (see
     /// [`LeaseStore::hand_to_session`]), or released. One that may still land is
     /// released again at the next look.
-    async fn end_term(&mut self, shard: u32, token: FencingToken, to: Option<&str>) {
+    pub(super) async fn end_term(&mut self, shard: u32, token: FencingToken, to: Option<&str>) {
         self.saw_term(shard, token);
         let role = role(&self.options().group, shard);
         let node = &self.options().node_id;

@@ -127,6 +127,7 @@ impl Member<'_> {
             .map(|(_, lease)| lease.left)
             .min();
         self.check_terms(&owners);
+        self.working = owners.members_with_shards();
         self.release_strays(&target).await;
         self.next_lapse = lapse.map(|lapse| now + lapse + LAPSE_NUDGE);
         self.next_look = expiry
@@ -136,7 +137,6 @@ impl Member<'_> {
             .min();
 
         // Hand over what is targeted at another member, a few at a time.
-        self.working = owners.members_with_shards();
         self.probes.settle(|shard| owners.get(shard), now);
         self.probes.seen(&self.working, &planned);
         let handing_over = start_handovers(
@@ -349,8 +349,12 @@ impl Member<'_> {
     /// Acts on the shards the store may hold for this member with no work on them
     /// (`held` and `target` from this look): a pending release is sent again, whatever
     /// the target, so the next term takes a new token; a lost acquire that the store
-    /// granted, or a term handed to this session, is released when the shard is
-    /// targeted elsewhere (targeted here, it is taken like any other shard).
+    /// granted, or a term handed to this session, is let go when the shard is targeted
+    /// elsewhere (targeted here, it is taken like any other shard). Each is handed to
+    /// its target's session when that target works on some shard (`working`, from this
+    /// look), so the target hears of it even if its plan did not expect it (see
+    /// [`SessionGrant::terms_handed`](crate::SessionGrant::terms_handed)); a release
+    /// would free it with no push to a target that waits on nothing.
     pub(super) async fn release_strays(&mut self, target: &Assignment) {
         let node = self.elector.options.node_id.clone();
         let held_here = |view: &crate::LeaseCopy<u32>, shard: u32| {
@@ -366,8 +370,15 @@ impl Member<'_> {
                 held_here(&self.view, *shard) == Some(*token) && !self.terms.contains_key(shard)
             })
             .collect();
+        let to = |working: &BTreeSet<String>, shard: u32| {
+            target
+                .get(shard)
+                .filter(|to| *to != node && working.contains(*to))
+                .map(str::to_owned)
+        };
         for (shard, token) in pending {
-            self.release(shard, token).await;
+            let to = to(&self.working, shard);
+            self.end_term(shard, token, to.as_deref()).await;
         }
         // Also a shard handed to this session (see `LeaseStore::hand_to_session`) by a
         // member whose plan differed from this look's: held under this very session, so
@@ -394,8 +405,9 @@ impl Member<'_> {
             .filter_map(|shard| Some((shard, held_here(&self.view, shard)?)))
             .collect();
         for (shard, token) in stranded {
-            info!(shard, token = %token, "releasing a shard an acquire took with no term here");
-            self.release(shard, token).await;
+            let to = to(&self.working, shard);
+            info!(shard, token = %token, to, "letting go of a shard held here with no term here");
+            self.end_term(shard, token, to.as_deref()).await;
         }
     }
 

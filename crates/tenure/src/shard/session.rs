@@ -19,6 +19,13 @@ pub(super) struct Session {
     pub(super) deadline: watch::Receiver<Instant>,
     /// When the other members lapse, as the last keep-alive that told it said.
     peers_lapse: watch::Receiver<Option<PeersLapseSeen>>,
+    /// How many terms were handed to the session, as the last keep-alive that told
+    /// said (see [`SessionGrant::terms_handed`]).
+    terms_handed: watch::Receiver<Option<u64>>,
+    /// How many of those this member accounts for: the ones it heard of through their
+    /// pushes, and all that the store counted before its last look began (that look
+    /// read the group after them). A keep-alive that counts more brings a look.
+    terms_handed_seen: u64,
     /// Cancelled when the session is over locally: at the deadline without a renewal,
     /// when the store says it ended, or when the member drops it. Every shard's
     /// `leadership` is a child of it.
@@ -40,6 +47,7 @@ impl Session {
         let (mut deadline, mut next_renew) = lifetime(&timing, sent, grant);
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
         let (peers_lapse_tx, peers_lapse_rx) = watch::channel(None);
+        let (handed_tx, handed_rx) = watch::channel(grant.terms_handed);
         published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
         tokio::spawn(async move {
@@ -76,6 +84,16 @@ impl Session {
                         if told.is_some() {
                             peers_lapse_tx.send_replace(told);
                         }
+                        // Counts only grow: an answer overtaken by a later one (they are
+                        // sent one at a time, but kept as a maximum all the same) must
+                        // not take the count back.
+                        handed_tx.send_if_modified(|handed| {
+                            let more = grant.terms_handed > *handed;
+                            if more {
+                                *handed = grant.terms_handed;
+                            }
+                            more
+                        });
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
                         }
@@ -100,12 +118,40 @@ impl Session {
             id,
             deadline: deadline_rx,
             peers_lapse: peers_lapse_rx,
+            terms_handed: handed_rx,
+            terms_handed_seen: grant.terms_handed.unwrap_or(0),
             alive,
         }
     }
 
     pub(super) fn deadline(&self) -> Instant {
         *self.deadline.borrow()
+    }
+
+    /// Takes every term the store counted as handed to the session so far as seen: a
+    /// look that begins now reads the group after them.
+    pub(super) fn see_terms_handed(&mut self) {
+        if let Some(counted) = *self.terms_handed.borrow() {
+            self.terms_handed_seen = self.terms_handed_seen.max(counted);
+        }
+    }
+
+    /// A term handed to the session was heard of through its push.
+    pub(super) fn heard_term_handed(&mut self) {
+        self.terms_handed_seen = self.terms_handed_seen.saturating_add(1);
+    }
+
+    /// Returns once a keep-alive counts more terms handed to the session than were
+    /// seen (at once if the last one did); never on a store that does not count them.
+    pub(super) fn unseen_terms_handed(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let (mut counted, seen) = (self.terms_handed.clone(), self.terms_handed_seen);
+        async move {
+            let more = counted.wait_for(|count| count.is_some_and(|count| count > seen));
+            if more.await.is_err() {
+                // The keep-alive task ended: so did the session, which `alive` tells.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// When the other members lapse, if the store's keep-alives tell.
