@@ -122,7 +122,10 @@ pub(crate) enum Successor {
 /// looked for when there is none. A session closed while this runs leaves the row
 /// naming a session that is gone, which every statement reads as a term that ended. The
 /// notification names the session, so the member it was handed to starts on the push
-/// alone.
+/// alone, and the session counts it (`terms_handed`, told by its keep-alives), so a
+/// member that did not wait on the role still hears of it. The session row is locked
+/// after the lease row, as closing a session locks them (its own lease rows, then its
+/// row).
 pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Successor) -> String {
     let end = session::term_end(sessions, false);
     let (named, join) = match successor {
@@ -166,6 +169,16 @@ pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Su
         began_in_session_sql("$1", "rel.fencing_token", "rel.session_id", "rel.holder")
     );
     let notify = notify_sql("$4", &payload, "$1");
+    let counted = match successor {
+        Successor::SessionOf => format!(
+            "
+        counted AS (
+            UPDATE {sessions} s SET terms_handed = s.terms_handed + 1
+            FROM rel WHERE s.id = rel.session_id
+        ),"
+        ),
+        _ => String::new(),
+    };
     format!(
         "WITH held AS MATERIALIZED (
             SELECT l.role FROM {t} l
@@ -195,6 +208,7 @@ pub(crate) fn end_term_statement(t: &str, sessions: &str, c: &str, successor: Su
             WHERE l.role = held.role
             RETURNING l.holder, l.fencing_token, l.session_id
         ),
+{counted}
         gone AS (
             DELETE FROM {c} c
             WHERE c.role = $1 AND EXISTS (SELECT 1 FROM rel)

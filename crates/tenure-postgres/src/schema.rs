@@ -137,7 +137,8 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
             "CREATE TABLE IF NOT EXISTS {sessions} (
                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                 owner text NOT NULL,
-                expires_at timestamptz NOT NULL
+                expires_at timestamptz NOT NULL,
+                terms_handed bigint NOT NULL DEFAULT 0
             )"
         ),
         format!(
@@ -224,6 +225,19 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<()> {
             ),
         ],
         "heartbeat sessions to the node and session tables",
+    )
+    .await?;
+    // A session table made before keep-alives told how many terms were handed to the
+    // session (`terms_handed`, counted by `hand_to_session`, see `queue.rs`). A constant
+    // default: no row is rewritten.
+    add_columns_unless_present(
+        &mut tx,
+        &sessions,
+        "terms_handed",
+        &[format!(
+            "ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS terms_handed bigint NOT NULL DEFAULT 0"
+        )],
+        "the count of terms handed to the session table",
     )
     .await?;
     // The indexes reads of what changed go through (see `list_prefix_changes` in

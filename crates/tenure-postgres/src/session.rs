@@ -230,7 +230,7 @@ fn grant(row: &PgRow) -> Result<SessionGrant> {
         expires_at: system_time(decode(row, "expires_at")?),
         now: system_time(decode(row, "now")?),
         peers_lapse: None,
-        terms_handed: None,
+        terms_handed: Some(u64::try_from(decode::<i64>(row, "terms_handed")?).unwrap_or(0)),
     })
 }
 
@@ -299,7 +299,7 @@ fn open_statement(t: &str, sessions: &str) -> String {
         )
         INSERT INTO {sessions} (owner, expires_at, kept_at)
          VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond', statement_timestamp())
-         RETURNING id, owner, expires_at, statement_timestamp() AS now"
+         RETURNING id, owner, expires_at, terms_handed, statement_timestamp() AS now"
     )
 }
 
@@ -345,7 +345,7 @@ pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
                  kept_at = GREATEST(s.kept_at, statement_timestamp())
              FROM held
              WHERE s.id = held.id AND held.expires_at > clock_timestamp()
-             RETURNING s.id, s.owner, s.expires_at, statement_timestamp() AS now,
+             RETURNING s.id, s.owner, s.expires_at, s.terms_handed, statement_timestamp() AS now,
                  EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
                      AS named
         )

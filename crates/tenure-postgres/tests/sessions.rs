@@ -329,6 +329,30 @@ async fn migrate_adds_sessions_to_an_existing_lease_table() {
     assert_eq!(store.get("new").await.unwrap().unwrap().live_holder(), None);
 }
 
+/// A session table made before keep-alives counted the terms handed to a session
+/// (no `terms_handed`) gains the column on `migrate` with every open session at 0, and
+/// the count works on it; migrating again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adds_the_count_of_handed_terms_to_an_existing_session_table() {
+    let (pool, schema) = setup("sessions-handed-migrate").await;
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let a = store.open_session("node-a", LONG).await.unwrap();
+    let b = store.open_session("node-b", LONG).await.unwrap();
+    let sessions = table(&schema, "tenure_sessions");
+    let drop = format!("ALTER TABLE {sessions} DROP COLUMN terms_handed");
+    let store = common::upgraded(&pool, &schema, &drop).await;
+    let kept = store.keep_alive_session(b.id, LONG).await.unwrap();
+    assert_eq!(kept.expect("live").terms_handed, Some(0));
+    let held = store.acquire_in_session("g/1", a.id).await.unwrap();
+    assert!(held.acquired);
+    assert!(store
+        .hand_to_session("g/1", "node-a", held.fencing_token, "node-b")
+        .await
+        .unwrap());
+    let kept = store.keep_alive_session(b.id, LONG).await.unwrap();
+    assert_eq!(kept.expect("live").terms_handed, Some(1));
+}
+
 /// One session acquiring the same fresh roles from many tasks at once: every call
 /// acquires, and every role has one term, token 1. A call whose snapshot missed the term
 /// a sibling just started runs again (a few of the 800 calls do, as the debug log

@@ -315,13 +315,17 @@ impl SqliteDatabase {
     async fn install_schema(&self) -> Result<()> {
         // An up-to-date file opens without a write transaction (and its fsync): every
         // `tenure` command opens the store once, so this is most of their start-up.
-        let current: Option<i64> =
-            sqlx::query_scalar("SELECT value FROM tenure_meta WHERE key = 'schema_version'")
-                .fetch_optional(&self.inner.pool)
-                .await
-                .ok()
-                .flatten();
-        if current == Some(SCHEMA_VERSION) {
+        // Also whether the file has every column this build adds without a new version
+        // (see `create_schema`).
+        let current: Option<(i64, bool)> = sqlx::query_as(
+            "SELECT value, EXISTS (SELECT 1 FROM pragma_table_info('tenure_sessions') \
+             WHERE name = 'terms_handed') FROM tenure_meta WHERE key = 'schema_version'",
+        )
+        .fetch_optional(&self.inner.pool)
+        .await
+        .ok()
+        .flatten();
+        if current == Some((SCHEMA_VERSION, true)) {
             return Ok(());
         }
         let mut tx = self.begin_immediate().await?;

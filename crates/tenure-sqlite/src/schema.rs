@@ -40,6 +40,8 @@ pub(crate) const SCHEMA_VERSION: i64 = 7;
 /// terms without touching either column, and its holder must not be shown the address
 /// of the term before it.
 ///
+/// A session's `terms_handed` counts the terms handed to it (see `lease/term.rs`).
+///
 /// A session's `kept_at` is the store time of its last open or keep-alive; a node's
 /// `session_id` names the session whose keep-alives count as its heartbeats (see
 /// `registry.rs`; NULL for none).
@@ -72,7 +74,8 @@ CREATE TABLE IF NOT EXISTS tenure_sessions (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     owner      TEXT NOT NULL,
     expires_at INTEGER NOT NULL,
-    kept_at    INTEGER
+    kept_at    INTEGER,
+    terms_handed INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tenure_nodes (
     node_id        TEXT PRIMARY KEY NOT NULL,
@@ -374,6 +377,17 @@ pub(crate) async fn create_schema_at(
             ))
         }
     }
+    // How many terms were handed to each session (`SessionGrant::terms_handed`): a
+    // column with a default that a file of this schema version made before it lacks,
+    // added without a new version, so a build of that version still opens the file (its
+    // handovers are not counted, and a member then hears of one at its next look).
+    add_column_unless_present(
+        conn,
+        "tenure_sessions",
+        "terms_handed",
+        "INTEGER NOT NULL DEFAULT 0",
+    )
+    .await?;
     run_all(conn, SESSION_OBJECTS).await?;
     for statement in std::iter::once(SESSION_GUARD).chain(CHANGE_NUMBERS) {
         sqlx::query(statement)

@@ -532,3 +532,38 @@ async fn schema_6_file_gains_change_numbers() {
     let again = SqliteDatabase::open(&path).await.unwrap();
     assert_eq!(schema_version(&again).await, CURRENT);
 }
+
+/// A schema-7 file made before keep-alives counted the terms handed to a session (no
+/// `tenure_sessions.terms_handed`) gains the column when opened, keeping its version
+/// (a build of schema 7 still opens it), with every open session at 0, and the count
+/// works on it.
+#[tokio::test]
+async fn schema_7_file_gains_the_count_of_handed_terms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v7.db");
+    let (a, b) = {
+        let db = SqliteDatabase::open(&path).await.unwrap();
+        let store = db.lease_store();
+        let a = store.open_session("node-a", TTL).await.unwrap().id;
+        let b = store.open_session("node-b", TTL).await.unwrap().id;
+        sqlx::query("ALTER TABLE tenure_sessions DROP COLUMN terms_handed")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        db.pool().close().await;
+        (a, b)
+    };
+    let db = SqliteDatabase::open(&path).await.unwrap();
+    assert_eq!(schema_version(&db).await, CURRENT);
+    let store = db.lease_store();
+    let kept = store.keep_alive_session(b, TTL).await.unwrap();
+    assert_eq!(kept.expect("live").terms_handed, Some(0));
+    let held = store.acquire_in_session("g/1", a).await.unwrap();
+    assert!(held.acquired);
+    assert!(store
+        .hand_to_session("g/1", "node-a", held.fencing_token, "node-b")
+        .await
+        .unwrap());
+    let kept = store.keep_alive_session(b, TTL).await.unwrap();
+    assert_eq!(kept.expect("live").terms_handed, Some(1));
+}

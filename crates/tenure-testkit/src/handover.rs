@@ -37,8 +37,10 @@ fn spawn_successor_waiter(
 /// The term goes to the newest live session of `to` in one step: token + 1, holder
 /// `to`, live as long as that session (an acquire under it finds it held, one under
 /// the older session is refused), and a waiter learns the session from the store.
-/// Closing the session frees the role. A stale token hands nothing; an owner with no
-/// live session gets nothing (the role is released); a bad `to` is refused.
+/// The session counts it (`terms_handed`, told by its keep-alives: 0 when opened, 1
+/// after; the older session's stays 0, and a handover that hands nothing counts
+/// nothing). Closing the session frees the role. A stale token hands nothing; an owner
+/// with no live session gets nothing (the role is released); a bad `to` is refused.
 pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
@@ -46,9 +48,15 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
     let a = store.open_session("node-a", ttl).await.unwrap();
     let older = store.open_session("node-b", ttl).await.unwrap();
     let newest = store.open_session("node-b", ttl).await.unwrap();
+    assert_eq!(
+        newest.terms_handed,
+        Some(0),
+        "a new session was handed nothing"
+    );
     let held = store.acquire_in_session(ROLE, a.id).await.unwrap();
     assert!(held.acquired);
     let token = held.fencing_token;
+    let handed = |grant: Option<tenure::SessionGrant>| grant.expect("live").terms_handed;
 
     let waiter = spawn_successor_waiter(&store, token);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -86,6 +94,18 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
             .await
             .unwrap(),
         "a term that ended hands nothing"
+    );
+    let kept = store.keep_alive_session(newest.id, ttl).await.unwrap();
+    assert_eq!(
+        handed(kept),
+        Some(1),
+        "the session counts the term handed to it"
+    );
+    let kept = store.keep_alive_session(older.id, ttl).await.unwrap();
+    assert_eq!(
+        handed(kept),
+        Some(0),
+        "the older session was handed nothing"
     );
 
     assert!(store.close_session(newest.id).await.unwrap());
@@ -139,7 +159,8 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
 }
 
 /// A backend that releases instead of handing: the call ends the term and frees the
-/// role (token kept), and the named owner acquires it as after any release.
+/// role (token kept), and the named owner acquires it as after any release. Its
+/// sessions count no handed terms (`terms_handed` is `None`).
 pub async fn scenario_session_handover_releases(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
     let store = fx.store();
@@ -156,6 +177,8 @@ pub async fn scenario_session_handover_releases(backend: &dyn LeaseBackend) {
     assert_eq!(info.live_holder(), None, "released: {info:?}");
     let taken = store.acquire_in_session(ROLE, b.id).await.unwrap();
     assert!(taken.acquired && taken.fencing_token > held.fencing_token);
+    let kept = store.keep_alive_session(b.id, ttl).await.unwrap();
+    assert_eq!(kept.expect("live").terms_handed, None, "nothing is counted");
     assert_invalid(
         store
             .hand_to_session(ROLE, "node-b", taken.fencing_token, "")

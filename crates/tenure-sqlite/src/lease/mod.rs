@@ -69,7 +69,8 @@ const KEEP_ALIVE_SESSION: &str = "UPDATE tenure_sessions \
      SET expires_at = max(expires_at, ?2), kept_at = max(coalesce(kept_at, ?3), ?3) \
      WHERE id = ?1 AND expires_at > ?3 RETURNING owner, expires_at, \
      EXISTS (SELECT 1 FROM tenure_nodes n \
-         WHERE n.session_id = tenure_sessions.id AND n.node_id = tenure_sessions.owner)";
+         WHERE n.session_id = tenure_sessions.id AND n.node_id = tenure_sessions.owner), \
+     terms_handed";
 /// Whether a node names session `?1` (closing it may end that node's membership).
 const SESSION_NAMED: &str = "SELECT EXISTS (SELECT 1 FROM tenure_nodes WHERE session_id = ?1)";
 /// Reads live session `?1` at store time `?2`: `owner, expires_at`.
@@ -505,7 +506,7 @@ impl LeaseStore for SqliteLeaseStore {
             expires_at: now.wall_at(expires_at)?,
             now: now.wall,
             peers_lapse: None,
-            terms_handed: None,
+            terms_handed: Some(0),
         })
     }
 
@@ -522,7 +523,7 @@ impl LeaseStore for SqliteLeaseStore {
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let renewed_until = ends_at(now.mono, ttl_nanos, ttl)?;
-        let kept: Option<(String, i64, bool)> = sqlx::query_as(KEEP_ALIVE_SESSION)
+        let kept: Option<(String, i64, bool, i64)> = sqlx::query_as(KEEP_ALIVE_SESSION)
             .bind(id)
             .bind(renewed_until)
             .bind(now.mono)
@@ -542,17 +543,19 @@ impl LeaseStore for SqliteLeaseStore {
         };
         commit(tx, "cannot commit the keep-alive").await?;
         match &kept {
-            Some((owner, _, named)) => self.db.links().kept(owner, session.get(), now.mono, *named),
+            Some((owner, _, named, _)) => {
+                self.db.links().kept(owner, session.get(), now.mono, *named)
+            }
             None => self.db.links().ended(session.get()),
         }
-        kept.map(|(owner, expires_at, _)| {
+        kept.map(|(owner, expires_at, _, handed)| {
             Ok(SessionGrant {
                 id: session,
                 owner,
                 expires_at: now.wall_at(expires_at)?,
                 now: now.wall,
                 peers_lapse,
-                terms_handed: None,
+                terms_handed: Some(u64::try_from(handed).unwrap_or(0)),
             })
         })
         .transpose()

@@ -313,6 +313,10 @@ pub(super) enum Ended {
     HandedTo(String),
 }
 
+/// Counts one more term handed to session `?1`.
+const COUNT_TERM_HANDED: &str =
+    "UPDATE tenure_sessions SET terms_handed = terms_handed + 1 WHERE id = ?1";
+
 /// Whom [`end_term`] hands the role to.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Successor<'a> {
@@ -358,6 +362,12 @@ pub(super) async fn end_term(
                 take_over(conn, role, term).await?;
                 // A term begun for a queued owner ends its candidacy, as every acquire.
                 queue::sweep(conn, role, to, now).await?;
+                // Told by the session's keep-alives (`SessionGrant::terms_handed`).
+                sqlx::query(COUNT_TERM_HANDED)
+                    .bind(session)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(store_error("cannot count the term handed to the session"))?;
                 return Ok(Ended::HandedTo(to.to_owned()));
             }
             None
