@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::assignment::Assignment;
 use super::membership::Membership;
-use super::plan::{start_handovers, MembersSeen};
+use super::plan::{start_handovers, Joining, MembersSeen};
 use super::probe::{Probes, PROBE_WAIT};
 use super::session::Session;
 use super::*;
@@ -177,22 +177,23 @@ impl Member<'_> {
         shutdown: &CancellationToken,
         wake_tx: &mpsc::UnboundedSender<Wake>,
         wake_rx: &mut mpsc::UnboundedReceiver<Wake>,
-        prepared: Option<MembersSeen>,
+        joining: Joining,
     ) -> Result<()>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        // Prepared (see `prepare_to_join`): every shard targeted here is waited on, and
-        // their handovers begin its terms on the pushes; the first look a retry interval
-        // after joining. (A look sooner held the pushes of the first handovers behind it:
-        // wakes are acted on between looks.)
-        let mut look = prepared.is_none();
-        if !look {
-            self.next_look = Some(Instant::now() + self.options().retry_interval);
-        }
-        let mut observed = prepared.unwrap_or_default();
+        let first_look = Instant::now() + self.options().retry_interval;
+        // Until then, joins and leaves do not bring the first look forward.
+        let mut gathering = matches!(joining, Joining::Cold(_)).then_some(first_look);
+        let (mut look, mut observed) = match joining {
+            Joining::Prepared(seen) | Joining::Cold(seen) => {
+                self.next_look = Some(first_look);
+                (false, seen)
+            }
+            Joining::Unprepared => (true, MembersSeen::default()),
+        };
         let mut looked_at = Instant::now();
         loop {
             if self.session.is_none() {
@@ -288,7 +289,17 @@ impl Member<'_> {
                 }
                 _ = members_changed => {
                     let now = Instant::now();
-                    if now < look_again {
+                    gathering = gathering.filter(|until| now < *until);
+                    if gathering.is_some() {
+                        // Seen, not looked at: the first look plans with all who came.
+                        look = match self.group_members().await {
+                            Ok(seen) => {
+                                observed = seen;
+                                false
+                            }
+                            Err(_) => true,
+                        };
+                    } else if now < look_again {
                         // Due to read the members, unless a keep-alive since says no
                         // member lapses yet: wait again (a change that also woke the
                         // wait wakes the next one at once).

@@ -339,14 +339,14 @@ impl ShardElector {
         // then see each other instead of each contending for every shard. Before, it
         // only reads, and waits on what the others will hand it.)
         member.open_session(&shutdown).await;
-        let prepared = if member.drains.iter().any(|drain| *drain.borrow()) {
-            None
+        let joining = if member.drains.iter().any(|drain| *drain.borrow()) {
+            plan::Joining::Unprepared
         } else {
             member.prepare_to_join(&wake_tx).await
         };
         member.follow_drains().await;
         let outcome = member
-            .run(&mut work, &shutdown, &wake_tx, &mut wake_rx, prepared)
+            .run(&mut work, &shutdown, &wake_tx, &mut wake_rx, joining)
             .await;
         // Leave first, then release: the others retarget on the leave and are waiting
         // on these shards when the session closes, so each moves in one push.

@@ -17,6 +17,25 @@ use super::probe::Probes;
 use super::*;
 use crate::placement::NO_MEMBER;
 
+/// How a member starts, once it joined (see [`Member::prepare_to_join`]).
+#[derive(Debug)]
+pub(super) enum Joining {
+    /// Every shard targeted here is held elsewhere and waited on: the first look a
+    /// retry interval after joining (a look sooner would hold the pushes of the first
+    /// handovers behind it: wakes are acted on between looks), or sooner when the
+    /// members change.
+    Prepared(MembersSeen),
+    /// No live member holds a shard of the group (a new group, or every member stopped):
+    /// the first look a retry interval after joining, whatever joins meanwhile, so
+    /// members starting together plan with each other. Looking at once, the first would
+    /// plan alone, take every shard, and hand nearly all of them over again, a few at a
+    /// time, as the others join.
+    Cold(MembersSeen),
+    /// Looks at once: the group or its members could not be read, a shard targeted here
+    /// is free, or the members changed while the member got ready.
+    Unprepared,
+}
+
 /// What one read of the membership showed.
 #[derive(Clone, Debug, Default)]
 pub(super) struct MembersSeen {
@@ -417,35 +436,47 @@ impl Member<'_> {
     /// not after this member's first look. Acquires nothing: members starting together
     /// would each contend for every free shard. The reads also open the store's
     /// connections before anyone waits on this member (a newcomer's first look over new
-    /// connections took 10-17 ms on PostgreSQL). Nothing to do, and no read of the
-    /// group, when no other member is live.
+    /// connections took 10-17 ms on PostgreSQL), and leave the copy of the group current,
+    /// so the first look reads only what changed since.
     ///
     /// When every shard targeted here is held elsewhere and waited on, the first look
     /// after joining would only be refused them: the plan is published (so pushes are
     /// acted on) and the members seen, as they will be once joined, are returned for the
-    /// member to wait on pushes first and look a short while later.
+    /// member to wait on pushes first and look a short while later
+    /// ([`Joining::Prepared`]). When no live member holds a shard, the member waits for
+    /// others starting with it ([`Joining::Cold`]).
     pub(super) async fn prepare_to_join(
         &mut self,
         wake_tx: &mpsc::UnboundedSender<Wake>,
-    ) -> Option<MembersSeen> {
+    ) -> Joining {
         let options = self.options().clone();
         let me = &options.node_id;
         let mut seen = match self.group_members().await {
-            Ok(seen) if seen.group.iter().any(|member| member != me) => seen,
-            Ok(_) => return None,
+            Ok(seen) => seen,
             Err(error) => {
                 debug!(%error, "could not read the members before joining");
-                return None;
+                return Joining::Unprepared;
             }
         };
         if let Err(error) = self.read_group().await {
             debug!(%error, "could not read the group before joining");
-            return None;
+            return Joining::Unprepared;
         }
         for members in [&mut seen.group, &mut seen.registry] {
             members.push(me.clone());
             members.sort();
             members.dedup();
+        }
+        if self
+            .view
+            .iter()
+            .all(|(_, lease)| lease.live_holder().is_none())
+        {
+            debug!(
+                members = seen.group.len(),
+                "a cold group: waiting a retry interval for members starting too"
+            );
+            return Joining::Cold(seen);
         }
         let owners = Assignment::owners(&self.view, options.shards, &seen.group);
         let target = Assignment::placed(&options.group, &seen.group, &owners);
@@ -482,10 +513,10 @@ impl Member<'_> {
             all_waited, unchanged, "ready to join"
         );
         if !all_waited || !unchanged || self.waiting.is_empty() {
-            return None;
+            return Joining::Unprepared;
         }
         self.publish(seen.group.clone(), target);
-        Some(seen)
+        Joining::Prepared(seen)
     }
 
     /// One read of the membership: this group's live members, the registry's, and how
