@@ -205,9 +205,6 @@ impl Member<'_> {
             }
             if look {
                 looked_at = Instant::now();
-                if let Some(session) = self.session.as_mut() {
-                    session.see_terms_handed();
-                }
                 let looked = self.reconcile(work, wake_tx).await;
                 // How long pushes waited behind it: they are acted on between looks.
                 debug!(took = ?looked_at.elapsed(), settled = self.settled, "looked at the group");

@@ -112,6 +112,10 @@ impl Member<'_> {
         }
         self.look_put_off = None;
 
+        // Every term the store counted as handed here so far is in the read that follows.
+        if let Some(session) = self.session.as_mut() {
+            session.see_terms_handed();
+        }
         self.read_group().await?;
         if self.still_settled(&planned, now) {
             // The last look found nothing to do, and neither the group nor the members
