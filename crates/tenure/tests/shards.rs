@@ -246,6 +246,17 @@ async fn members_starting_together_plan_with_each_other() {
     assert_eq!(terms, 1000, "shards moved after their first term");
 }
 
+/// Setup: one member starts on a cold group of 100 shards. It waits for others starting
+/// with it only a quiet spell (an eighth of the retry interval) after the last join, not
+/// the whole retry interval: within a quarter of it every shard is worked on.
+#[tokio::test(start_paused = true)]
+async fn a_lone_member_of_a_cold_group_waits_only_a_quiet_spell() {
+    let mut group = Group::in_memory();
+    group.start("solo", 100);
+    tokio::time::sleep(RETRY / 4).await;
+    group.assert_balanced(100);
+}
+
 /// How long after the second start every one of `shards` is worked on, evenly: the
 /// first member takes every shard alone, then the others start `apart` from each other;
 /// polled every 5 ms for up to 4 retry intervals.
@@ -615,8 +626,7 @@ async fn a_node_of_another_group_does_not_cut_a_cold_start_short() {
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
     group.start("solo", 1000);
-    // A cold group: the first look a retry interval after joining.
-    tokio::time::sleep(RETRY + RENEW / 2).await;
+    tokio::time::sleep(RENEW / 2).await;
     group.assert_balanced(1000);
     let lists = calls
         .by_method
@@ -888,7 +898,7 @@ async fn a_member_batches_its_acquires_as_the_store_says() {
 async fn renewal_costs_one_call_per_interval_however_many_shards() {
     let (mut group, calls) = Group::counted();
     group.start("solo", 200);
-    tokio::time::sleep(RETRY + RENEW / 2).await;
+    tokio::time::sleep(RENEW / 2).await;
     group.assert_balanced(200);
     let terms = group.running.terms.lock().len();
     let keep_alives = calls.by_method.lock().get("keep_alive_session").copied();

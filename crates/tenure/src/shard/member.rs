@@ -184,12 +184,19 @@ impl Member<'_> {
         Fut: Future + Send + 'static,
         Fut::Output: WorkOutcome,
     {
-        let first_look = Instant::now() + self.options().retry_interval;
-        // Until then, joins and leaves do not bring the first look forward.
-        let mut gathering = matches!(joining, Joining::Cold(_)).then_some(first_look);
+        let joined = Instant::now();
+        let retry = self.options().retry_interval;
+        // Cold: the first look once no member joined for a quiet spell, and no later than
+        // a retry interval after joining (see `Joining::Cold`).
+        let quiet = retry / GATHER_QUIET_DIVISOR;
+        let mut gathering = matches!(joining, Joining::Cold(_)).then_some(joined + retry);
         let (mut look, mut observed) = match joining {
-            Joining::Prepared(seen) | Joining::Cold(seen) => {
-                self.next_look = Some(first_look);
+            Joining::Prepared(seen) => {
+                self.next_look = Some(joined + retry);
+                (false, seen)
+            }
+            Joining::Cold(seen) => {
+                self.next_look = Some(joined + quiet);
                 (false, seen)
             }
             Joining::Unprepared => (true, MembersSeen::default()),
@@ -205,6 +212,7 @@ impl Member<'_> {
             }
             if look {
                 looked_at = Instant::now();
+                gathering = None;
                 let looked = self.reconcile(work, wake_tx).await;
                 // How long pushes waited behind it: they are acted on between looks.
                 debug!(took = ?looked_at.elapsed(), settled = self.settled, "looked at the group");
@@ -286,11 +294,14 @@ impl Member<'_> {
                 }
                 _ = members_changed => {
                     let now = Instant::now();
-                    gathering = gathering.filter(|until| now < *until);
-                    if gathering.is_some() {
-                        // Seen, not looked at: the first look plans with all who came.
+                    if let Some(until) = gathering.filter(|_| now < look_again) {
+                        // Seen, not looked at: the first look plans with all who came, a
+                        // quiet spell after the last of them joined.
                         look = match self.group_members().await {
                             Ok(seen) => {
+                                if seen.group != observed.group {
+                                    self.next_look = Some((now + quiet).min(until));
+                                }
                                 observed = seen;
                                 false
                             }

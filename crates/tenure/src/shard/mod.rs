@@ -199,6 +199,12 @@ const MIN_LOOK: Duration = Duration::from_millis(1);
 /// [`Member::short_looks`](member::Member).
 const SHORT_LOOK_DIVISOR: u32 = 16;
 
+/// A member of a cold group (no shard held by a live member) makes its first look once
+/// no member joined for this fraction of the retry interval, and no later than the
+/// retry interval after it joined: members started together (within a quiet spell of
+/// each other) plan with each other, and a lone member waits only the quiet spell.
+const GATHER_QUIET_DIVISOR: u32 = 8;
+
 /// At most this many acquire calls of one member are in flight at once.
 const BATCHES_IN_FLIGHT: usize = 2;
 

@@ -26,10 +26,11 @@ pub(super) enum Joining {
     /// members change.
     Prepared(MembersSeen),
     /// No live member holds a shard of the group (a new group, or every member stopped):
-    /// the first look a retry interval after joining, whatever joins meanwhile, so
-    /// members starting together plan with each other. Looking at once, the first would
-    /// plan alone, take every shard, and hand nearly all of them over again, a few at a
-    /// time, as the others join.
+    /// the first look once no member joined for a quiet spell (an eighth of the retry
+    /// interval), and no later than a retry interval after joining, so members starting
+    /// together plan with each other. Looking at once, the first would plan alone, take
+    /// every shard, and hand nearly all of them over again, a few at a time, as the
+    /// others join.
     Cold(MembersSeen),
     /// Looks at once: the group or its members could not be read, a shard targeted here
     /// is free, or the members changed while the member got ready.
