@@ -65,11 +65,10 @@ pub struct SessionGrant {
     /// its session alive is not read at all.
     #[serde(default)]
     pub peers_lapse: Option<PeersLapse>,
-    /// How many terms were handed to the session
-    /// ([`LeaseStore::hand_to_session`](crate::LeaseStore::hand_to_session)) since it
-    /// opened, on a store that hands over in one step and counts them (PostgreSQL,
-    /// SQLite, in memory); `None` otherwise (etcd and Kubernetes hand over by
-    /// releasing). A shard member compares it with the
+    /// How many terms were handed to the session ([`LeaseStore::hand_to_session`])
+    /// since it opened, on a store that hands over in one step and counts them
+    /// (PostgreSQL, SQLite, in memory); `None` otherwise (etcd and Kubernetes hand over
+    /// by releasing). A shard member compares it with the
     /// handovers it heard of: a term handed to it that it did not expect (a handover
     /// that landed late, or was planned from another view of the group) is then worked
     /// on at the next keep-alive, not at its next look many TTLs later.
