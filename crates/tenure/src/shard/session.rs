@@ -23,8 +23,8 @@ pub(super) struct Session {
     /// said (see [`SessionGrant::terms_handed`]).
     terms_handed: watch::Receiver<Option<u64>>,
     /// How many of those this member accounts for: the ones it heard of through their
-    /// pushes, and all that the store counted before its last look began (that look
-    /// read the group after them). A keep-alive that counts more brings a look.
+    /// pushes, and all that the store counted before its last look read the group (that
+    /// read saw them). A keep-alive that counts more brings a look.
     terms_handed_seen: u64,
     /// Cancelled when the session is over locally: at the deadline without a renewal,
     /// when the store says it ended, or when the member drops it. Every shard's
@@ -129,7 +129,7 @@ impl Session {
     }
 
     /// Takes every term the store counted as handed to the session so far as seen: a
-    /// look that begins now reads the group after them.
+    /// read of the group that begins now sees them.
     pub(super) fn see_terms_handed(&mut self) {
         if let Some(counted) = *self.terms_handed.borrow() {
             self.terms_handed_seen = self.terms_handed_seen.max(counted);
