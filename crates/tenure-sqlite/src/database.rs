@@ -32,7 +32,8 @@ use crate::BACKEND;
 mod wait;
 mod writer;
 
-use writer::{install_busy_handler, WriterQueue, WriterSlot};
+pub(crate) use writer::WriterSlot;
+use writer::{install_busy_handler, WriterQueue};
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";

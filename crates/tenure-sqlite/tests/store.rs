@@ -135,6 +135,135 @@ async fn a_term_written_elsewhere_wakes_a_watching_process() {
     assert_eq!(watcher.change_poll(), None, "waits on a file are announced");
 }
 
+/// A commit hook on the one connection of `db`'s pool: once armed, the next commit
+/// tells the test it began (`began`), then waits for the test's `go` before it completes.
+/// So the test can give up on a write while its commit is on its way, as a timeout or a
+/// dropped future does, and only then let the commit land.
+struct HeldCommit {
+    armed: Arc<AtomicBool>,
+    began: std::sync::mpsc::Receiver<()>,
+    go: std::sync::mpsc::Sender<()>,
+}
+
+impl HeldCommit {
+    async fn install(db: &SqliteDatabase) -> HeldCommit {
+        let armed = Arc::new(AtomicBool::new(false));
+        let (began_tx, began) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let mut conn = db.pool().acquire().await.unwrap();
+        let hook_armed = Arc::clone(&armed);
+        conn.lock_handle().await.unwrap().set_commit_hook(move || {
+            if hook_armed.swap(false, Ordering::SeqCst) {
+                let _ = began_tx.send(());
+                let _ = go_rx.recv_timeout(secs(30));
+            }
+            true
+        });
+        HeldCommit { armed, began, go }
+    }
+
+    /// Runs `write` on a task, gives up on it (aborts the task) once its commit began,
+    /// then lets the commit complete.
+    async fn give_up_during_commit<T: Send + std::fmt::Debug + 'static>(
+        self,
+        write: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Self {
+        self.armed.store(true, Ordering::SeqCst);
+        let write = tokio::spawn(write);
+        let began = tokio::task::spawn_blocking(move || {
+            let began = self.began.recv_timeout(secs(10));
+            (self.began, began)
+        });
+        let (began_rx, began) = began.await.unwrap();
+        began.expect("the write did not reach its commit");
+        write.abort();
+        assert!(
+            write.await.unwrap_err().is_cancelled(),
+            "the write was not given up"
+        );
+        self.go.send(()).unwrap();
+        HeldCommit {
+            armed: self.armed,
+            began: began_rx,
+            go: self.go,
+        }
+    }
+}
+
+/// A write whose caller gave up while its commit was on its way still lands, and must
+/// still be announced: otherwise a process watching the role hears of the term only at
+/// its poll (30 s here). Both the start and the end of a term, each given up during its
+/// commit. (Linux: announcements need the abstract socket.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_written_by_a_caller_that_gave_up_is_announced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gave-up.db");
+    let options = || SqliteOptions::new().poll_interval(secs(30));
+    let watcher = Arc::new(
+        SqliteDatabase::open_with(&path, options())
+            .await
+            .unwrap()
+            .lease_store(),
+    );
+    // One connection, so every write goes through the hooked one.
+    let writer_db = SqliteDatabase::open_with(&path, options().max_connections(1))
+        .await
+        .unwrap();
+    let writer = Arc::new(writer_db.lease_store());
+    let held = HeldCommit::install(&writer_db).await;
+
+    let begun = {
+        let watcher = Arc::clone(&watcher);
+        tokio::spawn(async move {
+            watcher
+                .wait_for_term("r", FencingToken::from(0), Instant::now() + secs(60))
+                .await;
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let acquire = {
+        let writer = Arc::clone(&writer);
+        async move { writer.try_acquire("r", "node-b", TTL).await }
+    };
+    let held = held.give_up_during_commit(acquire).await;
+    let term = landed(&watcher, |info| info.live_holder() == Some("node-b")).await;
+    timeout(secs(2), begun)
+        .await
+        .expect("a term begun by a write given up during its commit was not announced")
+        .unwrap();
+
+    let ended = woken_at(&watcher, term.fencing_token);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let release = {
+        let writer = Arc::clone(&writer);
+        async move { writer.release_term("r", "node-b", term.fencing_token).await }
+    };
+    held.give_up_during_commit(release).await;
+    landed(&watcher, |info| info.live_holder().is_none()).await;
+    timeout(secs(2), ended)
+        .await
+        .expect("a term ended by a write given up during its commit was not announced")
+        .unwrap();
+}
+
+/// Reads role `r` until `shows` holds of it (a write given up by its caller lands in
+/// its own time), for up to 5 s.
+async fn landed(
+    store: &SqliteLeaseStore,
+    shows: impl Fn(&tenure::LeaseInfo) -> bool,
+) -> tenure::LeaseInfo {
+    let deadline = Instant::now() + secs(5);
+    loop {
+        if let Some(info) = store.get("r").await.unwrap().filter(|info| shows(info)) {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "the write given up did not land");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn ledger(db: &SqliteDatabase) -> Vec<String> {
     sqlx::query_scalar("SELECT entry FROM ledger ORDER BY rowid")
         .fetch_all(db.pool())

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use crate::clock::StoreNow;
 use crate::database::{
-    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions,
+    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions, WriterSlot,
 };
 use crate::BACKEND;
 
@@ -194,6 +194,60 @@ async fn commit(tx: Transaction<'static, Sqlite>, doing: &str) -> Result<()> {
     tx.commit().await.map_err(store_error(doing))
 }
 
+/// Whether `write` began a term (first, or taken over), not renewed or refused one.
+fn new_term(write: &LeaseWrite) -> bool {
+    matches!(write, LeaseWrite::Written { new_term: true, .. })
+}
+
+/// What a write tells once it is committed: the roles whose terms it began or ended
+/// (to this process's waiters and the process watching each), the candidate it handed
+/// a role to (woken wherever it waits), and whether the membership may have changed.
+#[derive(Debug, Default)]
+struct News {
+    terms: Vec<String>,
+    handed: Option<(String, String)>,
+    membership: bool,
+}
+
+impl News {
+    fn tell(self, db: &SqliteDatabase) {
+        if let Some((candidate, role)) = &self.handed {
+            db.wake(candidate, role);
+        }
+        for role in &self.terms {
+            db.announce_term(role);
+        }
+        if self.membership {
+            db.signal_change(crate::registry::MEMBERSHIP);
+        }
+    }
+}
+
+/// Commits a write that changes terms, then tells its `news`, on a task of its own: a
+/// caller that gives up while the commit is on its way (a timeout, a dropped future)
+/// does not stop the commit, and a write that lands is announced whether or not anyone
+/// still waits for its answer; otherwise the processes watching its roles would hear of
+/// it only at their poll. The writer's slot is held until the commit ends. A commit
+/// that fails tells its news too: a waiter woken for nothing reads and waits again.
+async fn commit_and_tell(
+    db: &SqliteDatabase,
+    writer: WriterSlot,
+    tx: Transaction<'static, Sqlite>,
+    doing: &'static str,
+    news: News,
+) -> Result<()> {
+    let db = db.clone();
+    tokio::spawn(async move {
+        let committed = tx.commit().await;
+        drop(writer);
+        news.tell(&db);
+        committed
+    })
+    .await
+    .map_err(|e| Error::store(BACKEND, doing, e))?
+    .map_err(store_error(doing))
+}
+
 impl SqliteLeaseStore {
     /// A lease store over an opened database.
     pub fn new(db: &SqliteDatabase) -> Self {
@@ -227,30 +281,23 @@ impl SqliteLeaseStore {
         &self.db
     }
 
-    /// The answer of a committed `write` of `role`: acquired until `acquired_until`,
-    /// or refused with the live holder's term; a new term is announced to this
-    /// process's waiters.
+    /// The answer of a committed `write` for `owner`: acquired until `acquired_until`,
+    /// or refused with the live holder's term.
     fn result_of(
         &self,
-        role: &str,
         owner: &str,
         write: LeaseWrite,
         now: &StoreNow,
         acquired_until: SystemTime,
     ) -> Result<LeaseResult> {
         match write {
-            LeaseWrite::Written { token, new_term } => {
-                if new_term {
-                    self.db.announce_term(role);
-                }
-                Ok(LeaseResult {
-                    acquired: true,
-                    fencing_token: token_from_db(token)?,
-                    expires_at: acquired_until,
-                    holder: owner.to_owned(),
-                    now: now.wall,
-                })
-            }
+            LeaseWrite::Written { token, .. } => Ok(LeaseResult {
+                acquired: true,
+                fencing_token: token_from_db(token)?,
+                expires_at: acquired_until,
+                holder: owner.to_owned(),
+                now: now.wall,
+            }),
             LeaseWrite::Refused {
                 holder,
                 token,
@@ -273,7 +320,7 @@ impl SqliteLeaseStore {
         // Bad input is refused before the store is touched.
         request.validate(self.min_ttl(), self.db.now()?.wall)?;
         let ttl_nanos = ttl_nanos(ttl)?;
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let store_now = self.db.write_now(&mut tx).await?;
         // Shown as wall now + ttl, which is what `wall_at(expires_at)` gives.
         let expires_time = validate_ttl(ttl, self.min_ttl(), store_now.wall)?;
@@ -286,8 +333,15 @@ impl SqliteLeaseStore {
             // the moment the candidacy is in the file.
             self.db.listen_for_wakes(owner);
         }
-        commit(tx, "cannot commit the lease").await?;
-        self.result_of(role, owner, write, &store_now, expires_time)
+        let news = News {
+            terms: new_term(&write)
+                .then(|| role.to_owned())
+                .into_iter()
+                .collect(),
+            ..News::default()
+        };
+        commit_and_tell(&self.db, writer, tx, "cannot commit the lease", news).await?;
+        self.result_of(owner, write, &store_now, expires_time)
     }
 
     /// Ends the live term `(role, owner, token)` in one transaction, handing the role as
@@ -303,16 +357,21 @@ impl SqliteLeaseStore {
             // No such token was ever handed out, so it is not the live term.
             return Ok(false);
         };
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let ended = end_term(&mut tx, role, owner, token, now, successor).await?;
-        commit(tx, "cannot commit the release").await?;
-        if let Ended::HandedTo(next) = &ended {
-            self.db.wake(next, role);
-        }
-        if ended != Ended::Not {
-            self.db.announce_term(role);
-        }
+        let news = News {
+            handed: match &ended {
+                Ended::HandedTo(next) => Some((next.clone(), role.to_owned())),
+                _ => None,
+            },
+            terms: (ended != Ended::Not)
+                .then(|| role.to_owned())
+                .into_iter()
+                .collect(),
+            ..News::default()
+        };
+        commit_and_tell(&self.db, writer, tx, "cannot commit the release", news).await?;
         Ok(ended != Ended::Not)
     }
 }
@@ -576,7 +635,7 @@ impl LeaseStore for SqliteLeaseStore {
         let Some(id) = session_to_db(session) else {
             return Err(Error::SessionEnded(session));
         };
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let live: Option<(String, i64)> = sqlx::query_as(READ_SESSION)
             .bind(id)
@@ -597,12 +656,20 @@ impl LeaseStore for SqliteLeaseStore {
             };
             writes.push(write_term(&mut tx, role, now.mono, claim).await?);
         }
-        commit(tx, "cannot commit the lease").await?;
+        let news = News {
+            terms: roles
+                .iter()
+                .zip(&writes)
+                .filter(|(_, write)| new_term(write))
+                .map(|(role, _)| role.clone())
+                .collect(),
+            ..News::default()
+        };
+        commit_and_tell(&self.db, writer, tx, "cannot commit the lease", news).await?;
         let until = now.wall_at(expires_at)?;
-        roles
-            .iter()
-            .zip(writes)
-            .map(|(role, write)| self.result_of(role, &owner, write, &now, until))
+        writes
+            .into_iter()
+            .map(|write| self.result_of(&owner, write, &now, until))
             .collect()
     }
 
@@ -612,7 +679,7 @@ impl LeaseStore for SqliteLeaseStore {
         };
         // Before the close: from now on the node's own heartbeats keep it alive.
         self.db.links().ended(session.get());
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let named: bool = sqlx::query_scalar(SESSION_NAMED)
             .bind(id)
@@ -631,14 +698,13 @@ impl LeaseStore for SqliteLeaseStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error("cannot release the session's roles"))?;
-        commit(tx, "cannot commit the close").await?;
-        for role in &released {
-            self.db.announce_term(role);
-        }
-        if named {
+        let news = News {
+            terms: released,
             // A node kept alive by the session may have gone with it.
-            self.db.signal_change(crate::registry::MEMBERSHIP);
-        }
+            membership: named,
+            ..News::default()
+        };
+        commit_and_tell(&self.db, writer, tx, "cannot commit the close", news).await?;
         Ok(ended.is_some_and(|expires_at| now < expires_at))
     }
 }
