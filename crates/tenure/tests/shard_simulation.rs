@@ -876,7 +876,7 @@ fn negative_control_peers_lapse_told_late_leaves_shards_idle() {
         late_peers_lapse: true,
         ..Broken::default()
     };
-    assert_idle_caught(broken, (0..400).step_by(2), "the late accounts");
+    assert_idle_caught(broken, (0..1200).step_by(2), "the late accounts");
 }
 
 /// The negative control of reads of what changed: a store leaving the releases out of

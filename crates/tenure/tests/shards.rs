@@ -996,6 +996,47 @@ async fn a_settled_member_sees_a_change_no_push_announced() {
     group.assert_no_overlap();
 }
 
+/// Setup: three members settle 64 shards; c's task is aborted (its membership leaves at
+/// once, its session lives until its TTL passes) and one of a's terms is handed to b's
+/// session in the store, as a late handover lands. Until c's session ends, a and b put
+/// their looks off (c's shards are still held), and a look put off reads no group, so it
+/// sees no handed term; b's keep-alive meanwhile counts one. The count must bring b one
+/// look, not a look after every look: once c's session ends the group is balanced, and
+/// the membership was read a few dozen times, not in a loop (b once read it until the
+/// cap of 10,000, in no time).
+#[tokio::test(start_paused = true)]
+async fn a_term_handed_while_looks_are_put_off_brings_no_read_loop() {
+    const SHARDS: u32 = 64;
+    let mut group = Group::in_memory();
+    let counted = Arc::new(counting_reads(group.registry.clone(), 10_000));
+    group.registry = counted.clone();
+    group.settle(&["a", "b", "c"], SHARDS).await;
+    group.assert_balanced(SHARDS);
+    tokio::time::sleep(2 * TTL).await;
+    let (shard, token) = group
+        .running
+        .now
+        .lock()
+        .iter()
+        .find(|(_, (node, _))| node == "a")
+        .map(|(shard, (_, token))| (*shard, *token))
+        .expect("a works on a shard");
+    let before = counted.filter().reads();
+    let crashed = group.members.remove("c").unwrap();
+    crashed.task.abort();
+    let _ = crashed.task.await;
+    let role = format!("{GROUP}/{shard}");
+    let handed = group.store.hand_to_session(&role, "a", token, "b").await;
+    assert!(handed.unwrap(), "the handover lands");
+    tokio::time::sleep(TTL + RETRY).await;
+    let reads = counted.filter().reads() - before;
+    assert!(
+        !counted.filter().capped() && reads < 100,
+        "{reads} reads of the membership while c's session outlived its membership"
+    );
+    group.assert_balanced(SHARDS);
+}
+
 /// Setup: three members settle 64 shards; then one of a's terms is handed to b's
 /// session in the store (`hand_to_session`), as a's own handover that failed with an
 /// error and landed late would be, after all settled: b waits on no shard, so no push

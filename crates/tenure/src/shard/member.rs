@@ -279,8 +279,11 @@ impl Member<'_> {
                 _ = alive.cancelled() => self.lose_everything().await,
                 // A term handed to the session that no push told of (a handover that
                 // landed late, or one planned from another view of the group): the look
-                // reads it and works on it, or hands it on to its target.
-                _ = handed_unseen => {
+                // reads it and works on it, or hands it on to its target. Only when
+                // settled: an unsettled member looks again soon anyway, and a look that
+                // is put off (a departed member's session still holds its shards) reads
+                // no group, so it would see nothing and be brought again at once.
+                _ = handed_unseen, if self.settled => {
                     debug!("a keep-alive counts a term handed here that no push told of");
                 }
                 Some(wake) = wake_rx.recv() => {
