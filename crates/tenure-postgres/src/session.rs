@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use tenure::{Error, LeaseResult, PeersLapse, Result, SessionGrant, SessionId};
+use tenure::{ChangeMark, Error, LeaseResult, PeersLapse, Result, SessionGrant, SessionId};
 
 use crate::direct::DirectConnections;
 use crate::error::BACKEND;
@@ -64,7 +64,7 @@ impl SessionStatements {
     pub(crate) fn new(t: &str, sessions: &str, candidates: &str, nodes: &str) -> SessionStatements {
         SessionStatements {
             open: open_statement(t, sessions),
-            keep_alive: keep_alive_statement(sessions, nodes),
+            keep_alive: keep_alive_statement(t, sessions, nodes),
             acquire: acquire_statement(t, sessions, candidates),
             close: close_statement(t, sessions, nodes),
         }
@@ -231,6 +231,9 @@ fn grant(row: &PgRow) -> Result<SessionGrant> {
         now: system_time(decode(row, "now")?),
         peers_lapse: None,
         terms_handed: Some(u64::try_from(decode::<i64>(row, "terms_handed")?).unwrap_or(0)),
+        latest_change: Some(ChangeMark::new(
+            u64::try_from(decode::<i64>(row, "latest_change")?).unwrap_or(0),
+        )),
     })
 }
 
@@ -290,6 +293,7 @@ pub(crate) fn term_free(end: &str) -> String {
 /// alive. (Sessions are only ever named by a lease row while alive, by their owner, so
 /// one unnamed once it ended stays unnamed.)
 fn open_statement(t: &str, sessions: &str) -> String {
+    let latest = latest_change_sql(t);
     format!(
         "WITH forgotten AS (
             DELETE FROM {sessions} s
@@ -299,8 +303,18 @@ fn open_statement(t: &str, sessions: &str) -> String {
         )
         INSERT INTO {sessions} (owner, expires_at, kept_at)
          VALUES ($1, statement_timestamp() + $2 * interval '1 microsecond', statement_timestamp())
-         RETURNING id, owner, expires_at, terms_handed, statement_timestamp() AS now"
+         RETURNING id, owner, expires_at, terms_handed, statement_timestamp() AS now,
+             {latest}"
     )
+}
+
+/// The column `latest_change` of a session's grant, from lease table `t`
+/// ([`SessionGrant::latest_change`]): one past the largest `term_txid`, read backwards
+/// through its index. A read of changes whose mark (the lowest transaction id running at
+/// its snapshot, see `changes_statement`) is at or past it had every term change
+/// numbered so far in its snapshot.
+fn latest_change_sql(t: &str) -> String {
+    format!("(SELECT coalesce(max(term_txid), 0) + 1 FROM {t}) AS latest_change")
 }
 
 /// Keeps a live session alive: `(id, ttl in microseconds, registry ttl in microseconds
@@ -332,8 +346,9 @@ fn open_statement(t: &str, sessions: &str) -> String {
 /// Once `held` has the row, every takeover that locked it earlier has committed, and
 /// every later one waits for this statement.
 #[doc(hidden)]
-pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
+pub fn keep_alive_statement(t: &str, sessions: &str, nodes: &str) -> String {
     let heard = heard_sql(sessions);
+    let latest = latest_change_sql(t);
     let ttl = "$3::bigint * interval '1 microsecond'";
     format!(
         "WITH held AS (
@@ -346,6 +361,7 @@ pub fn keep_alive_statement(sessions: &str, nodes: &str) -> String {
              FROM held
              WHERE s.id = held.id AND held.expires_at > clock_timestamp()
              RETURNING s.id, s.owner, s.expires_at, s.terms_handed, statement_timestamp() AS now,
+                 {latest},
                  EXISTS (SELECT 1 FROM {nodes} n WHERE n.session_id = s.id AND n.node_id = s.owner)
                      AS named
         )

@@ -120,6 +120,7 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
         short_session_holding("sessions-late", &["r"]).await;
 
     let late_sql = tenure_postgres::statements::keep_alive_statement(
+        &table(&schema, "tenure_leases"),
         &table(&schema, "tenure_sessions"),
         &table(&schema, "tenure_nodes"),
     )
@@ -266,6 +267,7 @@ async fn a_takeover_waits_for_a_keep_alive_in_flight() {
 
     let mut tx = pool.begin().await.unwrap();
     let keep_alive = tenure_postgres::statements::keep_alive_statement(
+        &table(&schema, "tenure_leases"),
         &table(&schema, "tenure_sessions"),
         &table(&schema, "tenure_nodes"),
     );

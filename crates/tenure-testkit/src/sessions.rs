@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Error, LeaseCopy, LeaseStore, SessionGrant};
+use tenure::{ChangeMark, ChangesRead, Error, LeaseCopy, LeaseStore, SessionGrant, SessionId};
 
 use crate::conformance::{assert_invalid, spawn_term_waiter};
 use crate::LeaseBackend;
@@ -523,6 +523,114 @@ pub async fn scenario_session_changes_keep_a_copy(backend: &dyn LeaseBackend) {
     assert_eq!(reopened.live_holder(), Some("node-c"));
 }
 
+/// A store whose keep-alives tell the latest change ([`SessionGrant::latest_change`])
+/// tells it at open and at every keep-alive, and a read of changes whose mark is at or
+/// past it saw everything: a keep-alive after a read tells nothing later than the read's
+/// mark while no term changes (renewals, keep-alives and reads are no changes), and
+/// something later once a term of any prefix begins or ends, through another instance
+/// of the store too (a new term, a release, a session closed with its roles). A store
+/// that does not tell says `None` at every step.
+pub async fn scenario_session_tells_the_latest_change(backend: &dyn LeaseBackend) {
+    let fx = backend.create().await;
+    let store = fx.store();
+    let other = fx.reopen().await;
+    let ttl = fx.ttl();
+    let a = open(store.as_ref(), "node-a", ttl).await;
+    let b = open(store.as_ref(), "node-b", ttl).await;
+    if a.latest_change.is_none() {
+        assert_eq!(b.latest_change, None, "{b:?}");
+        store.acquire_in_session("q/0", a.id).await.unwrap();
+        let kept = store.keep_alive(a.id, ttl).await.expect("live");
+        assert_eq!(kept.latest_change, None, "{kept:?}");
+        return;
+    }
+    store.acquire_in_session("q/0", a.id).await.unwrap();
+    store.acquire_in_session("q/1", b.id).await.unwrap();
+    let c = store.try_acquire("r/0", "node-c", ttl).await;
+    let told = || async { latest_told(store.as_ref(), a.id, ttl).await };
+
+    let mark = read_mark(store.as_ref(), None).await;
+    assert_seen(told().await, mark, "nothing changed");
+    assert!(store.try_acquire("r/0", "node-c", ttl).await.acquired);
+    store.keep_alive(b.id, ttl).await.expect("live");
+    assert_seen(
+        latest_told(other.as_ref(), a.id, ttl).await,
+        mark,
+        "a renewal and keep-alives",
+    );
+    let reread = read_mark(store.as_ref(), Some(mark)).await;
+    assert_seen(told().await, reread, "a read");
+
+    assert!(other.release_term("r/0", "node-c", c.fencing_token).await);
+    let mark = changed_since(
+        store.as_ref(),
+        a.id,
+        ttl,
+        mark,
+        "a release of another prefix",
+    )
+    .await;
+    other.acquire_in_session("q/2", a.id).await.unwrap();
+    let mark = changed_since(store.as_ref(), a.id, ttl, mark, "a new term elsewhere").await;
+    assert!(other.close_session(b.id).await.unwrap());
+    let mark = changed_since(
+        store.as_ref(),
+        a.id,
+        ttl,
+        mark,
+        "a session closed with a role",
+    )
+    .await;
+    let d = open(store.as_ref(), "node-d", ttl).await;
+    assert_seen(d.latest_change.expect("told"), mark, "a session opened");
+}
+
+/// The latest change a keep-alive of live `session` tells.
+async fn latest_told(store: &dyn LeaseStore, session: SessionId, ttl: Duration) -> ChangeMark {
+    let kept = store.keep_alive(session, ttl).await.expect("live");
+    kept.latest_change
+        .unwrap_or_else(|| panic!("a keep-alive told no latest change: {kept:?}"))
+}
+
+/// The mark of a read of the changes of `q/` since `since` (all of it for `None`).
+async fn read_mark(store: &dyn LeaseStore, since: Option<ChangeMark>) -> ChangeMark {
+    let read = match since {
+        Some(mark) => ChangesRead::since("q/", mark, &[]),
+        None => ChangesRead::complete("q/"),
+    };
+    let changes = store.list_prefix_changes(read).await.unwrap();
+    changes
+        .mark
+        .expect("a store whose keep-alives tell the latest change marks its reads")
+}
+
+/// Asserts a read with `mark` saw every change a keep-alive told of (`latest`).
+fn assert_seen(latest: ChangeMark, mark: ChangeMark, step: &str) {
+    assert!(
+        latest <= mark,
+        "{step}: latest change {latest:?}, read's mark {mark:?}"
+    );
+}
+
+/// After `what` changed a term: a keep-alive of `session` tells of a change the read
+/// with `mark` did not see, and a read since `mark` sees it. Returns that read's mark.
+async fn changed_since(
+    store: &dyn LeaseStore,
+    session: SessionId,
+    ttl: Duration,
+    mark: ChangeMark,
+    what: &str,
+) -> ChangeMark {
+    let latest = latest_told(store, session, ttl).await;
+    assert!(
+        latest > mark,
+        "{what}: latest change {latest:?}, read's mark {mark:?}"
+    );
+    let mark = read_mark(store, Some(mark)).await;
+    assert_seen(latest_told(store, session, ttl).await, mark, what);
+    mark
+}
+
 /// Runs every session scenario against one backend as `#[tokio::test]`s.
 #[macro_export]
 macro_rules! session_scenarios {
@@ -537,6 +645,7 @@ macro_rules! session_scenarios {
             scenario_session_acquire_many_rules,
             scenario_session_acquire_many_contention,
             scenario_session_bad_input,
-            scenario_session_changes_keep_a_copy);
+            scenario_session_changes_keep_a_copy,
+            scenario_session_tells_the_latest_change);
     };
 }

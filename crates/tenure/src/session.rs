@@ -14,7 +14,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::lease::{validate_name, validate_ttl};
+use crate::lease::{validate_name, validate_ttl, ChangeMark};
 use crate::Result;
 
 #[cfg(doc)]
@@ -74,6 +74,16 @@ pub struct SessionGrant {
     /// on at the next keep-alive, not at its next look many TTLs later.
     #[serde(default)]
     pub terms_handed: Option<u64>,
+    /// Where the store's numbering of lease changes stood at the call, on a store whose
+    /// keep-alives tell it (PostgreSQL, SQLite, in memory); `None` otherwise. A read of
+    /// changes ([`LeaseStore::list_prefix_changes`]) whose mark is at or past it saw every
+    /// change of every lease (of any prefix) made before the call; one whose mark is
+    /// before it may have missed some. So a shard member that planned from a read looks
+    /// again only when a keep-alive tells of a later change, not on a timer: a settled
+    /// group costs a keep-alive per member per interval, and a change that no push
+    /// announced (an outside release of a shard) is seen at the next keep-alive.
+    #[serde(default)]
+    pub latest_change: Option<ChangeMark>,
 }
 
 /// When the first of the other nodes of a registry lapses unless it is heard from again,

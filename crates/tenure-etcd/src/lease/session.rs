@@ -101,6 +101,7 @@ impl KnownSession {
             now,
             peers_lapse: None,
             terms_handed: None,
+            latest_change: None,
         }
     }
 }

@@ -67,6 +67,7 @@ impl KubeLeaseStore {
             now: self.wall(at),
             peers_lapse: None,
             terms_handed: None,
+            latest_change: None,
         }
     }
 

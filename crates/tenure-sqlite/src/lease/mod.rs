@@ -31,8 +31,8 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
     acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
-    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeRow, ChangesRead, EndRequest, Handover,
-    ListedLease, PrefixChanges, ACQUIRE_BATCH_SIZE,
+    validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, ChangesRead,
+    EndRequest, Handover, ListedLease, PrefixChanges, ACQUIRE_BATCH_SIZE,
 };
 use tenure::session::validate_open;
 use tenure::{
@@ -63,14 +63,18 @@ const OPEN_SESSION: &str =
 /// Moves live session `?1`'s expiry to `?2` (never earlier) at store time `?3`, and
 /// stamps it kept alive at `?3` (what readers count as a heartbeat of the node naming
 /// it, see `registry.rs`): the one row a keep-alive writes. Answers the owner, the
-/// expiry, and whether the owner's node row names the session (read through the
-/// partial index on `tenure_nodes.session_id`; nothing is written there).
+/// expiry, whether the owner's node row names the session (read through the
+/// partial index on `tenure_nodes.session_id`; nothing is written there), the count of
+/// terms handed to it and the latest change number (through `tenure_leases_changed`).
 const KEEP_ALIVE_SESSION: &str = "UPDATE tenure_sessions \
      SET expires_at = max(expires_at, ?2), kept_at = max(coalesce(kept_at, ?3), ?3) \
      WHERE id = ?1 AND expires_at > ?3 RETURNING owner, expires_at, \
      EXISTS (SELECT 1 FROM tenure_nodes n \
          WHERE n.session_id = tenure_sessions.id AND n.node_id = tenure_sessions.owner), \
-     terms_handed";
+     terms_handed, (SELECT coalesce(max(changed), 0) FROM tenure_leases)";
+/// The latest change number (see `schema.rs`): a session's grant tells it
+/// ([`SessionGrant::latest_change`]).
+const LATEST_CHANGE: &str = "SELECT coalesce(max(changed), 0) FROM tenure_leases";
 /// Whether a node names session `?1` (closing it may end that node's membership).
 const SESSION_NAMED: &str = "SELECT EXISTS (SELECT 1 FROM tenure_nodes WHERE session_id = ?1)";
 /// Reads live session `?1` at store time `?2`: `owner, expires_at`.
@@ -177,6 +181,16 @@ fn ttl_too_large(ttl: Duration) -> Error {
 /// A session id as stored; one above `i64::MAX` was never handed out.
 fn session_to_db(session: SessionId) -> Option<i64> {
     i64::try_from(session.get()).ok()
+}
+
+/// A change number of the file as a mark; a negative one is a corrupt file.
+fn change_mark(number: i64) -> Result<ChangeMark> {
+    u64::try_from(number).map(ChangeMark::new).map_err(|_| {
+        Error::store_msg(
+            BACKEND,
+            format!("the database holds a negative change number, {number}"),
+        )
+    })
 }
 
 fn session_from_db(id: i64) -> Result<SessionId> {
@@ -556,6 +570,10 @@ impl LeaseStore for SqliteLeaseStore {
             .await
             .map_err(store_error("cannot open the session"))?
             .last_insert_rowid();
+        let latest: i64 = sqlx::query_scalar(LATEST_CHANGE)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error("cannot read the latest change"))?;
         commit(tx, "cannot commit the session").await?;
         let id = session_from_db(id)?;
         self.db.links().kept(owner, id.get(), now.mono, false);
@@ -566,6 +584,7 @@ impl LeaseStore for SqliteLeaseStore {
             now: now.wall,
             peers_lapse: None,
             terms_handed: Some(0),
+            latest_change: Some(change_mark(latest)?),
         })
     }
 
@@ -582,7 +601,7 @@ impl LeaseStore for SqliteLeaseStore {
         let (_writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?;
         let renewed_until = ends_at(now.mono, ttl_nanos, ttl)?;
-        let kept: Option<(String, i64, bool, i64)> = sqlx::query_as(KEEP_ALIVE_SESSION)
+        let kept: Option<(String, i64, bool, i64, i64)> = sqlx::query_as(KEEP_ALIVE_SESSION)
             .bind(id)
             .bind(renewed_until)
             .bind(now.mono)
@@ -602,12 +621,12 @@ impl LeaseStore for SqliteLeaseStore {
         };
         commit(tx, "cannot commit the keep-alive").await?;
         match &kept {
-            Some((owner, _, named, _)) => {
+            Some((owner, _, named, ..)) => {
                 self.db.links().kept(owner, session.get(), now.mono, *named)
             }
             None => self.db.links().ended(session.get()),
         }
-        kept.map(|(owner, expires_at, _, handed)| {
+        kept.map(|(owner, expires_at, _, handed, latest)| {
             Ok(SessionGrant {
                 id: session,
                 owner,
@@ -615,6 +634,7 @@ impl LeaseStore for SqliteLeaseStore {
                 now: now.wall,
                 peers_lapse,
                 terms_handed: Some(u64::try_from(handed).unwrap_or(0)),
+                latest_change: Some(change_mark(latest)?),
             })
         })
         .transpose()

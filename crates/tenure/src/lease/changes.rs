@@ -13,7 +13,10 @@ use crate::{Error, Result};
 /// Where a [`LeaseStore::list_prefix_changes`] read left off: the next read given it
 /// returns what changed after it. Opaque outside the store that made it, and meaningful
 /// only to that store (and prefix).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct ChangeMark(u64);
 
 impl ChangeMark {

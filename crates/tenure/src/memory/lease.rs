@@ -126,6 +126,12 @@ impl InMemoryLeaseStore {
         }
     }
 
+    /// The last change number handed out, as a mark: a read whose mark is at or past it
+    /// saw every change numbered so far (see [`SessionGrant::latest_change`]).
+    fn latest_change(&self) -> ChangeMark {
+        ChangeMark::new(self.changes.load(Ordering::SeqCst))
+    }
+
     /// The next change number, for a slot whose term changes under its shard's lock.
     fn stamp(&self) -> u64 {
         self.changes.fetch_add(1, Ordering::SeqCst) + 1
@@ -451,6 +457,7 @@ impl LeaseStore for InMemoryLeaseStore {
             now,
             peers_lapse: None,
             terms_handed: Some(0),
+            latest_change: Some(self.latest_change()),
         })
     }
 
@@ -487,6 +494,7 @@ impl LeaseStore for InMemoryLeaseStore {
             now,
             peers_lapse,
             terms_handed: Some(handed),
+            latest_change: Some(self.latest_change()),
         }))
     }
 

@@ -228,10 +228,11 @@ impl Member<'_> {
                 };
             }
             look = true;
-            let Some((alive, handed_unseen)) = self
-                .session
-                .as_ref()
-                .map(|s| (s.alive.clone(), s.unseen_terms_handed()))
+            let Some((alive, handed_unseen, change_unseen, tells_changes)) =
+                self.session.as_ref().map(|s| {
+                    let told = (s.unseen_change(), s.tells_changes());
+                    (s.alive.clone(), s.unseen_terms_handed(), told.0, told.1)
+                })
             else {
                 continue;
             };
@@ -242,7 +243,12 @@ impl Member<'_> {
             // often as the store pushes, and must not put the next look off for good.
             let now = Instant::now();
             let every = if self.settled {
-                (self.options().lease_ttl * SETTLED_LOOK_TTLS).max(self.options().retry_interval)
+                let ttls = if tells_changes {
+                    SETTLED_LOOK_TTLS_TOLD
+                } else {
+                    SETTLED_LOOK_TTLS
+                };
+                (self.options().lease_ttl * ttls).max(self.options().retry_interval)
             } else {
                 self.options().retry_interval
             };
@@ -285,6 +291,13 @@ impl Member<'_> {
                 // no group, so it would see nothing and be brought again at once.
                 _ = handed_unseen, if self.settled => {
                     debug!("a keep-alive counts a term handed here that no push told of");
+                }
+                // Settled, and a lease changed since the last read of the group: a
+                // change no push told of (a shard released from outside) is read now,
+                // not at the timer's look. Not while unsettled: such a member looks
+                // soon anyway, and a cold group's members wait for each other to join.
+                _ = change_unseen, if self.settled => {
+                    debug!("a keep-alive tells of a change since the last read of the group");
                 }
                 Some(wake) = wake_rx.recv() => {
                     // Wakes come in bursts (a member handing several shards over): act

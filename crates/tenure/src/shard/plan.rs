@@ -113,9 +113,11 @@ impl Member<'_> {
         }
         self.look_put_off = None;
 
-        // Every term the store counted as handed here so far is in the read that follows.
+        // Every term the store counted as handed here so far, and every change it
+        // numbered so far, is in the read that follows.
         if let Some(session) = self.session.as_mut() {
             session.see_terms_handed();
+            session.see_latest_change();
         }
         self.read_group().await?;
         if self.still_settled(&planned, now) {

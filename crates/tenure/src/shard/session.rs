@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::*;
+use crate::ChangeMark;
 
 /// The member's session, kept alive by a task of its own so that renewals never wait
 /// for the member's loop (contending for many shards, a shard's work winding down).
@@ -26,6 +27,12 @@ pub(super) struct Session {
     /// pushes, and all that the store counted before its last look read the group (that
     /// read saw them). A keep-alive that counts more brings a look.
     terms_handed_seen: u64,
+    /// Where the store's numbering of lease changes stood, as the last keep-alive that
+    /// told said (see [`SessionGrant::latest_change`]).
+    latest_change: watch::Receiver<Option<ChangeMark>>,
+    /// The latest change that a read of the group has seen: what a keep-alive told
+    /// before the member's last read began.
+    latest_change_seen: Option<ChangeMark>,
     /// Cancelled when the session is over locally: at the deadline without a renewal,
     /// when the store says it ended, or when the member drops it. Every shard's
     /// `leadership` is a child of it.
@@ -48,6 +55,7 @@ impl Session {
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
         let (peers_lapse_tx, peers_lapse_rx) = watch::channel(None);
         let (handed_tx, handed_rx) = watch::channel(grant.terms_handed);
+        let (latest_tx, latest_rx) = watch::channel(grant.latest_change);
         published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
         tokio::spawn(async move {
@@ -94,6 +102,13 @@ impl Session {
                             }
                             more
                         });
+                        latest_tx.send_if_modified(|latest| {
+                            let later = grant.latest_change > *latest;
+                            if later {
+                                *latest = grant.latest_change;
+                            }
+                            later
+                        });
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
                         }
@@ -120,6 +135,8 @@ impl Session {
             peers_lapse: peers_lapse_rx,
             terms_handed: handed_rx,
             terms_handed_seen: grant.terms_handed.unwrap_or(0),
+            latest_change: latest_rx,
+            latest_change_seen: None,
             alive,
         }
     }
@@ -133,6 +150,32 @@ impl Session {
     pub(super) fn see_terms_handed(&mut self) {
         if let Some(counted) = *self.terms_handed.borrow() {
             self.terms_handed_seen = self.terms_handed_seen.max(counted);
+        }
+    }
+
+    /// Takes every change the store numbered up to the last keep-alive that told as
+    /// seen: a read of the group that begins now sees them.
+    pub(super) fn see_latest_change(&mut self) {
+        let told = *self.latest_change.borrow();
+        self.latest_change_seen = self.latest_change_seen.max(told);
+    }
+
+    /// Whether the store's keep-alives tell the latest change (so a settled member
+    /// need not look on a timer to find what no push announced).
+    pub(super) fn tells_changes(&self) -> bool {
+        self.latest_change.borrow().is_some()
+    }
+
+    /// Returns once a keep-alive tells of a change later than the last read of the
+    /// group saw (at once if the last one did); never on a store that does not tell.
+    pub(super) fn unseen_change(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let (mut told, seen) = (self.latest_change.clone(), self.latest_change_seen);
+        async move {
+            let later = told.wait_for(|latest| latest.is_some() && *latest > seen);
+            if later.await.is_err() {
+                // The keep-alive task ended: so did the session, which `alive` tells.
+                std::future::pending::<()>().await;
+            }
         }
     }
 
