@@ -24,15 +24,21 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::lease::validate_name;
-use crate::{Error, FencingToken, LeaseStore, Result};
+use crate::{ChangeMark, Error, FencingToken, LeaseStore, Result};
 
 /// The prefix of drain roles: `tenure.drain/GROUP/NODE` carries requests to drain
 /// member `NODE` of group `GROUP`. Roles of one's own should not start with it.
 pub const DRAIN_ROLE_PREFIX: &str = "tenure.drain/";
 
-/// How often a member reads its drain role without a push (a store that does not
-/// push, a missed push); a request that lapses is read again at its expiry.
+/// How often a member reads its drain role without a push (a missed push); a request
+/// that lapses is read again at its expiry. On a store whose keep-alives tell the
+/// latest lease change ([`crate::SessionGrant::latest_change`]) the read is skipped
+/// while no lease changed since the last one, up to [`DRAIN_POLL_TOLD`].
 const DRAIN_POLL: Duration = Duration::from_secs(60);
+
+/// How long a member waits on its drain role's push alone while its keep-alives tell
+/// that no lease changed (a drain request is a change): a net under the net.
+const DRAIN_POLL_TOLD: Duration = Duration::from_secs(3600);
 
 /// How often a member reads its drain role on a store whose waits poll
 /// ([`LeaseStore::change_poll`]; SQLite where another process's writes are not
@@ -190,17 +196,22 @@ async fn unmoved(
 }
 
 /// Keeps `draining` set while a drain request for the member lives in the store (see
-/// the [module](self) docs); runs until every receiver is gone.
+/// the [module](self) docs); runs until every receiver is gone. `told` is the store's
+/// latest lease change as the member's keep-alives tell it (`None` on a store that does
+/// not): while it does not move, nothing the push could have missed happened.
 pub(super) async fn watch_requests(
     store: Arc<dyn LeaseStore>,
     drain: String,
     draining: watch::Sender<bool>,
+    mut told: watch::Receiver<Option<ChangeMark>>,
 ) {
     loop {
         if draining.is_closed() {
             return;
         }
         let now = Instant::now();
+        // Before the read: a change it may not show moves the number past this.
+        let told_at_read = *told.borrow_and_update();
         let (asked, wait) = match store.get(&drain).await {
             Ok(Some(info)) if info.live_holder().is_some() => {
                 let left = info.remaining();
@@ -231,13 +242,50 @@ pub(super) async fn watch_requests(
                     .wait_for_change(&drain, token, now + wait + LAPSE_NUDGE)
                     .await
             }
-            Some((token, wait)) => store.wait_for_term(&drain, token, now + wait).await,
+            // No live request: wake on a new term's push, or when a minute passed and a
+            // lease changed since the read, or at the deadline.
+            Some((token, _)) => {
+                await_request(&store, &drain, token, now, &mut told, told_at_read).await
+            }
             None => {
-                store
-                    .wait_for_term(&drain, FencingToken::from(0), now + DRAIN_POLL)
-                    .await
+                let none = FencingToken::from(0);
+                await_request(&store, &drain, none, now, &mut told, told_at_read).await
             }
         }
+    }
+}
+
+/// Waits for a term of `drain` after `after` (read at `now`): its push, or
+/// [`DRAIN_POLL`] if the store's keep-alives do not tell changes. Where they do, up to
+/// [`DRAIN_POLL_TOLD`], or until [`DRAIN_POLL`] passed and `told` moved past
+/// `told_at_read`: a settled member then reads nothing while nothing changes.
+async fn await_request(
+    store: &Arc<dyn LeaseStore>,
+    drain: &str,
+    after: FencingToken,
+    now: Instant,
+    told: &mut watch::Receiver<Option<ChangeMark>>,
+    told_at_read: Option<ChangeMark>,
+) {
+    if told_at_read.is_none() {
+        store.wait_for_term(drain, after, now + DRAIN_POLL).await;
+        return;
+    }
+    let changed_since_read = async {
+        tokio::time::sleep_until(now + DRAIN_POLL).await;
+        if told
+            .wait_for(|latest| *latest > told_at_read)
+            .await
+            .is_err()
+        {
+            // The member is gone: the deadline ends the wait.
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = store.wait_for_term(drain, after, now + DRAIN_POLL_TOLD) => {}
+        _ = changed_since_read => {}
     }
 }
 
@@ -256,9 +304,11 @@ mod tests {
     use crate::{InMemoryLeaseStore, TokioClock};
 
     /// Counts the calls by method, and says the store polls every `poll` if given.
+    /// With `no_push`, a wait for a term returns only at its deadline (every push lost).
     #[derive(Default)]
     struct Calls {
         poll: Option<Duration>,
+        no_push: bool,
         made: Mutex<BTreeMap<&'static str, usize>>,
     }
 
@@ -266,7 +316,13 @@ mod tests {
     impl Interceptor for Calls {
         async fn intercept(&self, call: Call, next: Next) -> Reply {
             *self.made.lock().entry(call.method()).or_default() += 1;
-            next.run(call).await
+            match call {
+                Call::WaitForTerm { deadline, .. } if self.no_push => {
+                    tokio::time::sleep_until(deadline).await;
+                    Reply::Changed
+                }
+                call => next.run(call).await,
+            }
         }
 
         fn change_poll(&self, _below: Option<Duration>) -> Option<Duration> {
@@ -275,27 +331,34 @@ mod tests {
     }
 
     /// Watches `node`'s drain requests for `during` on a store that polls every
-    /// `poll` (or pushes), asking a drain after `asked_after`: the calls the watch
-    /// made, and how long after the ask it saw the drain.
+    /// `poll` (or pushes: every push lost with `no_push`), asking a drain after
+    /// `asked_after`, the member's keep-alives telling the latest change on `told`
+    /// (moved on at the ask): the calls the watch made, and how long after the ask it
+    /// saw the drain.
     async fn watch_for(
-        poll: Option<Duration>,
+        calls: Calls,
+        told: Option<ChangeMark>,
         during: Duration,
         asked_after: Duration,
     ) -> (BTreeMap<&'static str, usize>, Option<Duration>) {
         let memory: Arc<dyn LeaseStore> =
             Arc::new(InMemoryLeaseStore::with_clock(TokioClock::new()));
-        let calls = Arc::new(Calls {
-            poll,
-            ..Calls::default()
-        });
+        let calls = Arc::new(calls);
         let store = InterceptStore::new(memory.clone()).with(calls.clone());
         let drain = drain_role("jobs", "a").unwrap();
         let (draining, mut seen) = watch::channel(false);
-        tokio::spawn(watch_requests(Arc::new(store), drain.clone(), draining));
+        let (latest, latest_rx) = watch::channel(told);
+        tokio::spawn(watch_requests(
+            Arc::new(store),
+            drain.clone(),
+            draining,
+            latest_rx,
+        ));
         tokio::time::sleep(asked_after).await;
         let asked = Instant::now();
         let ask = memory.try_acquire_or_renew(&drain, "ops", 10 * during);
         assert!(ask.await.unwrap().acquired);
+        latest.send_modify(|told| *told = told.map(|mark| ChangeMark::new(mark.get() + 1)));
         let saw = tokio::time::timeout(during, seen.wait_for(|draining| *draining)).await;
         let saw = saw.is_ok().then(|| asked.elapsed());
         let made = calls.made.lock().clone();
@@ -308,20 +371,48 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_watch_reads_once_a_second_on_a_store_that_polls() {
         let minute = Duration::from_secs(60);
-        let (calls, saw) = watch_for(
-            Some(Duration::from_millis(10)),
-            minute,
-            Duration::from_millis(30_500),
-        )
-        .await;
+        let polls = Calls {
+            poll: Some(Duration::from_millis(10)),
+            ..Calls::default()
+        };
+        let (calls, saw) = watch_for(polls, None, minute, Duration::from_millis(30_500)).await;
         assert_eq!(calls.get("wait_for_term"), None, "{calls:?}");
         let gets = calls.get("get").copied().unwrap_or_default();
         assert!((30..=33).contains(&gets), "{gets} reads in 31 s: {calls:?}");
         let saw = saw.expect("the drain is seen");
         assert!(saw <= DRAIN_POLL_SLOW_STORE, "seen after {saw:?}");
 
-        let (calls, saw) = watch_for(None, minute, Duration::from_millis(30_500)).await;
+        let pushes = Calls::default();
+        let (calls, saw) = watch_for(pushes, None, minute, Duration::from_millis(30_500)).await;
         assert_eq!(calls.get("get"), Some(&2), "{calls:?}");
         assert_eq!(saw, Some(Duration::ZERO), "pushed at once");
+    }
+
+    /// Where the member's keep-alives tell the latest lease change, the watch reads its
+    /// role only after a change: nothing in ten minutes while nothing changes (the
+    /// first read and wait aside; ten of each when it read every minute), and a drain
+    /// whose push is lost is seen a minute after the last read, as before (asked 30 s
+    /// after it: seen 30 s later, not at the hour's net).
+    #[tokio::test(start_paused = true)]
+    async fn the_watch_reads_nothing_while_no_lease_changes() {
+        let told = Some(ChangeMark::new(7));
+        let ten_minutes = Duration::from_secs(600);
+        let (calls, saw) =
+            watch_for(Calls::default(), told, Duration::from_secs(1), ten_minutes).await;
+        assert_eq!(calls.get("get"), Some(&2), "{calls:?}");
+        assert_eq!(saw, Some(Duration::ZERO), "pushed at once");
+
+        let lost = Calls {
+            no_push: true,
+            ..Calls::default()
+        };
+        let asked_after = Duration::from_secs(30);
+        let (calls, saw) = watch_for(lost, told, 2 * DRAIN_POLL, asked_after).await;
+        let saw = saw.expect("a drain whose push is lost is seen once the number moved");
+        assert_eq!(
+            saw,
+            Duration::from_secs(30),
+            "seen at the minute's end: {calls:?}"
+        );
     }
 }

@@ -47,8 +47,8 @@ use membership::Membership;
 use crate::elector::{check_min_ttl, work_outcome, WorkOutcome};
 use crate::lease::validate_name;
 use crate::{
-    Error, FencingToken, LeaseLeaderOptions, LeaseStore, NodeRegistry, Result, SessionGrant,
-    SessionId,
+    ChangeMark, Error, FencingToken, LeaseLeaderOptions, LeaseStore, NodeRegistry, Result,
+    SessionGrant, SessionId,
 };
 
 /// The most shards one group may have.
@@ -162,6 +162,9 @@ pub struct ShardElector {
     state: watch::Sender<ShardState>,
     /// The session's local deadline, `None` while there is no session.
     deadline: watch::Sender<Option<Instant>>,
+    /// The store's latest lease change, as the member's last keep-alive that told said
+    /// ([`SessionGrant::latest_change`]); `None` until one did.
+    latest_change: watch::Sender<Option<ChangeMark>>,
     /// Drained in process ([`ShardElector::set_draining`]).
     draining: watch::Sender<bool>,
 }
@@ -256,6 +259,7 @@ impl ShardElector {
             options,
             state: watch::Sender::new(ShardState::default()),
             deadline: watch::Sender::new(None),
+            latest_change: watch::Sender::new(None),
             draining: watch::Sender::new(false),
         })
     }
@@ -306,11 +310,12 @@ impl ShardElector {
         let _stop_watching_on_drop = watching.clone().drop_guard();
         if let Some(drain) = drain {
             let (store, stop) = (self.store.clone(), watching.clone());
+            let told = self.latest_change.subscribe();
             tokio::spawn(async move {
                 tokio::select! {
                     biased;
                     _ = stop.cancelled() => {}
-                    _ = drain::watch_requests(store, drain, store_drain_tx) => {}
+                    _ = drain::watch_requests(store, drain, store_drain_tx, told) => {}
                 }
             });
         }

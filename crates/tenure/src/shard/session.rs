@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::*;
-use crate::ChangeMark;
 
 /// The member's session, kept alive by a task of its own so that renewals never wait
 /// for the member's loop (contending for many shards, a shard's work winding down).
@@ -27,7 +26,7 @@ pub(super) struct Session {
     /// pushes, and all that the store counted before its last look read the group (that
     /// read saw them). A keep-alive that counts more brings a look.
     terms_handed_seen: u64,
-    /// Where the store's numbering of lease changes stood, as the last keep-alive that
+    /// Where the store's numbering of lease changes stood, as the latest keep-alive that
     /// told said (see [`SessionGrant::latest_change`]).
     latest_change: watch::Receiver<Option<ChangeMark>>,
     /// The latest change that a read of the group has seen: what a keep-alive told
@@ -42,20 +41,23 @@ pub(super) struct Session {
 impl Session {
     /// Starts keeping session `grant` (opened by a request sent at `sent`) alive.
     /// Each renewal's deadline is also sent on `published` (the member's
-    /// [`ShardElector::deadline`]).
+    /// [`ShardElector::deadline`]), and the latest change each tells on `latest` (the
+    /// member's, across its sessions: the store numbers changes, not sessions).
     pub(super) fn start(
         store: Arc<dyn LeaseStore>,
         timing: LeaseLeaderOptions,
         sent: Instant,
         grant: &SessionGrant,
         published: watch::Sender<Option<Instant>>,
+        latest: watch::Sender<Option<ChangeMark>>,
     ) -> Session {
         let alive = CancellationToken::new();
         let (mut deadline, mut next_renew) = lifetime(&timing, sent, grant);
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
         let (peers_lapse_tx, peers_lapse_rx) = watch::channel(None);
         let (handed_tx, handed_rx) = watch::channel(grant.terms_handed);
-        let (latest_tx, latest_rx) = watch::channel(grant.latest_change);
+        tell_latest_change(&latest, grant.latest_change);
+        let latest_rx = latest.subscribe();
         published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
         tokio::spawn(async move {
@@ -102,13 +104,7 @@ impl Session {
                             }
                             more
                         });
-                        latest_tx.send_if_modified(|latest| {
-                            let later = grant.latest_change > *latest;
-                            if later {
-                                *latest = grant.latest_change;
-                            }
-                            later
-                        });
+                        tell_latest_change(&latest, grant.latest_change);
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
                         }
@@ -236,6 +232,18 @@ impl PeersLapseSeen {
     }
 }
 
+/// Sends `latest` on `told` if it is later than what was told: an answer overtaken by a
+/// later one must not take the number back.
+fn tell_latest_change(told: &watch::Sender<Option<ChangeMark>>, latest: Option<ChangeMark>) {
+    told.send_if_modified(|known| {
+        let later = latest > *known;
+        if later {
+            *known = latest;
+        }
+        later
+    });
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         self.alive.cancel();
@@ -275,7 +283,9 @@ impl Member<'_> {
                         "session opened");
                     let (store, timing) = (self.elector.store.clone(), options.timing());
                     let published = self.elector.deadline.clone();
-                    self.session = Some(Session::start(store, timing, sent, &grant, published));
+                    let told = self.elector.latest_change.clone();
+                    self.session =
+                        Some(Session::start(store, timing, sent, &grant, published, told));
                     return;
                 }
                 Err(error) if !error.is_transient() => {
@@ -402,7 +412,8 @@ mod tests {
             ..LeaseLeaderOptions::default()
         };
         let (published, _) = watch::channel(None);
-        let session = Session::start(store, timing, sent, &grant, published);
+        let (told, _) = watch::channel(None);
+        let session = Session::start(store, timing, sent, &grant, published, told);
         tokio::time::sleep(3 * TTL).await;
         assert!(
             *session.deadline.borrow() > sent + 2 * TTL,
