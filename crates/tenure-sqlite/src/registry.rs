@@ -38,7 +38,7 @@ use tenure::{Error, NodeRegistry, PeersLapse, Result};
 use tokio::time::Instant;
 
 use crate::clock::StoreNow;
-use crate::database::{column, store_error, SqliteDatabase, SqliteOptions};
+use crate::database::{column, store_error, SqliteDatabase, SqliteOptions, WriterSlot};
 use crate::links::Link;
 use crate::BACKEND;
 
@@ -305,7 +305,7 @@ impl SqliteNodeRegistry {
         link: Option<Link>,
     ) -> Result<()> {
         let session = link.and_then(|link| i64::try_from(link.id).ok());
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let current = sqlx::query(READ_NODE)
             .bind(node_id)
@@ -340,14 +340,41 @@ impl SqliteNodeRegistry {
             .execute(&mut *tx)
             .await
             .map_err(store_error("cannot forget long-lapsed nodes"))?;
-        tx.commit()
-            .await
-            .map_err(store_error("cannot commit the heartbeat"))?;
-        if joined {
-            self.db.signal_change(MEMBERSHIP);
-            self.wake_members(node_id).await;
-        }
-        Ok(())
+        self.commit_and_tell(
+            writer,
+            tx,
+            "cannot commit the heartbeat",
+            joined.then_some(node_id),
+        )
+        .await
+    }
+
+    /// Commits a write of the membership, then, if `changed` joined or left by it, tells
+    /// this process's waiters and the other live nodes' processes; on a task of its own,
+    /// so a caller that gives up while the commit is on its way does not keep the change
+    /// from them (the write lands all the same). The writer's slot is held until the
+    /// commit ends.
+    async fn commit_and_tell(
+        &self,
+        writer: WriterSlot,
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        doing: &'static str,
+        changed: Option<&str>,
+    ) -> Result<()> {
+        let registry = self.clone();
+        let changed = changed.map(str::to_owned);
+        tokio::spawn(async move {
+            let committed = tx.commit().await;
+            drop(writer);
+            if let Some(node) = changed {
+                registry.db.signal_change(MEMBERSHIP);
+                registry.wake_members(&node).await;
+            }
+            committed
+        })
+        .await
+        .map_err(|e| Error::store(BACKEND, doing, e))?
+        .map_err(store_error(doing))
     }
 
     /// Tells the processes of the live nodes other than `changed` that the membership
@@ -438,7 +465,7 @@ impl NodeRegistry for SqliteNodeRegistry {
         validate_name("node_id", node_id)?;
         // Gone: a heartbeat after the leave writes, whatever keeps a session alive.
         self.written.forget(node_id);
-        let (_writer, mut tx) = self.db.begin_write().await?;
+        let (writer, mut tx) = self.db.begin_write().await?;
         let now = self.db.write_now(&mut tx).await?.mono;
         let last: Option<i64> = sqlx::query_scalar(READ_NODE)
             .bind(node_id)
@@ -451,15 +478,11 @@ impl NodeRegistry for SqliteNodeRegistry {
             .execute(&mut *tx)
             .await
             .map_err(store_error("cannot remove the node"))?;
-        tx.commit()
-            .await
-            .map_err(store_error("cannot commit the leave"))?;
         let was_live = last.is_some_and(|last| is_live(last, self.ttl, now));
         self.listening.lock().remove(node_id);
-        if was_live {
-            self.db.signal_change(MEMBERSHIP);
-            self.wake_members(node_id).await;
-        }
+        let left = was_live.then_some(node_id);
+        self.commit_and_tell(writer, tx, "cannot commit the leave", left)
+            .await?;
         Ok(was_live)
     }
 

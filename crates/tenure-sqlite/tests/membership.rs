@@ -175,9 +175,9 @@ async fn a_join_and_a_leave_in_another_process_wake_a_membership_waiter() {
     seen_within(left, Duration::from_secs(2), "node-b's leave").await;
 }
 
-/// A join whose wake-up never arrives (its writer gave up after the commit, or died
-/// there, or the datagram was lost; here a handle made from a pool, which knows no file
-/// to wake through) is still seen, at the waiter's slow poll: one second here (polls of
+/// A join whose wake-up never arrives (its writer died after the commit, or the
+/// datagram was lost; here a handle made from a pool, which knows no file to wake
+/// through) is still seen, at the waiter's slow poll: one second here (polls of
 /// 10 ms), so later than a wake but within the bound.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tenure::NodeRegistry;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
-use tenure_sqlite::{fence_in_transaction, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
+use tenure_sqlite::{
+    fence_in_transaction, SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry, SqliteOptions,
+};
 use tenure_testkit::MustAnswer;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
@@ -190,6 +193,30 @@ impl HeldCommit {
     }
 }
 
+/// Two handles of one new file (two processes, as far as the file can tell), both
+/// polling every `poll`: a watcher, and a writer with one connection (so every write
+/// goes through it) whose commits `HeldCommit` can hold.
+async fn watcher_and_held_writer(
+    poll: Duration,
+) -> (
+    tempfile::TempDir,
+    SqliteDatabase,
+    SqliteDatabase,
+    HeldCommit,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.db");
+    let options = SqliteOptions::new().poll_interval(poll);
+    let watcher = SqliteDatabase::open_with(&path, options.clone())
+        .await
+        .unwrap();
+    let writer = SqliteDatabase::open_with(&path, options.max_connections(1))
+        .await
+        .unwrap();
+    let held = HeldCommit::install(&writer).await;
+    (dir, watcher, writer, held)
+}
+
 /// A write whose caller gave up while its commit was on its way still lands, and must
 /// still be announced: otherwise a process watching the role hears of the term only at
 /// its poll (30 s here). Both the start and the end of a term, each given up during its
@@ -197,21 +224,9 @@ impl HeldCommit {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_written_by_a_caller_that_gave_up_is_announced() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gave-up.db");
-    let options = || SqliteOptions::new().poll_interval(secs(30));
-    let watcher = Arc::new(
-        SqliteDatabase::open_with(&path, options())
-            .await
-            .unwrap()
-            .lease_store(),
-    );
-    // One connection, so every write goes through the hooked one.
-    let writer_db = SqliteDatabase::open_with(&path, options().max_connections(1))
-        .await
-        .unwrap();
+    let (_dir, watcher_db, writer_db, held) = watcher_and_held_writer(secs(30)).await;
+    let watcher = Arc::new(watcher_db.lease_store());
     let writer = Arc::new(writer_db.lease_store());
-    let held = HeldCommit::install(&writer_db).await;
 
     let begun = {
         let watcher = Arc::clone(&watcher);
@@ -245,6 +260,41 @@ async fn a_term_written_by_a_caller_that_gave_up_is_announced() {
     timeout(secs(2), ended)
         .await
         .expect("a term ended by a write given up during its commit was not announced")
+        .unwrap();
+}
+
+/// A join whose caller gave up while its commit was on its way still lands, and must
+/// still wake the membership waiters of the other processes: a process one of whose
+/// nodes hears wake-ups reads the members only every 100 polls (100 s here), so only the
+/// wake brings the join within the bound. (Linux: wakes need the abstract socket.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_written_by_a_caller_that_gave_up_wakes_the_others() {
+    let (_dir, a_db, b_db, held) = watcher_and_held_writer(secs(1)).await;
+    let a = Arc::new(SqliteNodeRegistry::new(&a_db, TTL).unwrap());
+    let b = Arc::new(SqliteNodeRegistry::new(&b_db, TTL).unwrap());
+    a.record_heartbeat("node-a", None).await.unwrap();
+    let waiter = {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move {
+            let observed = ["node-a".to_owned()];
+            tenure_testkit::registry::waited_for_change(a.as_ref(), &observed, secs(60)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let join = {
+        let b = Arc::clone(&b);
+        async move { b.record_heartbeat("node-b", None).await }
+    };
+    held.give_up_during_commit(join).await;
+    let deadline = Instant::now() + secs(5);
+    while a.live_nodes().await.unwrap() != ["node-a", "node-b"] {
+        assert!(Instant::now() < deadline, "the join given up did not land");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    timeout(secs(2), waiter)
+        .await
+        .expect("a join given up during its commit woke no waiter in the other process")
         .unwrap();
 }
 
