@@ -418,6 +418,30 @@ impl SqliteDatabase {
         Ok((slot, self.begin_immediate().await?))
     }
 
+    /// Commits a write begun with [`begin_write`](Self::begin_write), then runs `then`
+    /// (telling others what the write changed), both on a task of their own: a caller
+    /// that gives up while the commit is on its way (a timeout, a dropped future) does
+    /// not stop the commit, and a write that lands is told of whether or not anyone
+    /// still waits for its answer. The writer's slot is held until the commit ends.
+    /// `then` runs also when the commit fails: a waiter woken for nothing reads and
+    /// waits again, which is cheaper than news lost for a write that did land.
+    pub(crate) async fn commit_then(
+        writer: WriterSlot,
+        tx: Transaction<'static, Sqlite>,
+        doing: &'static str,
+        then: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        tokio::spawn(async move {
+            let committed = tx.commit().await;
+            drop(writer);
+            then.await;
+            committed
+        })
+        .await
+        .map_err(|e| Error::store(BACKEND, doing, e))?
+        .map_err(store_error(doing))
+    }
+
     /// Store time for a read, or for checking input before a transaction. A read
     /// compares [`StoreNow::boot_id`] with the file's in the same statement and treats
     /// the file's times as past when they differ.

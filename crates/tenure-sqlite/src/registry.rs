@@ -350,10 +350,8 @@ impl SqliteNodeRegistry {
     }
 
     /// Commits a write of the membership, then, if `changed` joined or left by it, tells
-    /// this process's waiters and the other live nodes' processes; on a task of its own,
-    /// so a caller that gives up while the commit is on its way does not keep the change
-    /// from them (the write lands all the same). The writer's slot is held until the
-    /// commit ends.
+    /// this process's waiters and the other live nodes' processes (see
+    /// [`SqliteDatabase::commit_then`]).
     async fn commit_and_tell(
         &self,
         writer: WriterSlot,
@@ -363,18 +361,13 @@ impl SqliteNodeRegistry {
     ) -> Result<()> {
         let registry = self.clone();
         let changed = changed.map(str::to_owned);
-        tokio::spawn(async move {
-            let committed = tx.commit().await;
-            drop(writer);
+        let tell = async move {
             if let Some(node) = changed {
                 registry.db.signal_change(MEMBERSHIP);
                 registry.wake_members(&node).await;
             }
-            committed
-        })
-        .await
-        .map_err(|e| Error::store(BACKEND, doing, e))?
-        .map_err(store_error(doing))
+        };
+        SqliteDatabase::commit_then(writer, tx, doing, tell).await
     }
 
     /// Tells the processes of the live nodes other than `changed` that the membership

@@ -237,12 +237,8 @@ impl News {
     }
 }
 
-/// Commits a write that changes terms, then tells its `news`, on a task of its own: a
-/// caller that gives up while the commit is on its way (a timeout, a dropped future)
-/// does not stop the commit, and a write that lands is announced whether or not anyone
-/// still waits for its answer; otherwise the processes watching its roles would hear of
-/// it only at their poll. The writer's slot is held until the commit ends. A commit
-/// that fails tells its news too: a waiter woken for nothing reads and waits again.
+/// Commits a write that changes terms, then tells its `news` (see
+/// [`SqliteDatabase::commit_then`]).
 async fn commit_and_tell(
     db: &SqliteDatabase,
     writer: WriterSlot,
@@ -251,15 +247,7 @@ async fn commit_and_tell(
     news: News,
 ) -> Result<()> {
     let db = db.clone();
-    tokio::spawn(async move {
-        let committed = tx.commit().await;
-        drop(writer);
-        news.tell(&db);
-        committed
-    })
-    .await
-    .map_err(|e| Error::store(BACKEND, doing, e))?
-    .map_err(store_error(doing))
+    SqliteDatabase::commit_then(writer, tx, doing, async move { news.tell(&db) }).await
 }
 
 impl SqliteLeaseStore {
