@@ -56,7 +56,7 @@ impl Session {
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
         let (peers_lapse_tx, peers_lapse_rx) = watch::channel(None);
         let (handed_tx, handed_rx) = watch::channel(grant.terms_handed);
-        tell_latest_change(&latest, grant.latest_change);
+        raise(&latest, grant.latest_change);
         let latest_rx = latest.subscribe();
         published.send_replace(Some(deadline));
         let (id, watched) = (grant.id, alive.clone());
@@ -94,17 +94,8 @@ impl Session {
                         if told.is_some() {
                             peers_lapse_tx.send_replace(told);
                         }
-                        // Counts only grow: an answer overtaken by a later one (they are
-                        // sent one at a time, but kept as a maximum all the same) must
-                        // not take the count back.
-                        handed_tx.send_if_modified(|handed| {
-                            let more = grant.terms_handed > *handed;
-                            if more {
-                                *handed = grant.terms_handed;
-                            }
-                            more
-                        });
-                        tell_latest_change(&latest, grant.latest_change);
+                        raise(&handed_tx, grant.terms_handed);
+                        raise(&latest, grant.latest_change);
                         if !watched.is_cancelled() {
                             published.send_replace(Some(deadline));
                         }
@@ -232,15 +223,16 @@ impl PeersLapseSeen {
     }
 }
 
-/// Sends `latest` on `told` if it is later than what was told: an answer overtaken by a
-/// later one must not take the number back.
-fn tell_latest_change(told: &watch::Sender<Option<ChangeMark>>, latest: Option<ChangeMark>) {
+/// Sends `value` on `told` if it is more than what was told: counts and change numbers
+/// only grow, and an answer overtaken by a later one (keep-alives are sent one at a
+/// time, but kept as a maximum all the same) must not take them back.
+fn raise<T: PartialOrd>(told: &watch::Sender<T>, value: T) {
     told.send_if_modified(|known| {
-        let later = latest > *known;
-        if later {
-            *known = latest;
+        let more = value > *known;
+        if more {
+            *known = value;
         }
-        later
+        more
     });
 }
 
