@@ -50,6 +50,14 @@
 //! caught leaving a crashed member's shards idle: keep-alives telling that the other
 //! members lapse ten TTLs later than they do.
 //!
+//! After the quiet phase every worked-on shard must be worked on under the term the store
+//! shows live for its member, under that term's token. Seeds 3 (mod 5) without a wedged
+//! member then have one shard released from outside the group (an operator, a release
+//! landing late), which pushes nothing to anyone: the members hear of it only through the
+//! latest change their keep-alives tell, and within four renew intervals the shard must
+//! be worked on again under a new term. A fourth negative control must be caught there:
+//! keep-alives telling a latest change that never moves.
+//!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40), from seed
 //! `TENURE_SHARD_SIM_FROM` (default 0); `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
 //! A schedule replays the same alone as in a run of many: every `select!` on its path is
@@ -67,8 +75,8 @@ use rand::{Rng, SeedableRng};
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::intercept::{FilteredRegistry, RegistryFilter};
 use tenure::{
-    FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata, NodeRegistry,
-    SessionId, ShardElector, ShardOptions, TermChange, TokioClock,
+    ChangeMark, FencingToken, InMemoryLeaseStore, InMemoryNodeRegistry, LeaseStore, Metadata,
+    NodeRegistry, SessionId, ShardElector, ShardOptions, TermChange, TokioClock,
 };
 use tenure_testkit::faults::Late;
 use tenure_testkit::registry::counting_reads;
@@ -100,6 +108,9 @@ struct Broken {
     /// whichever session the term was handed to (what a member that took any term
     /// handed to its node id for its own would act on).
     misattributed_pushes: bool,
+    /// Keep-alives and opens tell a latest lease change that never moves (what a store
+    /// whose count is read from a stale replica, or never advanced, would answer).
+    stale_latest_change: bool,
 }
 
 /// One member's view of the store: latency, stalls, calls applied after their caller
@@ -298,6 +309,14 @@ impl Interceptor for MemberFaults {
                     told.after += 10 * TTL;
                 }
                 Reply::KeptAlive(Ok(Some(grant)))
+            }
+            Reply::KeptAlive(Ok(Some(mut grant))) if self.broken.stale_latest_change => {
+                grant.latest_change = grant.latest_change.map(|_| ChangeMark::new(0));
+                Reply::KeptAlive(Ok(Some(grant)))
+            }
+            Reply::Session(Ok(mut grant)) if self.broken.stale_latest_change => {
+                grant.latest_change = grant.latest_change.map(|_| ChangeMark::new(0));
+                Reply::Session(Ok(grant))
             }
             Reply::KeptAlive(Ok(Some(mut grant))) if lie => {
                 grant.expires_at = grant.now + TTL;
@@ -536,6 +555,46 @@ impl Sim {
         (checker.overlaps.clone(), problem)
     }
 
+    /// Each shard worked on now: who works on it, under which token.
+    fn worked(&self) -> Vec<(u32, String, FencingToken)> {
+        let checker = self.checker.lock();
+        let now = checker.now.iter();
+        now.map(|(shard, (node, token))| (*shard, node.clone(), *token))
+            .collect()
+    }
+
+    /// A shard worked on under a term that the store does not show live for that member
+    /// under that token (its work outlived its term), if any.
+    async fn stale_work(&self) -> Option<String> {
+        let worked = self.worked();
+        for (shard, node, token) in worked {
+            let lease = self.store.get(&format!("{GROUP}/{shard}")).await;
+            let lease = lease.ok().flatten();
+            let live = lease
+                .as_ref()
+                .and_then(|l| Some((l.live_holder()?, l.fencing_token)));
+            if live != Some((node.as_str(), token)) {
+                return Some(format!(
+                    "shard {shard}: {node} works under token {token}, the store shows {lease:?}"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Releases one worked-on shard in the store from outside the group (an operator, a
+    /// release landing late): no push tells the members, who hear of it only through
+    /// the latest change their keep-alives tell.
+    async fn release_from_outside(&self, rng: &mut SmallRng) {
+        let worked = self.worked();
+        if worked.is_empty() {
+            return;
+        }
+        let (shard, node, token) = &worked[rng.random_range(0..worked.len())];
+        let role = format!("{GROUP}/{shard}");
+        let _ = self.store.release(&role, node, *token).await;
+    }
+
     /// Crashes one member at random, if another is left: its task is aborted, and its
     /// session lapses on its own. In a process that lives on, its dropped heartbeat
     /// task still leaves the group; where processes are killed, its membership lapses
@@ -599,6 +658,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     // pinned below are odd: they keep the registry that tells nothing and lose no
     // calls, and so replay the events they were pinned for.
     let wedged = seed % 3 == 2;
+    let released_from_outside = seed % 5 == 3 && !wedged;
     let outsider = seed % 4 == 1 || seed % 8 == 6;
     let peers_told = seed % 2 == 0;
     let loses_calls = seed % 4 == 2;
@@ -697,6 +757,16 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         tokio::time::sleep(RETRY / 3).await;
         verdict = sim.verdict();
     }
+    if released_from_outside && verdict.1.is_none() {
+        // Settled (each member's looks a timer's 30 TTLs apart): one shard released from
+        // outside must be worked on again under a new term within a few renewals.
+        sim.release_from_outside(&mut rng).await;
+        tokio::time::sleep(4 * RENEW).await;
+        verdict = sim.verdict();
+    }
+    if verdict.1.is_none() {
+        verdict.1 = sim.stale_work().await;
+    }
     stop_wedged.cancel();
     for (_, member) in std::mem::take(&mut sim.running) {
         member.shutdown.cancel();
@@ -739,9 +809,11 @@ fn seeds() -> std::ops::Range<u64> {
 /// quarter with no pushes of shard changes, a third beside a wedged member, three in
 /// eight beside a node of another group, half with keep-alives that tell when the
 /// members lapse and crashes that kill the process, a quarter losing calls), then 8
-/// TTLs of quiet.
-/// No shard ever had two members working on it; afterwards every shard is worked on and,
-/// without a wedged member, the live members share them evenly.
+/// TTLs of quiet (in a fifth of those without a wedged member, then one shard released
+/// from outside and four renew intervals more).
+/// No shard ever had two members working on it; afterwards every shard is worked on, each
+/// under the term the store shows live for its member, and, without a wedged member, the
+/// live members share them evenly.
 #[test]
 fn seeded_shard_schedules_keep_invariant_7() {
     for seed in seeds() {
@@ -906,6 +978,18 @@ fn negative_control_pushes_of_earlier_sessions_taken_overlap() {
         broken,
         "terms handed to an earlier session taken as this one's",
     );
+}
+
+/// The negative control of the latest change a keep-alive tells: a store whose number
+/// never moves (so a settled member hears of a change only at its timer's look, every
+/// 30 TTLs, long past the quiet phase) must be caught leaving a shard idle.
+#[test]
+fn negative_control_stale_latest_change_leaves_shards_idle() {
+    let broken = Broken {
+        stale_latest_change: true,
+        ..Broken::default()
+    };
+    assert_idle_caught(broken, 0..2000, "the stale latest change");
 }
 
 /// Runs `seeds` under `broken` until one leaves a shard idle after the quiet phase
