@@ -230,8 +230,13 @@ impl Member<'_> {
             look = true;
             let Some((alive, handed_unseen, change_unseen, tells_changes)) =
                 self.session.as_ref().map(|s| {
-                    let told = (s.unseen_change(), s.tells_changes());
-                    (s.alive.clone(), s.unseen_terms_handed(), told.0, told.1)
+                    let (handed, latest) = (&s.terms_handed, &s.latest_change);
+                    (
+                        s.alive.clone(),
+                        handed.unseen(),
+                        latest.unseen(),
+                        latest.is_told(),
+                    )
                 })
             else {
                 continue;

@@ -116,8 +116,7 @@ impl Member<'_> {
         // Every term the store counted as handed here so far, and every change it
         // numbered so far, is in the read that follows.
         if let Some(session) = self.session.as_mut() {
-            session.see_terms_handed();
-            session.see_latest_change();
+            session.see_what_was_told();
         }
         self.read_group().await?;
         if self.still_settled(&planned, now) {

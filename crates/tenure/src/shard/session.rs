@@ -19,19 +19,14 @@ pub(super) struct Session {
     pub(super) deadline: watch::Receiver<Instant>,
     /// When the other members lapse, as the last keep-alive that told it said.
     peers_lapse: watch::Receiver<Option<PeersLapseSeen>>,
-    /// How many terms were handed to the session, as the last keep-alive that told
-    /// said (see [`SessionGrant::terms_handed`]).
-    terms_handed: watch::Receiver<Option<u64>>,
-    /// How many of those this member accounts for: the ones it heard of through their
-    /// pushes, and all that the store counted before its last look read the group (that
-    /// read saw them). A keep-alive that counts more brings a look.
-    terms_handed_seen: u64,
-    /// Where the store's numbering of lease changes stood, as the latest keep-alive that
-    /// told said (see [`SessionGrant::latest_change`]).
-    latest_change: watch::Receiver<Option<ChangeMark>>,
-    /// The latest change that a read of the group has seen: what a keep-alive told
-    /// before the member's last read began.
-    latest_change_seen: Option<ChangeMark>,
+    /// How many terms were handed to the session, as keep-alives tell it (see
+    /// [`SessionGrant::terms_handed`]). Seen: the ones the member heard of through their
+    /// pushes, and all that the store counted before its last look read the group.
+    pub(super) terms_handed: Told<u64>,
+    /// Where the store's numbering of lease changes stood, as keep-alives tell it (see
+    /// [`SessionGrant::latest_change`]). Seen: what was told before the member's last
+    /// read of the group began.
+    pub(super) latest_change: Told<ChangeMark>,
     /// Cancelled when the session is over locally: at the deadline without a renewal,
     /// when the store says it ended, or when the member drops it. Every shard's
     /// `leadership` is a child of it.
@@ -120,10 +115,14 @@ impl Session {
             id,
             deadline: deadline_rx,
             peers_lapse: peers_lapse_rx,
-            terms_handed: handed_rx,
-            terms_handed_seen: grant.terms_handed.unwrap_or(0),
-            latest_change: latest_rx,
-            latest_change_seen: None,
+            terms_handed: Told {
+                told: handed_rx,
+                seen: Some(grant.terms_handed.unwrap_or(0)),
+            },
+            latest_change: Told {
+                told: latest_rx,
+                seen: None,
+            },
             alive,
         }
     }
@@ -132,61 +131,55 @@ impl Session {
         *self.deadline.borrow()
     }
 
-    /// Takes every term the store counted as handed to the session so far as seen: a
-    /// read of the group that begins now sees them.
-    pub(super) fn see_terms_handed(&mut self) {
-        if let Some(counted) = *self.terms_handed.borrow() {
-            self.terms_handed_seen = self.terms_handed_seen.max(counted);
-        }
-    }
-
-    /// Takes every change the store numbered up to the last keep-alive that told as
-    /// seen: a read of the group that begins now sees them.
-    pub(super) fn see_latest_change(&mut self) {
-        let told = *self.latest_change.borrow();
-        self.latest_change_seen = self.latest_change_seen.max(told);
-    }
-
-    /// Whether the store's keep-alives tell the latest change (so a settled member
-    /// need not look on a timer to find what no push announced).
-    pub(super) fn tells_changes(&self) -> bool {
-        self.latest_change.borrow().is_some()
-    }
-
-    /// Returns once a keep-alive tells of a change later than the last read of the
-    /// group saw (at once if the last one did); never on a store that does not tell.
-    pub(super) fn unseen_change(&self) -> impl std::future::Future<Output = ()> + 'static {
-        let (mut told, seen) = (self.latest_change.clone(), self.latest_change_seen);
-        async move {
-            let later = told.wait_for(|latest| latest.is_some() && *latest > seen);
-            if later.await.is_err() {
-                // The keep-alive task ended: so did the session, which `alive` tells.
-                std::future::pending::<()>().await;
-            }
-        }
+    /// Takes every term the store counted as handed to the session, and every change it
+    /// numbered, up to the last keep-alive that told, as seen: a read of the group that
+    /// begins now sees them.
+    pub(super) fn see_what_was_told(&mut self) {
+        self.terms_handed.see();
+        self.latest_change.see();
     }
 
     /// A term handed to the session was heard of through its push.
     pub(super) fn heard_term_handed(&mut self) {
-        self.terms_handed_seen = self.terms_handed_seen.saturating_add(1);
-    }
-
-    /// Returns once a keep-alive counts more terms handed to the session than were
-    /// seen (at once if the last one did); never on a store that does not count them.
-    pub(super) fn unseen_terms_handed(&self) -> impl std::future::Future<Output = ()> + 'static {
-        let (mut counted, seen) = (self.terms_handed.clone(), self.terms_handed_seen);
-        async move {
-            let more = counted.wait_for(|count| count.is_some_and(|count| count > seen));
-            if more.await.is_err() {
-                // The keep-alive task ended: so did the session, which `alive` tells.
-                std::future::pending::<()>().await;
-            }
-        }
+        let seen = &mut self.terms_handed.seen;
+        *seen = Some(seen.unwrap_or(0).saturating_add(1));
     }
 
     /// When the other members lapse, if the store's keep-alives tell.
     pub(super) fn peers_lapse(&self) -> Option<PeersLapseSeen> {
         *self.peers_lapse.borrow()
+    }
+}
+
+/// A number keep-alives tell (kept as the largest told), and how much of it the member
+/// has seen: told more than seen brings the member a look.
+pub(super) struct Told<T> {
+    told: watch::Receiver<Option<T>>,
+    seen: Option<T>,
+}
+
+impl<T: Copy + Ord + Send + Sync + 'static> Told<T> {
+    /// Takes all that was told so far as seen.
+    fn see(&mut self) {
+        self.seen = self.seen.max(*self.told.borrow());
+    }
+
+    /// Whether the store tells this number at all.
+    pub(super) fn is_told(&self) -> bool {
+        self.told.borrow().is_some()
+    }
+
+    /// Returns once a keep-alive tells more than was seen (at once if the last one did);
+    /// never on a store that does not tell.
+    pub(super) fn unseen(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let (mut told, seen) = (self.told.clone(), self.seen);
+        async move {
+            let more = told.wait_for(|told| told.is_some() && *told > seen);
+            if more.await.is_err() {
+                // The keep-alive task ended: so did the session, which `alive` tells.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 
