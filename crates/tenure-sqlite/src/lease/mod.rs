@@ -224,6 +224,14 @@ struct News {
 }
 
 impl News {
+    /// The news of one write of `role`: a term that began or ended if `changed`.
+    fn of_role(role: &str, changed: bool) -> News {
+        News {
+            terms: changed.then(|| role.to_owned()).into_iter().collect(),
+            ..News::default()
+        }
+    }
+
     fn tell(self, db: &SqliteDatabase) {
         if let Some((candidate, role)) = &self.handed {
             db.wake(candidate, role);
@@ -335,13 +343,7 @@ impl SqliteLeaseStore {
             // the moment the candidacy is in the file.
             self.db.listen_for_wakes(owner);
         }
-        let news = News {
-            terms: new_term(&write)
-                .then(|| role.to_owned())
-                .into_iter()
-                .collect(),
-            ..News::default()
-        };
+        let news = News::of_role(role, new_term(&write));
         commit_and_tell(&self.db, writer, tx, "cannot commit the lease", news).await?;
         self.result_of(owner, write, &store_now, expires_time)
     }
@@ -367,11 +369,7 @@ impl SqliteLeaseStore {
                 Ended::HandedTo(next) => Some((next.clone(), role.to_owned())),
                 _ => None,
             },
-            terms: (ended != Ended::Not)
-                .then(|| role.to_owned())
-                .into_iter()
-                .collect(),
-            ..News::default()
+            ..News::of_role(role, ended != Ended::Not)
         };
         commit_and_tell(&self.db, writer, tx, "cannot commit the release", news).await?;
         Ok(ended != Ended::Not)
