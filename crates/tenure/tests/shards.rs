@@ -4,7 +4,7 @@
 //! ever has two members working on it at once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,12 +110,22 @@ impl Group {
 
     /// Starts a member, or returns why `ShardElector::new` refused it.
     fn try_start(&mut self, node: &str, shards: u32) -> tenure::Result<()> {
+        self.try_start_on(self.store.clone(), node, shards)
+    }
+
+    /// Starts a member whose lease store calls go to `store` (the group's, wrapped).
+    fn try_start_on(
+        &mut self,
+        store: Arc<dyn LeaseStore>,
+        node: &str,
+        shards: u32,
+    ) -> tenure::Result<()> {
         let dead = Arc::new(AtomicBool::new(false));
         let registry = Arc::new(FilteredRegistry::new(
             self.registry.clone(),
             Mortal(dead.clone()),
         ));
-        let elector = ShardElector::new(self.store.clone(), registry, options(node, shards))?;
+        let elector = ShardElector::new(store, registry, options(node, shards))?;
         let state = elector.watch();
         let shutdown = CancellationToken::new();
         let running = self.running.clone();
@@ -175,6 +185,14 @@ impl Group {
                 )
             })
             .collect()
+    }
+
+    /// One shard `node` works on right now, and the token it works under.
+    fn a_term_of(&self, node: &str) -> (u32, FencingToken) {
+        let now = self.running.now.lock();
+        let mut terms = now.iter().filter(|(_, (worker, _))| worker == node);
+        let (shard, (_, token)) = terms.next().expect("the node works on a shard");
+        (*shard, *token)
     }
 
     /// Who works on each shard right now.
@@ -834,6 +852,83 @@ async fn a_wedged_member_strands_no_shard() {
     group.assert_no_overlap();
 }
 
+/// A store connection that wedges when told: from [`ALL_CALLS`] on every call hangs,
+/// unanswered (a socket that stopped answering, with no timeout to notice); from
+/// [`ALL_BUT_KEEP_ALIVES`] on, every call but the session's keep-alives.
+struct Wedges(Arc<AtomicU8>);
+
+const ALL_BUT_KEEP_ALIVES: u8 = 1;
+const ALL_CALLS: u8 = 2;
+
+#[async_trait::async_trait]
+impl Interceptor for Wedges {
+    async fn intercept(&self, call: Call, next: Next) -> Reply {
+        let keep_alive = matches!(call, Call::KeepAliveSession { .. });
+        match self.0.load(Ordering::SeqCst) {
+            ALL_CALLS => std::future::pending().await,
+            ALL_BUT_KEEP_ALIVES if !keep_alive => std::future::pending().await,
+            _ => next.run(call).await,
+        }
+    }
+}
+
+/// a, b and c settle 12 shards; returns the group and the switch of c's store's wedge.
+async fn settle_beside_a_wedging_member() -> (Group, Arc<AtomicU8>) {
+    const SHARDS: u32 = 12;
+    let mut group = Group::in_memory();
+    let wedged = Arc::new(AtomicU8::new(0));
+    let c_store = InterceptStore::new(group.store.clone()).with(Arc::new(Wedges(wedged.clone())));
+    group.start("a", SHARDS);
+    group.start("b", SHARDS);
+    group.try_start_on(Arc::new(c_store), "c", SHARDS).unwrap();
+    tokio::time::sleep(2 * RENEW).await;
+    group.assert_balanced(SHARDS);
+    tokio::time::sleep(2 * TTL).await;
+    (group, wedged)
+}
+
+/// Asserts that a and b work on all 12 shards, with no overlap ever.
+fn assert_worked_without_c(group: &Group) {
+    let workers = group.workers();
+    assert_eq!(workers.len(), 12, "every shard is worked on: {workers:?}");
+    assert!(workers.values().all(|node| node != "c"), "{workers:?}");
+    group.assert_no_overlap();
+}
+
+/// Setup: a, b and c settle 12 shards; then every call of c's lease store hangs (its
+/// connection wedged) while its heartbeats, through another connection, go on. c's
+/// session is lost at its local deadline and it cannot open another, so its shards lapse
+/// with the session. A member without a session must not stay in the group: a and b,
+/// settled, would otherwise leave c's shards free until their timer's look, 30 TTLs
+/// later (nothing is written when a session lapses, so no keep-alive tells of a change).
+/// Within 4 TTLs of the wedge every shard is worked on by a or b.
+#[tokio::test(start_paused = true)]
+async fn a_member_that_cannot_keep_its_session_leaves_the_group() {
+    let (group, wedged) = settle_beside_a_wedging_member().await;
+    wedged.store(ALL_CALLS, Ordering::SeqCst);
+    tokio::time::sleep(4 * TTL).await;
+    assert_worked_without_c(&group);
+}
+
+/// As above, but c's loop is stuck in a store call when its session is lost: c's reads
+/// hang first, one of its terms is handed on to its own session (a change that brings c,
+/// alone, a look: it hangs in its read of the group), then its keep-alives hang too. The
+/// loop never gets to the session's loss; c's heartbeats must stop with the session all
+/// the same. Within 4 TTLs of the keep-alives' wedge every shard is worked on by a or b.
+#[tokio::test(start_paused = true)]
+async fn a_member_stuck_in_a_store_call_leaves_the_group_with_its_session() {
+    let (group, wedged) = settle_beside_a_wedging_member().await;
+    let (shard, token) = group.a_term_of("c");
+    wedged.store(ALL_BUT_KEEP_ALIVES, Ordering::SeqCst);
+    let role = format!("{GROUP}/{shard}");
+    let handed = group.store.hand_to_session(&role, "c", token, "c").await;
+    assert!(handed.unwrap(), "the handover lands");
+    tokio::time::sleep(2 * RENEW).await;
+    wedged.store(ALL_CALLS, Ordering::SeqCst);
+    tokio::time::sleep(4 * TTL).await;
+    assert_worked_without_c(&group);
+}
+
 /// Counts calls by method, and roles asked for in a session (one per role of a batch).
 #[derive(Default)]
 struct Calls {
@@ -988,14 +1083,7 @@ async fn a_settled_member_sees_a_change_no_push_announced() {
     group.assert_balanced(8);
     // Settled: the moves of the start are over, and the looks are 10 TTLs apart.
     tokio::time::sleep(2 * TTL).await;
-    let (shard, token) = {
-        let now = group.running.now.lock();
-        let (shard, (_, token)) = now
-            .iter()
-            .find(|(_, (node, _))| node == "a")
-            .expect("a works on a shard");
-        (*shard, *token)
-    };
+    let (shard, token) = group.a_term_of("a");
     let role = format!("{GROUP}/{shard}");
     let released = group.store.release(&role, "a", token).await.unwrap();
     assert!(released, "the outside release lands");
@@ -1037,14 +1125,7 @@ async fn a_term_handed_while_looks_are_put_off_brings_no_read_loop() {
     group.settle(&["a", "b", "c"], SHARDS).await;
     group.assert_balanced(SHARDS);
     tokio::time::sleep(2 * TTL).await;
-    let (shard, token) = group
-        .running
-        .now
-        .lock()
-        .iter()
-        .find(|(_, (node, _))| node == "a")
-        .map(|(shard, (_, token))| (*shard, *token))
-        .expect("a works on a shard");
+    let (shard, token) = group.a_term_of("a");
     let before = counted.filter().reads();
     let crashed = group.members.remove("c").unwrap();
     crashed.task.abort();

@@ -1,5 +1,6 @@
-//! A member's place in its group's membership: heartbeats while it is in the group, a
-//! leave when it drains or shuts down, and joining again after a drain.
+//! A member's place in its group's membership: heartbeats while it is in the group (it
+//! holds a session and is not drained), a leave when it drains, loses its session or
+//! shuts down, and joining again after.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,9 @@ pub(super) struct Membership {
     /// task aborted, the process dying) stops the heartbeat too, so a member that is
     /// gone drops out of the group.
     beating: Option<(JoinHandle<Result<()>>, CancellationToken, DropGuard)>,
+    /// A heartbeat task told to stop and not awaited (see [`Membership::stop`]): it
+    /// leaves the registry as it ends, which must land before the member joins again.
+    stopping: Option<JoinHandle<Result<()>>>,
 }
 
 impl Membership {
@@ -36,25 +40,37 @@ impl Membership {
             metadata,
             beat_every,
             beating: None,
+            stopping: None,
         }
     }
 
     /// Whether the member heartbeats into the group.
     pub(super) fn joined(&self) -> bool {
-        self.beating.is_some()
+        self.beating
+            .as_ref()
+            .is_some_and(|(_, stop, _)| !stop.is_cancelled())
     }
 
-    /// Joins the group: a first heartbeat now (its failure is retried by the task), then
-    /// one every third of the registry's TTL.
-    pub(super) async fn join(&mut self) {
-        if self.joined() {
+    /// Joins the group for as long as `session` (the member's session's `alive`) is not
+    /// cancelled: a first heartbeat now (its failure is retried by the task), then one
+    /// every third of the registry's TTL. The heartbeats stop, and the task leaves the
+    /// registry, as the session is lost, even while the member's loop is stuck in a store
+    /// call and cannot tell. A member without a session holds no shard, and one whose
+    /// store calls hang may not open another for long: left in the group it would keep
+    /// shards targeted at it, free, while the others, settled, wait on nothing (a
+    /// session's lapse writes nothing, so no push and no keep-alive tells them).
+    pub(super) async fn join(&mut self, session: &CancellationToken) {
+        if self.joined() || session.is_cancelled() {
             return;
         }
+        // The heartbeats of a session since lost end with a leave, which must land first.
+        self.stop();
+        self.stopped().await;
         self.registry
             .heartbeat_with(&self.node_id, &self.metadata)
             .await
             .unwrap_or_else(|error| warn!(%error, "first heartbeat failed; retrying"));
-        let stop = CancellationToken::new();
+        let stop = session.child_token();
         let task = spawn_heartbeat(
             self.registry.clone(),
             self.node_id.clone(),
@@ -69,12 +85,29 @@ impl Membership {
     /// retarget at once instead of after the membership TTL.
     pub(super) async fn leave(&mut self) {
         let Some((task, stop, _guard)) = self.beating.take() else {
+            self.stopped().await;
             return;
         };
         stop.cancel();
         let _ = task.await;
         if let Err(error) = self.registry.leave(&self.node_id).await {
             warn!(%error, "could not leave the registry; membership lapses on its own");
+        }
+    }
+
+    /// Stops the heartbeats without waiting for them: the heartbeat task leaves the
+    /// registry as it ends.
+    fn stop(&mut self) {
+        if let Some((task, stop, _guard)) = self.beating.take() {
+            stop.cancel();
+            self.stopping = Some(task);
+        }
+    }
+
+    /// Waits for a heartbeat task told to stop to end (its leave landed or failed).
+    async fn stopped(&mut self) {
+        if let Some(task) = self.stopping.take() {
+            let _ = task.await;
         }
     }
 }

@@ -190,11 +190,11 @@ const SETTLED_LOOK_TTLS: u32 = 10;
 
 /// [`SETTLED_LOOK_TTLS`] on a store whose keep-alives tell the latest change
 /// ([`SessionGrant::latest_change`]): there a settled member looks as soon as a
-/// keep-alive tells of a change of a lease that its last read did not see, so the timer
-/// is left only what changes no lease: a member whose session lapsed while its
-/// membership did not (its keep-alives stall, its heartbeats go on) leaves its shards
-/// free with nothing written. Three times longer than without: a settled group's reads
-/// fall to one per member per 30 TTLs, and that case waits at most this long.
+/// keep-alive tells of a change of a lease that its last read did not see, and a
+/// session's lapse, which changes no lease, takes the member's membership with it (see
+/// `Membership::join`). The timer is left what the stores get wrong (an acquire
+/// answered with an error and applied long after). Three times longer than without: a
+/// settled group's reads fall to one per member per 30 TTLs.
 const SETTLED_LOOK_TTLS_TOLD: u32 = 30;
 
 /// How many TTLs after an acquire was lost (answered with an error, or with a wrong
@@ -295,9 +295,11 @@ impl ShardElector {
     /// shard moves, the session is lost, shutdown) and the work is awaited before the
     /// shard is released, so work must return promptly once it is cancelled. Work that
     /// returns on its own ends its term (the shard is released and taken again after
-    /// `retry_interval`). A member joins the registry only once its session is open. On shutdown every shard's work is cancelled and awaited,
-    /// the member leaves the registry, and then its session is closed (releasing every
-    /// shard at once). Store errors are logged and retried, never returned.
+    /// `retry_interval`). A member is in the registry only while it holds a session: it
+    /// joins once its session is open, and its heartbeats stop (with a leave) when the
+    /// session is lost, until a new one is open. On shutdown every shard's work is
+    /// cancelled and awaited, the member leaves the registry, and then its session is
+    /// closed (releasing every shard at once). Store errors are logged and retried, never returned.
     pub async fn run<W, Fut>(&self, mut work: W, shutdown: CancellationToken) -> Result<()>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,

@@ -286,7 +286,9 @@ impl Member<'_> {
         }
     }
 
-    /// The session is gone: stop every shard's work, forget the session.
+    /// The session is gone: stop every shard's work, forget the session. (Its heartbeats
+    /// stopped with it, see `Membership::join`; the member joins again once a new
+    /// session is open.)
     pub(super) async fn lose_everything(&mut self) {
         self.stop_work().await;
         // Whatever the session held frees as it ends, and a release still on its way
