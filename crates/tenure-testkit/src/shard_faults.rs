@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::intercept::Reply;
+use tenure::intercept::{FilteredRegistry, RegistryFilter, Reply};
 use tenure::{
     Fence, FencingToken, InMemoryNodeRegistry, LeaseResult, LeaseStore, NodeRegistry, ShardElector,
     ShardOptions, TokioClock,
@@ -148,12 +148,14 @@ impl Group {
 
     /// Starts member `node`; its work logs each term and runs until cancelled.
     fn start(&mut self, node: &str) {
-        let elector = ShardElector::new(
-            self.store.clone(),
-            self.registry.clone(),
-            self.options(node),
-        )
-        .expect("valid shard options");
+        self.start_on(node, self.registry.clone());
+    }
+
+    /// Starts member `node` with its registry calls going to `registry` (the group's,
+    /// filtered).
+    fn start_on(&mut self, node: &str, registry: Arc<dyn NodeRegistry>) {
+        let elector = ShardElector::new(self.store.clone(), registry, self.options(node))
+            .expect("valid shard options");
         let shutdown = CancellationToken::new();
         let (log, name, stop) = (self.log.clone(), node.to_owned(), shutdown.clone());
         let task = tokio::spawn(async move {
@@ -484,10 +486,21 @@ pub async fn scenario_shard_fault_batch_lands_late(backend: &dyn LeaseBackend) {
     g.stop_all().await;
 }
 
+/// A registry connection that loses every leave on its way (heartbeats go through).
+struct LeavesLost;
+
+impl RegistryFilter for LeavesLost {
+    fn before_leave(&self) -> tenure::Result<bool> {
+        Ok(false)
+    }
+}
+
 /// Member A, alone, sends its first batch (every shard), held before the store, and its
 /// first session renewal, held too: A gives up on its session at its local deadline
 /// (with a large `max_clock_drift`, well before the store would) and on the batch with
-/// it, and its next `open_session` is held. Now the late renewal lands and keeps the
+/// it, and its next `open_session` is held. Its heartbeats stop with the session, and
+/// its leave is lost on the way (the registry is out of its reach too), so B keeps A in
+/// the group until A's membership lapses. Now the late renewal lands and keeps the
 /// abandoned session alive on the store for another TTL, and the late batch lands under
 /// it and takes A's targets, which B left free: shards held by a live session that
 /// nobody renews or works under. They must be worked on again within the TTL rules
@@ -500,7 +513,8 @@ pub async fn scenario_shard_fault_late_batch_under_an_abandoned_session(
     g.drift = 0.4;
     let late_batch = g.faults.hold(ACQUIRE_MANY, "node-a");
     let late_renewal = g.faults.hold("keep_alive_session", "node-a");
-    g.start("node-a");
+    let leaves_lost = FilteredRegistry::new(g.registry.clone(), LeavesLost);
+    g.start_on("node-a", Arc::new(leaves_lost));
     late_batch.arrived().await;
     let reopen = g.faults.hold("open_session", "node-a");
     g.start("node-b");

@@ -24,6 +24,12 @@ pub trait RegistryFilter: Send + Sync + 'static {
         Ok(true)
     }
 
+    /// Before a leave, in place of [`before_write`](Self::before_write) (which it calls
+    /// unless overridden): a leave lost on its way while heartbeats went through.
+    fn before_leave(&self) -> Result<bool> {
+        self.before_write()
+    }
+
     /// Before a read of the membership (`live_nodes`, `members`).
     async fn before_read(&self) {}
 
@@ -76,7 +82,7 @@ impl<F: RegistryFilter> NodeRegistry for FilteredRegistry<F> {
         self.inner.members().await
     }
     async fn leave(&self, node_id: &str) -> Result<bool> {
-        if !self.filter.before_write()? {
+        if !self.filter.before_leave()? {
             return Ok(false);
         }
         self.inner.leave(node_id).await
