@@ -58,6 +58,12 @@
 //! be worked on again under a new term. A fourth negative control must be caught there:
 //! keep-alives telling a latest change that never moves.
 //!
+//! Seeds 4 (mod 7) hang every store call of one member for good as the quiet phase
+//! begins (a connection that stopped answering), while its heartbeats would go on: it
+//! loses its session at its deadline and must leave the group with it, so the others
+//! share every shard by the end of the quiet phase. A fifth negative control must be
+//! caught there: the hung member's node heartbeating on.
+//!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40), from seed
 //! `TENURE_SHARD_SIM_FROM` (default 0); `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
 //! A schedule replays the same alone as in a run of many: every `select!` on its path is
@@ -108,6 +114,9 @@ struct Broken {
     /// whichever session the term was handed to (what a member that took any term
     /// handed to its node id for its own would act on).
     misattributed_pushes: bool,
+    /// A member whose store calls hang stays in the group: its node goes on
+    /// heartbeating (what a member whose heartbeats outlive its session would do).
+    membership_outlives_session: bool,
     /// Keep-alives and opens tell a latest lease change that never moves (what a store
     /// whose count is read from a stale replica, or never advanced, would answer).
     stale_latest_change: bool,
@@ -411,6 +420,8 @@ struct Sim {
     work_rng: Arc<Mutex<SmallRng>>,
     running: BTreeMap<String, Running>,
     stopped: Vec<String>,
+    /// Members whose every store call hangs, for good (see [`Sim::hang`]).
+    hung: Vec<Running>,
     /// A member heartbeats into the group throughout and never works (see the module doc).
     wedged: bool,
     /// When the schedule began.
@@ -599,6 +610,28 @@ impl Sim {
         let _ = self.store.release(&role, node, *token).await;
     }
 
+    /// Hangs every store call of one member at random, for good, if another is left (a
+    /// connection that stopped answering, with no timeout to notice): its heartbeats,
+    /// through the registry, would go on, but it loses its session at its deadline and
+    /// must leave the group with it. Under `membership_outlives_session` its node goes
+    /// on heartbeating. It no longer counts among the members the verdict shares by.
+    fn hang(&mut self, rng: &mut SmallRng, ghost: &CancellationToken) {
+        let live: Vec<String> = self.running.keys().cloned().collect();
+        if live.len() < 2 {
+            return;
+        }
+        let node = &live[rng.random_range(0..live.len())];
+        let member = self.running.remove(node).unwrap();
+        *member.faults.stalled_until.lock() = Instant::now() + 10_000 * TTL;
+        if self.broken.membership_outlives_session {
+            let mut metadata = Metadata::new();
+            metadata.insert(tenure::shard::GROUP_KEY.to_owned(), GROUP.to_owned());
+            let registry = self.registry.clone();
+            tenure::spawn_heartbeat(registry, node.clone(), metadata, TTL / 3, ghost.clone());
+        }
+        self.hung.push(member);
+    }
+
     /// Crashes one member at random, if another is left: its task is aborted, and its
     /// session lapses on its own. In a process that lives on, its dropped heartbeat
     /// task still leaves the group; where processes are killed, its membership lapses
@@ -663,6 +696,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     // calls, and so replay the events they were pinned for.
     let wedged = seed % 3 == 2;
     let released_from_outside = seed % 5 == 3 && !wedged;
+    let hangs = seed % 7 == 4;
     let outsider = seed % 4 == 1 || seed % 8 == 6;
     let peers_told = seed % 2 == 0;
     let loses_calls = seed % 4 == 2;
@@ -694,6 +728,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         work_rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(rng.random()))),
         running: BTreeMap::new(),
         stopped: Vec::new(),
+        hung: Vec::new(),
         wedged,
         began: Instant::now(),
     };
@@ -749,6 +784,9 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         // of their keep-alives must tell.
         sim.crash(&mut rng).await;
     }
+    if hangs {
+        sim.hang(&mut rng, &stop_wedged);
+    }
     // Quiet: no new faults; stalls (up to 2 TTLs) and late calls run out, expired
     // sessions lapse, a rescued shard waits out its hold (4 TTLs), members settle.
     tokio::time::sleep(8 * TTL).await;
@@ -774,6 +812,11 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     stop_wedged.cancel();
     for (_, member) in std::mem::take(&mut sim.running) {
         member.shutdown.cancel();
+        let _ = member.task.await;
+    }
+    // Stuck in a call that never returns: a shutdown would wait on it for good.
+    for member in std::mem::take(&mut sim.hung) {
+        member.task.abort();
         let _ = member.task.await;
     }
     if counted.filter().capped() {
@@ -813,8 +856,9 @@ fn seeds() -> std::ops::Range<u64> {
 /// quarter with no pushes of shard changes, a third beside a wedged member, three in
 /// eight beside a node of another group, half with keep-alives that tell when the
 /// members lapse and crashes that kill the process, a quarter losing calls), then 8
-/// TTLs of quiet (in a fifth of those without a wedged member, then one shard released
-/// from outside and four renew intervals more).
+/// TTLs of quiet (in a seventh, one member's store calls hang for good from its start;
+/// in a fifth of those without a wedged member, then one shard released from outside
+/// and four renew intervals more).
 /// No shard ever had two members working on it; afterwards every shard is worked on, each
 /// under the term the store shows live for its member, and, without a wedged member, the
 /// live members share them evenly.
@@ -998,6 +1042,19 @@ fn negative_control_stale_latest_change_leaves_shards_idle() {
         ..Broken::default()
     };
     assert_idle_caught(broken, 0..2000, "the stale latest change");
+}
+
+/// The negative control of a member that lost its session leaving the group: a member
+/// whose store calls hang, and whose node goes on heartbeating, must be caught leaving
+/// its shards idle (the others, settled, look on their 30-TTL timer).
+#[test]
+fn negative_control_membership_outliving_the_session_leaves_shards_idle() {
+    let broken = Broken {
+        membership_outlives_session: true,
+        ..Broken::default()
+    };
+    let hanging = (0..2000).filter(|seed| seed % 7 == 4);
+    assert_idle_caught(broken, hanging, "the membership outliving its session");
 }
 
 /// Runs `seeds` under `broken` until one leaves a shard idle after the quiet phase
