@@ -299,7 +299,8 @@ impl ShardElector {
     /// joins once its session is open, and its heartbeats stop (with a leave) when the
     /// session is lost, until a new one is open. On shutdown every shard's work is
     /// cancelled and awaited, the member leaves the registry, and then its session is
-    /// closed (releasing every shard at once). Store errors are logged and retried, never returned.
+    /// closed (releasing every shard at once). Store errors are logged and retried,
+    /// never returned.
     pub async fn run<W, Fut>(&self, mut work: W, shutdown: CancellationToken) -> Result<()>
     where
         W: FnMut(u32, FencingToken, CancellationToken) -> Fut,
