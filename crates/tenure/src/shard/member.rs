@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::assignment::Assignment;
 use super::membership::Membership;
@@ -372,33 +372,6 @@ impl Member<'_> {
                 true
             }
             _ => false,
-        }
-    }
-
-    /// Drains or ends the drain as the drain requests now say, and keeps the member in
-    /// the group's membership only while it is not drained and holds a session: leaves
-    /// it when drained (the others retarget its shards at once), joins it again when
-    /// neither holds.
-    pub(super) async fn follow_drains(&mut self) {
-        let draining = self
-            .drains
-            .iter_mut()
-            .any(|drain| *drain.borrow_and_update());
-        let in_group = !draining && self.session.is_some();
-        if draining == self.draining && self.membership.joined() == in_group {
-            return;
-        }
-        if draining && !self.draining {
-            info!(group = %self.options().group, node = %self.options().node_id,
-                "draining: leaving the group and handing every shard over");
-        }
-        self.draining = draining;
-        let session = self.session.as_ref().map(|s| s.alive.clone());
-        // Without a session its heartbeats stopped with the session (see `join`).
-        if let Some(session) = session.filter(|_| in_group) {
-            self.membership.join(&session).await;
-        } else if draining {
-            self.membership.leave().await;
         }
     }
 

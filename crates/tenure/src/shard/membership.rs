@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::GROUP_KEY;
+use super::{Member, GROUP_KEY};
 use crate::{spawn_heartbeat, Metadata, NodeRegistry, Result};
 
 /// Heartbeats of one member into the registry, started and stopped as the member joins
@@ -108,6 +108,37 @@ impl Membership {
     async fn stopped(&mut self) {
         if let Some(task) = self.stopping.take() {
             let _ = task.await;
+        }
+    }
+}
+
+/// The member's side of its membership: in the group while it holds a session and is
+/// not drained.
+impl Member<'_> {
+    /// Drains or ends the drain as the drain requests now say, and keeps the member in
+    /// the group's membership only while it is not drained and holds a session: leaves
+    /// it when drained (the others retarget its shards at once), joins it again when
+    /// neither holds.
+    pub(super) async fn follow_drains(&mut self) {
+        let draining = self
+            .drains
+            .iter_mut()
+            .any(|drain| *drain.borrow_and_update());
+        let in_group = !draining && self.session.is_some();
+        if draining == self.draining && self.membership.joined() == in_group {
+            return;
+        }
+        if draining && !self.draining {
+            info!(group = %self.options().group, node = %self.options().node_id,
+                "draining: leaving the group and handing every shard over");
+        }
+        self.draining = draining;
+        let session = self.session.as_ref().map(|s| s.alive.clone());
+        // Without a session its heartbeats stopped with the session (see `join`).
+        if let Some(session) = session.filter(|_| in_group) {
+            self.membership.join(&session).await;
+        } else if draining {
+            self.membership.leave().await;
         }
     }
 }
