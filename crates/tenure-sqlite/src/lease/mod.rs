@@ -28,7 +28,6 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use sqlx::{Sqlite, Transaction};
 use tenure::lease::{
     acquire_in_session_as_batch, mark_to_i64, validate_name, validate_release, validate_roles,
     validate_ttl, wait_out_bad_role, AcquireRequest, ChangeMark, ChangeRow, ChangesRead,
@@ -43,13 +42,16 @@ use tokio::time::Instant;
 
 use crate::clock::StoreNow;
 use crate::database::{
-    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions, WriterSlot,
+    column, store_error, token_from_db, token_to_db, SqliteDatabase, SqliteOptions,
 };
 use crate::BACKEND;
 
+mod commit;
 mod queue;
 mod read;
 mod term;
+
+use commit::{commit, commit_and_tell, new_term, News};
 
 use term::{end_term, write_lease_with_value, write_term, Claim, Ended, LeaseRow, Successor};
 pub use term::{release_lease, write_lease, LeaseWrite};
@@ -200,62 +202,6 @@ fn session_from_db(id: i64) -> Result<SessionId> {
             format!("the database holds a negative session id, {id}"),
         )
     })
-}
-
-/// Commits a store write. Also when nothing was written: the transaction may have
-/// started a new boot, which every later call must see.
-async fn commit(tx: Transaction<'static, Sqlite>, doing: &str) -> Result<()> {
-    tx.commit().await.map_err(store_error(doing))
-}
-
-/// Whether `write` began a term (first, or taken over), not renewed or refused one.
-fn new_term(write: &LeaseWrite) -> bool {
-    matches!(write, LeaseWrite::Written { new_term: true, .. })
-}
-
-/// What a write tells once it is committed: the roles whose terms it began or ended
-/// (to this process's waiters and the process watching each), the candidate it handed
-/// a role to (woken wherever it waits), and whether the membership may have changed.
-#[derive(Debug, Default)]
-struct News {
-    terms: Vec<String>,
-    handed: Option<(String, String)>,
-    membership: bool,
-}
-
-impl News {
-    /// The news of one write of `role`: a term that began or ended if `changed`.
-    fn of_role(role: &str, changed: bool) -> News {
-        News {
-            terms: changed.then(|| role.to_owned()).into_iter().collect(),
-            ..News::default()
-        }
-    }
-
-    fn tell(self, db: &SqliteDatabase) {
-        if let Some((candidate, role)) = &self.handed {
-            db.wake(candidate, role);
-        }
-        for role in &self.terms {
-            db.announce_term(role);
-        }
-        if self.membership {
-            db.signal_change(crate::registry::MEMBERSHIP);
-        }
-    }
-}
-
-/// Commits a write that changes terms, then tells its `news` (see
-/// [`SqliteDatabase::commit_then`]).
-async fn commit_and_tell(
-    db: &SqliteDatabase,
-    writer: WriterSlot,
-    tx: Transaction<'static, Sqlite>,
-    doing: &'static str,
-    news: News,
-) -> Result<()> {
-    let db = db.clone();
-    SqliteDatabase::commit_then(writer, tx, doing, async move { news.tell(&db) }).await
 }
 
 impl SqliteLeaseStore {
