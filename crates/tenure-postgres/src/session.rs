@@ -231,18 +231,10 @@ fn grant(row: &PgRow) -> Result<SessionGrant> {
         now: system_time(decode(row, "now")?),
         peers_lapse: None,
         terms_handed: Some(u64::try_from(decode::<i64>(row, "terms_handed")?).unwrap_or(0)),
-        latest_change: Some(change_mark(decode(row, "latest_change")?)?),
-    })
-}
-
-/// A grant's `latest_change` column as a mark. A negative one is an error: read as
-/// zero it would say that nothing ever changed.
-fn change_mark(number: i64) -> Result<ChangeMark> {
-    u64::try_from(number).map(ChangeMark::new).map_err(|_| {
-        Error::store_msg(
+        latest_change: Some(ChangeMark::from_stored(
             BACKEND,
-            format!("the latest change number is negative, {number}"),
-        )
+            decode(row, "latest_change")?,
+        )?),
     })
 }
 

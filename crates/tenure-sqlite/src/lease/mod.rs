@@ -185,16 +185,6 @@ fn session_to_db(session: SessionId) -> Option<i64> {
     i64::try_from(session.get()).ok()
 }
 
-/// A change number of the file as a mark; a negative one is a corrupt file.
-fn change_mark(number: i64) -> Result<ChangeMark> {
-    u64::try_from(number).map(ChangeMark::new).map_err(|_| {
-        Error::store_msg(
-            BACKEND,
-            format!("the database holds a negative change number, {number}"),
-        )
-    })
-}
-
 fn session_from_db(id: i64) -> Result<SessionId> {
     u64::try_from(id).map(SessionId::from).map_err(|_| {
         Error::store_msg(
@@ -516,7 +506,7 @@ impl LeaseStore for SqliteLeaseStore {
             now: now.wall,
             peers_lapse: None,
             terms_handed: Some(0),
-            latest_change: Some(change_mark(latest)?),
+            latest_change: Some(ChangeMark::from_stored(BACKEND, latest)?),
         })
     }
 
@@ -566,7 +556,7 @@ impl LeaseStore for SqliteLeaseStore {
                 now: now.wall,
                 peers_lapse,
                 terms_handed: Some(u64::try_from(handed).unwrap_or(0)),
-                latest_change: Some(change_mark(latest)?),
+                latest_change: Some(ChangeMark::from_stored(BACKEND, latest)?),
             })
         })
         .transpose()

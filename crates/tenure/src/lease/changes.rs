@@ -29,6 +29,14 @@ impl ChangeMark {
     pub const fn get(self) -> u64 {
         self.0
     }
+
+    /// A mark from a store's signed counter (SQL integers are signed). A negative one is
+    /// an error of store `backend`: read as zero it would say that nothing ever changed.
+    pub fn from_stored(backend: &'static str, number: i64) -> Result<Self> {
+        u64::try_from(number)
+            .map(ChangeMark)
+            .map_err(|_| Error::store_msg(backend, format!("a negative change number, {number}")))
+    }
 }
 
 /// One call of [`LeaseStore::list_prefix_changes`]: which leases, from where, and the
