@@ -624,10 +624,7 @@ impl Sim {
         let member = self.running.remove(node).unwrap();
         *member.faults.stalled_until.lock() = Instant::now() + 10_000 * TTL;
         if self.broken.membership_outlives_session {
-            let mut metadata = Metadata::new();
-            metadata.insert(tenure::shard::GROUP_KEY.to_owned(), GROUP.to_owned());
-            let registry = self.registry.clone();
-            tenure::spawn_heartbeat(registry, node.clone(), metadata, TTL / 3, ghost.clone());
+            heartbeat_into(&self.registry, node, GROUP, ghost);
         }
         self.hung.push(member);
     }
@@ -688,6 +685,19 @@ impl Sim {
     }
 }
 
+/// Heartbeats `node` into `group`'s membership, every third of the TTL, until `stop`;
+/// no elector behind it.
+fn heartbeat_into(
+    registry: &Arc<dyn NodeRegistry>,
+    node: &str,
+    group: &str,
+    stop: &CancellationToken,
+) {
+    let mut metadata = Metadata::new();
+    metadata.insert(tenure::shard::GROUP_KEY.to_owned(), group.to_owned());
+    tenure::spawn_heartbeat(registry.clone(), node, metadata, TTL / 3, stop.clone());
+}
+
 /// Runs one schedule.
 async fn schedule(seed: u64, broken: Broken) -> Outcome {
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -734,15 +744,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     };
     let stop_wedged = CancellationToken::new();
     if wedged {
-        let mut metadata = Metadata::new();
-        metadata.insert(tenure::shard::GROUP_KEY.to_owned(), GROUP.to_owned());
-        tenure::spawn_heartbeat(
-            sim.registry.clone(),
-            "wedged",
-            metadata,
-            TTL / 3,
-            stop_wedged.clone(),
-        );
+        heartbeat_into(&sim.registry, "wedged", GROUP, &stop_wedged);
         // Its session is kept alive too (a member whose loop is stuck while its
         // keep-alive task runs): a term handed to that session would be held, and never
         // worked on, for as long as the keep-alives go on.
@@ -760,15 +762,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         });
     }
     if outsider {
-        let mut metadata = Metadata::new();
-        metadata.insert(tenure::shard::GROUP_KEY.to_owned(), "reports".to_owned());
-        tenure::spawn_heartbeat(
-            sim.registry.clone(),
-            "outsider",
-            metadata,
-            TTL / 3,
-            stop_wedged.clone(),
-        );
+        heartbeat_into(&sim.registry, "outsider", "reports", &stop_wedged);
     }
     for i in 0..members {
         sim.start(&format!("m{i}"), &mut rng);
