@@ -174,6 +174,13 @@ pub fn validate_heartbeat(node_id: &str, metadata: Option<&Metadata>) -> Result<
 ///
 /// Failed heartbeats are logged and retried on the next tick; they never end the loop.
 /// Pick `interval` well under the registry's TTL (a third of it is usual).
+///
+/// No call waits on the registry for good, since a connection that stops answering
+/// would otherwise hold the node out of the membership, or its caller's shutdown, for
+/// as long as it hangs: a heartbeat unanswered after one `interval` is given up and the
+/// next one sent at once; `cancel` ends a heartbeat in flight; the leave is given up
+/// after the registry's TTL (the node has lapsed by then anyway). A heartbeat given up
+/// may still land later, even after the leave, keeping the node for one TTL more.
 pub async fn run_heartbeat(
     registry: Arc<dyn NodeRegistry>,
     node_id: String,
@@ -191,22 +198,36 @@ pub async fn run_heartbeat(
         tokio::select! {
             biased;
             _ = cancel.cancelled() => break,
-            _ = ticker.tick() => {
-                if let Err(error) = registry.heartbeat_with(&node_id, &metadata).await {
-                    tracing::warn!(node_id = %node_id, %error, "heartbeat failed; retrying next tick");
-                    metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
-                    metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
-                } else {
-                    metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
-                }
-            }
+            _ = ticker.tick() => {}
         }
+        let beat = tokio::time::timeout(interval, registry.heartbeat_with(&node_id, &metadata));
+        let outcome = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            outcome = beat => outcome,
+        };
+        match outcome {
+            Ok(Ok(())) => {
+                metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
+                continue;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(node_id = %node_id, %error, "heartbeat failed; retrying next tick")
+            }
+            Err(_) => tracing::warn!(node_id = %node_id, ?interval,
+                "heartbeat unanswered after an interval; given up, sending the next"),
+        }
+        metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
+        metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
     }
-    match registry.leave(&node_id).await {
-        Ok(_) => tracing::debug!(node_id = %node_id, "left membership"),
-        Err(error) => {
+    let ttl = registry.ttl();
+    match tokio::time::timeout(ttl, registry.leave(&node_id)).await {
+        Ok(Ok(_)) => tracing::debug!(node_id = %node_id, "left membership"),
+        Ok(Err(error)) => {
             tracing::warn!(node_id = %node_id, %error, "leave failed; the node lapses after the ttl")
         }
+        Err(_) => tracing::warn!(node_id = %node_id, ?ttl,
+            "leave unanswered after the ttl; given up, the node has lapsed"),
     }
     Ok(())
 }

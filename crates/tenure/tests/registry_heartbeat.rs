@@ -27,6 +27,16 @@ fn metadata() -> Metadata {
     Metadata::from([("addr".to_owned(), "10.0.0.7:8080".to_owned())])
 }
 
+/// Heartbeats node-a into `registry` every second, with [`metadata`], until the token
+/// returned is cancelled.
+fn beat_node_a(
+    registry: Arc<dyn NodeRegistry>,
+) -> (CancellationToken, tokio::task::JoinHandle<Result<()>>) {
+    let cancel = CancellationToken::new();
+    let handle = spawn_heartbeat(registry, "node-a", metadata(), INTERVAL, cancel.clone());
+    (cancel, handle)
+}
+
 /// While `failing` is set, heartbeats (and leave) fail with `Error::Store`.
 #[derive(Default)]
 struct Flaky {
@@ -52,14 +62,7 @@ async fn heartbeat_keeps_a_node_live_and_cancel_leaves_at_once() {
     let clock = clock();
     let registry = registry(&clock);
     registry.heartbeat("node-b").await.unwrap();
-    let cancel = CancellationToken::new();
-    let handle = spawn_heartbeat(
-        registry.clone(),
-        "node-a",
-        metadata(),
-        INTERVAL,
-        cancel.clone(),
-    );
+    let (cancel, handle) = beat_node_a(registry.clone());
 
     tracing::info!("--- the loop keeps node-a live for 20 TTLs");
     let probe = Duration::from_millis(250);
@@ -97,14 +100,7 @@ async fn heartbeat_keeps_a_node_live_and_cancel_leaves_at_once() {
 async fn heartbeat_failures_do_not_end_the_loop() {
     let clock = clock();
     let flaky = Arc::new(FilteredRegistry::new(registry(&clock), Flaky::default()));
-    let cancel = CancellationToken::new();
-    let handle = spawn_heartbeat(
-        flaky.clone(),
-        "node-a",
-        metadata(),
-        INTERVAL,
-        cancel.clone(),
-    );
+    let (cancel, handle) = beat_node_a(flaky.clone());
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let first_seen = flaky.members().await.unwrap()[0].first_seen;
 
@@ -176,4 +172,118 @@ async fn heartbeat_bad_input_is_invalid_argument() {
         }
     }
     assert!(registry.members().await.unwrap().is_empty());
+}
+
+/// A registry whose writes (heartbeats, leaves) never answer while `hanging` is set, as
+/// on a connection that stopped answering; they are not applied.
+struct Hanging {
+    inner: Arc<InMemoryNodeRegistry>,
+    hanging: AtomicBool,
+    hung: AtomicUsize,
+}
+
+impl Hanging {
+    async fn hang_if_set(&self) {
+        if self.hanging.load(Ordering::SeqCst) {
+            self.hung.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeRegistry for Hanging {
+    async fn record_heartbeat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
+        self.hang_if_set().await;
+        self.inner.record_heartbeat(node_id, metadata).await
+    }
+    async fn members(&self) -> Result<Vec<tenure::NodeInfo>> {
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> Result<bool> {
+        self.hang_if_set().await;
+        self.inner.leave(node_id).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+}
+
+fn hanging(clock: &TokioClock) -> Arc<Hanging> {
+    Arc::new(Hanging {
+        inner: registry(clock),
+        hanging: AtomicBool::new(false),
+        hung: AtomicUsize::new(0),
+    })
+}
+
+/// Setup: registry TTL 3 s, heartbeat every 1 s; one heartbeat never answers (the
+/// registry's writes hang for half an interval). The loop gives it up after an interval
+/// and sends the next: the node stays live at every 100 ms probe for 5 TTLs. (Waiting on
+/// it for good, the node lapsed and never came back.)
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_that_never_answers_is_given_up_and_the_next_sent() {
+    let clock = clock();
+    let registry = hanging(&clock);
+    let (cancel, handle) = beat_node_a(registry.clone());
+    tokio::time::sleep(Duration::from_millis(2_700)).await;
+    registry.hanging.store(true, Ordering::SeqCst);
+    tokio::time::sleep(INTERVAL / 2).await;
+    registry.hanging.store(false, Ordering::SeqCst);
+    assert_eq!(
+        registry.hung.load(Ordering::SeqCst),
+        1,
+        "one heartbeat hung"
+    );
+    let probe = Duration::from_millis(100);
+    for probes in 1..=(5 * TTL).as_millis() / probe.as_millis() {
+        tokio::time::sleep(probe).await;
+        let live = registry.live_nodes().await.unwrap();
+        assert_eq!(live, ["node-a"], "probe {probes} after the hung heartbeat");
+    }
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert!(registry.live_nodes().await.unwrap().is_empty(), "left");
+}
+
+/// Setup: as above, but the loop is cancelled while a heartbeat hangs (and the registry
+/// answers again). The loop ends at once, leaving the registry, rather than waiting on
+/// the hung heartbeat (it waited for good); and a leave that hangs too is given up
+/// after the TTL (the node lapses by then anyway), so the loop still ends.
+#[tokio::test(start_paused = true)]
+async fn cancel_while_a_heartbeat_hangs_still_leaves_and_ends() {
+    let clock = clock();
+    let registry = hanging(&clock);
+
+    tracing::info!("--- the registry answers again: the leave lands at once");
+    let (cancel, handle) = beat_node_a(registry.clone());
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    registry.hanging.store(true, Ordering::SeqCst);
+    tokio::time::sleep(INTERVAL / 2).await;
+    registry.hanging.store(false, Ordering::SeqCst);
+    let at = clock.now();
+    cancel.cancel();
+    let ended = tokio::time::timeout(TTL, handle).await;
+    assert!(
+        ended.is_ok(),
+        "the loop did not end within a TTL of its cancel"
+    );
+    assert_eq!(clock.now(), at, "it ended at once");
+    assert!(registry.live_nodes().await.unwrap().is_empty(), "left");
+
+    tracing::info!("--- the leave hangs too: given up after the TTL");
+    let (cancel, handle) = beat_node_a(registry.clone());
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    registry.hanging.store(true, Ordering::SeqCst);
+    tokio::time::sleep(INTERVAL / 2).await;
+    let at = clock.now();
+    cancel.cancel();
+    let ended = tokio::time::timeout(2 * TTL, handle).await;
+    assert!(
+        ended.is_ok(),
+        "the loop did not end within two TTLs of its cancel"
+    );
+    assert_eq!(clock.now().duration_since(at).unwrap(), TTL);
+    registry.hanging.store(false, Ordering::SeqCst);
+    assert!(registry.live_nodes().await.unwrap().is_empty(), "lapsed");
 }
