@@ -66,10 +66,14 @@ impl Membership {
         // The heartbeats of a session since lost end with a leave, which must land first.
         self.stop();
         self.stopped().await;
-        self.registry
-            .heartbeat_with(&self.node_id, &self.metadata)
-            .await
-            .unwrap_or_else(|error| warn!(%error, "first heartbeat failed; retrying"));
+        // Bounded as the task bounds each of its own (see `run_heartbeat`): a registry
+        // that stopped answering must not hold the member's loop.
+        let first = self.registry.heartbeat_with(&self.node_id, &self.metadata);
+        match tokio::time::timeout(self.beat_every, first).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => warn!(%error, "first heartbeat failed; retrying"),
+            Err(_) => warn!("first heartbeat unanswered; retrying"),
+        }
         let stop = session.child_token();
         let task = spawn_heartbeat(
             self.registry.clone(),
@@ -81,18 +85,12 @@ impl Membership {
         self.beating = Some((task, stop.clone(), stop.drop_guard()));
     }
 
-    /// Leaves the group: the heartbeat stops, then the registry is told, so the others
-    /// retarget at once instead of after the membership TTL.
+    /// Leaves the group: the heartbeat task stops and, as it ends, tells the registry
+    /// (see [`run_heartbeat`](crate::registry::run_heartbeat)), so the others retarget
+    /// at once instead of after the membership TTL.
     pub(super) async fn leave(&mut self) {
-        let Some((task, stop, _guard)) = self.beating.take() else {
-            self.stopped().await;
-            return;
-        };
-        stop.cancel();
-        let _ = task.await;
-        if let Err(error) = self.registry.leave(&self.node_id).await {
-            warn!(%error, "could not leave the registry; membership lapses on its own");
-        }
+        self.stop();
+        self.stopped().await;
     }
 
     /// Stops the heartbeats without waiting for them: the heartbeat task leaves the
