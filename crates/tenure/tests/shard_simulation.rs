@@ -64,6 +64,13 @@
 //! share every shard by the end of the quiet phase. A fifth negative control must be
 //! caught there: the hung member's node heartbeating on.
 //!
+//! Even seeds also fault the members' registry calls while faults last: heartbeats and
+//! leaves that fail before reaching the registry, that it applies but whose answer is
+//! lost, or that reach it up to two TTLs late, after their caller was answered with an
+//! error or while it is never answered; and reads that fail. A graceful shutdown must
+//! end (within six TTLs) whatever the registry does: waiting on a heartbeat that never
+//! answered, a member stayed out of the group, idle, or never shut down.
+//!
 //! `TENURE_SHARD_SIM_SCHEDULES=N` runs N schedules (default 40), from seed
 //! `TENURE_SHARD_SIM_FROM` (default 0); `TENURE_SHARD_SIM_SEED=S` runs schedule S alone.
 //! A schedule replays the same alone as in a run of many: every `select!` on its path is
@@ -390,15 +397,126 @@ struct Running {
     killed: Arc<AtomicBool>,
 }
 
-/// A member's way to the registry, cut when its process is killed: the writes its
-/// dropped heartbeat task still sends (a leave) are lost with the process, so its
-/// membership lapses on its own.
-struct Killed(Arc<AtomicBool>);
+/// A member's way to the registry. It is cut when the member's process is killed: the
+/// writes its dropped heartbeat task still sends (a leave) are lost with the process, so
+/// its membership lapses on its own. In schedules with registry faults, while faults
+/// last, some writes (heartbeats, leaves) fail before reaching the registry, some are
+/// applied but their answer is lost, and some reach it late, up to two TTLs after their
+/// caller was answered with an error or while it is never answered (a request on the
+/// wire of a connection that stopped answering); some reads fail.
+struct RegistryFaults {
+    inner: Arc<dyn NodeRegistry>,
+    killed: Arc<AtomicBool>,
+    /// The faults' random source, in schedules with registry faults.
+    rng: Option<Mutex<SmallRng>>,
+    faults_until: Instant,
+}
+
+/// What becomes of one registry write.
+enum WriteFate {
+    Applied,
+    /// Failed before it was sent.
+    Lost,
+    /// Applied, answered with an error.
+    AnswerLost,
+    /// Applied `after` its caller was answered with an error (`answered`) or while it
+    /// waits for good.
+    Late {
+        after: Duration,
+        answered: bool,
+    },
+}
+
+impl RegistryFaults {
+    fn faulty(&self) -> Option<parking_lot::MutexGuard<'_, SmallRng>> {
+        let rng = self.rng.as_ref()?;
+        (Instant::now() < self.faults_until).then(|| rng.lock())
+    }
+
+    fn fate(&self) -> WriteFate {
+        let Some(mut rng) = self.faulty() else {
+            return WriteFate::Applied;
+        };
+        match rng.random_range(0..100) {
+            0..4 => WriteFate::Lost,
+            4..7 => WriteFate::AnswerLost,
+            7..10 => WriteFate::Late {
+                after: TTL.mul_f64(rng.random_range(0.0..2.0)),
+                answered: rng.random_bool(0.5),
+            },
+            _ => WriteFate::Applied,
+        }
+    }
+
+    async fn write<T: Send + 'static>(
+        &self,
+        write: impl std::future::Future<Output = tenure::Result<T>> + Send + 'static,
+    ) -> tenure::Result<T> {
+        let error = |what: &str| Err(tenure::Error::store_msg("memory", what));
+        match self.fate() {
+            WriteFate::Applied => write.await,
+            WriteFate::Lost => error("connection reset before the request was sent"),
+            WriteFate::AnswerLost => {
+                let _ = write.await;
+                error("connection reset before the answer came")
+            }
+            WriteFate::Late { after, answered } => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = write.await;
+                });
+                if !answered {
+                    std::future::pending::<()>().await;
+                }
+                error("timed out waiting for the answer")
+            }
+        }
+    }
+
+    fn read(&self) -> tenure::Result<()> {
+        let fails = self.faulty().is_some_and(|mut rng| rng.random_bool(0.04));
+        if fails {
+            let reset = "connection reset before the request was sent";
+            return Err(tenure::Error::store_msg("memory", reset));
+        }
+        Ok(())
+    }
+}
 
 #[async_trait::async_trait]
-impl RegistryFilter for Killed {
-    fn before_write(&self) -> tenure::Result<bool> {
-        Ok(!self.0.load(Ordering::SeqCst))
+impl NodeRegistry for RegistryFaults {
+    async fn record_heartbeat(
+        &self,
+        node_id: &str,
+        metadata: Option<&Metadata>,
+    ) -> tenure::Result<()> {
+        if self.killed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (inner, node, metadata) = (self.inner.clone(), node_id.to_owned(), metadata.cloned());
+        self.write(async move { inner.record_heartbeat(&node, metadata.as_ref()).await })
+            .await
+    }
+    async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
+        self.read()?;
+        self.inner.live_nodes().await
+    }
+    async fn members(&self) -> tenure::Result<Vec<tenure::NodeInfo>> {
+        self.read()?;
+        self.inner.members().await
+    }
+    async fn leave(&self, node_id: &str) -> tenure::Result<bool> {
+        if self.killed.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let (inner, node) = (self.inner.clone(), node_id.to_owned());
+        self.write(async move { inner.leave(&node).await }).await
+    }
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+    async fn wait_for_members_change(&self, observed: &[String], deadline: Instant) {
+        self.inner.wait_for_members_change(observed, deadline).await
     }
 }
 
@@ -412,6 +530,8 @@ struct Sim {
     no_pushes: bool,
     /// Some calls of every member fail without reaching the store ([`MemberFaults::lost`]).
     loses_calls: bool,
+    /// Members' registry calls fail, lose their answers or land late ([`RegistryFaults`]).
+    registry_faults: bool,
     /// A crash kills the member's process, rather than only its task ([`Sim::crash`]).
     kills: bool,
     /// Faults (and work returning on its own) stop then; the quiet phase follows.
@@ -422,6 +542,8 @@ struct Sim {
     stopped: Vec<String>,
     /// Members whose every store call hangs, for good (see [`Sim::hang`]).
     hung: Vec<Running>,
+    /// Members that did not shut down when asked ([`Sim::shut_down`]).
+    stuck: Vec<String>,
     /// A member heartbeats into the group throughout and never works (see the module doc).
     wedged: bool,
     /// When the schedule began.
@@ -450,7 +572,12 @@ impl Sim {
         });
         let store = InterceptStore::new(self.store.clone()).with(faults.clone());
         let killed = Arc::new(AtomicBool::new(false));
-        let registry = FilteredRegistry::new(self.registry.clone(), Killed(killed.clone()));
+        let registry = RegistryFaults {
+            inner: self.registry.clone(),
+            killed: killed.clone(),
+            rng: (self.registry_faults).then(|| Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5eed))),
+            faults_until: self.faults_until,
+        };
         let elector = ShardElector::new(
             Arc::new(store),
             Arc::new(registry),
@@ -646,15 +773,31 @@ impl Sim {
         self.stopped.push(node.clone());
     }
 
+    /// Shuts a member down gracefully: it finishes a look in progress, hands its shards
+    /// over and leaves. That may wait out a stall (up to two TTLs) and calls that end
+    /// with the session's deadline or are given up after a TTL, but nothing waits for
+    /// good: a member still running after six TTLs is aborted, and the schedule fails
+    /// (the longest of 2,000 schedules took 3.5 TTLs).
+    async fn shut_down(&mut self, node: String, member: Running) {
+        member.shutdown.cancel();
+        let abort = member.task.abort_handle();
+        if tokio::time::timeout(6 * TTL, member.task).await.is_err() {
+            abort.abort();
+            let at = self.began.elapsed();
+            self.stuck.push(format!(
+                "{node} did not shut down within six TTLs (asked at {at:?})"
+            ));
+        }
+    }
+
     async fn step(&mut self, rng: &mut SmallRng) {
         let live: Vec<String> = self.running.keys().cloned().collect();
         match rng.random_range(0..5) {
             0 if live.len() > 1 => {
-                let node = &live[rng.random_range(0..live.len())];
-                let member = self.running.remove(node).unwrap();
-                member.shutdown.cancel();
-                let _ = member.task.await;
-                self.stopped.push(node.clone());
+                let node = live[rng.random_range(0..live.len())].clone();
+                let member = self.running.remove(&node).unwrap();
+                self.shut_down(node.clone(), member).await;
+                self.stopped.push(node);
             }
             1 if live.len() > 1 => self.crash(rng).await,
             2 if !self.stopped.is_empty() => {
@@ -710,6 +853,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
     let outsider = seed % 4 == 1 || seed % 8 == 6;
     let peers_told = seed % 2 == 0;
     let loses_calls = seed % 4 == 2;
+    let registry_faults = seed % 2 == 0;
     let clock = TokioClock::new();
     let members = rng.random_range(3..=8);
     let store = InMemoryLeaseStore::with_clock(clock.clone());
@@ -732,6 +876,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         broken,
         no_pushes: rng.random_bool(0.25),
         loses_calls,
+        registry_faults,
         kills: peers_told,
         // Members start over up to 3.2 s, then 20 s of faults.
         faults_until: Instant::now() + Duration::from_millis(23_200),
@@ -739,6 +884,7 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         running: BTreeMap::new(),
         stopped: Vec::new(),
         hung: Vec::new(),
+        stuck: Vec::new(),
         wedged,
         began: Instant::now(),
     };
@@ -804,9 +950,16 @@ async fn schedule(seed: u64, broken: Broken) -> Outcome {
         verdict.1 = sim.stale_work().await;
     }
     stop_wedged.cancel();
-    for (_, member) in std::mem::take(&mut sim.running) {
-        member.shutdown.cancel();
-        let _ = member.task.await;
+    for (node, member) in std::mem::take(&mut sim.running) {
+        sim.shut_down(node, member).await;
+    }
+    if let Some(problem) = sim.stuck.first() {
+        let problem = problem.clone();
+        verdict.1 = Some(
+            verdict
+                .1
+                .map_or(problem.clone(), |p| format!("{problem}; {p}")),
+        );
     }
     // Stuck in a call that never returns: a shutdown would wait on it for good.
     for member in std::mem::take(&mut sim.hung) {
@@ -849,11 +1002,13 @@ fn seeds() -> std::ops::Range<u64> {
 /// TTLs, store latency up to 60 ms, half with spurious wakes of the members' waits, a
 /// quarter with no pushes of shard changes, a third beside a wedged member, three in
 /// eight beside a node of another group, half with keep-alives that tell when the
-/// members lapse and crashes that kill the process, a quarter losing calls), then 8
+/// members lapse and crashes that kill the process, a quarter losing calls, half with
+/// registry calls that fail, lose their answer or land late), then 8
 /// TTLs of quiet (in a seventh, one member's store calls hang for good from its start;
 /// in a fifth of those without a wedged member, then one shard released from outside
 /// and four renew intervals more).
-/// No shard ever had two members working on it; afterwards every shard is worked on, each
+/// No shard ever had two members working on it, and every member asked to shut down did
+/// so within six TTLs; afterwards every shard is worked on, each
 /// under the term the store shows live for its member, and, without a wedged member, the
 /// live members share them evenly.
 #[test]
