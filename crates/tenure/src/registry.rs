@@ -178,9 +178,10 @@ pub fn validate_heartbeat(node_id: &str, metadata: Option<&Metadata>) -> Result<
 /// No call waits on the registry for good, since a connection that stops answering
 /// would otherwise hold the node out of the membership, or its caller's shutdown, for
 /// as long as it hangs: a heartbeat unanswered after one `interval` is given up and the
-/// next one sent at once; `cancel` ends a heartbeat in flight; the leave is given up
-/// after the registry's TTL (the node has lapsed by then anyway). A heartbeat given up
-/// may still land later, even after the leave, keeping the node for one TTL more.
+/// next one sent at once, and the leave is given up after the registry's TTL (the node
+/// has lapsed by then anyway). A cancel waits for a heartbeat in flight to answer or be
+/// given up, so that the leave is not overtaken by it; one given up may still land
+/// later, even after the leave, keeping the node for one TTL more.
 pub async fn run_heartbeat(
     registry: Arc<dyn NodeRegistry>,
     node_id: String,
@@ -200,12 +201,9 @@ pub async fn run_heartbeat(
             _ = cancel.cancelled() => break,
             _ = ticker.tick() => {}
         }
-        let beat = tokio::time::timeout(interval, registry.heartbeat_with(&node_id, &metadata));
-        let outcome = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            outcome = beat => outcome,
-        };
+        // Not raced with `cancel`: see above.
+        let outcome =
+            tokio::time::timeout(interval, registry.heartbeat_with(&node_id, &metadata)).await;
         match outcome {
             Ok(Ok(())) => {
                 metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
