@@ -202,21 +202,7 @@ pub async fn run_heartbeat(
             _ = ticker.tick() => {}
         }
         // Not raced with `cancel`: see above.
-        let outcome =
-            tokio::time::timeout(interval, registry.heartbeat_with(&node_id, &metadata)).await;
-        match outcome {
-            Ok(Ok(())) => {
-                metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
-                continue;
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(node_id = %node_id, %error, "heartbeat failed; retrying next tick")
-            }
-            Err(_) => tracing::warn!(node_id = %node_id, ?interval,
-                "heartbeat unanswered after an interval; given up, sending the next"),
-        }
-        metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
-        metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
+        beat_once(registry.as_ref(), &node_id, &metadata, interval).await;
     }
     let ttl = registry.ttl();
     match tokio::time::timeout(ttl, registry.leave(&node_id)).await {
@@ -228,6 +214,26 @@ pub async fn run_heartbeat(
             "leave unanswered after the ttl; given up, the node has lapsed"),
     }
     Ok(())
+}
+
+/// One heartbeat of `node_id`, given up if unanswered after `bound`; a failure is logged
+/// and counted, for the caller to retry.
+pub(crate) async fn beat_once(
+    registry: &dyn NodeRegistry,
+    node_id: &str,
+    metadata: &Metadata,
+    bound: Duration,
+) {
+    match tokio::time::timeout(bound, registry.heartbeat_with(node_id, metadata)).await {
+        Ok(Ok(())) => {
+            metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
+            return;
+        }
+        Ok(Err(error)) => tracing::warn!(%node_id, %error, "heartbeat failed; retrying"),
+        Err(_) => tracing::warn!(%node_id, ?bound, "heartbeat unanswered; given up, retrying"),
+    }
+    metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
+    metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
 }
 
 /// Spawns [`run_heartbeat`] on the current tokio runtime.

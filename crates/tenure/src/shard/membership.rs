@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{Member, GROUP_KEY};
 use crate::{spawn_heartbeat, Metadata, NodeRegistry, Result};
@@ -66,14 +66,15 @@ impl Membership {
         // The heartbeats of a session since lost end with a leave, which must land first.
         self.stop();
         self.stopped().await;
-        // Bounded as the task bounds each of its own (see `run_heartbeat`): a registry
-        // that stopped answering must not hold the member's loop.
-        let first = self.registry.heartbeat_with(&self.node_id, &self.metadata);
-        match tokio::time::timeout(self.beat_every, first).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => warn!(%error, "first heartbeat failed; retrying"),
-            Err(_) => warn!("first heartbeat unanswered; retrying"),
-        }
+        // Bounded as the task bounds each of its own: a registry that stopped answering
+        // must not hold the member's loop.
+        crate::registry::beat_once(
+            self.registry.as_ref(),
+            &self.node_id,
+            &self.metadata,
+            self.beat_every,
+        )
+        .await;
         let stop = session.child_token();
         let task = spawn_heartbeat(
             self.registry.clone(),
