@@ -18,6 +18,14 @@
 //! error (I/O, protocol) closes the idle ones as well, and the next connection is opened
 //! afresh rather than taken from the pool: after a server restart they are all dead, and
 //! each would fail one more call.
+//!
+//! Closing the connection does not stop its statement on the server: a backend waiting on
+//! a row lock does not read its socket, so a call given up there would keep its backend
+//! (and apply its statement late) until the lock is freed, one more backend with each
+//! retry for as long as the lock is held. Each connection is therefore set up with
+//! `client_connection_check_interval` (PostgreSQL 14 and later; older servers go without):
+//! the server checks every second that the caller is still there while a statement runs,
+//! and ends a statement whose caller has gone.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -40,7 +48,14 @@ pub(crate) struct DirectConnections {
     /// (it does not ping them before handing them out), so the next connection is a new
     /// one.
     connect_fresh: AtomicBool,
+    /// Set when the server does not know `client_connection_check_interval` (before
+    /// PostgreSQL 14), so new connections stop asking for it.
+    no_client_check: AtomicBool,
 }
+
+/// How often the server checks that the caller of a running statement is still there
+/// (see the module docs); sent once on each connection the store takes.
+const CLIENT_CHECK: &str = "SET client_connection_check_interval = '1s'";
 
 /// One connection checked out for one statement.
 struct Checkout<'a> {
@@ -61,6 +76,7 @@ impl DirectConnections {
             slots: Semaphore::new(limit),
             reserved: Semaphore::new(1),
             connect_fresh: AtomicBool::new(false),
+            no_client_check: AtomicBool::new(false),
         }
     }
 
@@ -151,37 +167,72 @@ impl DirectConnections {
         let idle = self.idle.lock().pop();
         let conn = match idle {
             Some(conn) => conn,
-            None if self.connect_fresh.swap(false, Ordering::AcqRel) => {
-                let options = self.pool.connect_options();
-                let timeout = self.pool.options().get_acquire_timeout();
-                match tokio::time::timeout(timeout, options.connect()).await {
-                    Ok(Ok(conn)) => conn,
-                    Ok(Err(e)) => {
-                        self.connect_fresh.store(true, Ordering::Release);
-                        return Err(pg_error(format!("{what}: could not connect"), e));
-                    }
-                    Err(_) => {
-                        self.connect_fresh.store(true, Ordering::Release);
-                        return Err(tenure::Error::store_msg(
-                            crate::error::BACKEND,
-                            format!("{what}: could not connect within {timeout:?}"),
-                        ));
-                    }
-                }
-            }
-            // Usually an already open connection; the pool may open a replacement.
-            None => self
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| pg_error(format!("{what}: could not get a connection"), e))?
-                .detach(),
+            None => self.set_up(what, self.take_new(what).await?).await?,
         };
         Ok(Checkout {
             owner: self,
             conn: Some(conn),
             _slot: slot,
         })
+    }
+
+    /// A connection the store has not used yet: a new one after a connection-level
+    /// error, else one taken out of the pool.
+    async fn take_new(&self, what: &str) -> tenure::Result<PgConnection> {
+        if !self.connect_fresh.swap(false, Ordering::AcqRel) {
+            // Usually an already open connection; the pool may open a replacement.
+            return Ok(self
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| pg_error(format!("{what}: could not get a connection"), e))?
+                .detach());
+        }
+        let options = self.pool.connect_options();
+        let timeout = self.pool.options().get_acquire_timeout();
+        match tokio::time::timeout(timeout, options.connect()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => {
+                self.connect_fresh.store(true, Ordering::Release);
+                Err(pg_error(format!("{what}: could not connect"), e))
+            }
+            Err(_) => {
+                self.connect_fresh.store(true, Ordering::Release);
+                Err(tenure::Error::store_msg(
+                    crate::error::BACKEND,
+                    format!("{what}: could not connect within {timeout:?}"),
+                ))
+            }
+        }
+    }
+
+    /// Asks the server to end the statements of `conn` whose caller has gone (see the
+    /// module docs).
+    async fn set_up(&self, what: &str, mut conn: PgConnection) -> tenure::Result<PgConnection> {
+        if self.no_client_check.load(Ordering::Acquire) {
+            return Ok(conn);
+        }
+        match sqlx::query(CLIENT_CHECK)
+            .persistent(false)
+            .execute(&mut conn)
+            .await
+        {
+            Ok(_) => Ok(conn),
+            // undefined_object: a server before PostgreSQL 14.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42704") => {
+                self.no_client_check.store(true, Ordering::Release);
+                Ok(conn)
+            }
+            Err(e) => {
+                if connection_lost(&e) {
+                    self.connect_fresh.store(true, Ordering::Release);
+                }
+                Err(pg_error(
+                    format!("{what}: could not set up a connection"),
+                    e,
+                ))
+            }
+        }
     }
 }
 

@@ -186,3 +186,127 @@ async fn member_ids(registry: &dyn NodeRegistry) -> Vec<String> {
     let members = registry.members().await.unwrap();
     members.into_iter().map(|m| m.node_id).collect()
 }
+
+/// Heartbeats whose statement hangs on the server (the node's row locked by another
+/// transaction, as behind a stalled backend) are given up after an interval each and the
+/// next sent, without a server backend left waiting per give-up; once the lock is freed
+/// the node is live again. A leave sent while they hang lands when the lock is freed, and
+/// no heartbeat given up earlier brings the node back after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_hung_on_the_server_are_given_up_and_a_leave_still_lands() {
+    const APP: &str = "membership-hung";
+    const INTERVAL: Duration = Duration::from_millis(200);
+    let (pool, schema, _store) = setup(APP).await;
+    let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
+    let admin = common::pool(server, 2, "membership-hung-admin").await;
+    let registry: Arc<dyn NodeRegistry> =
+        Arc::new(PgNodeRegistry::new(pool, schema.clone(), TTL).unwrap());
+    let live = || async {
+        registry
+            .live_nodes()
+            .await
+            .unwrap()
+            .contains(&"m".to_owned())
+    };
+    let within = |bound: Duration, what: &'static str| {
+        let until = std::time::Instant::now() + bound;
+        move || assert!(std::time::Instant::now() < until, "{what} within {bound:?}")
+    };
+    // The backends of this registry's pool waiting on a lock, by pid.
+    let waiting = || async {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(APP)
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        pids
+    };
+    let lock_the_row = || common::row_locked(&admin, &schema, "tenure_nodes", "m");
+
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let beating = tenure::spawn_heartbeat(
+        registry.clone(),
+        "m",
+        Default::default(),
+        INTERVAL,
+        cancel.clone(),
+    );
+    let check = within(Duration::from_secs(5), "the first heartbeat lands");
+    while !live().await {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Heartbeats hang: each is given up and the next sent, and the server ends the
+    // given-up ones instead of keeping a backend waiting for each.
+    let blocker = lock_the_row().await;
+    let mut seen = std::collections::BTreeSet::new();
+    let check = within(Duration::from_secs(10), "eight heartbeats given up");
+    while seen.len() < 8 {
+        check();
+        let now = waiting().await;
+        assert!(
+            now.len() <= 7,
+            "{} backends of given-up heartbeats wait at once",
+            now.len()
+        );
+        seen.extend(now);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    blocker.rollback().await.unwrap();
+    let check = within(
+        TTL + Duration::from_secs(1),
+        "live again once the lock is freed",
+    );
+    while !live().await {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A leave sent while heartbeats hang lands after them.
+    let blocker = lock_the_row().await;
+    let check = within(Duration::from_secs(5), "a heartbeat hangs");
+    while waiting().await.is_empty() {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    let leave = format!("DELETE FROM {}", table(&schema, "tenure_nodes"));
+    let leave_waits = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE $2",
+        )
+        .bind(APP)
+        .bind(format!("%{leave}%"))
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        n > 0
+    };
+    let check = within(Duration::from_secs(5), "the leave is sent");
+    while !leave_waits().await {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    blocker.rollback().await.unwrap();
+    tokio::time::timeout(TTL + INTERVAL + Duration::from_secs(1), beating)
+        .await
+        .expect("the heartbeat loop ends after its leave")
+        .unwrap()
+        .unwrap();
+    assert!(!live().await, "the leave removed the node");
+    // Every statement given up earlier has ended or landed once none waits any more.
+    let check = within(Duration::from_secs(5), "no statement left waiting");
+    while !waiting().await.is_empty() {
+        check();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !live().await,
+        "no heartbeat given up earlier brought the node back"
+    );
+}

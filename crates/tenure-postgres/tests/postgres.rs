@@ -486,14 +486,7 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     assert_eq!(pids().await, before, "renewals reuse the same connections");
 
     // Hold the row lock so the next renewal blocks inside its statement, then give up on it.
-    let mut blocker = admin.begin().await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM \"{}\".tenure_leases WHERE role = 'r' FOR UPDATE",
-        schema.name()
-    ))
-    .execute(&mut *blocker)
-    .await
-    .unwrap();
+    let blocker = common::row_locked(&admin, &schema, "tenure_leases", "r").await;
     let cancelled = tokio::time::timeout(
         Duration::from_millis(300),
         store.try_acquire_or_renew("r", "a", ttl),
@@ -518,6 +511,66 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     }
     assert!(store.release_term("r", "a", first.fencing_token).await);
     assert!(!store.release_term("r", "a", first.fencing_token).await);
+}
+
+/// A call given up while its statement waits on a row lock must not leave its server
+/// backend waiting too: the caller closed the connection, but a backend blocked on a lock
+/// does not read its socket, so each give-up kept one backend (and its late statement)
+/// until the lock was freed. A lock held for long (a holder's transaction stalled inside
+/// [`PgFence::hold_lease_in_transaction`](tenure_postgres::PgFence), a migration) then
+/// piled up one backend per retry, up to the server's `max_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_given_up_in_a_lock_wait_do_not_keep_server_backends() {
+    const APP: &str = "giveup-store";
+    let (admin, schema) = setup("giveup-admin").await;
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let store = PgLeaseStore::new(common::pool(server, 4, APP).await, schema.clone());
+    let ttl = Duration::from_secs(30);
+    let first = store.try_acquire("r", "a", ttl).await;
+    assert!(first.acquired);
+
+    let waiting = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(APP)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        n
+    };
+    let blocker = common::row_locked(&admin, &schema, "tenure_leases", "r").await;
+    for _ in 0..4 {
+        let given_up = tokio::time::timeout(
+            Duration::from_millis(200),
+            store.try_acquire_or_renew("r", "a", ttl),
+        )
+        .await;
+        assert!(given_up.is_err(), "the renewal waits on the row lock");
+    }
+    let asked = Instant::now();
+    loop {
+        let left = waiting().await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "{left} backends of given-up renewals still wait on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    blocker.rollback().await.unwrap();
+    let lease = store
+        .try_acquire_or_renew("r", "a", ttl)
+        .await
+        .expect("the store answers once the lock is gone");
+    assert!(lease.acquired);
+    assert_eq!(
+        lease.fencing_token, first.fencing_token,
+        "still the same term"
+    );
 }
 
 /// A renewal that executes late must not move the lease's expiry backwards within a

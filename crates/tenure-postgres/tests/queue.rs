@@ -324,14 +324,7 @@ async fn a_withdrawal_while_a_release_waits_is_seen() {
             .unwrap();
         assert!(!queued.acquired);
     }
-    let mut blocker = pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM {} WHERE role = 'r' FOR UPDATE",
-        table(&schema, "tenure_leases")
-    ))
-    .execute(&mut *blocker)
-    .await
-    .unwrap();
+    let blocker = common::row_locked(&pool, &schema, "tenure_leases", "r").await;
     let releasing = {
         let store = Arc::clone(&store);
         tokio::spawn(async move { store.release("r", "node-a", a.fencing_token).await })

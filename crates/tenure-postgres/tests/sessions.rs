@@ -456,12 +456,7 @@ async fn a_keep_alive_does_not_wait_behind_blocked_calls() {
         .unwrap();
     let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
     let other = common::pool(server, 2, "sessions-keep-alive-locker").await;
-    let mut lock = other.begin().await.unwrap();
-    let sql = format!(
-        "SELECT 1 FROM {} WHERE role = 'locked' FOR UPDATE",
-        table(&schema, "tenure_leases")
-    );
-    sqlx::query(&sql).execute(&mut *lock).await.unwrap();
+    let lock = common::row_locked(&other, &schema, "tenure_leases", "locked").await;
 
     let blocked = {
         let store = store.clone();

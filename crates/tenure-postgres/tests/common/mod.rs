@@ -107,6 +107,32 @@ pub fn table(schema: &Schema, name: &str) -> String {
     format!("\"{}\".\"{name}\"", schema.name())
 }
 
+/// A transaction on `pool` holding the row lock of `key` in `schema`'s table `name`
+/// (`tenure_leases` by role, `tenure_nodes` by node id): statements on that row wait,
+/// inside the server, until it ends.
+pub async fn row_locked(
+    pool: &PgPool,
+    schema: &Schema,
+    name: &str,
+    key: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let column = if name == "tenure_nodes" {
+        "node_id"
+    } else {
+        "role"
+    };
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE {column} = $1 FOR UPDATE",
+        table(schema, name)
+    ))
+    .bind(key)
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    blocker
+}
+
 /// Polls `found` every 10 ms until it gives a value; panics with `what` once `deadline`
 /// has passed without one.
 pub async fn poll_until<T>(
