@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::backend::LogRow;
-use crate::config::FaultKind;
+use crate::config::{CutFlavour, FaultKind};
 use crate::history::{Event, EventKind};
 use serde::Serialize;
 
@@ -82,10 +82,12 @@ impl FaultRecord {
 
     /// Where recovery is measured from. A fault of the store or the network (restart,
     /// cut) is measured from its heal: until then nobody can reach the store, and that
-    /// time is the fault's, not tenure's. A stalled or dead worker is measured from the
-    /// moment it struck: the others must take over within a term.
+    /// time is the fault's, not tenure's. A stalled or dead worker, or one worker cut
+    /// off (a wedge), is measured from the moment it struck: the others must take over
+    /// within a term.
     pub fn recovery_from(&self) -> u64 {
         match self.kind {
+            FaultKind::Cut if self.flavour == Some(CutFlavour::Wedge.name()) => self.at,
             FaultKind::Restart | FaultKind::Cut => self.healed,
             FaultKind::Pause | FaultKind::Kill | FaultKind::Clock | FaultKind::Handoff => self.at,
         }

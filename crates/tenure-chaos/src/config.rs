@@ -224,6 +224,10 @@ pub enum CutFlavour {
     Drop,
     /// The proxy stops forwarding (sockets stay open) for 1-3x the TTL, then heals.
     Blackhole,
+    /// The same for one worker's connections only (the leader's when known): its process
+    /// runs on, its calls hang and are delivered on the heal, and the others reach the
+    /// store as before, as with one host's wedged socket or a link that stops carrying.
+    Wedge,
     /// PostgreSQL ends every worker backend (`pg_terminate_backend`).
     Terminate,
 }
@@ -234,6 +238,7 @@ impl CutFlavour {
         match self {
             CutFlavour::Drop => "drop",
             CutFlavour::Blackhole => "blackhole",
+            CutFlavour::Wedge => "wedge",
             CutFlavour::Terminate => "terminate",
         }
     }

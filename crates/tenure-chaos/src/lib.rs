@@ -11,8 +11,8 @@
 //! `G/k`; the checker checks every shard as one role, and the report adds the time to
 //! re-own a struck member's shards. A seeded nemesis pauses (SIGSTOP)
 //! the leader, kills workers, restarts the store's server (when the run owns it),
-//! severs connections (through a [`proxy`] in front of the store, or
-//! `pg_terminate_backend`) and, on SQLite and Kubernetes, steps the workers' wall clock
+//! severs connections (through a [`proxy`] in front of the store for each worker:
+//! every worker's, or one worker's alone; or `pg_terminate_backend`) and, on SQLite and Kubernetes, steps the workers' wall clock
 //! (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
@@ -72,7 +72,7 @@
 //! ## Recovery times
 //!
 //! The report gives, per fault (and flavour: `cut/blackhole`, `restart/kill`), the time
-//! from the fault (restart and cut: from its heal) to the next admitted write. With a
+//! from the fault (restart and cut but a wedge: from its heal) to the next admitted write. With a
 //! fault every fraction of a TTL, most of these windows hold further faults (a server
 //! restart alone takes 0.2 s on PostgreSQL, about 1 s on etcd, seconds on a
 //! kube-apiserver), so p99 over all samples measures fault bursts, not one fault; the

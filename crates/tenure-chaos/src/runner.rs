@@ -132,23 +132,30 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             (format!("kube:{namespace}"), Owned::Kube(server))
         }
     };
-    // Workers reach the store through proxies the nemesis can cut; the orchestrator
+    // Workers reach the store through proxies the nemesis can cut, each worker slot
+    // through its own (so that one worker can be cut off alone); the orchestrator
     // (observer, `pg_terminate_backend`, reading the log) goes straight to it.
-    let mut proxies = Vec::new();
+    let mut proxies: Vec<Vec<Proxy>> = Vec::new();
     if kinds.contains(&FaultKind::Cut) {
-        for upstream in upstreams(&url, &config.store, kubeconfig.as_deref()).await {
-            let proxy = Proxy::start(upstream)
-                .await
-                .map_err(|source| ChaosError::Io {
-                    what: "cannot start the cut proxy",
-                    source,
-                })?;
-            proxies.push(proxy);
+        let upstreams = upstreams(&url, &config.store, kubeconfig.as_deref()).await;
+        for _ in 0..config.workers {
+            let mut slot = Vec::new();
+            for &upstream in &upstreams {
+                let proxy = Proxy::start(upstream)
+                    .await
+                    .map_err(|source| ChaosError::Io {
+                        what: "cannot start the cut proxy",
+                        source,
+                    })?;
+                slot.push(proxy);
+            }
+            proxies.push(slot);
         }
+        proxies.retain(|slot| !slot.is_empty());
     }
     let mut cuts = Vec::new();
     if !proxies.is_empty() {
-        cuts.extend([CutFlavour::Drop, CutFlavour::Blackhole]);
+        cuts.extend([CutFlavour::Drop, CutFlavour::Blackhole, CutFlavour::Wedge]);
     }
     if matches!(
         config.store,
@@ -200,7 +207,10 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         role: role.clone(),
         app_name: app_name.clone(),
         dir: dir.clone(),
-        via: proxies.iter().map(Proxy::local_addr).collect(),
+        via: proxies
+            .iter()
+            .map(|slot| slot.iter().map(Proxy::local_addr).collect())
+            .collect(),
         fake_time,
         env: kubeconfig
             .iter()
@@ -234,7 +244,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         owned: &owned,
         proxies: &proxies,
         cuts,
-        blackhole: None,
+        held: None,
         restarting: None,
         restarted: None,
         clock_offset_ms: 0,

@@ -284,10 +284,10 @@ impl Timeline {
                         report.workers,
                         report.ttl_ms,
                         report.seed,
-                        if matches!(kind, FaultKind::Restart | FaultKind::Cut) {
-                            " healed"
-                        } else {
-                            ""
+                        match kind {
+                            FaultKind::Restart => " healed",
+                            FaultKind::Cut => " healed (a wedge: struck)",
+                            _ => "",
                         }
                     ),
                     x: Axis::linear(

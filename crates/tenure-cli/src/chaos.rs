@@ -40,7 +40,8 @@ pub struct ChaosArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     ttl: Duration,
     /// Fault kinds to inject, comma-separated. `cut` goes through a loopback proxy in
-    /// front of the store (connections reset or blackholed for 1-3x the TTL) and, on
+    /// front of the store (connections reset, or blackholed for 1-3x the TTL: every
+    /// worker's, or one worker's alone, a wedge) and, on
     /// PostgreSQL, also `pg_terminate_backend`. `clock` (SQLite and Kubernetes, where no
     /// decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
     /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API

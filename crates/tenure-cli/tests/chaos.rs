@@ -282,6 +282,10 @@ fn postgres_round_passes() {
         recovery.contains_key("cut/drop") || recovery.contains_key("cut/blackhole"),
         "no cut went through the proxy: {recovery:?}"
     );
+    assert!(
+        recovery.contains_key("cut/wedge"),
+        "no worker was wedged: {recovery:?}"
+    );
 }
 
 /// The stalled-leader plan of a negative control, with the fence: paused leaders wake
@@ -309,14 +313,15 @@ fn postgres_without_the_fence_is_caught() {
 }
 
 /// A throwaway etcd server owned by the run, with the default fault list: pauses, kills,
-/// server restarts (clean and crashed), proxy cuts (resets and blackholes) and handoffs
-/// (each the two-transaction handover), a fault every 180 ms. Leaders write through etcd
-/// fenced transactions. Seed 317's plan has 206 pauses, kills and cuts, which are never
-/// skipped (seed 17 had 177 once handoffs joined the list, and injected 199 faults).
+/// server restarts (clean and crashed), proxy cuts (resets, blackholes and one worker
+/// wedged) and handoffs (each the two-transaction handover), a fault every 180 ms.
+/// Leaders write through etcd fenced transactions. Seed 317's plan has 206 pauses, kills
+/// and cuts, which are never skipped (seed 17 had 177 once handoffs joined the list, and
+/// injected 199 faults).
 #[cfg(feature = "etcd")]
 #[test]
 fn etcd_round_passes() {
-    passing_round(
+    let report = passing_round(
         &[
             "--store",
             "etcd:throwaway",
@@ -332,6 +337,11 @@ fn etcd_round_passes() {
             faults: 200,
             admitted: 60,
         },
+    );
+    let recovery = report["recovery"].as_object().unwrap();
+    assert!(
+        recovery.contains_key("cut/wedge"),
+        "no worker was wedged: {recovery:?}"
     );
 }
 
@@ -374,7 +384,7 @@ fn kube_round_passes() {
         },
     );
     let recovery = report["recovery"].as_object().unwrap();
-    for row in ["cut/drop", "cut/blackhole"] {
+    for row in ["cut/drop", "cut/blackhole", "cut/wedge"] {
         assert!(recovery.contains_key(row), "no {row}: {recovery:?}");
     }
     for server in ["restart/apiserver", "restart/etcd"] {
@@ -452,6 +462,10 @@ fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool, one_writer
     assert_eq!(report["shards"].as_u64(), Some(shards));
     let moves = &report["shard_moves"];
     assert!(moves["moved"].as_u64().unwrap() > 0, "no shard ever moved");
+    // A wedged member's shards are owned again elsewhere too (bounds as for kills).
+    if let Some(wedge) = moves["reown"].get("cut/wedge") {
+        assert_eq!(wedge["unrecovered"].as_u64(), Some(0), "cut/wedge: {wedge}");
+    }
     for kind in ["pause", "kill"] {
         let reown = &moves["reown"][kind];
         assert!(
@@ -523,8 +537,9 @@ fn sqlite_shards_without_the_fence_are_caught() {
     unfenced_is_caught(args);
 }
 
-/// Shard mode on a throwaway PostgreSQL server: 5 members, 16 shards, pauses, kills
-/// and server restarts.
+/// Shard mode on a throwaway PostgreSQL server: 5 members, 16 shards, pauses, kills,
+/// server restarts and cuts (a member wedged among them: its calls hang, the others'
+/// go through).
 #[test]
 fn postgres_shard_round_passes() {
     let report = passing_round(
@@ -536,7 +551,7 @@ fn postgres_shard_round_passes() {
             "--fault-every",
             "400ms",
             "--faults",
-            "pause,kill,restart",
+            "pause,kill,restart,cut",
             "--write-every",
             "50ms",
             "--seed",
@@ -544,7 +559,7 @@ fn postgres_shard_round_passes() {
         ],
         Expect {
             workers: "5",
-            kinds: &["pause", "kill", "restart"],
+            kinds: &["pause", "kill", "restart", "cut"],
             duration: "20s",
             faults: 30,
             admitted: 500,

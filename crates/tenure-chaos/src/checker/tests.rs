@@ -154,6 +154,32 @@ fn recovery_runs_from_the_fault_to_the_next_write_invoked_after_it() {
     assert_eq!((cut.recovered, cut.p50_ms), (1, Some(7.0)));
 }
 
+/// A wedge (one worker cut off, the others reaching the store) is measured from its
+/// strike, not its heal: the others must take over within a term meanwhile.
+#[test]
+fn a_wedge_is_measured_from_its_strike() {
+    let (events, log) = clean();
+    let events: Vec<Event> = events
+        .into_iter()
+        .map(|mut e| {
+            e.t *= 1_000_000;
+            e
+        })
+        .collect();
+    let wedge = FaultRecord {
+        kind: FaultKind::Cut,
+        flavour: Some(CutFlavour::Wedge.name()),
+        target: Some("a".to_owned()),
+        at: 15_000_000,
+        healed: 35_000_000,
+    };
+    let a = check(&events, &log, &[], &[wedge]);
+    // a's write invoked at 20 ms is never acknowledged (fenced); b's, invoked at 31 ms,
+    // is at 32: 17 ms after the strike (from the heal it would be none at all).
+    let cut = &a.recovery["cut/wedge"];
+    assert_eq!((cut.recovered, cut.p50_ms), (1, Some(17.0)));
+}
+
 fn on(shard: u32, mut e: Event) -> Event {
     e.shard = Some(shard);
     e

@@ -23,11 +23,12 @@ pub(super) struct Nemesis<'a> {
     pub(super) spawner: &'a Spawner,
     pub(super) backend: &'a Backend,
     pub(super) owned: &'a Owned,
-    pub(super) proxies: &'a [Proxy],
+    /// The proxies of each worker slot.
+    pub(super) proxies: &'a [Vec<Proxy>],
     /// The ways this store can be cut.
     pub(super) cuts: Vec<CutFlavour>,
-    /// When the current blackhole heals, and which fault record it is.
-    pub(super) blackhole: Option<(Instant, usize)>,
+    /// The blackhole under way (every worker's, or a wedge's).
+    pub(super) held: Option<Held>,
     /// A server restart under way. It runs beside the nemesis, which goes on injecting
     /// faults meanwhile.
     pub(super) restarting: Option<Restarting>,
@@ -44,7 +45,25 @@ pub(super) struct Nemesis<'a> {
     pub(super) respawned: u64,
 }
 
+/// A blackhole under way: when it heals, which fault record it is, and the one slot it
+/// cuts off (a wedge) or `None` for every worker.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Held {
+    until: Instant,
+    record: usize,
+    slot: Option<usize>,
+}
+
 impl Nemesis<'_> {
+    /// The proxies of `slot`, or of every slot for `None`.
+    fn proxies_of(&self, slot: Option<usize>) -> impl Iterator<Item = &Proxy> {
+        self.proxies
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| slot.is_none_or(|slot| slot == *i))
+            .flat_map(|(_, proxies)| proxies)
+    }
+
     pub(super) async fn run(&mut self, schedule: &[PlannedFault]) -> Result<(), ChaosError> {
         let start = Instant::now();
         let mut next = 0;
@@ -55,7 +74,7 @@ impl Nemesis<'_> {
                 .slots
                 .iter()
                 .filter_map(|s| s.paused.map(|p| p.0))
-                .chain(self.blackhole.map(|b| b.0))
+                .chain(self.held.map(|held| held.until))
                 .min();
             let wake = match (fault_at, resume_at) {
                 (None, None) => break,
@@ -70,7 +89,7 @@ impl Nemesis<'_> {
                     self.resume(i);
                 }
             }
-            if self.blackhole.is_some_and(|(until, _)| until <= now) {
+            if self.held.is_some_and(|held| held.until <= now) {
                 self.heal();
             }
             self.finish_restart(false).await?;
@@ -111,13 +130,13 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    /// Ends the current blackhole, if any.
+    /// Ends the current blackhole or wedge, if any.
     pub(super) fn heal(&mut self) {
-        if let Some((_, record)) = self.blackhole.take() {
-            for proxy in self.proxies {
+        if let Some(held) = self.held.take() {
+            for proxy in self.proxies_of(held.slot) {
                 proxy.heal();
             }
-            self.faults[record].healed = mono_ns();
+            self.faults[held.record].healed = mono_ns();
         }
     }
 
@@ -308,26 +327,27 @@ impl Nemesis<'_> {
     }
 
     /// Severs the workers from the store one of the ways this store allows (chosen by
-    /// the plan's pick; a cut during a blackhole drops the held connections).
+    /// the plan's pick; a cut during a blackhole or wedge drops the held connections).
     pub(super) async fn cut(&mut self, fault: &PlannedFault, at: u64) {
         let mut flavour = self.cuts[((fault.pick >> 32) % self.cuts.len() as u64) as usize];
-        if self.blackhole.is_some() && flavour != CutFlavour::Terminate {
+        if self.held.is_some() && flavour != CutFlavour::Terminate {
             flavour = CutFlavour::Drop;
         }
-        match flavour {
+        let slot = match flavour {
             CutFlavour::Drop => {
-                let n: usize = self.proxies.iter().map(Proxy::drop_all).sum();
+                let n: usize = self.proxies_of(None).map(Proxy::drop_all).sum();
                 debug!(connections = n, "reset worker connections");
+                None
             }
-            CutFlavour::Blackhole => {
-                for proxy in self.proxies {
-                    proxy.blackhole();
+            CutFlavour::Blackhole => None,
+            // Half the wedges cut off the leader, half anyone.
+            CutFlavour::Wedge => match self.pick(fault.pick, fault.pick.is_multiple_of(2), false) {
+                Some(i) => Some(i),
+                None => {
+                    self.skipped += 1;
+                    return;
                 }
-                let until = Instant::now() + self.config.ttl.mul_f64(fault.factor);
-                self.blackhole = Some((until, self.faults.len()));
-                self.record(fault.kind, Some(flavour.name()), None, at, 0);
-                return;
-            }
+            },
             CutFlavour::Terminate => {
                 match self
                     .backend
@@ -337,7 +357,20 @@ impl Nemesis<'_> {
                     Ok(n) => debug!(connections = n, "terminated worker connections"),
                     Err(error) => warn!(%error, "cannot terminate worker connections"),
                 }
+                None
             }
+        };
+        if matches!(flavour, CutFlavour::Blackhole | CutFlavour::Wedge) {
+            for proxy in self.proxies_of(slot) {
+                proxy.blackhole();
+            }
+            self.held = Some(Held {
+                until: Instant::now() + self.config.ttl.mul_f64(fault.factor),
+                record: self.faults.len(),
+                slot,
+            });
+            self.record(fault.kind, Some(flavour.name()), slot, at, 0);
+            return;
         }
         self.record(fault.kind, Some(flavour.name()), None, at, mono_ns());
     }

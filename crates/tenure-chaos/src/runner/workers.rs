@@ -36,8 +36,8 @@ pub(super) struct Spawner {
     pub(super) role: String,
     pub(super) app_name: String,
     pub(super) dir: PathBuf,
-    /// The proxies workers connect through (empty: straight to the store).
-    pub(super) via: Vec<SocketAddr>,
+    /// The proxies each worker slot connects through (none: straight to the store).
+    pub(super) via: Vec<Vec<SocketAddr>>,
     /// The workers' wall clock, when the run steps it.
     pub(super) fake_time: Option<FakeTime>,
     /// More of the workers' environment (`KUBECONFIG` for a throwaway API server).
@@ -58,7 +58,7 @@ impl Spawner {
             app_name: self.app_name.clone(),
             unsafe_skip_fence: self.config.unsafe_skip_fence,
             sqlite_busy: self.config.sqlite_busy(),
-            via: self.via.clone(),
+            via: self.via.get(index).cloned().unwrap_or_default(),
         };
         let log =
             std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
