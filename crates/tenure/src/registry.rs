@@ -189,11 +189,32 @@ pub async fn run_heartbeat(
     interval: Duration,
     cancel: CancellationToken,
 ) -> Result<()> {
+    heartbeat_from(
+        registry,
+        node_id,
+        metadata,
+        interval,
+        cancel,
+        tokio::time::Instant::now(),
+    )
+    .await
+}
+
+/// [`run_heartbeat`] whose first heartbeat is sent at `first` (one sent just before
+/// need not be sent again).
+pub(crate) async fn heartbeat_from(
+    registry: Arc<dyn NodeRegistry>,
+    node_id: String,
+    metadata: Metadata,
+    interval: Duration,
+    cancel: CancellationToken,
+    first: tokio::time::Instant,
+) -> Result<()> {
     validate_heartbeat(&node_id, Some(&metadata))?;
     if interval.is_zero() {
         return Err(Error::invalid("interval", "must be greater than zero"));
     }
-    let mut ticker = tokio::time::interval(interval);
+    let mut ticker = tokio::time::interval_at(first, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -217,23 +238,24 @@ pub async fn run_heartbeat(
 }
 
 /// One heartbeat of `node_id`, given up if unanswered after `bound`; a failure is logged
-/// and counted, for the caller to retry.
+/// and counted, for the caller to retry. Whether it was answered as written.
 pub(crate) async fn beat_once(
     registry: &dyn NodeRegistry,
     node_id: &str,
     metadata: &Metadata,
     bound: Duration,
-) {
+) -> bool {
     match tokio::time::timeout(bound, registry.heartbeat_with(node_id, metadata)).await {
         Ok(Ok(())) => {
             metrics::counter!("tenure_heartbeats_total", "outcome" => "ok").increment(1);
-            return;
+            return true;
         }
         Ok(Err(error)) => tracing::warn!(%node_id, %error, "heartbeat failed; retrying"),
         Err(_) => tracing::warn!(%node_id, ?bound, "heartbeat unanswered; given up, retrying"),
     }
     metrics::counter!("tenure_heartbeats_total", "outcome" => "failed").increment(1);
     metrics::counter!("tenure_store_errors_total", "operation" => "heartbeat").increment(1);
+    false
 }
 
 /// Spawns [`run_heartbeat`] on the current tokio runtime.

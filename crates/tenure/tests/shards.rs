@@ -4,7 +4,7 @@
 //! ever has two members working on it at once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -564,6 +564,35 @@ impl RegistryFilter for Mortal {
     fn before_write(&self) -> tenure::Result<bool> {
         Ok(!self.0.load(Ordering::SeqCst))
     }
+}
+
+/// Counts the writes (heartbeats and leaves) that reach a registry.
+#[derive(Default)]
+struct WriteCount(AtomicUsize);
+
+impl RegistryFilter for WriteCount {
+    fn before_write(&self) -> tenure::Result<bool> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+}
+
+/// A member joining heartbeats once as it joins (so the others see it before its first
+/// look), and its heartbeat task's first beat comes one interval after that one: it
+/// used to come at once, a second write for nothing on every join.
+#[tokio::test(start_paused = true)]
+async fn a_joining_member_heartbeats_once_per_interval_from_its_join() {
+    let mut group = Group::in_memory();
+    let counted = Arc::new(FilteredRegistry::new(
+        group.registry.clone(),
+        WriteCount::default(),
+    ));
+    group.registry = counted.clone();
+    group.start("a", 4);
+    // Heartbeats every third of the TTL from the join (at once, in memory): at 0, 1 s
+    // and 2 s, none yet of 3 s.
+    tokio::time::sleep(TTL - Duration::from_millis(10)).await;
+    assert_eq!(counted.filter().0.load(Ordering::SeqCst), 3);
 }
 
 /// Makes the registry's wait push nothing (the trait's default), as a backend that

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::info;
 
 use super::{Member, GROUP_KEY};
-use crate::{spawn_heartbeat, Metadata, NodeRegistry, Result};
+use crate::registry::heartbeat_from;
+use crate::{Metadata, NodeRegistry, Result};
 
 /// Heartbeats of one member into the registry, started and stopped as the member joins
 /// and leaves.
@@ -52,8 +54,8 @@ impl Membership {
     }
 
     /// Joins the group for as long as `session` (the member's session's `alive`) is not
-    /// cancelled: a first heartbeat now (its failure is retried by the task), then one
-    /// every third of the registry's TTL. The heartbeats stop, and the task leaves the
+    /// cancelled: a first heartbeat now (its failure is retried by the task at once), then
+    /// one every third of the registry's TTL. The heartbeats stop, and the task leaves the
     /// registry, as the session is lost, even while the member's loop is stuck in a store
     /// call and cannot tell. A member without a session holds no shard, and one whose
     /// store calls hang may not open another for long: left in the group it would keep
@@ -68,21 +70,28 @@ impl Membership {
         self.stopped().await;
         // Bounded as the task bounds each of its own: a registry that stopped answering
         // must not hold the member's loop.
-        crate::registry::beat_once(
+        let written = crate::registry::beat_once(
             self.registry.as_ref(),
             &self.node_id,
             &self.metadata,
             self.beat_every,
         )
         .await;
+        // The task's first heartbeat: one interval on, or at once to retry this one.
+        let next = if written {
+            Instant::now() + self.beat_every
+        } else {
+            Instant::now()
+        };
         let stop = session.child_token();
-        let task = spawn_heartbeat(
+        let task = tokio::spawn(heartbeat_from(
             self.registry.clone(),
             self.node_id.clone(),
             self.metadata.clone(),
             self.beat_every,
             stop.clone(),
-        );
+            next,
+        ));
         self.beating = Some((task, stop.clone(), stop.drop_guard()));
     }
 
