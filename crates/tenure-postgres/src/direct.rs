@@ -23,9 +23,9 @@
 //! a row lock does not read its socket, so a call given up there would keep its backend
 //! (and apply its statement late) until the lock is freed, one more backend with each
 //! retry for as long as the lock is held. Each connection is therefore set up with
-//! `client_connection_check_interval` (PostgreSQL 14 and later; older servers go without):
-//! the server checks every second that the caller is still there while a statement runs,
-//! and ends a statement whose caller has gone.
+//! `client_connection_check_interval` (PostgreSQL 14 and later; a server that refuses it
+//! goes without): the server checks every second that the caller is still there while a
+//! statement runs, and ends a statement whose caller has gone.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -48,7 +48,7 @@ pub(crate) struct DirectConnections {
     /// (it does not ping them before handing them out), so the next connection is a new
     /// one.
     connect_fresh: AtomicBool,
-    /// Set when the server does not know `client_connection_check_interval` (before
+    /// Set when the server refused `client_connection_check_interval` (unknown before
     /// PostgreSQL 14), so new connections stop asking for it.
     no_client_check: AtomicBool,
 }
@@ -218,9 +218,13 @@ impl DirectConnections {
             .await
         {
             Ok(_) => Ok(conn),
-            // undefined_object: a server before PostgreSQL 14.
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42704") => {
-                self.no_client_check.store(true, Ordering::Release);
+            // Refused by the server (before PostgreSQL 14: an unknown parameter; a server
+            // or proxy that does not let it be set): the statements run without it.
+            Err(sqlx::Error::Database(db)) => {
+                if !self.no_client_check.swap(true, Ordering::AcqRel) {
+                    tracing::info!(error = %db,
+                        "client_connection_check_interval refused; statements given up are not ended early on the server");
+                }
                 Ok(conn)
             }
             Err(e) => {
