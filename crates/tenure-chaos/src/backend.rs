@@ -30,6 +30,9 @@ use tenure::{Error, FencingToken, LeaseStore, NodeRegistry};
 use tenure_postgres::{PgFence, PgLeaseStore, PgNodeRegistry, Schema};
 use tenure_sqlite::{SqliteDatabase, SqliteOptions};
 
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
 use crate::ChaosError;
 
 /// One row of the fenced log, in commit order (`id`).
@@ -237,6 +240,33 @@ impl Backend {
             _ => Ok(0),
         }
     }
+
+    /// Starts holding `role`'s lease row locked (PostgreSQL: `FOR UPDATE`; SQLite: the
+    /// file's write lock) in a transaction of its own, as a client stalled inside a
+    /// transaction would, until `release` is cancelled; then rolls it back. `None` on
+    /// stores with no such lock (etcd, Kubernetes).
+    pub fn hold_lock(
+        &self,
+        role: &str,
+        release: CancellationToken,
+    ) -> Option<JoinHandle<Result<(), ChaosError>>> {
+        let role = role.to_owned();
+        match self {
+            Backend::Sqlite(sql) => {
+                let sql = sql.clone();
+                Some(tokio::spawn(
+                    async move { sql.hold_lock(&role, release).await },
+                ))
+            }
+            Backend::Postgres(sql) => {
+                let sql = sql.clone();
+                Some(tokio::spawn(
+                    async move { sql.hold_lock(&role, release).await },
+                ))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The resource the role's log is fenced on (SQL stores).
@@ -275,6 +305,9 @@ pub trait Dialect: Send + Sync {
     const INSERT: &'static str;
     /// Selects `(id, worker, token, seq)` of one role, in id order.
     const SELECT: &'static str;
+    /// Inside a write transaction, locks the lease of one role (beside what beginning
+    /// the transaction already locks).
+    const LOCK: &'static str;
 
     /// The pool.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
@@ -346,6 +379,21 @@ where
         }
     }
 
+    /// See [`Backend::hold_lock`].
+    async fn hold_lock(&self, role: &str, release: CancellationToken) -> Result<(), ChaosError> {
+        let mut tx = self.0.begin().await?;
+        sqlx::query(D::LOCK)
+            .bind(role.to_owned())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Error::store(D::NAME, "cannot lock a lease", e))?;
+        release.cancelled().await;
+        tx.rollback()
+            .await
+            .map_err(|e| Error::store(D::NAME, "cannot free a locked lease", e))?;
+        Ok(())
+    }
+
     async fn read_log(&self, role: &str) -> Result<Vec<LogRow>, ChaosError> {
         let rows = sqlx::query(D::SELECT)
             .bind(role.to_owned())
@@ -384,6 +432,8 @@ impl Dialect for SqliteLog {
         "INSERT INTO tenure_chaos_log (role, worker, token, seq) VALUES (?1, ?2, ?3, ?4)";
     const SELECT: &'static str =
         "SELECT id, worker, token, seq FROM tenure_chaos_log WHERE role = ?1 ORDER BY id";
+    // `BEGIN IMMEDIATE` took the file's write lock: every write waits already.
+    const LOCK: &'static str = "SELECT ?1";
 
     fn pool(&self) -> &sqlx::Pool<Sqlite> {
         self.db.pool()
@@ -466,6 +516,7 @@ impl Dialect for PgLog {
         "INSERT INTO tenure.tenure_chaos_log (role, worker, token, seq) VALUES ($1, $2, $3, $4)";
     const SELECT: &'static str =
         "SELECT id, worker, token, seq FROM tenure.tenure_chaos_log WHERE role = $1 ORDER BY id";
+    const LOCK: &'static str = "SELECT 1 FROM tenure.tenure_leases WHERE role = $1 FOR UPDATE";
 
     fn pool(&self) -> &PgPool {
         &self.pool

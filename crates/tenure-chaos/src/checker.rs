@@ -88,7 +88,7 @@ impl FaultRecord {
     pub fn recovery_from(&self) -> u64 {
         match self.kind {
             FaultKind::Cut if self.flavour == Some(CutFlavour::Wedge.name()) => self.at,
-            FaultKind::Restart | FaultKind::Cut => self.healed,
+            FaultKind::Restart | FaultKind::Cut | FaultKind::Lock => self.healed,
             FaultKind::Pause | FaultKind::Kill | FaultKind::Clock | FaultKind::Handoff => self.at,
         }
     }

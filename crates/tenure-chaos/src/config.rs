@@ -157,6 +157,13 @@ pub enum FaultKind {
     Restart,
     /// Sever the workers' connections to the store (see [`CutFlavour`]).
     Cut,
+    /// Hold a lease's row locked for 1-3x the TTL, as a client stalled inside a
+    /// transaction would (SQL stores): on PostgreSQL a transaction of the nemesis's takes
+    /// the row of the role (in shard mode, of one shard) `FOR UPDATE`; on SQLite it takes
+    /// the file's write lock (`BEGIN IMMEDIATE`). Calls on that row (SQLite: every write)
+    /// wait in the store, their callers give up on them, and whatever still waits runs
+    /// when the lock is freed.
+    Lock,
     /// Step the workers' wall clock by 2-4x the TTL, forward from an offset at or
     /// below zero and back from one above (workers run under libfaketime with one
     /// offset file; their monotonic clock is untouched, as in an NTP step). SQLite, whose
@@ -172,11 +179,12 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Pause,
         FaultKind::Kill,
         FaultKind::Restart,
         FaultKind::Cut,
+        FaultKind::Lock,
         FaultKind::Clock,
         FaultKind::Handoff,
     ];
@@ -188,6 +196,7 @@ impl FaultKind {
             FaultKind::Kill => "kill",
             FaultKind::Restart => "restart",
             FaultKind::Cut => "cut",
+            FaultKind::Lock => "lock",
             FaultKind::Clock => "clock",
             FaultKind::Handoff => "handoff",
         }
@@ -209,7 +218,7 @@ impl FromStr for FaultKind {
             .find(|kind| kind.name() == raw.trim())
             .ok_or_else(|| {
                 ChaosError::Usage(format!(
-                    "unknown fault {:?}; expected pause, kill, restart, cut, clock or handoff",
+                    "unknown fault {:?}; expected pause, kill, restart, cut, lock, clock or handoff",
                     raw.chars().take(20).collect::<String>()
                 ))
             })

@@ -12,8 +12,9 @@
 //! re-own a struck member's shards. A seeded nemesis pauses (SIGSTOP)
 //! the leader, kills workers, restarts the store's server (when the run owns it),
 //! severs connections (through a [`proxy`] in front of the store for each worker:
-//! every worker's, or one worker's alone; or `pg_terminate_backend`) and, on SQLite and Kubernetes, steps the workers' wall clock
-//! (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
+//! every worker's, or one worker's alone; or `pg_terminate_backend`), holds a lease's
+//! row (SQLite: the file's write lock) as a stalled transaction would, and, on SQLite
+//! and Kubernetes, steps the workers' wall clock (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
 //! incarnation, and a recovery chart per fault kind) for `tenure chaos --report DIR`.

@@ -63,6 +63,8 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
                 unavailable.push("cut: sqlite has no connections to sever".to_owned())
             }
+            (FaultKind::Lock, spec) if spec.is_etcd() || spec.is_kube() => unavailable
+                .push("lock: only the SQL stores have a row or file lock to hold".to_owned()),
             (FaultKind::Clock, spec) if !spec.steps_wall_clock() => unavailable.push(
                 "clock: only sqlite and kubernetes judge time on the workers' host (the \
                  server's clock decides on postgres and etcd)"
@@ -245,6 +247,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         proxies: &proxies,
         cuts,
         held: None,
+        locked: None,
         restarting: None,
         restarted: None,
         clock_offset_ms: 0,

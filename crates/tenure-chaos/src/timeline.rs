@@ -285,7 +285,7 @@ impl Timeline {
                         report.ttl_ms,
                         report.seed,
                         match kind {
-                            FaultKind::Restart => " healed",
+                            FaultKind::Restart | FaultKind::Lock => " healed",
                             FaultKind::Cut => " healed (a wedge: struck)",
                             _ => "",
                         }

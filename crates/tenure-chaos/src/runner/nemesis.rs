@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::servers::{restart, Owned, Restarting};
@@ -29,6 +31,8 @@ pub(super) struct Nemesis<'a> {
     pub(super) cuts: Vec<CutFlavour>,
     /// The blackhole under way (every worker's, or a wedge's).
     pub(super) held: Option<Held>,
+    /// The lease row (SQLite: the file) held locked, if any.
+    pub(super) locked: Option<Locked>,
     /// A server restart under way. It runs beside the nemesis, which goes on injecting
     /// faults meanwhile.
     pub(super) restarting: Option<Restarting>,
@@ -54,6 +58,14 @@ pub(super) struct Held {
     slot: Option<usize>,
 }
 
+/// A lock under way: when it is freed, which fault record it is, and how to free it.
+pub(super) struct Locked {
+    until: Instant,
+    record: usize,
+    release: CancellationToken,
+    holder: JoinHandle<Result<(), ChaosError>>,
+}
+
 impl Nemesis<'_> {
     /// The proxies of `slot`, or of every slot for `None`.
     fn proxies_of(&self, slot: Option<usize>) -> impl Iterator<Item = &Proxy> {
@@ -75,6 +87,7 @@ impl Nemesis<'_> {
                 .iter()
                 .filter_map(|s| s.paused.map(|p| p.0))
                 .chain(self.held.map(|held| held.until))
+                .chain(self.locked.as_ref().map(|locked| locked.until))
                 .min();
             let wake = match (fault_at, resume_at) {
                 (None, None) => break,
@@ -91,6 +104,13 @@ impl Nemesis<'_> {
             }
             if self.held.is_some_and(|held| held.until <= now) {
                 self.heal();
+            }
+            if self
+                .locked
+                .as_ref()
+                .is_some_and(|locked| locked.until <= now)
+            {
+                self.unlock().await;
             }
             self.finish_restart(false).await?;
             if fault_at.is_some_and(|at| at <= now) {
@@ -137,6 +157,20 @@ impl Nemesis<'_> {
                 proxy.heal();
             }
             self.faults[held.record].healed = mono_ns();
+        }
+    }
+
+    /// Frees the lock under way, if any, once its transaction has rolled back (or failed:
+    /// a server restarted meanwhile has dropped it already).
+    pub(super) async fn unlock(&mut self) {
+        if let Some(locked) = self.locked.take() {
+            locked.release.cancel();
+            match locked.holder.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => debug!(%error, "the lock fault's transaction failed"),
+                Err(error) => warn!(%error, "the lock fault's task failed"),
+            }
+            self.faults[locked.record].healed = mono_ns();
         }
     }
 
@@ -255,6 +289,31 @@ impl Nemesis<'_> {
                 }
             },
             FaultKind::Cut => self.cut(fault, at).await,
+            FaultKind::Lock => {
+                let role = match self.config.shards {
+                    Some(shards) => tenure::shard::role(
+                        &self.spawner.role,
+                        u32::try_from(fault.pick % u64::from(shards)).unwrap_or(0),
+                    ),
+                    None => self.spawner.role.clone(),
+                };
+                let release = CancellationToken::new();
+                let holder = match self.locked {
+                    None => self.backend.hold_lock(&role, release.clone()),
+                    Some(_) => None,
+                };
+                let Some(holder) = holder else {
+                    self.skipped += 1;
+                    return Ok(());
+                };
+                self.locked = Some(Locked {
+                    until: Instant::now() + self.config.ttl.mul_f64(fault.factor),
+                    record: self.faults.len(),
+                    release,
+                    holder,
+                });
+                self.record(fault.kind, None, None, at, 0);
+            }
             FaultKind::Handoff => {
                 // Asked beside the nemesis: the asker waits for the handover, as
                 // `tenure handoff` does; a leader with nobody waiting leads on.
@@ -396,6 +455,7 @@ impl Nemesis<'_> {
     /// kills whoever has not stopped within a term and a bit.
     pub(super) async fn stop_all(&mut self) -> Result<(), ChaosError> {
         self.heal();
+        self.unlock().await;
         for i in 0..self.slots.len() {
             self.resume(i);
         }
