@@ -379,14 +379,22 @@ where
         }
     }
 
-    /// See [`Backend::hold_lock`].
+    /// See [`Backend::hold_lock`]. Released before the lock was taken (a store slow to
+    /// answer), it gives up taking it.
     async fn hold_lock(&self, role: &str, release: CancellationToken) -> Result<(), ChaosError> {
-        let mut tx = self.0.begin().await?;
-        sqlx::query(D::LOCK)
-            .bind(role.to_owned())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Error::store(D::NAME, "cannot lock a lease", e))?;
+        let locked = async {
+            let mut tx = self.0.begin().await?;
+            sqlx::query(D::LOCK)
+                .bind(role.to_owned())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| Error::store(D::NAME, "cannot lock a lease", e))?;
+            Ok::<_, ChaosError>(tx)
+        };
+        let tx = tokio::select! {
+            _ = release.cancelled() => return Ok(()),
+            tx = locked => tx?,
+        };
         release.cancelled().await;
         tx.rollback()
             .await

@@ -161,14 +161,19 @@ impl Nemesis<'_> {
     }
 
     /// Frees the lock under way, if any, once its transaction has rolled back (or failed:
-    /// a server restarted meanwhile has dropped it already).
+    /// a server restarted meanwhile has dropped it already). A rollback unanswered
+    /// within a TTL is left behind (its task ended), so the nemesis never waits on it.
     pub(super) async fn unlock(&mut self) {
-        if let Some(locked) = self.locked.take() {
+        if let Some(mut locked) = self.locked.take() {
             locked.release.cancel();
-            match locked.holder.await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => debug!(%error, "the lock fault's transaction failed"),
-                Err(error) => warn!(%error, "the lock fault's task failed"),
+            match tokio::time::timeout(self.config.ttl, &mut locked.holder).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(error))) => debug!(%error, "the lock fault's transaction failed"),
+                Ok(Err(error)) => warn!(%error, "the lock fault's task failed"),
+                Err(_) => {
+                    warn!("the lock fault's rollback did not answer within a TTL; left behind");
+                    locked.holder.abort();
+                }
             }
             self.faults[locked.record].healed = mono_ns();
         }
