@@ -176,6 +176,13 @@ impl DirectConnections {
         })
     }
 
+    /// After a connection-level error: the idle connections are closed and the next one
+    /// is opened afresh (see the module docs).
+    fn forget_connections(&self) {
+        self.idle.lock().clear();
+        self.connect_fresh.store(true, Ordering::Release);
+    }
+
     /// A connection the store has not used yet: a new one after a connection-level
     /// error, else one taken out of the pool.
     async fn take_new(&self, what: &str) -> tenure::Result<PgConnection> {
@@ -229,7 +236,7 @@ impl DirectConnections {
             }
             Err(e) => {
                 if connection_lost(&e) {
-                    self.connect_fresh.store(true, Ordering::Release);
+                    self.forget_connections();
                 }
                 Err(pg_error(
                     format!("{what}: could not set up a connection"),
@@ -291,10 +298,7 @@ impl Checkout<'_> {
         };
         match &answer {
             Ok(_) => self.owner.idle.lock().push(conn),
-            Err(error) if connection_lost(error) => {
-                self.owner.idle.lock().clear();
-                self.owner.connect_fresh.store(true, Ordering::Release);
-            }
+            Err(error) if connection_lost(error) => self.owner.forget_connections(),
             Err(_) => {}
         }
         answer
