@@ -401,7 +401,8 @@ struct Running {
 /// writes its dropped heartbeat task still sends (a leave) are lost with the process, so
 /// its membership lapses on its own. In schedules with registry faults, while faults
 /// last, some writes (heartbeats, leaves) fail before reaching the registry, some are
-/// applied but their answer is lost, and some reach it late, up to two TTLs after their
+/// applied but their answer is lost, some are answered as done but never applied (a
+/// commit lost in a failover to a replica that had not received it), and some reach it late, up to two TTLs after their
 /// caller was answered with an error or while it is never answered (a request on the
 /// wire of a connection that stopped answering); some reads fail.
 struct RegistryFaults {
@@ -419,6 +420,8 @@ enum WriteFate {
     Lost,
     /// Applied, answered with an error.
     AnswerLost,
+    /// Answered as done, never applied.
+    Unapplied,
     /// Applied `after` its caller was answered with an error (`answered`) or while it
     /// waits for good.
     Late {
@@ -444,18 +447,23 @@ impl RegistryFaults {
                 after: TTL.mul_f64(rng.random_range(0.0..2.0)),
                 answered: rng.random_bool(0.5),
             },
+            10..12 => WriteFate::Unapplied,
             _ => WriteFate::Applied,
         }
     }
 
+    /// `write`, or what became of it; `done` is its answer when it is answered as done
+    /// without being applied.
     async fn write<T: Send + 'static>(
         &self,
+        done: T,
         write: impl std::future::Future<Output = tenure::Result<T>> + Send + 'static,
     ) -> tenure::Result<T> {
         let error = |what: &str| Err(tenure::Error::store_msg("memory", what));
         match self.fate() {
             WriteFate::Applied => write.await,
             WriteFate::Lost => error("connection reset before the request was sent"),
+            WriteFate::Unapplied => Ok(done),
             WriteFate::AnswerLost => {
                 let _ = write.await;
                 error("connection reset before the answer came")
@@ -494,8 +502,10 @@ impl NodeRegistry for RegistryFaults {
             return Ok(());
         }
         let (inner, node, metadata) = (self.inner.clone(), node_id.to_owned(), metadata.cloned());
-        self.write(async move { inner.record_heartbeat(&node, metadata.as_ref()).await })
-            .await
+        self.write((), async move {
+            inner.record_heartbeat(&node, metadata.as_ref()).await
+        })
+        .await
     }
     async fn live_nodes(&self) -> tenure::Result<Vec<String>> {
         self.read()?;
@@ -510,7 +520,9 @@ impl NodeRegistry for RegistryFaults {
             return Ok(false);
         }
         let (inner, node) = (self.inner.clone(), node_id.to_owned());
-        self.write(async move { inner.leave(&node).await }).await
+        // A leave answered as done says the node was live (it was, until then).
+        self.write(true, async move { inner.leave(&node).await })
+            .await
     }
     fn ttl(&self) -> Duration {
         self.inner.ttl()
