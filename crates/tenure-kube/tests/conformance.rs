@@ -10,14 +10,32 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tenure::{LeaseStore, NodeRegistry};
-use tenure_kube::{KubeConnection, KubeLeaseStore, KubeNodeRegistry};
-use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+use tenure_kube::{KubeLeaseStore, KubeNodeRegistry};
+use tenure_testkit::{
+    LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
+    StorageRegistryFixture, StoreTime,
+};
 
 struct Kube;
 
-struct KubeFixture {
-    namespace: String,
-    store: Arc<KubeLeaseStore>,
+/// A scenario's namespace, reached as the tenant.
+struct Namespace(String);
+
+/// Expiry is judged by observation on this process's clock.
+const TIME: StoreTime = StoreTime::Wall {
+    margin: common::EXPIRY_MARGIN,
+};
+
+#[async_trait]
+impl Storage for Namespace {
+    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(KubeLeaseStore::new(common::tenant(&self.0).await))
+    }
+
+    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+        let connection = common::tenant(&self.0).await;
+        Arc::new(KubeNodeRegistry::new(connection, ttl).unwrap())
+    }
 }
 
 #[async_trait]
@@ -25,41 +43,10 @@ impl LeaseBackend for Kube {
     async fn create(&self) -> Box<dyn LeaseFixture> {
         let namespace = common::new_namespace("conformance");
         let store = Arc::new(KubeLeaseStore::new(common::tenant(&namespace).await));
-        Box::new(KubeFixture { namespace, store })
+        let ttl = Duration::from_secs(3);
+        let fixture = StorageLeaseFixture::new(Namespace(namespace), store, TIME, ttl);
+        Box::new(fixture.with_contenders(16))
     }
-}
-
-#[async_trait]
-impl LeaseFixture for KubeFixture {
-    fn store(&self) -> Arc<dyn LeaseStore> {
-        self.store.clone()
-    }
-
-    async fn reopen(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(KubeLeaseStore::new(common::tenant(&self.namespace).await))
-    }
-
-    async fn pass_time(&self, by: Duration) {
-        tokio::time::sleep(by + common::EXPIRY_MARGIN).await;
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(3)
-    }
-
-    fn exact_clock(&self) -> bool {
-        false
-    }
-
-    fn contenders(&self) -> usize {
-        16
-    }
-}
-
-struct KubeRegistryFixture {
-    connection: KubeConnection,
-    ttl: Duration,
-    registry: Arc<KubeNodeRegistry>,
 }
 
 #[async_trait]
@@ -67,31 +54,8 @@ impl RegistryBackend for Kube {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let connection = common::fresh("registry").await;
         let registry = Arc::new(KubeNodeRegistry::new(connection.clone(), ttl).unwrap());
-        Box::new(KubeRegistryFixture {
-            connection,
-            ttl,
-            registry,
-        })
-    }
-}
-
-#[async_trait]
-impl RegistryFixture for KubeRegistryFixture {
-    fn registry(&self) -> Arc<dyn NodeRegistry> {
-        self.registry.clone()
-    }
-
-    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
-        let connection = common::tenant(&self.connection.namespace).await;
-        Arc::new(KubeNodeRegistry::new(connection, self.ttl).unwrap())
-    }
-
-    async fn pass_time(&self, by: Duration) {
-        tokio::time::sleep(by + common::EXPIRY_MARGIN).await;
-    }
-
-    fn exact_clock(&self) -> bool {
-        false
+        let namespace = Namespace(connection.namespace);
+        Box::new(StorageRegistryFixture::new(namespace, registry, ttl, TIME))
     }
 }
 

@@ -13,7 +13,10 @@ use sqlx::PgPool;
 use tenure::{LeaseStore, NodeRegistry};
 use tenure_postgres::{migrate, PgLeaseStore, PgNodeRegistry, Schema};
 use tenure_testkit::postgres::PgServer;
-use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+use tenure_testkit::{
+    LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
+    StorageRegistryFixture, StoreTime,
+};
 
 /// Scenario TTL: several round trips fit in it even on a loaded 2-core machine.
 const TTL: Duration = Duration::from_secs(2);
@@ -24,101 +27,62 @@ const MARGIN: Duration = Duration::from_millis(20);
 
 struct Postgres;
 
-struct PgFixture {
+/// Wall-clock store time, slept past by [`MARGIN`].
+const TIME: StoreTime = StoreTime::Wall { margin: MARGIN };
+
+/// A scenario's fresh, migrated schema on the shared server, and the pool that made it.
+struct Fresh {
     server: &'static PgServer,
+    pool: PgPool,
     schema: Schema,
-    store: Arc<PgLeaseStore>,
-    _pool: PgPool,
 }
 
-struct PgRegistryFixture {
-    server: &'static PgServer,
-    schema: Schema,
-    ttl: Duration,
-    registry: Arc<PgNodeRegistry>,
-}
-
-async fn fresh() -> (&'static PgServer, PgPool, Schema) {
-    common::init_tracing();
-    let server = PgServer::shared().expect("shared PostgreSQL server");
-    let pool = common::pool(server, 4, "conformance").await;
-    let schema = common::fresh_schema();
-    migrate(&pool, &schema).await.expect("migrate");
-    (server, pool, schema)
-}
-
-#[async_trait]
-impl LeaseBackend for Postgres {
-    async fn create(&self) -> Box<dyn LeaseFixture> {
-        let (server, pool, schema) = fresh().await;
-        let store = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
-        Box::new(PgFixture {
+impl Fresh {
+    async fn new() -> Fresh {
+        common::init_tracing();
+        let server = PgServer::shared().expect("shared PostgreSQL server");
+        let pool = common::pool(server, 4, "conformance").await;
+        let schema = common::fresh_schema();
+        migrate(&pool, &schema).await.expect("migrate");
+        Fresh {
             server,
+            pool,
             schema,
-            store,
-            _pool: pool,
-        })
+        }
     }
 }
 
 #[async_trait]
-impl LeaseFixture for PgFixture {
-    fn store(&self) -> Arc<dyn LeaseStore> {
-        self.store.clone()
-    }
-
-    async fn reopen(&self) -> Arc<dyn LeaseStore> {
+impl Storage for Fresh {
+    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
         // A new pool and a new store instance: what another process would have.
         let pool = common::pool(self.server, 2, "conformance-reopen").await;
         Arc::new(PgLeaseStore::new(pool, self.schema.clone()))
     }
 
-    async fn pass_time(&self, by: Duration) {
-        tokio::time::sleep(by + MARGIN).await;
+    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+        let pool = common::pool(self.server, 2, "conformance-reopened").await;
+        Arc::new(PgNodeRegistry::new(pool, self.schema.clone(), ttl).expect("registry"))
     }
+}
 
-    fn ttl(&self) -> Duration {
-        TTL
-    }
-
-    fn exact_clock(&self) -> bool {
-        false
+#[async_trait]
+impl LeaseBackend for Postgres {
+    async fn create(&self) -> Box<dyn LeaseFixture> {
+        let fresh = Fresh::new().await;
+        let store = Arc::new(PgLeaseStore::new(fresh.pool.clone(), fresh.schema.clone()));
+        Box::new(StorageLeaseFixture::new(fresh, store, TIME, TTL))
     }
 }
 
 #[async_trait]
 impl RegistryBackend for Postgres {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
-        let (server, pool, schema) = fresh().await;
+        let fresh = Fresh::new().await;
         // Made from a store, as `connect` makes it: it counts the store's sessions.
-        let store = PgLeaseStore::new(pool, schema.clone());
+        let store = PgLeaseStore::new(fresh.pool.clone(), fresh.schema.clone());
         let registry = Arc::new(store.registry(ttl).expect("registry"));
-        Box::new(PgRegistryFixture {
-            server,
-            schema,
-            ttl,
-            registry,
-        })
-    }
-}
-
-#[async_trait]
-impl RegistryFixture for PgRegistryFixture {
-    fn registry(&self) -> Arc<dyn NodeRegistry> {
-        self.registry.clone()
-    }
-
-    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
-        let pool = common::pool(self.server, 2, "conformance-reopened").await;
-        Arc::new(PgNodeRegistry::new(pool, self.schema.clone(), self.ttl).expect("registry"))
-    }
-
-    async fn pass_time(&self, by: Duration) {
-        tokio::time::sleep(by + MARGIN).await;
-    }
-
-    fn exact_clock(&self) -> bool {
-        false
+        Box::new(StorageRegistryFixture::new(fresh, registry, ttl, TIME))
     }
 }
 

@@ -12,7 +12,10 @@ use async_trait::async_trait;
 use tempfile::TempDir;
 use tenure::{LeaseStore, NodeRegistry};
 use tenure_sqlite::{ManualHostClock, SqliteLeaseStore, SqliteNodeRegistry, SqliteOptions};
-use tenure_testkit::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+use tenure_testkit::{
+    LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
+    StorageRegistryFixture, StoreTime,
+};
 
 struct Sqlite;
 
@@ -39,6 +42,12 @@ impl File {
         self.dir.path().join("tenure.db")
     }
 
+    /// Store time on this file: its manual clock, moved exactly.
+    fn time(&self) -> StoreTime {
+        let clock = self.clock.clone();
+        StoreTime::Manual(Arc::new(move |by| clock.advance(by)))
+    }
+
     fn options(&self) -> SqliteOptions {
         SqliteOptions::new().with_clock(self.clock.clone())
     }
@@ -57,9 +66,14 @@ impl File {
     }
 }
 
-struct SqliteFixture {
-    file: File,
-    store: Arc<SqliteLeaseStore>,
+#[async_trait]
+impl Storage for File {
+    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(self.store().await)
+    }
+    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+        Arc::new(self.registry(ttl).await)
+    }
 }
 
 #[async_trait]
@@ -67,36 +81,10 @@ impl LeaseBackend for Sqlite {
     async fn create(&self) -> Box<dyn LeaseFixture> {
         let file = File::new();
         let store = Arc::new(file.store().await);
-        Box::new(SqliteFixture { file, store })
+        let time = file.time();
+        let ttl = Duration::from_secs(10);
+        Box::new(StorageLeaseFixture::new(file, store, time, ttl))
     }
-}
-
-#[async_trait]
-impl LeaseFixture for SqliteFixture {
-    fn store(&self) -> Arc<dyn LeaseStore> {
-        self.store.clone()
-    }
-    async fn reopen(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(self.file.store().await)
-    }
-    async fn pass_time(&self, by: Duration) {
-        self.file.clock.advance(by);
-    }
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-    fn exact_clock(&self) -> bool {
-        true
-    }
-    fn contenders(&self) -> usize {
-        32
-    }
-}
-
-struct SqliteRegistryFixture {
-    file: File,
-    ttl: Duration,
-    registry: Arc<SqliteNodeRegistry>,
 }
 
 #[async_trait]
@@ -104,27 +92,8 @@ impl RegistryBackend for Sqlite {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let file = File::new();
         let registry = Arc::new(file.registry(ttl).await);
-        Box::new(SqliteRegistryFixture {
-            file,
-            ttl,
-            registry,
-        })
-    }
-}
-
-#[async_trait]
-impl RegistryFixture for SqliteRegistryFixture {
-    fn registry(&self) -> Arc<dyn NodeRegistry> {
-        self.registry.clone()
-    }
-    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
-        Arc::new(self.file.registry(self.ttl).await)
-    }
-    async fn pass_time(&self, by: Duration) {
-        self.file.clock.advance(by);
-    }
-    fn exact_clock(&self) -> bool {
-        true
+        let time = file.time();
+        Box::new(StorageRegistryFixture::new(file, registry, ttl, time))
     }
 }
 

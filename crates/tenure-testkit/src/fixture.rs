@@ -65,3 +65,141 @@ pub trait RegistryFixture: Send + Sync {
     /// True when time moves exactly (manual clock).
     fn exact_clock(&self) -> bool;
 }
+
+/// How store time passes in a backend's scenarios.
+#[derive(Clone)]
+pub enum StoreTime {
+    /// The server's own clock: the scenario sleeps what it asks for and `margin` more, so
+    /// that the server's time has surely moved that far; not exact.
+    Wall {
+        /// How far past the asked-for time to sleep: what the server needs to notice.
+        margin: Duration,
+    },
+    /// A manual clock that the function moves exactly as far as asked.
+    Manual(Arc<dyn Fn(Duration) + Send + Sync>),
+}
+
+impl StoreTime {
+    async fn pass(&self, by: Duration) {
+        match self {
+            StoreTime::Wall { margin } => tokio::time::sleep(by + *margin).await,
+            StoreTime::Manual(advance) => advance(by),
+        }
+    }
+
+    fn exact(&self) -> bool {
+        matches!(self, StoreTime::Manual(_))
+    }
+}
+
+/// A scenario's storage as a backend opens it again: what [`StorageLeaseFixture`] and
+/// [`StorageRegistryFixture`] need from a backend besides the first store or registry.
+#[async_trait]
+pub trait Storage: Send + Sync + 'static {
+    /// Another lease store on this storage, as another process would open it.
+    async fn reopen_store(&self) -> Arc<dyn LeaseStore>;
+
+    /// Another registry with liveness TTL `ttl` on this storage, as another process would
+    /// open it.
+    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry>;
+}
+
+/// The [`LeaseFixture`] of a backend that can describe its storage as a [`Storage`].
+pub struct StorageLeaseFixture<S> {
+    storage: S,
+    store: Arc<dyn LeaseStore>,
+    time: StoreTime,
+    ttl: Duration,
+    contenders: usize,
+}
+
+impl<S: Storage> StorageLeaseFixture<S> {
+    /// A fixture driving `store` on `storage`, whose scenarios use `ttl` and 32
+    /// contenders.
+    pub fn new(storage: S, store: Arc<dyn LeaseStore>, time: StoreTime, ttl: Duration) -> Self {
+        StorageLeaseFixture {
+            storage,
+            store,
+            time,
+            ttl,
+            contenders: 32,
+        }
+    }
+
+    /// The same fixture with `contenders` concurrent contenders in the contention
+    /// scenario.
+    pub fn with_contenders(self, contenders: usize) -> Self {
+        StorageLeaseFixture { contenders, ..self }
+    }
+}
+
+#[async_trait]
+impl<S: Storage> LeaseFixture for StorageLeaseFixture<S> {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+
+    async fn reopen(&self) -> Arc<dyn LeaseStore> {
+        self.storage.reopen_store().await
+    }
+
+    async fn pass_time(&self, by: Duration) {
+        self.time.pass(by).await;
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn exact_clock(&self) -> bool {
+        self.time.exact()
+    }
+
+    fn contenders(&self) -> usize {
+        self.contenders
+    }
+}
+
+/// The [`RegistryFixture`] of a backend that can describe its storage as a [`Storage`].
+pub struct StorageRegistryFixture<S> {
+    storage: S,
+    registry: Arc<dyn NodeRegistry>,
+    ttl: Duration,
+    time: StoreTime,
+}
+
+impl<S: Storage> StorageRegistryFixture<S> {
+    /// A fixture driving `registry`, of liveness TTL `ttl`, on `storage`.
+    pub fn new(
+        storage: S,
+        registry: Arc<dyn NodeRegistry>,
+        ttl: Duration,
+        time: StoreTime,
+    ) -> Self {
+        StorageRegistryFixture {
+            storage,
+            registry,
+            ttl,
+            time,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Storage> RegistryFixture for StorageRegistryFixture<S> {
+    fn registry(&self) -> Arc<dyn NodeRegistry> {
+        self.registry.clone()
+    }
+
+    async fn reopen(&self) -> Arc<dyn NodeRegistry> {
+        self.storage.reopen_registry(self.ttl).await
+    }
+
+    async fn pass_time(&self, by: Duration) {
+        self.time.pass(by).await;
+    }
+
+    fn exact_clock(&self) -> bool {
+        self.time.exact()
+    }
+}

@@ -33,7 +33,10 @@ pub mod sessions;
 pub mod shard_faults;
 
 pub use calls::MustAnswer;
-pub use fixture::{LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture};
+pub use fixture::{
+    LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
+    StorageRegistryFixture, StoreTime,
+};
 pub use tenure_throwaway::{etcd, kube, postgres};
 
 /// How long any one step of a fault scenario (a store call, a member's stop, a caught
