@@ -28,11 +28,11 @@ const TIME: StoreTime = StoreTime::Wall {
 
 #[async_trait]
 impl Storage for Namespace {
-    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
+    async fn open_store(&self) -> Arc<dyn LeaseStore> {
         Arc::new(KubeLeaseStore::new(common::tenant(&self.0).await))
     }
 
-    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+    async fn open_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
         let connection = common::tenant(&self.0).await;
         Arc::new(KubeNodeRegistry::new(connection, ttl).unwrap())
     }
@@ -41,10 +41,8 @@ impl Storage for Namespace {
 #[async_trait]
 impl LeaseBackend for Kube {
     async fn create(&self) -> Box<dyn LeaseFixture> {
-        let namespace = common::new_namespace("conformance");
-        let store = Arc::new(KubeLeaseStore::new(common::tenant(&namespace).await));
-        let ttl = Duration::from_secs(3);
-        let fixture = StorageLeaseFixture::new(Namespace(namespace), store, TIME, ttl);
+        let namespace = Namespace(common::new_namespace("conformance"));
+        let fixture = StorageLeaseFixture::open(namespace, TIME, Duration::from_secs(3)).await;
         Box::new(fixture.with_contenders(16))
     }
 }
@@ -52,10 +50,8 @@ impl LeaseBackend for Kube {
 #[async_trait]
 impl RegistryBackend for Kube {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
-        let connection = common::fresh("registry").await;
-        let registry = Arc::new(KubeNodeRegistry::new(connection.clone(), ttl).unwrap());
-        let namespace = Namespace(connection.namespace);
-        Box::new(StorageRegistryFixture::new(namespace, registry, ttl, TIME))
+        let namespace = Namespace(common::new_namespace("registry"));
+        Box::new(StorageRegistryFixture::open(namespace, TIME, ttl).await)
     }
 }
 

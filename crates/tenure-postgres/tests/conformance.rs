@@ -54,13 +54,13 @@ impl Fresh {
 
 #[async_trait]
 impl Storage for Fresh {
-    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
+    async fn open_store(&self) -> Arc<dyn LeaseStore> {
         // A new pool and a new store instance: what another process would have.
         let pool = common::pool(self.server, 2, "conformance-reopen").await;
         Arc::new(PgLeaseStore::new(pool, self.schema.clone()))
     }
 
-    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+    async fn open_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
         let pool = common::pool(self.server, 2, "conformance-reopened").await;
         Arc::new(PgNodeRegistry::new(pool, self.schema.clone(), ttl).expect("registry"))
     }
@@ -82,7 +82,7 @@ impl RegistryBackend for Postgres {
         // Made from a store, as `connect` makes it: it counts the store's sessions.
         let store = PgLeaseStore::new(fresh.pool.clone(), fresh.schema.clone());
         let registry = Arc::new(store.registry(ttl).expect("registry"));
-        Box::new(StorageRegistryFixture::new(fresh, registry, ttl, TIME))
+        Box::new(StorageRegistryFixture::new(fresh, registry, TIME, ttl))
     }
 }
 

@@ -68,10 +68,10 @@ impl File {
 
 #[async_trait]
 impl Storage for File {
-    async fn reopen_store(&self) -> Arc<dyn LeaseStore> {
+    async fn open_store(&self) -> Arc<dyn LeaseStore> {
         Arc::new(self.store().await)
     }
-    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
+    async fn open_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry> {
         Arc::new(self.registry(ttl).await)
     }
 }
@@ -80,10 +80,8 @@ impl Storage for File {
 impl LeaseBackend for Sqlite {
     async fn create(&self) -> Box<dyn LeaseFixture> {
         let file = File::new();
-        let store = Arc::new(file.store().await);
         let time = file.time();
-        let ttl = Duration::from_secs(10);
-        Box::new(StorageLeaseFixture::new(file, store, time, ttl))
+        Box::new(StorageLeaseFixture::open(file, time, Duration::from_secs(10)).await)
     }
 }
 
@@ -91,9 +89,8 @@ impl LeaseBackend for Sqlite {
 impl RegistryBackend for Sqlite {
     async fn create(&self, ttl: Duration) -> Box<dyn RegistryFixture> {
         let file = File::new();
-        let registry = Arc::new(file.registry(ttl).await);
         let time = file.time();
-        Box::new(StorageRegistryFixture::new(file, registry, ttl, time))
+        Box::new(StorageRegistryFixture::open(file, time, ttl).await)
     }
 }
 

@@ -92,16 +92,16 @@ impl StoreTime {
     }
 }
 
-/// A scenario's storage as a backend opens it again: what [`StorageLeaseFixture`] and
-/// [`StorageRegistryFixture`] need from a backend besides the first store or registry.
+/// A scenario's storage as a backend opens it: what [`StorageLeaseFixture`] and
+/// [`StorageRegistryFixture`] need from a backend.
 #[async_trait]
 pub trait Storage: Send + Sync + 'static {
-    /// Another lease store on this storage, as another process would open it.
-    async fn reopen_store(&self) -> Arc<dyn LeaseStore>;
+    /// A new lease store on this storage, as another process would open it.
+    async fn open_store(&self) -> Arc<dyn LeaseStore>;
 
-    /// Another registry with liveness TTL `ttl` on this storage, as another process would
+    /// A new registry with liveness TTL `ttl` on this storage, as another process would
     /// open it.
-    async fn reopen_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry>;
+    async fn open_registry(&self, ttl: Duration) -> Arc<dyn NodeRegistry>;
 }
 
 /// The [`LeaseFixture`] of a backend that can describe its storage as a [`Storage`].
@@ -126,6 +126,12 @@ impl<S: Storage> StorageLeaseFixture<S> {
         }
     }
 
+    /// A fixture driving a store newly opened on `storage`; see [`new`](Self::new).
+    pub async fn open(storage: S, time: StoreTime, ttl: Duration) -> Self {
+        let store = storage.open_store().await;
+        Self::new(storage, store, time, ttl)
+    }
+
     /// The same fixture with `contenders` concurrent contenders in the contention
     /// scenario.
     pub fn with_contenders(self, contenders: usize) -> Self {
@@ -140,7 +146,7 @@ impl<S: Storage> LeaseFixture for StorageLeaseFixture<S> {
     }
 
     async fn reopen(&self) -> Arc<dyn LeaseStore> {
-        self.storage.reopen_store().await
+        self.storage.open_store().await
     }
 
     async fn pass_time(&self, by: Duration) {
@@ -164,8 +170,8 @@ impl<S: Storage> LeaseFixture for StorageLeaseFixture<S> {
 pub struct StorageRegistryFixture<S> {
     storage: S,
     registry: Arc<dyn NodeRegistry>,
-    ttl: Duration,
     time: StoreTime,
+    ttl: Duration,
 }
 
 impl<S: Storage> StorageRegistryFixture<S> {
@@ -173,15 +179,21 @@ impl<S: Storage> StorageRegistryFixture<S> {
     pub fn new(
         storage: S,
         registry: Arc<dyn NodeRegistry>,
-        ttl: Duration,
         time: StoreTime,
+        ttl: Duration,
     ) -> Self {
         StorageRegistryFixture {
             storage,
             registry,
-            ttl,
             time,
+            ttl,
         }
+    }
+
+    /// A fixture driving a registry newly opened on `storage`; see [`new`](Self::new).
+    pub async fn open(storage: S, time: StoreTime, ttl: Duration) -> Self {
+        let registry = storage.open_registry(ttl).await;
+        Self::new(storage, registry, time, ttl)
     }
 }
 
@@ -192,7 +204,7 @@ impl<S: Storage> RegistryFixture for StorageRegistryFixture<S> {
     }
 
     async fn reopen(&self) -> Arc<dyn NodeRegistry> {
-        self.storage.reopen_registry(self.ttl).await
+        self.storage.open_registry(self.ttl).await
     }
 
     async fn pass_time(&self, by: Duration) {
