@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -298,13 +297,10 @@ async fn terminated_connections_do_not_lose_leadership() {
 /// password), nothing panics, and the elector leads once the server is up.
 #[test]
 fn server_down_at_start_then_leads() {
-    let logs = Arc::new(Mutex::new(Vec::<u8>::new()));
-    let writer = {
-        let logs = logs.clone();
-        move || Capture(logs.clone())
-    };
+    let logs = common::Logs::default();
+    let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(writer)
+        .with_writer(move || writer.clone())
         .with_ansi(false)
         .with_max_level(tracing::Level::DEBUG)
         .finish();
@@ -346,7 +342,7 @@ fn server_down_at_start_then_leads() {
         .unwrap();
         run.stop().await;
     });
-    let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let logs = logs.text();
     let warned = logs
         .lines()
         .take_while(|line| !line.contains("elected"))
@@ -360,18 +356,6 @@ fn server_down_at_start_then_leads() {
         !logs.contains(server.password()),
         "the password leaked into the logs"
     );
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 async fn wait_for<T: Clone>(items: &Mutex<Vec<T>>, n: usize, within: Duration) -> Vec<T> {

@@ -5,40 +5,23 @@
 //! `PROPTEST_CASES` sets the depth (default 2,000 cases per property; the release run
 //! in the README uses 100,000).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
 
 use proptest::prelude::*;
 use tenure::Error;
 use tenure_postgres::connect_options;
 use tenure_testkit::fuzz;
 
-/// Collects every log line written while it is the thread's subscriber.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Runs `parse` with every log line (all levels) captured; returns its result and the lines.
 fn logged<T>(parse: impl FnOnce() -> T) -> (T, String) {
-    let logs = Logs::default();
+    let logs = common::Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(move || writer.clone())
         .finish();
     let result = tracing::subscriber::with_default(subscriber, parse);
-    let lines = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    (result, lines)
+    (result, logs.text())
 }
 
 proptest! {

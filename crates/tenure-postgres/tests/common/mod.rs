@@ -2,8 +2,10 @@
 //! throwaway server.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -146,5 +148,28 @@ pub async fn poll_until<T>(
         }
         assert!(Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Collects every log line written through it (a clone per `fmt` writer), so a test can
+/// read what was logged.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything written so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
