@@ -13,6 +13,16 @@ pub trait LeaseBackend: Send + Sync {
     async fn create(&self) -> Box<dyn LeaseFixture>;
 }
 
+/// A lease scenario's start: a fresh fixture of `backend`, its store and its TTL (keep
+/// the fixture alive: it owns the storage).
+pub(crate) async fn begin(
+    backend: &dyn LeaseBackend,
+) -> (Box<dyn LeaseFixture>, Arc<dyn LeaseStore>, Duration) {
+    let fx = backend.create().await;
+    let (store, ttl) = (fx.store(), fx.ttl());
+    (fx, store, ttl)
+}
+
 /// One scenario's storage and its control of time.
 #[async_trait]
 pub trait LeaseFixture: Send + Sync {

@@ -12,6 +12,7 @@ use tenure::{LeaseStore, TermChange};
 use tokio::time::Instant;
 
 use crate::conformance::assert_invalid;
+use crate::fixture::begin;
 use crate::{LeaseBackend, MustAnswer};
 
 const ROLE: &str = "g/7";
@@ -42,9 +43,7 @@ fn spawn_successor_waiter(
 /// nothing). Closing the session frees the role. A stale token hands nothing; an owner
 /// with no live session gets nothing (the role is released); a bad `to` is refused.
 pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = store.open_session("node-a", ttl).await.unwrap();
     let older = store.open_session("node-b", ttl).await.unwrap();
     let newest = store.open_session("node-b", ttl).await.unwrap();
@@ -162,9 +161,7 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
 /// role (token kept), and the named owner acquires it as after any release. Its
 /// sessions count no handed terms (`terms_handed` is `None`).
 pub async fn scenario_session_handover_releases(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = store.open_session("node-a", ttl).await.unwrap();
     let b = store.open_session("node-b", ttl).await.unwrap();
     let held = store.acquire_in_session(ROLE, a.id).await.unwrap();

@@ -11,6 +11,7 @@ use tenure::{observe, Leader, LeaderObserver, LeaseStore};
 use tokio::sync::mpsc;
 
 use crate::conformance::assert_invalid;
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
@@ -26,9 +27,7 @@ async fn value_of(store: &dyn LeaseStore, role: &str) -> Option<String> {
 /// the value its term began with, a release drops it, and each new term brings its own
 /// (or none). Another store instance and `list` read the same.
 pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store
         .try_acquire_with_value("alpha", "node-a", ttl, Some(URL_A))
         .await;
@@ -98,9 +97,7 @@ pub async fn scenario_value_kept_with_term(backend: &dyn LeaseBackend) {
 /// A value over [`MAX_VALUE_LEN`] bytes or with a NUL byte is refused, naming `value`,
 /// and nothing is written.
 pub async fn scenario_value_bad_input(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let too_long = "v".repeat(MAX_VALUE_LEN + 1);
     assert_invalid(
         store
@@ -154,9 +151,7 @@ async fn next_change(
 /// first term, its release and the next term by push, each within seconds; it sees no
 /// change when the leader renews.
 pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let watcher = observe(fx.reopen().await, "alpha")
         .unwrap()
         .with_poll_interval(Duration::from_secs(60));
@@ -205,9 +200,7 @@ pub async fn scenario_observe_pushes_changes(backend: &dyn LeaseBackend) {
 /// A term that lapses unreleased is seen to end once its expiry passes, and a
 /// takeover after it is seen with its new token.
 pub async fn scenario_observe_sees_expiry(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     let watcher = observe(fx.reopen().await, "alpha")
         .unwrap()

@@ -12,6 +12,7 @@ use tenure::{FencingToken, LeaseResult, LeaseStore, TermChange};
 use tokio::time::Instant;
 
 use crate::conformance::assert_invalid;
+use crate::fixture::begin;
 use crate::LeaseBackend;
 
 const ROLE: &str = "queued";
@@ -51,9 +52,7 @@ async fn queue(store: &dyn LeaseStore, owner: &str, ttl: Duration, value: Option
 /// the next release hands it to the next candidate; with nobody queued a release frees
 /// the role.
 pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = first(&*store, ttl).await;
     queue(&*store, "node-b", ttl, Some("http://b:80")).await;
     queue(&*store, "node-c", ttl, Some("http://c:80")).await;
@@ -127,9 +126,7 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
 /// with only lapsed candidates frees the role. A candidate that refreshes keeps its
 /// place. A plain `try_acquire_or_renew` never queues.
 pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let long = ttl * 4;
     let a = store
         .try_acquire_or_renew(ROLE, "node-a", long)
@@ -177,9 +174,7 @@ pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) 
 /// queued) answers `false`. Acquiring removes the caller's candidacy: a contender that
 /// acquired after a lapse and then released is not handed the role again.
 pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let long = ttl * 4;
     let a = first(&*store, ttl).await;
     queue(&*store, "node-b", long, None).await;
@@ -297,9 +292,7 @@ pub async fn lapsed_candidacies_are_swept<L, E, C>(
 /// live candidate, a stale term or an empty queue it changes nothing and answers
 /// `false`, and the holder's term goes on.
 pub async fn scenario_hand_over_to_a_chosen_candidate(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = first(&*store, ttl).await;
     assert!(
         !store
@@ -438,9 +431,7 @@ pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn Lea
 /// Bad input to the queue's calls is refused naming the field, before anything is
 /// written.
 pub async fn scenario_queue_bad_input(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let long_name = "x".repeat(256);
     let long_value = "v".repeat(MAX_VALUE_LEN + 1);
     assert_invalid(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tenure::{ChangeMark, ChangesRead, Error, LeaseCopy, LeaseStore, SessionGrant, SessionId};
 
 use crate::conformance::{assert_invalid, spawn_term_waiter};
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
@@ -26,9 +27,7 @@ async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGran
 /// passes it has ended for good: keep-alive answers `None` and acquiring under it is
 /// `SessionEnded`.
 pub async fn scenario_session_lives_while_kept_alive(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     let b = open(store.as_ref(), "node-b", ttl).await;
     assert_ne!(a.id, b.id, "session ids are never handed out twice");
@@ -57,9 +56,7 @@ pub async fn scenario_session_lives_while_kept_alive(backend: &dyn LeaseBackend)
 /// the session pass; re-acquiring under the same session keeps the token; when the
 /// session ends, every role is free and taking it starts a new term with a larger token.
 pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let session = open(store.as_ref(), "node-a", ttl).await;
     let roles = ["g/0", "g/1", "g/2"];
     let mut tokens = Vec::new();
@@ -113,9 +110,7 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
 /// Closing a session releases its roles at once (a waiter wakes), keeps their tokens,
 /// and ends the session; releasing one role ends only that term.
 pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let session = open(store.as_ref(), "node-a", ttl).await;
     let one = store.acquire_in_session("g/0", session.id).await.unwrap();
     let two = store.acquire_in_session("g/1", session.id).await.unwrap();
@@ -160,9 +155,7 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
 /// makes it a plain lease; a session opened through another instance of the store is
 /// the same session; a term taken in a session advertises no value.
 pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let plain = store.try_acquire("g/0", "node-b", ttl).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     let c = open(store.as_ref(), "node-c", ttl).await;
@@ -212,9 +205,7 @@ pub async fn scenario_session_meets_other_holders(backend: &dyn LeaseBackend) {
 /// Many sessions race for the same roles: each role has exactly one winner, and no
 /// token is handed out twice.
 pub async fn scenario_session_contention(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let contenders = fx.contenders().min(16);
     let mut sessions = Vec::new();
     for i in 0..contenders {
@@ -256,9 +247,7 @@ pub async fn scenario_session_contention(backend: &dyn LeaseBackend) {
 
 /// Bad input to the session calls is `InvalidArgument` naming the field.
 pub async fn scenario_session_bad_input(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     assert_invalid(store.open_session("", ttl).await, "owner");
     assert_invalid(store.open_session("a\0b", ttl).await, "owner");
     assert_invalid(store.open_session(&"x".repeat(256), ttl).await, "owner");
@@ -283,9 +272,7 @@ pub async fn scenario_session_bad_input(backend: &dyn LeaseBackend) {
 /// session keeps its term, a role another live session or lease holds is refused naming
 /// its holder, and a role named twice is answered twice alike.
 pub async fn scenario_session_acquire_many(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     let b = open(store.as_ref(), "node-b", ttl).await;
     let mine = store.acquire_in_session("g/1", a.id).await.unwrap();
@@ -337,9 +324,7 @@ pub async fn scenario_session_acquire_many(backend: &dyn LeaseBackend) {
 /// `SessionEnded`; a bad role anywhere in a batch is `InvalidArgument` naming `role`,
 /// and no role of that batch is taken.
 pub async fn scenario_session_acquire_many_rules(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = open(store.as_ref(), "node-a", ttl).await;
     assert!(store
         .acquire_many_in_session(&[], a.id)
@@ -368,9 +353,7 @@ pub async fn scenario_session_acquire_many_rules(backend: &dyn LeaseBackend) {
 /// exactly one winner, every answer names the role's one holder, and the batches do not
 /// fail each other (a store taking a batch's rows in the order asked could deadlock).
 pub async fn scenario_session_acquire_many_contention(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let contenders = fx.contenders().clamp(2, 8);
     let roles: Vec<String> = (0..40).map(|k| format!("g/{k}")).collect();
     let mut tasks = Vec::new();

@@ -7,6 +7,7 @@ use tenure::Error;
 
 use super::listing::all_roles;
 use super::token;
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
@@ -20,9 +21,7 @@ pub(crate) fn assert_invalid<T: std::fmt::Debug>(result: tenure::Result<T>, fiel
 
 /// Every bad input the lease store rules name is `InvalidArgument` naming the field.
 pub async fn scenario_bad_input(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let long = "x".repeat(256);
     assert_invalid(store.try_acquire_or_renew("", "a", ttl).await, "role");
     assert_invalid(store.try_acquire_or_renew("r", "", ttl).await, "owner");

@@ -2,14 +2,13 @@
 
 use tenure::LeaseStore;
 
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
 /// `get` reads without changing; `list` shows every role sorted.
 pub async fn scenario_get_and_list(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     assert_eq!(store.get("nobody").await.unwrap(), None);
     assert!(store.list().await.unwrap().is_empty());
     let b = store.try_acquire("beta", "node-b", ttl).await;
@@ -43,9 +42,7 @@ async fn roles_with(store: &dyn LeaseStore, prefix: &str) -> Vec<String> {
 /// `list_prefix` shows the roles that start with the prefix, sorted, and nothing else:
 /// characters that are wildcards in SQL or regular expressions are plain characters.
 pub async fn scenario_list_prefix(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     for role in ["g/1", "g/10", "g/2", "g2/1", "h", "g%/1", "g_x"] {
         let lease = store.try_acquire(role, "node-a", ttl).await;
         assert!(lease.acquired, "{role}");

@@ -4,14 +4,13 @@
 use std::time::Duration;
 
 use super::{spawn_term_waiter, token};
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
 /// Release lets a successor in at once, with a higher token; the counter survives.
 pub async fn scenario_release_hands_over(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     assert!(
         store.release_term("alpha", "node-a", a.fencing_token).await,
@@ -44,9 +43,7 @@ pub async fn scenario_release_hands_over(backend: &dyn LeaseBackend) {
 
 /// Releasing anything but the live term is a no-op returning false.
 pub async fn scenario_stale_release_is_noop(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     assert!(
         !store.release_term("alpha", "node-a", token(1)).await,
         "unknown role"
@@ -85,9 +82,7 @@ pub async fn scenario_stale_release_is_noop(backend: &dyn LeaseBackend) {
 
 /// Tokens survive release and a reopened store: never handed out twice.
 pub async fn scenario_token_survives_reopen(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let ttl = fx.ttl();
-    let store = fx.store();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     assert!(store.release_term("alpha", "node-a", a.fencing_token).await);
     let reopened = fx.reopen().await;
@@ -110,9 +105,7 @@ pub async fn scenario_token_survives_reopen(backend: &dyn LeaseBackend) {
 
 /// A waiting contender wakes when the observed term is released, long before its deadline.
 pub async fn scenario_wait_wakes_on_release(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     // Already changed: returns at once.
     let start = tokio::time::Instant::now();

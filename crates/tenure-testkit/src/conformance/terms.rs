@@ -4,14 +4,13 @@
 use std::time::Duration;
 
 use super::token;
+use crate::fixture::begin;
 use crate::LeaseBackend;
 use crate::MustAnswer;
 
 /// The first acquire of a role gets token 1 and the full TTL.
 pub async fn scenario_first_acquire_gets_token_one(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     assert!(a.acquired, "first acquire must succeed: {a:?}");
     assert_eq!(a.holder, "node-a");
@@ -33,9 +32,7 @@ pub async fn scenario_first_acquire_gets_token_one(backend: &dyn LeaseBackend) {
 
 /// Renewing by the holder keeps the token and moves expiry forward.
 pub async fn scenario_renew_keeps_token_and_extends(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let first = store.try_acquire("alpha", "node-a", ttl).await;
     fx.pass_time(ttl / 2).await;
     let renewed = store.try_acquire("alpha", "node-a", ttl).await;
@@ -60,9 +57,7 @@ pub async fn scenario_renew_keeps_token_and_extends(backend: &dyn LeaseBackend) 
 
 /// A different owner is refused while the lease is live, and told who holds it.
 pub async fn scenario_other_owner_refused_while_live(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (_fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     let b = store.try_acquire("alpha", "node-b", ttl).await;
     assert!(!b.acquired, "second owner must be refused: {b:?}");
@@ -82,9 +77,7 @@ pub async fn scenario_other_owner_refused_while_live(backend: &dyn LeaseBackend)
 
 /// After the TTL another owner takes over with a strictly higher token.
 pub async fn scenario_takeover_after_expiry(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     fx.pass_time(ttl).await;
     let b = store.try_acquire("alpha", "node-b", ttl).await;
@@ -103,9 +96,7 @@ pub async fn scenario_takeover_after_expiry(backend: &dyn LeaseBackend) {
 
 /// Expiry is exact: live strictly before `expires_at`, free at `expires_at`.
 pub async fn scenario_expiry_boundary(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     if fx.exact_clock() {
         fx.pass_time(ttl - Duration::from_nanos(1)).await;
@@ -130,9 +121,7 @@ pub async fn scenario_expiry_boundary(backend: &dyn LeaseBackend) {
 
 /// The same owner after its own lapse gets a new term and token, never the old one.
 pub async fn scenario_own_lapse_gets_new_token(backend: &dyn LeaseBackend) {
-    let fx = backend.create().await;
-    let store = fx.store();
-    let ttl = fx.ttl();
+    let (fx, store, ttl) = begin(backend).await;
     let first = store.try_acquire("alpha", "node-a", ttl).await;
     fx.pass_time(ttl).await;
     let again = store.try_acquire("alpha", "node-a", ttl).await;
