@@ -16,7 +16,7 @@ use tenure::{
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, MembershipChange};
 use tenure_testkit::etcd::EtcdServer;
 use tenure_testkit::registry::waited_for_change;
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{assert_refused, MustAnswer};
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
@@ -268,11 +268,7 @@ async fn renewal_with_a_new_ttl_keeps_the_token() {
     assert!(longer.remaining() > Duration::from_secs(4), "{longer:?}");
     tokio::time::sleep(SECOND + common::EXPIRY_MARGIN).await;
     let other = store.try_acquire("job", "b", SECOND).await;
-    assert!(
-        !other.acquired,
-        "the 5 s term outlives the old 1 s lease: {other:?}"
-    );
-    assert_eq!(other.holder, "a");
+    assert_refused(&other, "a", "the 5 s term outlives the old 1 s lease");
 }
 
 /// Setup: a registry on the shared etcd. The membership stream reports a join, a leave,

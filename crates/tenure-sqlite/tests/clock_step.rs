@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use tenure::{FencingToken, LeaseResult, LeaseStore, NodeRegistry};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{assert_refused, MustAnswer};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -69,11 +69,7 @@ async fn wall_step_forward_keeps_a_live_lease() {
     tracing::info!("--- the wall clock steps forward 20 s");
     clock.set_wall(t0() + secs(20));
     let b = other.try_acquire("r", "node-b", TTL).await;
-    assert!(
-        !b.acquired,
-        "a wall step forward expired a live lease: {b:?}"
-    );
-    assert_eq!(b.holder, "node-a");
+    assert_refused(&b, "node-a", "a wall step forward expired a live lease");
     assert_eq!(b.fencing_token, a.fencing_token);
     assert_eq!(b.now, t0() + secs(20), "answers show the wall clock");
     assert_eq!(
@@ -183,11 +179,7 @@ async fn new_boot_expires_every_lease_and_keeps_tokens() {
         "the released role's counter goes on"
     );
     let refused = store.try_acquire("r", "node-a", TTL).await;
-    assert!(
-        !refused.acquired,
-        "b's new term must stay live: {refused:?}"
-    );
-    assert_eq!(refused.holder, "node-b");
+    assert_refused(&refused, "node-b", "b's new term must stay live");
     assert!(!store.release_term("r", "node-a", a.fencing_token).await);
     assert!(registry.members().await.unwrap().is_empty());
     registry.heartbeat("node-a").await.unwrap();

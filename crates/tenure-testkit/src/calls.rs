@@ -76,3 +76,11 @@ impl<S: LeaseStore + ?Sized> MustAnswer for S {
             .unwrap_or_else(|error| panic!("release({role:?}, {owner:?}, {token}): {error}"))
     }
 }
+
+/// Checks that `answer` is a refusal telling that `holder` holds the role; the failure
+/// names `why` and shows the answer.
+#[track_caller]
+pub fn assert_refused(answer: &LeaseResult, holder: &str, why: &str) {
+    assert!(!answer.acquired, "{why}: {answer:?}");
+    assert_eq!(answer.holder, holder);
+}

@@ -32,7 +32,7 @@ pub mod session_membership;
 pub mod sessions;
 pub mod shard_faults;
 
-pub use calls::MustAnswer;
+pub use calls::{assert_refused, MustAnswer};
 pub use fixture::{
     LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
     StorageRegistryFixture, StoreTime,

@@ -11,7 +11,7 @@ use tenure::{ChangeMark, ChangesRead, Error, LeaseCopy, LeaseStore, SessionGrant
 use crate::conformance::{assert_invalid, spawn_term_waiter};
 use crate::fixture::begin;
 use crate::LeaseBackend;
-use crate::MustAnswer;
+use crate::{assert_refused, MustAnswer};
 
 async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
     let grant = store.open_session(owner, ttl).await.unwrap();
@@ -81,11 +81,11 @@ pub async fn scenario_session_holds_roles(backend: &dyn LeaseBackend) {
     // 1.2 TTLs after the roles were taken: alive through the session alone.
     for (role, token) in roles.iter().zip(&tokens) {
         let other = store.try_acquire(role, "node-b", ttl).await;
-        assert!(
-            !other.acquired,
-            "{role} is held under a live session: {other:?}"
+        assert_refused(
+            &other,
+            "node-a",
+            &format!("{role} is held under a live session"),
         );
-        assert_eq!(other.holder, "node-a");
         assert_eq!(other.fencing_token, *token);
         let info = store.get(role).await.unwrap().expect("lease");
         assert_eq!(info.live_holder(), Some("node-a"));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::token;
 use crate::fixture::begin;
 use crate::LeaseBackend;
-use crate::MustAnswer;
+use crate::{assert_refused, MustAnswer};
 
 /// The first acquire of a role gets token 1 and the full TTL.
 pub async fn scenario_first_acquire_gets_token_one(backend: &dyn LeaseBackend) {
@@ -48,11 +48,7 @@ pub async fn scenario_renew_keeps_token_and_extends(backend: &dyn LeaseBackend) 
     // Past the first expiry, the renewed term still holds.
     fx.pass_time(ttl / 2 + ttl / 8).await;
     let other = store.try_acquire("alpha", "node-b", ttl).await;
-    assert!(
-        !other.acquired,
-        "renewed term must still be live: {other:?}"
-    );
-    assert_eq!(other.holder, "node-a");
+    assert_refused(&other, "node-a", "renewed term must still be live");
 }
 
 /// A different owner is refused while the lease is live, and told who holds it.
@@ -60,8 +56,7 @@ pub async fn scenario_other_owner_refused_while_live(backend: &dyn LeaseBackend)
     let (_fx, store, ttl) = begin(backend).await;
     let a = store.try_acquire("alpha", "node-a", ttl).await;
     let b = store.try_acquire("alpha", "node-b", ttl).await;
-    assert!(!b.acquired, "second owner must be refused: {b:?}");
-    assert_eq!(b.holder, "node-a");
+    assert_refused(&b, "node-a", "second owner must be refused");
     assert_eq!(
         b.fencing_token, a.fencing_token,
         "refusal reports the holder's token"
@@ -87,11 +82,11 @@ pub async fn scenario_takeover_after_expiry(backend: &dyn LeaseBackend) {
         "takeover raises the token"
     );
     let late = store.try_acquire("alpha", "node-a", ttl).await;
-    assert!(
-        !late.acquired,
-        "the lapsed holder cannot come back while b holds: {late:?}"
+    assert_refused(
+        &late,
+        "node-b",
+        "the lapsed holder cannot come back while b holds",
     );
-    assert_eq!(late.holder, "node-b");
 }
 
 /// Expiry is exact: live strictly before `expires_at`, free at `expires_at`.
