@@ -10,7 +10,7 @@ use std::time::Duration;
 use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdCluster;
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{eventually, MustAnswer};
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -27,8 +27,8 @@ async fn three_members() -> Arc<EtcdCluster> {
 
 /// The index of the member that is the raft leader, as the members themselves say.
 async fn etcd_leader(cluster: &EtcdCluster) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let within = Duration::from_secs(10);
+    eventually(within, Duration::from_millis(100), || async {
         for (i, member) in cluster.members().iter().enumerate() {
             if !member.is_running() {
                 continue;
@@ -37,13 +37,13 @@ async fn etcd_leader(cluster: &EtcdCluster) -> usize {
             if let Ok(Ok(status)) = timeout(Duration::from_secs(2), client.status()).await {
                 let me = status.header().map(|h| h.member_id());
                 if status.leader() != 0 && Some(status.leader()) == me {
-                    return i;
+                    return Ok(i);
                 }
             }
         }
-        assert!(Instant::now() < deadline, "no etcd leader found");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err("no etcd leader found".to_owned())
+    })
+    .await
 }
 
 /// What the electors' work saw: terms in start order, and whether two ever overlapped.
@@ -218,18 +218,13 @@ async fn minority_cannot_acquire() {
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let result = loop {
+    let within = Duration::from_secs(15);
+    let result = eventually(within, Duration::from_millis(200), || async {
         match store.try_acquire_or_renew("job", "minority", ttl).await {
-            Ok(result) if result.acquired => break result,
-            other => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no lease after quorum came back: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            Ok(result) if result.acquired => Ok(result),
+            other => Err(format!("no lease after quorum came back: {other:?}")),
         }
-    };
+    })
+    .await;
     assert!(result.fencing_token > held.fencing_token);
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tenure_testkit::eventually;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -63,18 +64,15 @@ fn leading(terms: &Terms) -> Option<Term> {
 }
 
 async fn wait_for_leader(terms: &Terms, within: Duration, after: &str) -> Term {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(term) = leading(terms) {
-            return term;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader within {within:?} after {after}: {:#?}",
-            terms.lock()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(within, Duration::from_millis(50), || async {
+        leading(terms).ok_or_else(|| {
+            format!(
+                "no leader within {within:?} after {after}: {:#?}",
+                terms.lock()
+            )
+        })
+    })
+    .await
 }
 
 fn assert_no_overlap(terms: &Terms) {

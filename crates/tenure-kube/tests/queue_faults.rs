@@ -11,7 +11,7 @@ use std::time::Duration;
 use tenure::{FencingToken, LeaseResult, LeaseStore};
 use tenure_kube::names::{candidacy_name, object_name, Kind};
 use tenure_kube::KubeLeaseStore;
-use tokio::time::Instant;
+use tenure_testkit::eventually;
 
 use common::{field, kubectl, put};
 
@@ -44,18 +44,16 @@ async fn queued(store: &KubeLeaseStore, owner: &str) {
 
 /// Waits (at most 10 s) until `store`'s view of the queue is `expected`.
 async fn until_candidates(store: &KubeLeaseStore, expected: &[&str]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let within = Duration::from_secs(10);
+    eventually(within, Duration::from_millis(50), || async {
         let now = store.candidates(ROLE).await.unwrap();
         if now == expected {
-            return;
+            Ok(())
+        } else {
+            Err(format!("candidates {now:?}, not {expected:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "candidates {now:?}, not {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// Setup: node-a holds a term written by store A (which keeps that version as its own,
@@ -254,18 +252,19 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
     queued(&store, "o32").await;
 
     // o31 never renews: its term lapses within its candidacy's 2 s, and o32 takes over.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let taken = loop {
+    let within = Duration::from_secs(15);
+    let taken = eventually(within, Duration::from_millis(200), || async {
         let answer = store
             .try_acquire_or_queue(ROLE, "o32", long, None)
             .await
             .unwrap();
         if answer.acquired {
-            break answer;
+            Ok(answer)
+        } else {
+            Err(format!("o32 never took over: {answer:?}"))
         }
-        assert!(Instant::now() < deadline, "o32 never took over: {answer:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     assert!(store
         .release(ROLE, "o32", taken.fencing_token)
         .await

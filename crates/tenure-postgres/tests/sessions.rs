@@ -12,7 +12,7 @@ use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{eventually, MustAnswer};
 
 /// Every lease row's current version: a row rewritten in any way gets a new `xmin`
 /// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
@@ -154,8 +154,7 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
 /// waits on a lock: the only way to know a statement sent from another task has got
 /// as far as a row lock.
 async fn wait_until_lock_waiting(pool: &PgPool, app: &str, needle: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
+    eventually(within, Duration::from_millis(5), || async {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
              WHERE application_name = $1 AND wait_event_type = 'Lock'
@@ -167,14 +166,14 @@ async fn wait_until_lock_waiting(pool: &PgPool, app: &str, needle: &str, within:
         .await
         .unwrap();
         if waiting > 0 {
-            return;
+            Ok(())
+        } else {
+            Err(format!(
+                "no statement with {needle:?} waited on a lock within {within:?}"
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "no statement with {needle:?} waited on a lock within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await;
 }
 
 /// A keep-alive that reached the session row while the session lived, but had to wait

@@ -25,6 +25,7 @@ mod fixture;
 pub mod fuzz;
 pub mod handover;
 pub mod observe;
+mod poll;
 pub mod queue;
 pub mod queue_faults;
 pub mod registry;
@@ -37,6 +38,7 @@ pub use fixture::{
     LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
     StorageRegistryFixture, StoreTime,
 };
+pub use poll::eventually;
 pub use tenure_throwaway::{etcd, kube, postgres};
 
 /// How long any one step of a fault scenario (a store call, a member's stop, a caught

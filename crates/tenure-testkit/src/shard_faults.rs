@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::faults::{Faulted, Faults};
 use crate::PATIENCE;
-use crate::{LeaseBackend, LeaseFixture};
+use crate::{eventually, LeaseBackend, LeaseFixture};
 
 const GROUP: &str = "sfault";
 const SHARDS: u32 = 8;
@@ -214,18 +214,17 @@ impl Group {
 
     /// Waits until the registry shows exactly `nodes` live, for at most `within`.
     async fn wait_members_within(&self, nodes: &[&str], within: Duration, why: &str) {
-        let deadline = Instant::now() + within;
-        loop {
+        eventually(within, Duration::from_millis(10), || async {
             let live = self.registry.live_nodes().await.expect("live members");
             if live == nodes {
-                return;
+                Ok(())
+            } else {
+                Err(format!(
+                    "members {live:?}, not {nodes:?} within {within:?} ({why})"
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "members {live:?}, not {nodes:?} within {within:?} ({why})"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await;
     }
 
     /// The shards the store shows held now.

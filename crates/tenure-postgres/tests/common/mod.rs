@@ -142,13 +142,12 @@ pub async fn poll_until<T>(
     what: &str,
     mut found: impl FnMut() -> Option<T>,
 ) -> T {
-    loop {
-        if let Some(value) = found() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let within = deadline.saturating_duration_since(Instant::now());
+    tenure_testkit::eventually(within, Duration::from_millis(10), || {
+        let found = found();
+        async move { found.ok_or_else(|| what.to_owned()) }
+    })
+    .await
 }
 
 /// Collects every log line written through it (a clone per `fmt` writer), so a test can
