@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use tenure::{FencingToken, LeaseResult, LeaseStore, NodeRegistry};
-use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
+use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
 use tenure_testkit::{assert_refused, MustAnswer};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -25,6 +25,27 @@ async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatab
     SqliteDatabase::open_with(path, SqliteOptions::new().with_clock(clock.clone()))
         .await
         .unwrap()
+}
+
+/// A new file `name` in a temporary directory of its own, and a host clock at [`t0`] to
+/// open it on.
+fn new_file(name: &str) -> (tempfile::TempDir, std::path::PathBuf, ManualHostClock) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path, ManualHostClock::new(t0()))
+}
+
+/// A new file shared by two hosts (through a network file system or a shared folder),
+/// and a store on it for each: A's on `host_a`'s clock, B's on `host_b`'s.
+async fn shared_file(
+    host_a: &ManualHostClock,
+    host_b: &ManualHostClock,
+) -> (tempfile::TempDir, SqliteLeaseStore, SqliteLeaseStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let a = open_at(&path, host_a).await.lease_store();
+    let b = open_at(&path, host_b).await.lease_store();
+    (dir, a, b)
 }
 
 /// Asserts `answer` (to `what`) is the store's refusal of a second kernel on the file,
@@ -58,9 +79,7 @@ async fn assert_still_holds(store: &dyn LeaseStore, owner: &str, token: FencingT
 /// wall clock, with `expires_at - now` exact.
 #[tokio::test]
 async fn wall_step_forward_keeps_a_live_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("step.db");
-    let clock = ManualHostClock::new(t0());
+    let (_dir, path, clock) = new_file("step.db");
     let holder = open_at(&path, &clock).await.lease_store();
     let other = open_at(&path, &clock).await.lease_store();
     let a = holder.try_acquire("r", "node-a", TTL).await;
@@ -103,9 +122,7 @@ async fn wall_step_forward_keeps_a_live_lease() {
 /// monotonic time, and its lapsed term cannot be revived or released.
 #[tokio::test]
 async fn crashed_holder_expires_after_steps_back_and_forth() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("step.db");
-    let clock = ManualHostClock::new(t0());
+    let (_dir, path, clock) = new_file("step.db");
     let store = open_at(&path, &clock).await.lease_store();
 
     tracing::info!("--- forward an hour, a write, back two hours");
@@ -140,9 +157,7 @@ async fn crashed_holder_expires_after_steps_back_and_forth() {
 /// it was, and a lease taken after the switch is not expired by a later write.
 #[tokio::test]
 async fn new_boot_expires_every_lease_and_keeps_tokens() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("boot.db");
-    let clock = ManualHostClock::new(t0());
+    let (_dir, path, clock) = new_file("boot.db");
     let first = open_at(&path, &clock).await;
     let second = open_at(&path, &clock).await;
     let store = first.lease_store();
@@ -193,13 +208,10 @@ async fn new_boot_expires_every_lease_and_keeps_tokens() {
 /// and B's live term stays.
 #[tokio::test]
 async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shared.db");
     let host_a = ManualHostClock::new(t0());
     let host_b = ManualHostClock::new(t0());
     host_b.reboot();
-    let a = open_at(&path, &host_a).await.lease_store();
-    let b = open_at(&path, &host_b).await.lease_store();
+    let (_dir, a, b) = shared_file(&host_a, &host_b).await;
     let first = a.try_acquire("r", "node-a", TTL).await;
     assert!(first.acquired);
 
@@ -218,14 +230,11 @@ async fn an_earlier_boot_id_again_is_a_second_kernel_not_a_reboot() {
 /// refused rather than end A's live lease as a reboot would.
 #[tokio::test]
 async fn a_foreign_kernel_that_booted_later_is_refused_at_its_first_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("shared.db");
     let host_b = ManualHostClock::new(t0());
     host_b.reboot();
     host_b.advance(secs(3600));
     let host_a = ManualHostClock::new(t0() + secs(3600));
-    let a = open_at(&path, &host_a).await.lease_store();
-    let b = open_at(&path, &host_b).await.lease_store();
+    let (_dir, a, b) = shared_file(&host_a, &host_b).await;
     let first = a.try_acquire("r", "node-a", TTL).await;
     assert!(first.acquired);
 
@@ -262,9 +271,7 @@ async fn a_file_without_boot_history_gains_it_with_its_recorded_boot() {
 /// every reboot still starts its boot.
 #[tokio::test]
 async fn boot_history_is_bounded() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("reboots.db");
-    let clock = ManualHostClock::new(t0());
+    let (_dir, path, clock) = new_file("reboots.db");
     let db = open_at(&path, &clock).await;
     let store = db.lease_store();
     for boot in 1..=70_u64 {
@@ -315,9 +322,7 @@ async fn wall_steps_do_not_change_membership() {
 /// another win).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_boot_is_started_once_under_contention() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("race.db");
-    let clock = ManualHostClock::new(t0());
+    let (_dir, path, clock) = new_file("race.db");
     let mut stores = Vec::new();
     for _ in 0..4 {
         stores.push(open_at(&path, &clock).await.lease_store());
