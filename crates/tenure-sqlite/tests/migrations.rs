@@ -87,6 +87,15 @@ async fn open_current(path: &Path, options: tenure_sqlite::SqliteOptions) -> Sql
     db
 }
 
+/// Runs `statements` on `db`, which take away what later schemas added, and closes it:
+/// the file as a build of the older schema would have left it.
+async fn leave_at_older_schema(db: SqliteDatabase, statements: &[&str]) {
+    for statement in statements {
+        sqlx::query(statement).execute(db.pool()).await.unwrap();
+    }
+    db.pool().close().await;
+}
+
 /// Setup: a schema-1 file at wall time t0 whose high-water mark is t0 + 2 s (its store
 /// time then), with a live lease (token 7, expiring t0 + 7 s), an expired one (token 3),
 /// a released one (token 9), a live and a lapsed node, and a fence. Opening it migrates
@@ -385,15 +394,11 @@ async fn schema_4_file_gains_the_queue_keeping_every_lease() {
         );
         let a = store.try_acquire("live", "node-a", TTL).await;
         // Schema 4 is exactly this schema without the queue.
-        sqlx::query("DROP TABLE tenure_candidates")
-            .execute(db.pool())
-            .await
-            .unwrap();
-        sqlx::query("UPDATE tenure_meta SET value = 4 WHERE key = 'schema_version'")
-            .execute(db.pool())
-            .await
-            .unwrap();
-        db.pool().close().await;
+        let older = [
+            "DROP TABLE tenure_candidates",
+            "UPDATE tenure_meta SET value = 4 WHERE key = 'schema_version'",
+        ];
+        leave_at_older_schema(db, &older).await;
         a
     };
 
@@ -441,18 +446,15 @@ async fn schema_5_file_gains_membership_through_sessions() {
             .heartbeat("old")
             .await
             .unwrap();
-        for statement in [
+        let older = [
             "DROP INDEX tenure_nodes_session",
             "ALTER TABLE tenure_nodes DROP COLUMN session_id",
             "ALTER TABLE tenure_sessions DROP COLUMN kept_at",
             "UPDATE tenure_meta SET value = 5 WHERE key = 'schema_version'",
-        ] {
-            sqlx::query(statement).execute(db.pool()).await.unwrap();
-        }
-        db.pool().close().await;
+        ];
+        leave_at_older_schema(db, &older).await;
     }
-    let db = SqliteDatabase::open(&path).await.unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, Default::default()).await;
     let registry = db.node_registry(member_ttl).unwrap();
     assert_eq!(registry.live_nodes().await.unwrap(), ["old"]);
     let store = db.lease_store();
@@ -470,8 +472,7 @@ async fn schema_5_file_gains_membership_through_sessions() {
         .unwrap()
         .contains(&"m".to_owned()));
     db.pool().close().await;
-    let again = SqliteDatabase::open(&path).await.unwrap();
-    assert_eq!(schema_version(&again).await, CURRENT);
+    open_current(&path, Default::default()).await;
 }
 
 /// Setup: a schema-6 file (this schema without change numbers) with roles held under a
@@ -491,7 +492,7 @@ async fn schema_6_file_gains_change_numbers() {
             .acquire_many_in_session(&roles, session)
             .await
             .unwrap();
-        for statement in [
+        let older = [
             "DROP TRIGGER tenure_leases_number_new",
             "DROP TRIGGER tenure_leases_number_change",
             "DROP INDEX tenure_leases_changed",
@@ -499,14 +500,11 @@ async fn schema_6_file_gains_change_numbers() {
             "DROP VIEW tenure_terms",
             "ALTER TABLE tenure_leases DROP COLUMN changed",
             "UPDATE tenure_meta SET value = 6 WHERE key = 'schema_version'",
-        ] {
-            sqlx::query(statement).execute(db.pool()).await.unwrap();
-        }
-        db.pool().close().await;
+        ];
+        leave_at_older_schema(db, &older).await;
         (session, taken[1].fencing_token)
     };
-    let db = SqliteDatabase::open(&path).await.unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, Default::default()).await;
     let store = db.lease_store();
     let complete = store
         .list_prefix_changes(ChangesRead::complete("g/"))
@@ -529,8 +527,7 @@ async fn schema_6_file_gains_change_numbers() {
     assert_eq!(roles, ["g/1"]);
     assert_eq!(changed.sessions.len(), 1);
     db.pool().close().await;
-    let again = SqliteDatabase::open(&path).await.unwrap();
-    assert_eq!(schema_version(&again).await, CURRENT);
+    open_current(&path, Default::default()).await;
 }
 
 /// A schema-7 file made before keep-alives counted the terms handed to a session (no
@@ -546,15 +543,11 @@ async fn schema_7_file_gains_the_count_of_handed_terms() {
         let store = db.lease_store();
         let a = store.open_session("node-a", TTL).await.unwrap().id;
         let b = store.open_session("node-b", TTL).await.unwrap().id;
-        sqlx::query("ALTER TABLE tenure_sessions DROP COLUMN terms_handed")
-            .execute(db.pool())
-            .await
-            .unwrap();
-        db.pool().close().await;
+        let older = ["ALTER TABLE tenure_sessions DROP COLUMN terms_handed"];
+        leave_at_older_schema(db, &older).await;
         (a, b)
     };
-    let db = SqliteDatabase::open(&path).await.unwrap();
-    assert_eq!(schema_version(&db).await, CURRENT);
+    let db = open_current(&path, Default::default()).await;
     let store = db.lease_store();
     let kept = store.keep_alive_session(b, TTL).await.unwrap();
     assert_eq!(kept.expect("live").terms_handed, Some(0));
