@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_kube::names::{candidacy_name, object_name, role_label, Kind};
 use tenure_kube::KubeLeaseStore;
+use tenure_testkit::MustAnswer;
 use tokio::time::Instant;
 
 use common::{field, put};
@@ -93,10 +94,7 @@ async fn a_handover_costs_two_requests_however_many_wait() {
     for (_, _, requests) in &candidates {
         requests.take();
     }
-    assert!(holder
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(holder.release_term(ROLE, "node-a", a.fencing_token).await);
     assert_eq!(
         holder_requests.take(),
         [put(&namespace, &role_object)],
@@ -170,7 +168,7 @@ async fn a_handover_costs_two_requests_however_many_wait() {
         }
     }
     requests.take();
-    assert!(successor.release(ROLE, owner, next).await.unwrap());
+    assert!(successor.release_term(ROLE, owner, next).await);
     assert_eq!(
         requests.take(),
         [put(&namespace, &role_object)],
@@ -236,10 +234,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
         "a refresh keeps the place"
     );
 
-    assert!(store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-a", a.fencing_token).await);
     assert_eq!(
         field(&namespace, &role_object, "{.spec.holderIdentity}"),
         "node-b"
@@ -269,10 +264,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
         .unwrap();
     assert!(b.acquired, "node-b renews the term it was handed: {b:?}");
     queued(&store, "node-c", TTL).await;
-    assert!(store
-        .release(ROLE, "node-b", b.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-b", b.fencing_token).await);
     let c = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(c.live_holder(), Some("node-c"));
     queued(&store, "node-b", TTL).await;
@@ -281,10 +273,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
         joined,
         "queued again: a new place"
     );
-    assert!(store
-        .release(ROLE, "node-c", c.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-c", c.fencing_token).await);
     let again = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(again.live_holder(), Some("node-b"), "its new place's turn");
     assert!(again.fencing_token > c.fencing_token);
@@ -306,10 +295,7 @@ async fn a_lapsed_candidacy_is_cleared_for_readers_that_start_later() {
         queued(&dying, "node-x", Duration::from_secs(1)).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(holder
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(holder.release_term(ROLE, "node-a", a.fencing_token).await);
     assert_eq!(holder.get(ROLE).await.unwrap().unwrap().live_holder(), None);
     let x_object = candidacy_name(ROLE, "node-x");
     assert_eq!(field(&namespace, &x_object, "{.spec.holderIdentity}"), "");
@@ -320,7 +306,7 @@ async fn a_lapsed_candidacy_is_cleared_for_readers_that_start_later() {
         .await
         .unwrap();
     assert!(d.acquired);
-    assert!(late.release(ROLE, "node-d", d.fencing_token).await.unwrap());
+    assert!(late.release_term(ROLE, "node-d", d.fencing_token).await);
     assert_eq!(
         late.get(ROLE).await.unwrap().unwrap().live_holder(),
         None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tenure::{FencingToken, LeaseResult, LeaseStore};
 use tenure_kube::names::{candidacy_name, object_name, Kind};
 use tenure_kube::KubeLeaseStore;
-use tenure_testkit::eventually;
+use tenure_testkit::{eventually, MustAnswer};
 
 use common::{field, kubectl, put};
 
@@ -76,20 +76,18 @@ async fn a_late_write_on_a_stale_copy_gets_a_conflict_and_changes_nothing() {
     until_candidates(&stale, &["node-b", "node-c"]).await;
 
     let restarted = KubeLeaseStore::new(common::tenant(&namespace).await);
-    assert!(restarted
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(
+        restarted
+            .release_term(ROLE, "node-a", a.fencing_token)
+            .await
+    );
     let (next, b) = holder(&other).await.expect("handed to node-b");
     assert_eq!(next, "node-b");
     assert!(b > a.fencing_token);
     let version = field(&namespace, &role_object, "{.metadata.resourceVersion}");
 
     requests.take();
-    assert!(!stale
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(!stale.release_term(ROLE, "node-a", a.fencing_token).await);
     assert!(!stale
         .hand_over(ROLE, "node-a", a.fencing_token, Some("node-c"))
         .await
@@ -145,10 +143,11 @@ async fn a_candidacy_deleted_by_an_operator_is_withdrawn() {
         &candidacy_name(ROLE, "node-b"),
     ]);
     until_candidates(&holder_store, &["node-c"]).await;
-    assert!(holder_store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(
+        holder_store
+            .release_term(ROLE, "node-a", a.fencing_token)
+            .await
+    );
     let (next, c) = holder(&holder_store).await.expect("handed on");
     assert_eq!(next, "node-c", "the deleted candidacy is withdrawn");
     assert!(c > a.fencing_token);
@@ -156,7 +155,7 @@ async fn a_candidacy_deleted_by_an_operator_is_withdrawn() {
     queued(&holder_store, "node-d").await;
     queued(&b_store, "node-b").await;
     until_candidates(&c_store, &["node-d", "node-b"]).await;
-    assert!(c_store.release(ROLE, "node-c", c).await.unwrap());
+    assert!(c_store.release_term(ROLE, "node-c", c).await);
     let (next, d) = holder(&c_store).await.expect("handed on");
     assert_eq!(next, "node-d");
     assert!(d > c);
@@ -178,10 +177,7 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
     let a = acquires(&store, "node-a").await;
     queued(&store, "node-b").await;
     queued(&store, "node-c").await;
-    assert!(store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-a", a.fencing_token).await);
     let (next, b) = holder(&store).await.expect("handed to node-b");
     assert_eq!(next, "node-b");
 
@@ -193,10 +189,7 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
         .unwrap();
     assert!(x.acquired, "{x:?}");
     assert!(x.fencing_token > b, "tokens grow across the delete: {x:?}");
-    assert!(x_store
-        .release(ROLE, "node-x", x.fencing_token)
-        .await
-        .unwrap());
+    assert!(x_store.release_term(ROLE, "node-x", x.fencing_token).await);
     assert_eq!(
         holder(&x_store).await,
         None,
@@ -237,7 +230,7 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
     }
     let mut current = ("holder".to_owned(), first.fencing_token);
     for owner in &owners {
-        assert!(store.release(ROLE, &current.0, current.1).await.unwrap());
+        assert!(store.release_term(ROLE, &current.0, current.1).await);
         current = holder(&store).await.expect("handed on");
         assert_eq!(&current.0, owner, "handed in order");
     }
@@ -246,7 +239,7 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
         .await
         .unwrap();
     assert!(!short.acquired);
-    assert!(store.release(ROLE, &current.0, current.1).await.unwrap());
+    assert!(store.release_term(ROLE, &current.0, current.1).await);
     let (next, _) = holder(&store).await.expect("handed to o31");
     assert_eq!(next, "o31");
     queued(&store, "o32").await;
@@ -265,10 +258,7 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
         }
     })
     .await;
-    assert!(store
-        .release(ROLE, "o32", taken.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "o32", taken.fencing_token).await);
     assert_eq!(
         holder(&store).await,
         None,

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
+use tenure_testkit::MustAnswer;
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
@@ -80,10 +81,7 @@ async fn migrate_adds_the_queue_to_an_existing_schema() {
         .await
         .unwrap();
     assert!(!b.acquired);
-    assert!(store
-        .release("live", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term("live", "node-a", a.fencing_token).await);
     let info = store.get("live").await.unwrap().unwrap();
     assert_eq!(info.live_holder(), Some("node-b"));
     assert_eq!(info.fencing_token.get(), a.fencing_token.get() + 1);
@@ -120,7 +118,7 @@ async fn every_change_of_term_notifies_its_new_state() {
         .hand_over(r, "node-a", a.fencing_token, Some("node-x"))
         .await
         .unwrap());
-    assert!(store.release(r, "node-a", a.fencing_token).await.unwrap());
+    assert!(store.release_term(r, "node-a", a.fencing_token).await);
     store
         .try_acquire_or_queue(r, "node-c", LONG, None)
         .await
@@ -129,10 +127,7 @@ async fn every_change_of_term_notifies_its_new_state() {
         .hand_over(r, "node-b", FencingToken::from(2), None)
         .await
         .unwrap());
-    assert!(store
-        .release(r, "node-c", FencingToken::from(3))
-        .await
-        .unwrap());
+    assert!(store.release_term(r, "node-c", FencingToken::from(3)).await);
     let session = store.open_session("node-s", LONG).await.unwrap();
     assert!(
         store
@@ -262,7 +257,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let early = answers.lock().unwrap().len();
     assert!((1..=3).contains(&early), "{early} answers during the gap");
-    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(store.release_term("r", "node-a", a.fencing_token).await);
     let change = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
         .expect("pushed")

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use sqlx::Connection;
 use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
+use tenure_testkit::MustAnswer;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -122,10 +123,7 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
     assert_eq!(watch.version().await, before, "polling waiters wrote");
 
     let released = Instant::now();
-    assert!(holder
-        .release("r", "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(holder.release_term("r", "node-a", a.fencing_token).await);
     let next = FencingToken::from(a.fencing_token.get() + 1);
     let mut learned = Vec::new();
     for task in waiting {
@@ -241,10 +239,7 @@ async fn a_waiting_candidate_hears_a_handover_to_another() {
     // The waiter has read the row once and sleeps on its 30 s poll.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released_at = Instant::now();
-    assert!(holder
-        .release("r", "node-a", term.fencing_token)
-        .await
-        .unwrap());
+    assert!(holder.release_term("r", "node-a", term.fencing_token).await);
     let (change, woke_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the candidate waiting its turn did not hear of the handover")
@@ -319,7 +314,7 @@ async fn a_new_boot_forgets_every_candidacy() {
         .unwrap();
     assert!(c.acquired, "{c:?}");
     assert!(candidates(&db, "r").await.is_empty());
-    assert!(store.release("r", "node-c", c.fencing_token).await.unwrap());
+    assert!(store.release_term("r", "node-c", c.fencing_token).await);
     assert_eq!(store.get("r").await.unwrap().unwrap().live_holder(), None);
     assert!(!store.withdraw("r", "node-b").await.unwrap());
 }

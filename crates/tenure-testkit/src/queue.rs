@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::conformance::assert_invalid;
 use crate::fixture::begin;
-use crate::LeaseBackend;
+use crate::{LeaseBackend, MustAnswer};
 
 const ROLE: &str = "queued";
 
@@ -68,10 +68,7 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
     );
     assert!(store.candidates("elsewhere").await.unwrap().is_empty());
 
-    assert!(store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-a", a.fencing_token).await);
     assert_eq!(
         store.candidates(ROLE).await.unwrap(),
         ["node-c"],
@@ -104,12 +101,12 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
         "the successor renews the term it was handed: {renewed:?}"
     );
 
-    assert!(store.release(ROLE, "node-b", b_token).await.unwrap());
+    assert!(store.release_term(ROLE, "node-b", b_token).await);
     let (c_holder, c_token) = holder(&*store, ROLE).await.expect("handed to node-c");
     assert_eq!(c_holder, "node-c");
     assert!(c_token > b_token);
 
-    assert!(store.release(ROLE, "node-c", c_token).await.unwrap());
+    assert!(store.release_term(ROLE, "node-c", c_token).await);
     assert_eq!(
         holder(&*store, ROLE).await,
         None,
@@ -145,16 +142,13 @@ pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) 
     queue(&*store, "node-c", long, None).await;
     fx.pass_time(ttl + ttl / 2).await;
 
-    assert!(store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-a", a.fencing_token).await);
     let (next, token) = holder(&*store, ROLE).await.expect("handed over");
     assert_eq!(
         next, "node-c",
         "node-b lapsed, node-p never queued, node-c kept its place"
     );
-    assert!(store.release(ROLE, "node-c", token).await.unwrap());
+    assert!(store.release_term(ROLE, "node-c", token).await);
     let (next, token) = holder(&*store, ROLE).await.expect("handed over");
     assert_eq!(next, "node-d");
 
@@ -166,7 +160,7 @@ pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) 
         .await
         .unwrap();
     assert!(renewed.acquired && renewed.fencing_token == token);
-    assert!(store.release(ROLE, "node-d", token).await.unwrap());
+    assert!(store.release_term(ROLE, "node-d", token).await);
     assert_eq!(holder(&*store, ROLE).await, None, "node-e had lapsed");
 }
 
@@ -203,10 +197,7 @@ pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBac
         c.acquired && c.fencing_token > a.fencing_token,
         "node-c takes the lapsed term: {c:?}"
     );
-    assert!(store
-        .release(ROLE, "node-c", c.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-c", c.fencing_token).await);
     assert_eq!(
         holder(&*store, ROLE).await,
         None,
@@ -265,7 +256,7 @@ pub async fn lapsed_candidacies_are_swept<L, E, C>(
 
     refresh_or_join("node-f", short).await;
     lapse().await;
-    assert!(store.release("r", "node-a", a.fencing_token).await.unwrap());
+    assert!(store.release_term("r", "node-a", a.fencing_token).await);
     assert_eq!(
         store.get("r").await.unwrap().unwrap().live_holder(),
         Some("node-d")
@@ -375,10 +366,7 @@ pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn Lea
     };
     // Let the waiter register before the change (it must also cope if it does not).
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(store
-        .release(ROLE, "node-a", a.fencing_token)
-        .await
-        .unwrap());
+    assert!(store.release_term(ROLE, "node-a", a.fencing_token).await);
     let (_, b_token) = holder(&*store, ROLE).await.expect("handed to node-b");
     let change = waiting.await.unwrap();
     assert_eq!(
@@ -405,7 +393,7 @@ pub async fn scenario_wait_for_successor_names_the_next_holder(backend: &dyn Lea
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let waited = Instant::now();
-    assert!(store.release(ROLE, "node-b", b_token).await.unwrap());
+    assert!(store.release_term(ROLE, "node-b", b_token).await);
     assert_eq!(
         waiting.await.unwrap(),
         TermChange::Ended,
