@@ -412,13 +412,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// of term); and, for each of `read.sessions` that has not been forgotten, how long
     /// it has left. A lease held under a session that is neither returned nor among
     /// [`PrefixChanges::sessions`] lapsed. A store may return more (a complete read is
-    /// always a correct answer, and this default gives one).
+    /// always a correct answer, and this default gives one). A store that cannot find
+    /// the leases held without a session, nor tell when one lapsed, lists them only when
+    /// their term changed and says how many leases are held instead
+    /// ([`PrefixChanges::held`]); a reader whose copy counts otherwise reads again
+    /// completely.
     ///
     /// Applying each answer to the copy the previous answers built gives, lease for
     /// lease, what [`list_prefix`](Self::list_prefix) would have returned at this read
     /// (the conformance suite checks this). The work of a read that is not complete
     /// grows with what changed, not with the number of leases, on the backends that
-    /// implement it (in memory, PostgreSQL, SQLite).
+    /// implement it (in memory, PostgreSQL, SQLite, and etcd, whose server still reads
+    /// the prefix's term records to filter them).
     async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
         let leases = self.list_prefix(read.prefix).await?;
         Ok(PrefixChanges {
@@ -432,6 +437,7 @@ pub trait LeaseStore: Send + Sync + 'static {
             complete: true,
             sessions: Vec::new(),
             mark: None,
+            held: None,
         })
     }
 

@@ -91,7 +91,9 @@ impl Stored {
 ///
 /// A read costs what changed, not the number of leases: the copy keeps each holding
 /// session's time left once, not each lease's, and the leases held with no session
-/// apart (the store lists each of them at every read).
+/// apart (the store lists each of them at every read, or, on a store that cannot,
+/// counts the held leases instead: a copy that counts another number reads again
+/// completely; see [`PrefixChanges::held`]).
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -121,6 +123,10 @@ pub struct LeaseCopy<K> {
     sessions: Sessions,
     /// The leases held with no session.
     own: BTreeSet<K>,
+    /// A read since the last complete one listed a live lease whose role the key
+    /// function refused: the store's count of held leases ([`PrefixChanges::held`])
+    /// includes it, so the copy cannot check it.
+    left_out_held: bool,
 }
 
 impl<K> Default for LeaseCopy<K> {
@@ -130,6 +136,7 @@ impl<K> Default for LeaseCopy<K> {
             leases: BTreeMap::new(),
             sessions: HashMap::new(),
             own: BTreeSet::new(),
+            left_out_held: false,
         }
     }
 }
@@ -160,7 +167,44 @@ impl<K: Ord + Clone> LeaseCopy<K> {
             sessions: &sessions,
         };
         let changes = store.list_prefix_changes(read).await?;
-        Ok(self.apply(changes, prefix, key))
+        let complete = changes.complete;
+        let held = changes.held;
+        let changed = self.apply(changes, prefix, &key);
+        if held.is_none_or(|held| self.counts(held)) {
+            return Ok(changed);
+        }
+        // The store counts otherwise: an end it did not list (a lease of its own that
+        // lapsed). Read everything now, and again at the next read if even that
+        // disagrees (roles `key` refuses are held).
+        self.mark = None;
+        if complete {
+            return Ok(changed);
+        }
+        let changes = store
+            .list_prefix_changes(ChangesRead::complete(prefix))
+            .await?;
+        let held = changes.held;
+        let reread = self.apply(changes, prefix, &key);
+        if !held.is_none_or(|held| self.counts(held)) {
+            self.mark = None;
+        }
+        Ok(changed || reread)
+    }
+
+    /// Whether the copy holds `held` leases, and none under a role it left out.
+    fn counts(&self, held: usize) -> bool {
+        let alone = self
+            .own
+            .iter()
+            .filter(|k| self.leases.get(k).is_some_and(|l| !l.left.is_zero()))
+            .count();
+        let under_sessions: usize = self
+            .sessions
+            .values()
+            .filter(|s| !s.left.is_zero())
+            .map(|s| s.leases)
+            .sum();
+        !self.left_out_held && alone + under_sessions == held
     }
 
     /// Applies one answer of [`LeaseStore::list_prefix_changes`]; whether any lease
@@ -173,6 +217,7 @@ impl<K: Ord + Clone> LeaseCopy<K> {
     ) -> bool {
         let before = changes.complete.then(|| {
             self.own.clear();
+            self.left_out_held = false;
             (
                 std::mem::take(&mut self.leases),
                 std::mem::take(&mut self.sessions),
@@ -186,11 +231,15 @@ impl<K: Ord + Clone> LeaseCopy<K> {
             changed |= session.left.is_zero() != now.is_zero();
             session.left = now;
         }
-        // Held leases of their own are listed at every read while held: one not
-        // listed now is no longer held.
-        let mut own_unlisted = std::mem::take(&mut self.own);
+        // Held leases of their own are listed at every read while held, unless the
+        // store counts what is held instead: one not listed now is no longer held.
+        let mut own_unlisted = match changes.held {
+            None => std::mem::take(&mut self.own),
+            Some(_) => BTreeSet::new(),
+        };
         for listed in changes.leases {
             let Some(k) = listed.info.role.strip_prefix(prefix).and_then(&key) else {
+                self.left_out_held |= listed.info.live_holder().is_some();
                 continue;
             };
             own_unlisted.remove(&k);
@@ -365,5 +414,112 @@ mod tests {
         let (now, changed) = read(&mut copy, store.as_ref()).await;
         assert!(changed);
         assert_eq!(now.keys().copied().collect::<Vec<_>>(), vec![6]);
+    }
+
+    /// Answers reads of what changed as a store that cannot list the leases of their
+    /// own does (etcd): those with a holder left out of every read with a mark (etcd
+    /// lists the ones whose record changed; none here after the first read), and the
+    /// count of held leases said instead. Counts the reads.
+    struct CountsInstead {
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::intercept::Interceptor for CountsInstead {
+        async fn intercept(
+            &self,
+            call: crate::intercept::Call,
+            next: crate::intercept::Next,
+        ) -> crate::intercept::Reply {
+            let crate::intercept::Call::ListChanges { prefix, .. } = &call else {
+                return next.run(call).await;
+            };
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let list = crate::intercept::Call::List {
+                prefix: prefix.clone(),
+            };
+            let listed = next.clone().run(list).await.into_list();
+            let reply = next.run(call).await;
+            let (Ok(listed), Ok(mut changes)) = (listed, reply.into_changes()) else {
+                panic!("a read failed");
+            };
+            changes.held = Some(listed.iter().filter(|l| l.live_holder().is_some()).count());
+            if !changes.complete {
+                changes
+                    .leases
+                    .retain(|l| l.session.is_some() || l.info.holder.is_none());
+            }
+            crate::intercept::Reply::Changes(Ok(changes))
+        }
+    }
+
+    /// Reads `copy` through `store`; whether the read said it changed, checked against
+    /// the holders and tokens it held before; those it holds now, checked against a
+    /// complete read of `memory` (the store behind `store`). Time left is not compared:
+    /// a lease of its own that was not listed keeps what it had.
+    async fn read_holders(
+        copy: &mut LeaseCopy<u32>,
+        store: &dyn LeaseStore,
+        memory: &dyn LeaseStore,
+    ) -> (Vec<u32>, bool) {
+        let holders = |live: Live| -> Vec<_> {
+            live.into_iter()
+                .map(|(k, (holder, _, token))| (k, holder, token))
+                .collect()
+        };
+        let before = holders(live(copy));
+        let changed = copy.read(store, "g/", shard).await.unwrap();
+        let now = holders(live(copy));
+        assert_eq!(now, holders(fresh(memory).await));
+        assert_eq!(changed, now != before, "{before:?} -> {now:?}");
+        (now.into_iter().map(|(k, _, _)| k).collect(), changed)
+    }
+
+    #[tokio::test]
+    async fn a_count_of_held_leases_that_disagrees_brings_a_complete_read() {
+        let clock = ManualClock::new(SystemTime::UNIX_EPOCH);
+        let memory = Arc::new(InMemoryLeaseStore::with_clock(clock.clone()));
+        let counting = Arc::new(CountsInstead {
+            reads: Default::default(),
+        });
+        let store = crate::intercept::InterceptStore::new(memory.clone()).with(counting.clone());
+        let reads = || counting.reads.load(std::sync::atomic::Ordering::SeqCst);
+        let ttl = Duration::from_secs(10);
+        let a = store.open_session("a", ttl).await.unwrap().id;
+        store.acquire_in_session("g/0", a).await.unwrap();
+        store.try_acquire_or_renew("g/1", "c", ttl).await.unwrap();
+        let mut copy = LeaseCopy::default();
+        let (now, changed) = read_holders(&mut copy, &store, memory.as_ref()).await;
+        assert!(changed);
+        assert_eq!(now, vec![0, 1]);
+        // The lease of its own is not listed, but the count agrees: one read.
+        clock.advance(Duration::from_secs(2));
+        store.keep_alive_session(a, ttl).await.unwrap();
+        let before = reads();
+        assert!(!read_holders(&mut copy, &store, memory.as_ref()).await.1);
+        assert_eq!(reads() - before, 1);
+        // It lapses: the count disagrees, and the copy reads everything at once.
+        clock.advance(Duration::from_secs(9));
+        store.keep_alive_session(a, ttl).await.unwrap();
+        let before = reads();
+        let (now, changed) = read_holders(&mut copy, &store, memory.as_ref()).await;
+        assert!(changed);
+        assert_eq!(now, vec![0]);
+        assert_eq!(reads() - before, 2, "the read, then a complete one");
+        let before = reads();
+        assert!(!read_holders(&mut copy, &store, memory.as_ref()).await.1);
+        assert_eq!(reads() - before, 1, "the count agrees again");
+
+        // A held role the key refuses: the count cannot be checked, so the next read
+        // is complete, and so is every read after it.
+        store.acquire_in_session("g/x", a).await.unwrap();
+        assert!(!read_holders(&mut copy, &store, memory.as_ref()).await.1);
+        store.acquire_in_session("g/2", a).await.unwrap();
+        let before = reads();
+        let (now, changed) = read_holders(&mut copy, &store, memory.as_ref()).await;
+        assert!(changed);
+        assert_eq!(now, vec![0, 2]);
+        assert_eq!(reads() - before, 1, "one complete read");
+        assert!(copy.mark.is_none(), "the next read is complete too");
     }
 }

@@ -118,6 +118,12 @@ pub struct PrefixChanges {
     /// Where the next read starts; `None` when the store reads only completely (the
     /// next read is then complete too).
     pub mark: Option<ChangeMark>,
+    /// How many leases of the prefix were held at the read, for a store that lists
+    /// leases held without a session only when their term changed (etcd: a lapse of
+    /// one writes nothing it can read by revision). A reader whose copy counts another
+    /// number missed an end and reads completely (see [`LeaseCopy`](crate::LeaseCopy)).
+    /// `None`: every lease held without a session is listed at every read.
+    pub held: Option<usize>,
 }
 
 impl PrefixChanges {
@@ -133,6 +139,7 @@ impl PrefixChanges {
             complete,
             sessions: Vec::new(),
             mark: None,
+            held: None,
         };
         for row in rows {
             match row? {

@@ -357,6 +357,7 @@ impl LeaseStore for InMemoryLeaseStore {
             complete: since.is_none(),
             sessions,
             mark: Some(ChangeMark::new(mark)),
+            held: None,
         })
     }
 
