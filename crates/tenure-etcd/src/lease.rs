@@ -88,7 +88,7 @@ use etcd_client::{
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use parking_lot::Mutex;
-use tenure::lease::{validate_name, AcquireRequest, EndRequest};
+use tenure::lease::{validate_name, AcquireRequest, ChangesRead, EndRequest, PrefixChanges};
 use tenure::{
     Clock, Error, FencingToken, LeaseInfo, LeaseResult, LeaseStore, Result, SessionGrant,
     SessionId, SystemClock, TermChange,
@@ -101,6 +101,7 @@ use crate::schema::{
 };
 use crate::version::EtcdVersion;
 
+mod changes;
 mod fenced;
 #[cfg(test)]
 mod handover_tests;
@@ -491,81 +492,14 @@ impl LeaseStore for EtcdLeaseStore {
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LeaseInfo>> {
-        // A key prefix: the roles' own keys only, and every session (one per member).
-        let txn = Txn::new().and_then([
-            TxnOp::get(
-                format!("{}{prefix}", self.keys.leases_dir()),
-                Some(GetOptions::new().with_prefix()),
-            ),
-            TxnOp::get(
-                format!("{}{prefix}", self.keys.terms_dir()),
-                Some(GetOptions::new().with_prefix()),
-            ),
-            TxnOp::get(
-                self.keys.sessions_dir(),
-                Some(GetOptions::new().with_prefix()),
-            ),
-            TxnOp::get(
-                format!("{}{prefix}", self.keys.values_dir()),
-                Some(GetOptions::new().with_prefix()),
-            ),
-        ]);
-        let response = self.conn.txn("listing leases", txn).await?;
-        let mut ranges = response
-            .op_responses()
-            .into_iter()
-            .filter_map(|op| match op {
-                TxnOpResponse::Get(get) => Some(get),
-                _ => None,
-            });
-        let leases = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
-        let terms = ranges.next().map(|g| g.kvs().to_vec()).unwrap_or_default();
-        let sessions: HashMap<i64, SystemTime> = ranges
-            .next()
-            .map(|g| g.kvs().iter().filter_map(session::expiry_of).collect())
-            .unwrap_or_default();
-        let values_dir = self.keys.values_dir();
-        let mut values: HashMap<String, (String, i64)> = ranges
-            .next()
-            .map(|g| {
-                g.kvs()
-                    .iter()
-                    .filter_map(|kv| {
-                        let role = name_under(kv.key(), &values_dir)?;
-                        Some((role.to_owned(), parse_value(kv)?))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut roles: BTreeMap<String, (Option<KeyValue>, Option<KeyValue>)> = BTreeMap::new();
-        for kv in leases {
-            if let Some(role) = name_under(kv.key(), &self.keys.leases_dir()) {
-                roles.entry(role.to_owned()).or_default().0 = Some(kv.clone());
-            }
-        }
-        for kv in terms {
-            if let Some(role) = name_under(kv.key(), &self.keys.terms_dir()) {
-                roles.entry(role.to_owned()).or_default().1 = Some(kv.clone());
-            }
-        }
-        let now = self.wall();
-        Ok(roles
-            .into_iter()
-            .filter_map(|(role, (lease_kv, term_kv))| {
-                let (seen, record) = seen_in(lease_kv.as_ref(), term_kv.as_ref(), None);
-                let seen = match seen {
-                    Seen::Held(mut holder) => {
-                        if let Some(lease) = holder.session {
-                            holder.expires_at = sessions.get(&lease).copied();
-                        }
-                        Seen::Held(holder)
-                    }
-                    absent => absent,
-                };
-                let value = values.remove(&role);
-                lease_info(&role, &seen, record.as_ref(), value.as_ref(), now)
-            })
-            .collect())
+        let listed = self.list_complete(prefix).await?;
+        Ok(listed.leases.into_iter().map(|lease| lease.info).collect())
+    }
+
+    /// See `changes.rs`: the term records changed since the mark, a count of the held
+    /// leases, and every session.
+    async fn list_prefix_changes(&self, read: ChangesRead<'_>) -> Result<PrefixChanges> {
+        self.list_changes(read).await
     }
 
     /// Watches the role's lease key from the revision after a fresh read, and returns

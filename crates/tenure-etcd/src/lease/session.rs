@@ -107,11 +107,11 @@ impl KnownSession {
 }
 
 /// The etcd lease of a session id; `None` for ids etcd never hands out.
-fn lease_of(id: SessionId) -> Option<i64> {
+pub(super) fn lease_of(id: SessionId) -> Option<i64> {
     i64::try_from(id.get()).ok().filter(|&lease| lease > 0)
 }
 
-fn session_id(lease: i64) -> SessionId {
+pub(super) fn session_id(lease: i64) -> SessionId {
     // etcd lease ids are positive.
     SessionId::from(u64::try_from(lease).unwrap_or(0))
 }
