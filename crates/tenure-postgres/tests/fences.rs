@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tenure::{Error, FenceStore, FencingToken};
-use tenure_postgres::{PgFence, PgLeaseStore, Schema};
+use tenure_postgres::{PgFence, Schema};
 use tenure_testkit::MustAnswer;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
@@ -136,8 +136,7 @@ async fn fenced_transactions_racing_serialise() {
 /// it commits, and a token that is no longer live is rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_lease_blocks_takeover_and_rejects_stale() {
-    let (pool, schema) = setup("hold").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("hold").await);
     let fence = PgFence::new(pool.clone(), schema.clone());
     let ttl = Duration::from_secs(1);
     let a = store.try_acquire("job", "node-a", ttl).await;

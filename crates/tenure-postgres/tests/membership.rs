@@ -22,10 +22,9 @@ use tenure_postgres::{PgLeaseStore, PgNodeRegistry, Schema};
 use common::table;
 use tenure_testkit::registry::waited_for_change;
 
+/// A fresh migrated schema, its pool of 4 tagged `app`, and a store on them.
 async fn setup(app: &str) -> (PgPool, Schema, PgLeaseStore) {
-    let (pool, schema) = common::migrated(app).await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
-    (pool, schema, store)
+    common::with_store(common::migrated(app).await)
 }
 
 /// The node row's own `last_heartbeat` (moved only by a heartbeat write), in

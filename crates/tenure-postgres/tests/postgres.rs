@@ -581,8 +581,7 @@ async fn calls_given_up_in_a_lock_wait_do_not_keep_server_backends() {
 /// moved back would end the term on the store before the holder stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_renewal_never_moves_the_expiry_back() {
-    let (pool, schema) = setup("late").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("late").await);
     let ttl = Duration::from_secs(30);
     let first = store.try_acquire("job", "node-a", ttl).await;
     assert!(first.acquired);

@@ -57,8 +57,7 @@ async fn candidates(pool: &PgPool, schema: &Schema, role: &str) -> Vec<String> {
 /// time): the term goes on, and its release hands the role to a candidate queued since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_queue_to_an_existing_schema() {
-    let (pool, schema) = setup("queue-migrate").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("queue-migrate").await);
     let a = store
         .try_acquire_or_renew("live", "node-a", LONG)
         .await
@@ -94,8 +93,7 @@ async fn migrate_adds_the_queue_to_an_existing_schema() {
 /// refused handoff notify nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_change_of_term_notifies_its_new_state() {
-    let (pool, schema) = setup("queue-payloads").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("queue-payloads").await);
     let mut listener = PgListener::connect_with(&pool).await.unwrap();
     listener
         .listen(&format!("tenure:{}", schema.name()))
@@ -168,8 +166,7 @@ async fn every_change_of_term_notifies_its_new_state() {
 /// A state with its companion, as this tenure sends them, is read from the push.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_tenures_notification_tells_nothing() {
-    let (pool, schema) = setup("queue-earlier").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("queue-earlier").await);
     let a = store
         .try_acquire_or_renew("r", "node-a", LONG)
         .await
@@ -278,8 +275,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
 /// candidacy, as any acquire does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lapsed_candidacies_are_swept() {
-    let (pool, schema) = setup("queue-sweep").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("queue-sweep").await);
     let short = Duration::from_millis(200);
     let end_term = || async {
         sqlx::query(&format!(

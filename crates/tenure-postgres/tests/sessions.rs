@@ -54,8 +54,7 @@ async fn short_session_holding(
     SessionGrant,
     Vec<LeaseResult>,
 ) {
-    let (pool, schema) = setup(app).await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup(app).await);
     let opened = Instant::now();
     let session = store.open_session("node-a", SHORT).await.unwrap();
     let mut held = Vec::new();
@@ -72,8 +71,7 @@ async fn short_session_holding(
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_writes_one_row_whatever_the_roles() {
-    let (pool, schema) = setup("sessions-writes").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("sessions-writes").await);
     let ttl = Duration::from_secs(60);
     let session = store.open_session("node-a", ttl).await.unwrap();
     let roles: Vec<String> = (0..1000).map(|i| format!("shard/{i:04}")).collect();
@@ -335,8 +333,7 @@ async fn migrate_adds_sessions_to_an_existing_lease_table() {
 /// the count works on it; migrating again changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_count_of_handed_terms_to_an_existing_session_table() {
-    let (pool, schema) = setup("sessions-handed-migrate").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("sessions-handed-migrate").await);
     let a = store.open_session("node-a", LONG).await.unwrap();
     let b = store.open_session("node-b", LONG).await.unwrap();
     let sessions = table(&schema, "tenure_sessions");
@@ -398,8 +395,7 @@ async fn session_ids(pool: &PgPool, schema: &Schema) -> Vec<i64> {
 /// judged by it), and forgetting never changes an answer.
 #[tokio::test]
 async fn opening_a_session_forgets_ended_ones_no_lease_names() {
-    let (pool, schema) = setup("sessions-forget").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("sessions-forget").await);
     // Ended without a close, still named by the role it held.
     let lapsed = store.open_session("node-b", LONG).await.unwrap();
     let held = store.acquire_in_session("jobs/1", lapsed.id).await.unwrap();
@@ -446,8 +442,7 @@ async fn opening_a_session_forgets_ended_ones_no_lease_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_does_not_wait_behind_blocked_calls() {
     const APP: &str = "sessions-keep-alive-lane";
-    let (pool, schema) = common::migrated_with(APP, 1).await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (_pool, schema, store) = common::with_store(common::migrated_with(APP, 1).await);
     let session = store.open_session("node-a", LONG).await.unwrap();
     store
         .try_acquire_or_renew("locked", "node-b", LONG)
@@ -528,8 +523,7 @@ async fn until_waiting_on_locks(pool: &PgPool, app: &str, n: i64) {
 #[tokio::test]
 async fn a_close_and_an_acquire_of_its_roles_never_deadlock() {
     const APP: &str = "close-lock-order";
-    let (pool, schema) = common::migrated_with(APP, 8).await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(common::migrated_with(APP, 8).await);
     let roles: Vec<String> = (0..64).map(|k| format!("lock-order/{k:02}")).collect();
     let a = store.open_session("node-a", LONG).await.unwrap();
     // One at a time in a scrambled order: the rows lie in the table in that order.

@@ -73,8 +73,7 @@ async fn migrate_adds_values_to_an_existing_lease_table() {
 /// nor the role it released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_tenures_term_never_shows_its_predecessors_value() {
-    let (pool, schema) = setup("values-mixed").await;
-    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    let (pool, schema, store) = common::with_store(setup("values-mixed").await);
     let leases = table(&schema, "tenure_leases");
     let lapse = || tokio::time::sleep(SHORT + Duration::from_millis(100));
     // What the earlier acquire statement writes when it takes a lapsed term over.

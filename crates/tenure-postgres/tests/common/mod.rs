@@ -94,6 +94,12 @@ pub async fn migrated_with(app: &str, max: u32) -> (PgPool, Schema) {
     (pool, schema)
 }
 
+/// `pool` and `schema` (from [`migrated`], say) with a store on them.
+pub fn with_store((pool, schema): (PgPool, Schema)) -> (PgPool, Schema, PgLeaseStore) {
+    let store = PgLeaseStore::new(pool.clone(), schema.clone());
+    (pool, schema, store)
+}
+
 /// Runs `sql` (tables and rows as an earlier version left them) on `pool`, then
 /// `migrate` twice, the second run having nothing left to do; returns a store on the
 /// upgraded `schema`.
