@@ -182,6 +182,14 @@ async fn release_wakes_a_waiter_in_another_process_at_once() {
     assert!(waiter.try_acquire("r", "node-b", TTL).await.acquired);
 }
 
+/// Why connecting with the kubeconfig at `path` to `url` fails (it must).
+async fn connect_error(path: &std::path::Path, url: &str) -> String {
+    common::try_connect_kubeconfig(path, url)
+        .await
+        .unwrap_err()
+        .to_string()
+}
+
 /// Wrong set-ups fail with what to fix: a sub-second TTL, a namespace without the
 /// Role, a namespace that does not exist, an API server nobody listens on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,10 +207,7 @@ async fn wrong_setups_say_what_to_fix() {
 
     // The tenant's token in a namespace where no RoleBinding grants it leases.
     let unbound = common::server().tenant_kubeconfig("kube-public").unwrap();
-    let error = common::try_connect_kubeconfig(&unbound, "kube:kube-public")
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = connect_error(&unbound, "kube:kube-public").await;
     assert!(
         error.contains("refused to get leases") && error.contains("kube-public"),
         "{error}"
@@ -213,10 +218,7 @@ async fn wrong_setups_say_what_to_fix() {
     );
 
     let admin = common::server().admin_kubeconfig().to_owned();
-    let error = common::try_connect_kubeconfig(&admin, "kube:no-such-namespace")
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = connect_error(&admin, "kube:no-such-namespace").await;
     assert!(
         error.contains("namespace no-such-namespace does not exist"),
         "{error}"
@@ -236,10 +238,7 @@ async fn wrong_setups_say_what_to_fix() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("kubeconfig");
     std::fs::write(&path, moved).unwrap();
-    let error = common::try_connect_kubeconfig(&path, "kube:default")
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = connect_error(&path, "kube:default").await;
     assert!(
         error.contains("cannot reach the Kubernetes API server"),
         "{error}"
