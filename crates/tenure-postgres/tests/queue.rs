@@ -58,10 +58,7 @@ async fn candidates(pool: &PgPool, schema: &Schema, role: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_queue_to_an_existing_schema() {
     let (pool, schema, store) = common::with_store(setup("queue-migrate").await);
-    let a = store
-        .try_acquire_or_renew("live", "node-a", LONG)
-        .await
-        .unwrap();
+    let a = store.try_acquire("live", "node-a", LONG).await;
     assert!(a.acquired);
     let c = table(&schema, "tenure_candidates");
     // What the previous migrate made is exactly this schema without the queue.
@@ -167,10 +164,7 @@ async fn every_change_of_term_notifies_its_new_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_tenures_notification_tells_nothing() {
     let (pool, schema, store) = common::with_store(setup("queue-earlier").await);
-    let a = store
-        .try_acquire_or_renew("r", "node-a", LONG)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", LONG).await;
     let channel = format!("tenure:{}", schema.name());
     let waiter = Arc::new(other_store(shared(), &schema, "queue-earlier-waiter").await);
     for (sql, want) in [
@@ -220,10 +214,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
     let (pool, schema) = setup("queue-gap").await;
     let store = PgLeaseStore::new(pool, schema.clone());
     let waiter = Arc::new(other_store(shared(), &schema, "queue-gap-waiter").await);
-    let a = store
-        .try_acquire_or_renew("r", "node-a", LONG)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", LONG).await;
     let b = waiter
         .try_acquire_or_queue("r", "node-b", LONG, None)
         .await
@@ -304,10 +295,7 @@ async fn lapsed_candidacies_are_swept() {
 async fn a_withdrawal_while_a_release_waits_is_seen() {
     let (pool, schema) = setup("queue-withdrawn").await;
     let store = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
-    let a = store
-        .try_acquire_or_renew("r", "node-a", LONG)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", LONG).await;
     for owner in ["node-b", "node-c"] {
         let queued = store
             .try_acquire_or_queue("r", owner, LONG, None)

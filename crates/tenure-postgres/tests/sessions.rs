@@ -444,10 +444,7 @@ async fn a_keep_alive_does_not_wait_behind_blocked_calls() {
     const APP: &str = "sessions-keep-alive-lane";
     let (_pool, schema, store) = common::with_store(common::migrated_with(APP, 1).await);
     let session = store.open_session("node-a", LONG).await.unwrap();
-    store
-        .try_acquire_or_renew("locked", "node-b", LONG)
-        .await
-        .unwrap();
+    store.try_acquire("locked", "node-b", LONG).await;
     let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
     let other = common::pool(server, 2, "sessions-keep-alive-locker").await;
     let lock = common::row_locked(&other, &schema, "tenure_leases", "locked").await;
@@ -623,10 +620,7 @@ async fn a_read_of_changes_returns_what_changed() {
         .release("c/7", "node-a", taken[7].fencing_token)
         .await
         .unwrap());
-    store
-        .try_acquire_or_renew("c/x", "node-b", LONG)
-        .await
-        .unwrap();
+    store.try_acquire("c/x", "node-b", LONG).await;
     let changed = settle(2).await;
     let roles: Vec<&str> = changed
         .leases

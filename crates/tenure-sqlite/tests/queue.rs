@@ -298,20 +298,14 @@ async fn a_new_boot_forgets_every_candidacy() {
     let clock = ManualHostClock::new(t0());
     let db = open_at(&dir.path().join("boot.db"), &clock).await;
     let store = SqliteLeaseStore::new(&db);
-    let a = store
-        .try_acquire_or_renew("r", "node-a", TTL)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", TTL).await;
     assert!(a.acquired);
     store
         .try_acquire_or_queue("r", "node-b", TTL, None)
         .await
         .unwrap();
     clock.reboot();
-    let c = store
-        .try_acquire_or_renew("r", "node-c", TTL)
-        .await
-        .unwrap();
+    let c = store.try_acquire("r", "node-c", TTL).await;
     assert!(c.acquired, "{c:?}");
     assert!(candidates(&db, "r").await.is_empty());
     assert!(store.release_term("r", "node-c", c.fencing_token).await);

@@ -112,10 +112,7 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
         None,
         "with nobody queued a release frees the role"
     );
-    let d = store
-        .try_acquire_or_renew(ROLE, "node-d", ttl)
-        .await
-        .unwrap();
+    let d = store.try_acquire(ROLE, "node-d", ttl).await;
     assert!(d.acquired && d.fencing_token > c_token, "{d:?}");
 }
 
@@ -125,15 +122,9 @@ pub async fn scenario_queue_release_hands_to_oldest(backend: &dyn LeaseBackend) 
 pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) {
     let (fx, store, ttl) = begin(backend).await;
     let long = ttl * 4;
-    let a = store
-        .try_acquire_or_renew(ROLE, "node-a", long)
-        .await
-        .unwrap();
+    let a = store.try_acquire(ROLE, "node-a", long).await;
     assert!(a.acquired);
-    let plain = store
-        .try_acquire_or_renew(ROLE, "node-p", long)
-        .await
-        .unwrap();
+    let plain = store.try_acquire(ROLE, "node-p", long).await;
     assert!(!plain.acquired);
     queue(&*store, "node-b", ttl, None).await;
     queue(&*store, "node-c", long, None).await;
@@ -155,10 +146,7 @@ pub async fn scenario_queue_skips_lapsed_candidates(backend: &dyn LeaseBackend) 
     // Only a lapsed candidate left: the release frees the role.
     queue(&*store, "node-e", ttl, None).await;
     fx.pass_time(ttl + ttl / 2).await;
-    let renewed = store
-        .try_acquire_or_renew(ROLE, "node-d", long)
-        .await
-        .unwrap();
+    let renewed = store.try_acquire(ROLE, "node-d", long).await;
     assert!(renewed.acquired && renewed.fencing_token == token);
     assert!(store.release_term(ROLE, "node-d", token).await);
     assert_eq!(holder(&*store, ROLE).await, None, "node-e had lapsed");
@@ -227,10 +215,7 @@ pub async fn lapsed_candidacies_are_swept<L, E, C>(
     E: std::future::Future<Output = ()>,
     C: std::future::Future<Output = Vec<String>>,
 {
-    let a = store
-        .try_acquire_or_renew("r", "node-a", long)
-        .await
-        .unwrap();
+    let a = store.try_acquire("r", "node-a", long).await;
     for owner in ["node-b", "node-c"] {
         store
             .try_acquire_or_queue("r", owner, short, None)

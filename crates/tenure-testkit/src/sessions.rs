@@ -277,10 +277,7 @@ pub async fn scenario_session_acquire_many(backend: &dyn LeaseBackend) {
     let b = open(store.as_ref(), "node-b", ttl).await;
     let mine = store.acquire_in_session("g/1", a.id).await.unwrap();
     let theirs = store.acquire_in_session("g/2", b.id).await.unwrap();
-    let plain = store
-        .try_acquire_or_renew("g/3", "node-c", ttl * 4)
-        .await
-        .unwrap();
+    let plain = store.try_acquire("g/3", "node-c", ttl * 4).await;
     let ended = store.acquire_in_session("g/4", b.id).await.unwrap();
     store
         .release("g/4", "node-b", ended.fencing_token)
