@@ -259,6 +259,8 @@ impl<K: Ord + Clone> LeaseCopy<K> {
             }
             if lease.holder.is_some() && lease.session.is_none() {
                 self.own.insert(k.clone());
+            } else {
+                self.own.remove(&k);
             }
             // Both sides seen through the sessions as updated: a lapse counted above.
             changed |= self.leases.get(&k).is_none_or(|was| {
@@ -509,6 +511,15 @@ mod tests {
         let before = reads();
         assert!(!read_holders(&mut copy, &store, memory.as_ref()).await.1);
         assert_eq!(reads() - before, 1, "the count agrees again");
+        // The lapsed lease's role taken under a session: counted once.
+        store.acquire_in_session("g/1", a).await.unwrap();
+        let before = reads();
+        assert!(read_holders(&mut copy, &store, memory.as_ref()).await.1);
+        assert_eq!(
+            reads() - before,
+            1,
+            "a term under a session is not one of its own"
+        );
 
         // A held role the key refuses: the count cannot be checked, so the next read
         // is complete, and so is every read after it.
@@ -518,7 +529,7 @@ mod tests {
         let before = reads();
         let (now, changed) = read_holders(&mut copy, &store, memory.as_ref()).await;
         assert!(changed);
-        assert_eq!(now, vec![0, 2]);
+        assert_eq!(now, vec![0, 1, 2]);
         assert_eq!(reads() - before, 1, "one complete read");
         assert!(copy.mark.is_none(), "the next read is complete too");
     }
