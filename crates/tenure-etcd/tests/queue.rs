@@ -13,6 +13,7 @@ use tenure::{ElectionState, FencingToken, LeaseResult, LeaseStore, TermChange};
 use tenure_etcd::requests::{Keys, TermRecord};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
+use tenure_testkit::MustAnswer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
@@ -82,10 +83,7 @@ async fn on_shared_etcd(tag: &str) -> (String, String, Keys, etcd_client::Client
 
 /// node-a asks `store` for the role for `ttl` (queueing if it is held).
 async fn node_a_asks(store: &EtcdLeaseStore, ttl: Duration) -> LeaseResult {
-    store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap()
+    store.acquire_or_queue(ROLE, "node-a", ttl).await
 }
 
 /// The first of the two transactions of node-a's release of its term `a` (the store's
@@ -132,10 +130,7 @@ fn wait_turn(
                     ..
                 } if holder != owner => observed = fencing_token,
                 TermChange::Began { fencing_token, .. } => {
-                    let renewed = store
-                        .try_acquire_or_queue(ROLE, &owner, TTL, None)
-                        .await
-                        .unwrap();
+                    let renewed = store.acquire_or_queue(ROLE, &owner, TTL).await;
                     assert!(renewed.acquired && renewed.fencing_token == fencing_token);
                     let _ = began.send((owner, fencing_token));
                     return;
@@ -169,20 +164,14 @@ async fn handovers_cost_the_same(safe: bool) {
     let endpoint = server.endpoint();
     let prefix = common::unique_prefix("queue-cost");
     let holder = store_for(&endpoint, &prefix, safe).await;
-    let a = holder
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = holder.acquire_or_queue(ROLE, "node-a", TTL).await;
     assert!(a.acquired);
     let (began, mut begun) = mpsc::unbounded_channel();
     let mut candidates = Vec::new();
     for i in 0..16 {
         let owner = format!("node-{i:02}");
         let store = store_for(&endpoint, &prefix, safe).await;
-        let queued = store
-            .try_acquire_or_queue(ROLE, &owner, TTL, None)
-            .await
-            .unwrap();
+        let queued = store.acquire_or_queue(ROLE, &owner, TTL).await;
         assert!(!queued.acquired && queued.holder == "node-a");
         wait_turn(store.clone(), owner.clone(), a.fencing_token, began.clone());
         candidates.push((owner, store));
@@ -228,10 +217,7 @@ async fn handovers_cost_the_same(safe: bool) {
     // A candidate refreshing its place: one transaction beside one keep-alive.
     let (owner, store) = &candidates[5];
     let before = calls(&server.host_port()).await;
-    let refreshed = store
-        .try_acquire_or_queue(ROLE, owner, TTL, None)
-        .await
-        .unwrap();
+    let refreshed = store.acquire_or_queue(ROLE, owner, TTL).await;
     assert!(!refreshed.acquired && refreshed.holder == "node-01");
     let cost = since(&before, &calls(&server.host_port()).await);
     let expected_cost: BTreeMap<String, u64> = [("LeaseKeepAlive", 1), ("Txn", 1)]
@@ -417,10 +403,7 @@ async fn a_candidacy_that_ended_joins_again_at_the_back() {
     let store = store_on(&endpoint, &prefix).await;
     let a = node_a_asks(&store, TTL).await;
     for owner in ["node-b", "node-c", "node-d"] {
-        let queued = store
-            .try_acquire_or_queue(ROLE, owner, TTL, None)
-            .await
-            .unwrap();
+        let queued = store.acquire_or_queue(ROLE, owner, TTL).await;
         assert!(!queued.acquired);
     }
     let b_key = raw.get(keys.candidate(ROLE, "node-b"), None).await.unwrap();
@@ -428,10 +411,7 @@ async fn a_candidacy_that_ended_joins_again_at_the_back() {
     assert_ne!(b_lease, 0, "a candidate key is on an etcd lease");
     raw.lease_revoke(b_lease).await.unwrap();
     for owner in ["node-b", "node-c"] {
-        let refreshed = store
-            .try_acquire_or_queue(ROLE, owner, TTL, None)
-            .await
-            .unwrap();
+        let refreshed = store.acquire_or_queue(ROLE, owner, TTL).await;
         assert!(!refreshed.acquired && refreshed.holder == "node-a");
     }
     let mut token = a.fencing_token;

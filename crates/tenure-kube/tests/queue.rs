@@ -38,10 +38,7 @@ async fn a_handover_costs_two_requests_however_many_wait() {
     let role_object = object_name(Kind::Role, ROLE);
     let (connection, holder_requests) = common::counted(&namespace).await;
     let holder = KubeLeaseStore::new(connection);
-    let a = holder
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = holder.acquire_or_queue(ROLE, "node-a", TTL).await;
     assert!(a.acquired);
     let mut candidates = Vec::new();
     for i in 0..6 {
@@ -158,10 +155,7 @@ async fn a_handover_costs_two_requests_however_many_wait() {
     let until = Instant::now() + TTL + Duration::from_millis(500);
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let renewed = successor
-            .try_acquire_or_queue(ROLE, owner, TTL, None)
-            .await
-            .unwrap();
+        let renewed = successor.acquire_or_queue(ROLE, owner, TTL).await;
         assert!(renewed.acquired, "{renewed:?}");
         for (owner, store, _) in &candidates[1..] {
             queued(store, owner, TTL).await;
@@ -188,10 +182,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
     let store = KubeLeaseStore::new(common::tenant(&namespace).await);
     let role_object = object_name(Kind::Role, ROLE);
     let b_object = candidacy_name(ROLE, "node-b");
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = store.acquire_or_queue(ROLE, "node-a", TTL).await;
     queued(&store, "node-b", TTL).await;
     let joined = field(&namespace, &b_object, "{.spec.acquireTime}");
     assert_eq!(
@@ -258,10 +249,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
     );
     assert_eq!(field(&namespace, &b_object, "{.spec.holderIdentity}"), "");
 
-    let b = store
-        .try_acquire_or_queue(ROLE, "node-b", TTL, None)
-        .await
-        .unwrap();
+    let b = store.acquire_or_queue(ROLE, "node-b", TTL).await;
     assert!(b.acquired, "node-b renews the term it was handed: {b:?}");
     queued(&store, "node-c", TTL).await;
     assert!(store.release_term(ROLE, "node-b", b.fencing_token).await);
@@ -286,10 +274,7 @@ async fn a_candidacy_keeps_its_place_until_its_turn_is_spent() {
 async fn a_lapsed_candidacy_is_cleared_for_readers_that_start_later() {
     let namespace = common::new_namespace("lapsed");
     let holder = KubeLeaseStore::new(common::tenant(&namespace).await);
-    let a = holder
-        .try_acquire_or_queue(ROLE, "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = holder.acquire_or_queue(ROLE, "node-a", TTL).await;
     {
         let dying = KubeLeaseStore::new(common::tenant(&namespace).await);
         queued(&dying, "node-x", Duration::from_secs(1)).await;
@@ -301,10 +286,7 @@ async fn a_lapsed_candidacy_is_cleared_for_readers_that_start_later() {
     assert_eq!(field(&namespace, &x_object, "{.spec.holderIdentity}"), "");
 
     let late = KubeLeaseStore::new(common::tenant(&namespace).await);
-    let d = late
-        .try_acquire_or_queue(ROLE, "node-d", TTL, None)
-        .await
-        .unwrap();
+    let d = late.acquire_or_queue(ROLE, "node-d", TTL).await;
     assert!(d.acquired);
     assert!(late.release_term(ROLE, "node-d", d.fencing_token).await);
     assert_eq!(

@@ -26,19 +26,13 @@ async fn holder(store: &KubeLeaseStore) -> Option<(String, FencingToken)> {
 
 /// `owner` takes the free role.
 async fn acquires(store: &KubeLeaseStore, owner: &str) -> LeaseResult {
-    let answer = store
-        .try_acquire_or_queue(ROLE, owner, TTL, None)
-        .await
-        .unwrap();
+    let answer = store.acquire_or_queue(ROLE, owner, TTL).await;
     assert!(answer.acquired);
     answer
 }
 
 async fn queued(store: &KubeLeaseStore, owner: &str) {
-    let answer = store
-        .try_acquire_or_queue(ROLE, owner, TTL, None)
-        .await
-        .unwrap();
+    let answer = store.acquire_or_queue(ROLE, owner, TTL).await;
     assert!(!answer.acquired, "{owner} queues: {answer:?}");
 }
 
@@ -109,10 +103,7 @@ async fn a_late_write_on_a_stale_copy_gets_a_conflict_and_changes_nothing() {
         "node-b's term goes on"
     );
     assert_eq!(other.candidates(ROLE).await.unwrap(), ["node-c"]);
-    let renewed = other
-        .try_acquire_or_queue(ROLE, "node-b", TTL, None)
-        .await
-        .unwrap();
+    let renewed = other.acquire_or_queue(ROLE, "node-b", TTL).await;
     assert!(
         renewed.acquired && renewed.fencing_token == b,
         "{renewed:?}"
@@ -183,10 +174,7 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
 
     kubectl(&["delete", "lease", "-n", &namespace, &role_object]);
     let x_store = KubeLeaseStore::new(common::tenant(&namespace).await);
-    let x = x_store
-        .try_acquire_or_queue(ROLE, "node-x", TTL, None)
-        .await
-        .unwrap();
+    let x = x_store.acquire_or_queue(ROLE, "node-x", TTL).await;
     assert!(x.acquired, "{x:?}");
     assert!(x.fencing_token > b, "tokens grow across the delete: {x:?}");
     assert!(x_store.release_term(ROLE, "node-x", x.fencing_token).await);
@@ -195,10 +183,7 @@ async fn a_spent_place_stays_spent_across_a_delete_of_the_role() {
         None,
         "node-b's spent place was handed the role again"
     );
-    let c = store
-        .try_acquire_or_queue(ROLE, "node-c", TTL, None)
-        .await
-        .unwrap();
+    let c = store.acquire_or_queue(ROLE, "node-c", TTL).await;
     assert!(c.acquired && c.fencing_token > x.fencing_token, "{c:?}");
 }
 
@@ -215,17 +200,11 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
     let namespace = common::new_namespace("dropped-place");
     let store = KubeLeaseStore::new(common::tenant(&namespace).await);
     let long = Duration::from_secs(60);
-    let first = store
-        .try_acquire_or_queue(ROLE, "holder", long, None)
-        .await
-        .unwrap();
+    let first = store.acquire_or_queue(ROLE, "holder", long).await;
     assert!(first.acquired);
     let owners: Vec<String> = (0..31).map(|i| format!("o{i:02}")).collect();
     for owner in &owners {
-        let answer = store
-            .try_acquire_or_queue(ROLE, owner, long, None)
-            .await
-            .unwrap();
+        let answer = store.acquire_or_queue(ROLE, owner, long).await;
         assert!(!answer.acquired, "{owner} queues: {answer:?}");
     }
     let mut current = ("holder".to_owned(), first.fencing_token);
@@ -235,9 +214,8 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
         assert_eq!(&current.0, owner, "handed in order");
     }
     let short = store
-        .try_acquire_or_queue(ROLE, "o31", Duration::from_secs(2), None)
-        .await
-        .unwrap();
+        .acquire_or_queue(ROLE, "o31", Duration::from_secs(2))
+        .await;
     assert!(!short.acquired);
     assert!(store.release_term(ROLE, &current.0, current.1).await);
     let (next, _) = holder(&store).await.expect("handed to o31");
@@ -247,10 +225,7 @@ async fn a_place_dropped_from_the_full_list_is_not_handed_the_role_again() {
     // o31 never renews: its term lapses within its candidacy's 2 s, and o32 takes over.
     let within = Duration::from_secs(15);
     let taken = eventually(within, Duration::from_millis(200), || async {
-        let answer = store
-            .try_acquire_or_queue(ROLE, "o32", long, None)
-            .await
-            .unwrap();
+        let answer = store.acquire_or_queue(ROLE, "o32", long).await;
         if answer.acquired {
             Ok(answer)
         } else {

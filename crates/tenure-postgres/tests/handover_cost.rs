@@ -50,10 +50,7 @@ async fn contend(
     mut release: mpsc::UnboundedReceiver<bool>,
 ) {
     let name = format!("node-{me}");
-    let queued = store
-        .try_acquire_or_queue("handed", &name, LONG, None)
-        .await
-        .unwrap();
+    let queued = store.acquire_or_queue("handed", &name, LONG).await;
     let _ = reports.send(Report::Queued);
     let mut observed = queued.fencing_token;
     let mut token = queued.acquired.then_some(queued.fencing_token);
@@ -78,10 +75,7 @@ async fn contend(
                 while release.recv().await.is_some() {}
                 return;
             }
-            let again = store
-                .try_acquire_or_queue("handed", &name, LONG, None)
-                .await
-                .unwrap();
+            let again = store.acquire_or_queue("handed", &name, LONG).await;
             assert!(!again.acquired);
             observed = again.fencing_token;
             let _ = reports.send(Report::Requeued);
@@ -96,10 +90,7 @@ async fn contend(
                 ..
             } if holder == name => {
                 told = Instant::now();
-                let renewed = store
-                    .try_acquire_or_queue("handed", &name, LONG, None)
-                    .await
-                    .unwrap();
+                let renewed = store.acquire_or_queue("handed", &name, LONG).await;
                 assert!(renewed.acquired && renewed.fencing_token == fencing_token);
                 token = Some(fencing_token);
                 observed = fencing_token;

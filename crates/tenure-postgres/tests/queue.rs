@@ -97,16 +97,10 @@ async fn every_change_of_term_notifies_its_new_state() {
         .await
         .unwrap();
     let r = "jobs/eu";
-    let a = store
-        .try_acquire_or_queue(r, "node-a", LONG, None)
-        .await
-        .unwrap();
+    let a = store.acquire_or_queue(r, "node-a", LONG).await;
     // A renewal, a candidacy and its refresh, and a candidacy then withdrawn.
     for owner in ["node-a", "node-b", "node-b", "node-x"] {
-        store
-            .try_acquire_or_queue(r, owner, LONG, None)
-            .await
-            .unwrap();
+        store.acquire_or_queue(r, owner, LONG).await;
     }
     assert!(store.withdraw(r, "node-x").await.unwrap());
     assert!(!store
@@ -114,10 +108,7 @@ async fn every_change_of_term_notifies_its_new_state() {
         .await
         .unwrap());
     assert!(store.release_term(r, "node-a", a.fencing_token).await);
-    store
-        .try_acquire_or_queue(r, "node-c", LONG, None)
-        .await
-        .unwrap();
+    store.acquire_or_queue(r, "node-c", LONG).await;
     assert!(store
         .hand_over(r, "node-b", FencingToken::from(2), None)
         .await
@@ -215,10 +206,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
     let store = PgLeaseStore::new(pool, schema.clone());
     let waiter = Arc::new(other_store(shared(), &schema, "queue-gap-waiter").await);
     let a = store.try_acquire("r", "node-a", LONG).await;
-    let b = waiter
-        .try_acquire_or_queue("r", "node-b", LONG, None)
-        .await
-        .unwrap();
+    let b = waiter.acquire_or_queue("r", "node-b", LONG).await;
     assert!(!b.acquired);
     let answers = Arc::new(Mutex::new(Vec::new()));
     let waiting = {
@@ -297,10 +285,7 @@ async fn a_withdrawal_while_a_release_waits_is_seen() {
     let store = Arc::new(PgLeaseStore::new(pool.clone(), schema.clone()));
     let a = store.try_acquire("r", "node-a", LONG).await;
     for owner in ["node-b", "node-c"] {
-        let queued = store
-            .try_acquire_or_queue("r", owner, LONG, None)
-            .await
-            .unwrap();
+        let queued = store.acquire_or_queue("r", owner, LONG).await;
         assert!(!queued.acquired);
     }
     let blocker = common::row_locked(&pool, &schema, "tenure_leases", "r").await;
@@ -342,9 +327,8 @@ async fn racing_refreshes_withdrawals_and_handovers() {
             while Instant::now() < stop {
                 i += 1;
                 let r = store
-                    .try_acquire_or_queue("race", &me, Duration::from_secs(5), None)
-                    .await
-                    .unwrap();
+                    .acquire_or_queue("race", &me, Duration::from_secs(5))
+                    .await;
                 assert!(r.fencing_token >= last, "{last} then {r:?}");
                 last = r.fencing_token;
                 if !r.acquired {

@@ -87,19 +87,13 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
     let path = dir.path().join("queue.db");
     let clock = ManualHostClock::new(t0());
     let holder = open_at(&path, &clock).await.lease_store();
-    let a = holder
-        .try_acquire_or_queue("r", "node-a", TTL, None)
-        .await
-        .unwrap();
+    let a = holder.acquire_or_queue("r", "node-a", TTL).await;
     assert!(a.acquired);
     let mut waiting = Vec::new();
     for n in 1..=10 {
         let store = Arc::new(open_at(&path, &clock).await.lease_store());
         let me = format!("node-{n}");
-        let queued = store
-            .try_acquire_or_queue("r", &me, TTL, None)
-            .await
-            .unwrap();
+        let queued = store.acquire_or_queue("r", &me, TTL).await;
         assert!(!queued.acquired);
         waiting.push(tokio::spawn(async move {
             let change = store
@@ -107,10 +101,7 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
                 .await;
             if let TermChange::Began { holder, .. } = &change {
                 if *holder == me {
-                    let renewed = store
-                        .try_acquire_or_queue("r", &me, TTL, None)
-                        .await
-                        .unwrap();
+                    let renewed = store.acquire_or_queue("r", &me, TTL).await;
                     assert!(renewed.acquired, "{renewed:?}");
                 }
             }
@@ -163,14 +154,11 @@ async fn a_release_wakes_the_successor_in_another_process() {
     let clock = ManualHostClock::new(t0());
     let open = || store_polling(&path, &clock, Duration::from_secs(10));
     let (a, b) = (open().await, open().await);
-    let mut term = a
-        .try_acquire_or_queue("r", "node-a", TTL, None)
-        .await
-        .unwrap();
+    let mut term = a.acquire_or_queue("r", "node-a", TTL).await;
     assert!(term.acquired);
     for (from, to, by_handoff) in [(&a, "node-b", false), (&b, "node-a", true)] {
         let next = if to == "node-b" { &b } else { &a };
-        let queued = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();
+        let queued = next.acquire_or_queue("r", to, TTL).await;
         assert!(!queued.acquired, "{queued:?}");
         let waiter = {
             let next = Arc::clone(next);
@@ -202,7 +190,7 @@ async fn a_release_wakes_the_successor_in_another_process() {
                 session: None,
             }
         );
-        term = next.try_acquire_or_queue("r", to, TTL, None).await.unwrap();
+        term = next.acquire_or_queue("r", to, TTL).await;
         assert!(term.acquired && term.fencing_token == token, "{term:?}");
     }
 }
@@ -219,10 +207,7 @@ async fn a_waiting_candidate_hears_a_handover_to_another() {
     let clock = ManualHostClock::new(t0());
     let open = || store_polling(&path, &clock, Duration::from_secs(30));
     let (holder, next, last) = (open().await, open().await, open().await);
-    let term = holder
-        .try_acquire_or_queue("r", "node-a", TTL, None)
-        .await
-        .unwrap();
+    let term = holder.acquire_or_queue("r", "node-a", TTL).await;
     let queued = next.try_acquire_or_queue("r", "node-b", TTL, None);
     assert!(!queued.await.unwrap().acquired);
     let waiting = last.try_acquire_or_queue("r", "node-c", TTL, None).await;
@@ -272,10 +257,7 @@ async fn lapsed_candidacies_are_swept() {
     let short = Duration::from_secs(2);
     // node-e refreshes for longer, so node-d's term lapses before its candidacy.
     let end_term = || async {
-        store
-            .try_acquire_or_queue("r", "node-e", TTL * 4, None)
-            .await
-            .unwrap();
+        store.acquire_or_queue("r", "node-e", TTL * 4).await;
         clock.advance(TTL);
     };
     tenure_testkit::queue::lapsed_candidacies_are_swept(
@@ -300,10 +282,7 @@ async fn a_new_boot_forgets_every_candidacy() {
     let store = SqliteLeaseStore::new(&db);
     let a = store.try_acquire("r", "node-a", TTL).await;
     assert!(a.acquired);
-    store
-        .try_acquire_or_queue("r", "node-b", TTL, None)
-        .await
-        .unwrap();
+    store.acquire_or_queue("r", "node-b", TTL).await;
     clock.reboot();
     let c = store.try_acquire("r", "node-c", TTL).await;
     assert!(c.acquired, "{c:?}");

@@ -41,6 +41,15 @@ pub trait MustAnswer {
         owner: &str,
         token: FencingToken,
     ) -> impl Future<Output = bool> + Send;
+
+    /// `try_acquire_or_queue(role, owner, ttl, None)`: acquired, renewed, or queued,
+    /// advertising no value.
+    fn acquire_or_queue(
+        &self,
+        role: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = LeaseResult> + Send;
 }
 
 impl<S: LeaseStore + ?Sized> MustAnswer for S {
@@ -74,6 +83,12 @@ impl<S: LeaseStore + ?Sized> MustAnswer for S {
         self.release(role, owner, token)
             .await
             .unwrap_or_else(|error| panic!("release({role:?}, {owner:?}, {token}): {error}"))
+    }
+
+    async fn acquire_or_queue(&self, role: &str, owner: &str, ttl: Duration) -> LeaseResult {
+        self.try_acquire_or_queue(role, owner, ttl, None)
+            .await
+            .unwrap_or_else(|error| panic!("try_acquire_or_queue({role:?}, {owner:?}): {error}"))
     }
 }
 

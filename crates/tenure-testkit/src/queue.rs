@@ -26,10 +26,7 @@ async fn holder(store: &dyn LeaseStore, role: &str) -> Option<(String, FencingTo
 
 /// node-a asks for the free role with `try_acquire_or_queue`, asserting it acquires.
 async fn first(store: &dyn LeaseStore, ttl: Duration) -> LeaseResult {
-    let a = store
-        .try_acquire_or_queue(ROLE, "node-a", ttl, None)
-        .await
-        .unwrap();
+    let a = store.acquire_or_queue(ROLE, "node-a", ttl).await;
     assert!(a.acquired, "the first contender acquires: {a:?}");
     a
 }
@@ -177,10 +174,7 @@ pub async fn scenario_queue_withdraw_and_acquire_leave_it(backend: &dyn LeaseBac
 
     // node-a's term lapses unreleased: node-c acquires it as any contender would.
     fx.pass_time(ttl + ttl / 2).await;
-    let c = store
-        .try_acquire_or_queue(ROLE, "node-c", long, None)
-        .await
-        .unwrap();
+    let c = store.acquire_or_queue(ROLE, "node-c", long).await;
     assert!(
         c.acquired && c.fencing_token > a.fencing_token,
         "node-c takes the lapsed term: {c:?}"
@@ -217,16 +211,10 @@ pub async fn lapsed_candidacies_are_swept<L, E, C>(
 {
     let a = store.try_acquire("r", "node-a", long).await;
     for owner in ["node-b", "node-c"] {
-        store
-            .try_acquire_or_queue("r", owner, short, None)
-            .await
-            .unwrap();
+        store.acquire_or_queue("r", owner, short).await;
     }
     let refresh_or_join = |owner: &'static str, ttl: Duration| async move {
-        store
-            .try_acquire_or_queue("r", owner, ttl, None)
-            .await
-            .unwrap();
+        store.acquire_or_queue("r", owner, ttl).await;
     };
     refresh_or_join("node-d", long).await;
     lapse().await;
