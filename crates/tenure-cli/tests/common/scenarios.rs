@@ -875,10 +875,26 @@ fn ticking(
     (leader, child, ticks)
 }
 
-/// Waits until `pid` is in state `T` (stopped), or, with `stopped` false, not.
+/// Whether `pid` cannot run until it is resumed: stopped (`T`), or blocked in `vfork`
+/// (`D`) behind a child stopped before its exec. dash starts a command with vfork, so a
+/// Ctrl-Z landing between the two stops the child, and the shell, its SIGSTOP pending,
+/// waits on it until a SIGCONT.
+fn suspended(pid: Pid) -> bool {
+    match state(pid) {
+        Some('T') => true,
+        Some('D') => std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|child| child.parse().ok())
+            .any(|child| state(Pid::from_raw(child)) == Some('T')),
+        _ => false,
+    }
+}
+
+/// Waits until `pid` is suspended (see [`suspended`]), or, with `stopped` false, not.
 fn await_stopped(pid: Pid, stopped: bool, what: &str) {
     assert!(
-        wait_until(LONG, || (state(pid) == Some('T')) == stopped),
+        wait_until(LONG, || suspended(pid) == stopped),
         "{what} ({pid}) is in state {:?}, expected stopped={stopped}",
         state(pid)
     );
