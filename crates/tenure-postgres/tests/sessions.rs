@@ -584,10 +584,7 @@ async fn a_read_of_changes_returns_what_changed() {
         .await
         .unwrap();
     assert!(taken.iter().all(|t| t.acquired));
-    let complete = store
-        .list_prefix_changes(ChangesRead::complete("c/"))
-        .await
-        .unwrap();
+    let complete = store.changes(ChangesRead::complete("c/")).await;
     assert!(complete.complete);
     assert_eq!(complete.leases.len(), 300);
     assert!(complete
@@ -600,9 +597,8 @@ async fn a_read_of_changes_returns_what_changed() {
     let mut settle = async |most: usize| {
         for _ in 0..100 {
             let read = store
-                .list_prefix_changes(ChangesRead::since("c/", mark, &[session.id]))
-                .await
-                .unwrap();
+                .changes(ChangesRead::since("c/", mark, &[session.id]))
+                .await;
             assert!(!read.complete);
             mark = read.mark.unwrap();
             if read.leases.len() <= most {

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tenure::lease::{ChangesRead, PrefixChanges};
 use tenure::{FencingToken, LeaseResult, LeaseStore, SessionGrant, SessionId};
 
 /// Calls of [`LeaseStore`] whose errors fail the test (granted or not is the answer).
@@ -50,6 +51,10 @@ pub trait MustAnswer {
         owner: &str,
         ttl: Duration,
     ) -> impl Future<Output = LeaseResult> + Send;
+
+    /// `list_prefix_changes(read)`: what changed under the prefix (all of it without a
+    /// mark).
+    fn changes(&self, read: ChangesRead<'_>) -> impl Future<Output = PrefixChanges> + Send;
 }
 
 impl<S: LeaseStore + ?Sized> MustAnswer for S {
@@ -89,6 +94,12 @@ impl<S: LeaseStore + ?Sized> MustAnswer for S {
         self.try_acquire_or_queue(role, owner, ttl, None)
             .await
             .unwrap_or_else(|error| panic!("try_acquire_or_queue({role:?}, {owner:?}): {error}"))
+    }
+
+    async fn changes(&self, read: ChangesRead<'_>) -> PrefixChanges {
+        self.list_prefix_changes(read)
+            .await
+            .unwrap_or_else(|error| panic!("list_prefix_changes({read:?}): {error}"))
     }
 }
 
