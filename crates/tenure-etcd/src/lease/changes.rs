@@ -102,6 +102,11 @@ impl EtcdLeaseStore {
         ]);
         let response = self.conn.txn("listing changed leases", txn).await?;
         let (revision, gets) = answer(response)?;
+        if revision < since {
+            // The revision went back: another cluster answers at these endpoints (one
+            // restored, or made anew), and its changes are not numbered from the mark.
+            return self.list_complete(prefix).await;
+        }
         let [terms, leases, values, sessions, count] = gets_of(gets)?;
         let mut roles = BTreeMap::new();
         self.gather(&mut roles, terms.kvs(), Part::Term);
