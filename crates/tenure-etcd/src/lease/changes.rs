@@ -163,17 +163,17 @@ impl EtcdLeaseStore {
                 .conn
                 .txn("reading changed leases", Txn::new().and_then(ops))
                 .await?;
-            let (_, gets) = answer(response)?;
-            if gets.len() != 2 * chunk.len() {
+            let found = first_kvs(&response);
+            if found.len() != 2 * chunk.len() {
                 return Err(Error::store_msg(
                     BACKEND,
                     "a read answered another number of keys",
                 ));
             }
-            for (role, pair) in chunk.iter().zip(gets.chunks(2)) {
+            for (role, pair) in chunk.iter().zip(found.chunks(2)) {
                 if let Some(keys) = roles.get_mut(role) {
-                    keys.lease = pair[0].kvs().first().cloned();
-                    keys.value = pair[1].kvs().first().cloned();
+                    keys.lease = pair[0].clone();
+                    keys.value = pair[1].clone();
                 }
             }
         }
@@ -231,9 +231,11 @@ fn listed(
 }
 
 /// What a live session whose record says it expires at `expiry` has left at `now`: as
-/// its terms show it (a key etcd has not deleted yet is live for [`EXPIRY_GRACE`]).
+/// its terms show it.
 fn session_left(expiry: SystemTime, now: SystemTime) -> Duration {
-    expiry.duration_since(now).unwrap_or(EXPIRY_GRACE)
+    seen::reported_expiry(Some(expiry), now)
+        .duration_since(now)
+        .unwrap_or_default()
 }
 
 /// Every session's expiry, by etcd lease, from a range of the sessions' keys.
@@ -252,15 +254,7 @@ fn answer(response: TxnResponse) -> Result<(ChangeMark, Vec<etcd_client::GetResp
         .map(|header| header.revision())
         .and_then(|revision| u64::try_from(revision).ok())
         .ok_or_else(|| Error::store_msg(BACKEND, "a read's answer names no revision"))?;
-    let gets = response
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get),
-            _ => None,
-        })
-        .collect();
-    Ok((ChangeMark::new(revision), gets))
+    Ok((ChangeMark::new(revision), ranges(&response)))
 }
 
 /// Exactly `N` ranges' answers, in order.

@@ -253,15 +253,23 @@ pub(super) fn held_result(
     }
 }
 
-/// The first key of each range read in a transaction's answer, in order.
-pub(super) fn first_kvs(response: &TxnResponse) -> Vec<Option<KeyValue>> {
+/// The answers of the ranges read in a transaction, in order.
+pub(super) fn ranges(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
     response
         .op_responses()
         .into_iter()
         .filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get.kvs().first().cloned()),
+            TxnOpResponse::Get(get) => Some(get),
             _ => None,
         })
+        .collect()
+}
+
+/// The first key of each range read in a transaction's answer, in order.
+pub(super) fn first_kvs(response: &TxnResponse) -> Vec<Option<KeyValue>> {
+    ranges(response)
+        .iter()
+        .map(|get| get.kvs().first().cloned())
         .collect()
 }
 

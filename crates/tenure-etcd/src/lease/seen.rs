@@ -38,10 +38,7 @@ impl Holder {
     /// The expiry to report at `now`: the recorded one, or `now + EXPIRY_GRACE` when it
     /// has passed (or is unknown) but etcd still holds the key.
     pub(super) fn expires_at(&self, now: SystemTime) -> SystemTime {
-        match self.expires_at {
-            Some(at) if at > now => at,
-            _ => now + EXPIRY_GRACE,
-        }
+        reported_expiry(self.expires_at, now)
     }
 
     pub(super) fn refusal(&self, now: SystemTime) -> LeaseResult {
@@ -52,6 +49,16 @@ impl Holder {
             holder: self.owner.clone(),
             now,
         }
+    }
+}
+
+/// The expiry to report at `now` for a key etcd still holds whose recorded expiry is
+/// `recorded`: that one, or `now + EXPIRY_GRACE` when it has passed (or is unknown), as
+/// etcd deletes an expired key only at its next expiry check.
+pub(super) fn reported_expiry(recorded: Option<SystemTime>, now: SystemTime) -> SystemTime {
+    match recorded {
+        Some(at) if at > now => at,
+        _ => now + EXPIRY_GRACE,
     }
 }
 
