@@ -161,34 +161,29 @@ impl<K: Ord + Clone> LeaseCopy<K> {
             None => Vec::new(),
         };
         let since = self.mark.take();
-        let read = ChangesRead {
+        let mut read = ChangesRead {
             prefix,
             since,
             sessions: &sessions,
         };
-        let changes = store.list_prefix_changes(read).await?;
-        let complete = changes.complete;
-        let held = changes.held;
-        let changed = self.apply(changes, prefix, &key);
-        if held.is_none_or(|held| self.counts(held)) {
-            return Ok(changed);
-        }
-        // The store counts otherwise: an end it did not list (a lease of its own that
-        // lapsed). Read everything now, and again at the next read if even that
-        // disagrees (roles `key` refuses are held).
-        self.mark = None;
-        if complete {
-            return Ok(changed);
-        }
-        let changes = store
-            .list_prefix_changes(ChangesRead::complete(prefix))
-            .await?;
-        let held = changes.held;
-        let reread = self.apply(changes, prefix, &key);
-        if !held.is_none_or(|held| self.counts(held)) {
+        let mut changed = false;
+        loop {
+            let changes = store.list_prefix_changes(read).await?;
+            let complete = changes.complete;
+            let held = changes.held;
+            changed |= self.apply(changes, prefix, &key);
+            if held.is_none_or(|held| self.counts(held)) {
+                return Ok(changed);
+            }
+            // The store counts otherwise: an end it did not list (a lease of its own
+            // that lapsed). Read everything now, and again at the next read if even
+            // that disagrees (roles `key` refuses are held).
             self.mark = None;
+            if complete {
+                return Ok(changed);
+            }
+            read = ChangesRead::complete(prefix);
         }
-        Ok(changed || reread)
     }
 
     /// Whether the copy holds `held` leases, and none under a role it left out.
