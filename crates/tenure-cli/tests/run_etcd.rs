@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{every_backend_scenarios, scenarios, store_scenarios, tempdir};
+use common::{every_backend_scenarios, scenarios, tempdir};
 use tenure_testkit::etcd::EtcdServer;
 
 /// A key prefix no other test uses, on the shared server.
@@ -19,9 +19,7 @@ fn fresh_prefix(name: &str) -> String {
     )
 }
 
-every_backend_scenarios!(|_dir: &Path, name: &str| fresh_prefix(name));
-
-store_scenarios!(
+every_backend_scenarios!(
     |_dir: &Path, name: &str| fresh_prefix(name);
     fence_admits_and_refuses,
     status_and_members,

@@ -12,7 +12,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{every_backend_scenarios, store_scenarios};
+use common::every_backend_scenarios;
 use tenure_testkit::kube::KubeServer;
 
 /// A fresh namespace on the shared server, and `KUBECONFIG` for every `tenure` started.
@@ -30,9 +30,7 @@ fn fresh_namespace(name: &str) -> String {
     format!("kube:{namespace}")
 }
 
-every_backend_scenarios!(|_dir: &Path, name: &str| fresh_namespace(&name.replace('_', "-")));
-
-store_scenarios!(
+every_backend_scenarios!(
     |_dir: &Path, name: &str| fresh_namespace(&name.replace('_', "-"));
     fence_admits_and_refuses,
     status_and_members,

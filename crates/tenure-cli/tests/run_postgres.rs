@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{every_backend_scenarios, output_within, scenarios, store_scenarios, tempdir, tenure};
+use common::{every_backend_scenarios, output_within, scenarios, tempdir, tenure};
 use std::path::Path;
 use std::time::Duration;
 use tenure_testkit::postgres::{PgServer, SUPERUSER};
@@ -14,15 +14,13 @@ fn fresh_database(name: &str) -> String {
     common::fresh_database("cli", name)
 }
 
-every_backend_scenarios!(|_dir: &Path, name: &str| fresh_database(name));
-
-store_scenarios!(
+every_backend_scenarios!(
     |_dir: &Path, name: &str| fresh_database(name);
-    killed_member_shards_move_within_the_ttl,
+    fence_admits_and_refuses,
     status_and_members,
     leader_and_advertise,
+    killed_member_shards_move_within_the_ttl,
     killed_leader_lease_expires,
-    fence_admits_and_refuses,
 );
 
 /// A wrong password is a runtime failure (exit 1) that names the server it tried

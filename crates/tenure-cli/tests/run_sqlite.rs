@@ -5,11 +5,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{every_backend_scenarios, scenarios, sqlite_url, store_scenarios, tempdir};
+use common::{every_backend_scenarios, scenarios, sqlite_url, tempdir};
 
-every_backend_scenarios!(|dir: &Path, _name: &str| sqlite_url(dir));
-
-store_scenarios!(
+every_backend_scenarios!(
     |dir: &Path, _name: &str| sqlite_url(dir);
     killed_member_shards_move_within_the_ttl,
     sigint_is_forwarded,

@@ -554,11 +554,12 @@ macro_rules! store_scenarios {
 #[allow(unused_imports)]
 pub(crate) use store_scenarios;
 
-/// The [`store_scenarios`] every backend runs, on the URLs `$store` makes; a backend's
-/// file adds those it alone runs (or runs in its own way).
+/// The [`store_scenarios`] every backend runs, on the URLs `$store` makes, then the
+/// `$extra` ones that backend alone runs (or runs in its own way): one list per backend,
+/// so the shared ones are named once and the store closure written once.
 #[allow(unused_macros)]
 macro_rules! every_backend_scenarios {
-    ($store:expr) => {
+    ($store:expr; $($extra:ident),* $(,)?) => {
         $crate::common::store_scenarios!(
             $store;
             shard_group_shares_and_hands_over,
@@ -571,6 +572,7 @@ macro_rules! every_backend_scenarios {
             env_overrides_inherited,
             same_owner_label_is_two_owners,
             every_ttl_alone_starts,
+            $($extra,)*
         );
     };
 }
