@@ -346,12 +346,7 @@ impl EtcdServer {
     /// start their own instead.
     pub fn shared() -> std::result::Result<&'static EtcdServer, &'static ThrowawayError> {
         static SHARED: OnceLock<Result<EtcdServer>> = OnceLock::new();
-        extern "C" fn kill_shared() {
-            if let Some(Ok(server)) = SHARED.get() {
-                server.kill_and_clean();
-            }
-        }
-        shared_server(&SHARED, EtcdServer::start, kill_shared)
+        shared_server(&SHARED, EtcdServer::start, EtcdServer::kill_and_clean)
     }
 
     /// The client endpoint, `http://127.0.0.1:PORT`.

@@ -193,12 +193,7 @@ rules:
     /// Callers that stop, kill or pause a server start their own instead.
     pub fn shared() -> std::result::Result<&'static KubeServer, &'static ThrowawayError> {
         static SHARED: OnceLock<Result<KubeServer>> = OnceLock::new();
-        extern "C" fn kill_shared() {
-            if let Some(Ok(server)) = SHARED.get() {
-                server.kill_and_clean();
-            }
-        }
-        shared_server(&SHARED, KubeServer::start, kill_shared)
+        shared_server(&SHARED, KubeServer::start, KubeServer::kill_and_clean)
     }
 
     /// `https://127.0.0.1:PORT`.

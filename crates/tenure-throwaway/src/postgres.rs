@@ -97,12 +97,7 @@ impl PgServer {
     /// caller. Callers that stop or pause a server start their own.
     pub fn shared() -> std::result::Result<&'static PgServer, &'static ThrowawayError> {
         static SHARED: OnceLock<Result<PgServer>> = OnceLock::new();
-        extern "C" fn stop_shared() {
-            if let Some(Ok(server)) = SHARED.get() {
-                server.shutdown_and_clean();
-            }
-        }
-        shared_server(&SHARED, PgServer::start, stop_shared)
+        shared_server(&SHARED, PgServer::start, PgServer::shutdown_and_clean)
     }
 
     /// The TCP port on 127.0.0.1.

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard, OnceLock};
+use std::sync::{mpsc, Mutex, MutexGuard, Once, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -357,21 +357,45 @@ fn signal(child: &Child, sig: libc::c_int) {
     }
 }
 
-/// A process-wide server in `cell`: started by `start` on first use, `at_exit` registered
-/// to run when the process exits (it kills the server: statics are never dropped); a
-/// failed start is remembered and returned to every caller.
-pub(crate) fn shared_server<T>(
+/// A process-wide server in `cell`: started by `start` on first use, `clean` run on it
+/// when the process exits (it kills the server: statics are never dropped); a failed
+/// start is remembered and returned to every caller.
+pub(crate) fn shared_server<T: Send + Sync>(
     cell: &'static OnceLock<Result<T>>,
     start: fn() -> Result<T>,
-    at_exit: extern "C" fn(),
+    clean: fn(&T),
 ) -> std::result::Result<&'static T, &'static ThrowawayError> {
     cell.get_or_init(|| {
         let server = start()?;
-        // SAFETY: registers a plain extern "C" function to run at exit.
-        unsafe {
-            libc::atexit(at_exit);
-        }
+        at_exit(Box::new(move || {
+            if let Some(Ok(server)) = cell.get() {
+                clean(server);
+            }
+        }));
         Ok(server)
     })
     .as_ref()
+}
+
+/// What runs when the process exits, in the order `atexit` would run it (last
+/// registered first): one extern "C" function registered once runs them all, so a
+/// shared server's cleanup can be a closure over its cell.
+static AT_EXIT: Mutex<Vec<Box<dyn Fn() + Send>>> = Mutex::new(Vec::new());
+
+/// Has `hook` run when the process exits.
+fn at_exit(hook: Box<dyn Fn() + Send>) {
+    static REGISTERED: Once = Once::new();
+    extern "C" fn run_hooks() {
+        let hooks = std::mem::take(&mut *lock(&AT_EXIT));
+        for hook in hooks.iter().rev() {
+            hook();
+        }
+    }
+    lock(&AT_EXIT).push(hook);
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a plain extern "C" function to run at exit.
+        unsafe {
+            libc::atexit(run_hooks);
+        }
+    });
 }
