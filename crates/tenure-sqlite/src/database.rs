@@ -656,6 +656,20 @@ pub(crate) fn store_error(doing: &str) -> impl FnOnce(sqlx::Error) -> Error + '_
     move |e| Error::store(BACKEND, doing.to_owned(), e)
 }
 
+/// Runs `query` (one statement) on `conn`; a failure is a store error saying what it was
+/// `doing`.
+pub(crate) async fn execute<'q>(
+    conn: &mut SqliteConnection,
+    query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    doing: &str,
+) -> Result<()> {
+    query
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(store_error(doing))
+}
+
 /// Column `index` of `row`, decoded; a failure is a store error (a corrupt row).
 pub(crate) fn column<'r, T>(row: &'r sqlx::sqlite::SqliteRow, index: usize) -> Result<T>
 where

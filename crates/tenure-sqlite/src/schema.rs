@@ -10,7 +10,7 @@ use sqlx::sqlite::SqliteConnection;
 use tenure::{Error, Result};
 
 use crate::clock::{HostClock, StoreNow, SystemHostClock};
-use crate::database::store_error;
+use crate::database::{execute, store_error};
 use crate::BACKEND;
 
 /// The schema version this crate writes and understands. Version 1 kept wall-clock
@@ -194,10 +194,8 @@ pub(crate) async fn enter_boot(
     recorded: Option<&str>,
     now: &StoreNow,
 ) -> Result<()> {
-    sqlx::query(BOOT_HISTORY_TABLE)
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot create the boot history"))?;
+    let create = sqlx::query(BOOT_HISTORY_TABLE);
+    execute(conn, create, "cannot create the boot history").await?;
     if let Some(recorded) = recorded {
         // A file from before the history (or written by such a build since) may not
         // hold its latest boot there yet.
@@ -285,36 +283,33 @@ pub(crate) async fn enter_boot(
 /// every heartbeat and every candidacy is forgotten, and the file records the boot id
 /// its times now belong to.
 async fn start_boot(conn: &mut SqliteConnection, now: &StoreNow) -> Result<()> {
-    sqlx::query("UPDATE tenure_leases SET expires_at = ?1")
-        .bind(now.mono)
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot expire the leases of a past boot"))?;
-    // Their times belong to the past boot; the terms held under them read as ended
-    // through their own `expires_at`, set just above.
-    sqlx::query("DELETE FROM tenure_sessions")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot end the sessions of a past boot"))?;
-    sqlx::query("DELETE FROM tenure_nodes")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot forget the heartbeats of a past boot"))?;
-    // Their expiries belong to the past boot too; their contenders queue again.
-    sqlx::query("DELETE FROM tenure_candidates")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot forget the candidates of a past boot"))?;
+    let expire = sqlx::query("UPDATE tenure_leases SET expires_at = ?1").bind(now.mono);
+    execute(conn, expire, "cannot expire the leases of a past boot").await?;
+    for (statement, doing) in [
+        // Their times belong to the past boot; the terms held under them read as ended
+        // through their own `expires_at`, set just above.
+        (
+            "DELETE FROM tenure_sessions",
+            "cannot end the sessions of a past boot",
+        ),
+        (
+            "DELETE FROM tenure_nodes",
+            "cannot forget the heartbeats of a past boot",
+        ),
+        // Their expiries belong to the past boot too; their contenders queue again.
+        (
+            "DELETE FROM tenure_candidates",
+            "cannot forget the candidates of a past boot",
+        ),
+    ] {
+        execute(conn, sqlx::query(statement), doing).await?;
+    }
     record_boot(conn, &now.boot_id).await
 }
 
 async fn record_boot(conn: &mut SqliteConnection, boot_id: &str) -> Result<()> {
-    sqlx::query("INSERT OR REPLACE INTO tenure_boot (id, boot_id) VALUES (0, ?1)")
-        .bind(boot_id)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot record the boot id"))
+    let insert = sqlx::query("INSERT OR REPLACE INTO tenure_boot (id, boot_id) VALUES (0, ?1)");
+    execute(conn, insert.bind(boot_id), "cannot record the boot id").await
 }
 
 /// Creates tenure's tables in the database behind `conn` if they are missing, or
@@ -390,10 +385,7 @@ pub(crate) async fn create_schema_at(
     .await?;
     run_all(conn, SESSION_OBJECTS).await?;
     for statement in std::iter::once(SESSION_GUARD).chain(CHANGE_NUMBERS) {
-        sqlx::query(statement)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
+        execute(conn, sqlx::query(statement), "cannot create the schema").await?;
     }
     Ok(())
 }
@@ -405,33 +397,35 @@ async fn run_all(conn: &mut SqliteConnection, statements: &str) -> Result<()> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        sqlx::query(statement)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| Error::store(BACKEND, "cannot create the schema", e))?;
+        execute(conn, sqlx::query(statement), "cannot create the schema").await?;
     }
     Ok(())
 }
 
+/// Ends a migration step: records schema `version` and logs that the file has it now,
+/// with `what` that version brought.
+async fn migrated_to(conn: &mut SqliteConnection, version: i64, what: &str) -> Result<()> {
+    record_version(conn, version).await?;
+    tracing::info!("migrated the sqlite store to schema {version}: {what}");
+    Ok(())
+}
+
 async fn record_version(conn: &mut SqliteConnection, version: i64) -> Result<()> {
-    sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'")
-        .bind(version)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot record the schema version"))
+    let update = sqlx::query("UPDATE tenure_meta SET value = ?1 WHERE key = 'schema_version'");
+    execute(
+        conn,
+        update.bind(version),
+        "cannot record the schema version",
+    )
+    .await
 }
 
 /// Migrates a schema-2 file to sessions: every lease is a plain one (no session), and
 /// `tenure_sessions` was created empty with the rest of the schema.
 async fn add_sessions(conn: &mut SqliteConnection) -> Result<()> {
-    sqlx::query("ALTER TABLE tenure_leases ADD COLUMN session_id INTEGER")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot add sessions to the leases"))?;
-    record_version(conn, 3).await?;
-    tracing::info!("migrated the sqlite store to schema 3: sessions");
-    Ok(())
+    let add = sqlx::query("ALTER TABLE tenure_leases ADD COLUMN session_id INTEGER");
+    execute(conn, add, "cannot add sessions to the leases").await?;
+    migrated_to(conn, 3, "sessions").await
 }
 
 /// Migrates a schema-3 file to advertised values: every existing term advertised
@@ -444,14 +438,14 @@ async fn add_values(conn: &mut SqliteConnection) -> Result<()> {
         "ALTER TABLE tenure_leases ADD COLUMN value_token INTEGER",
         "DROP VIEW IF EXISTS tenure_terms",
     ] {
-        sqlx::query(statement)
-            .execute(&mut *conn)
-            .await
-            .map_err(store_error("cannot add values to the leases"))?;
+        execute(
+            conn,
+            sqlx::query(statement),
+            "cannot add values to the leases",
+        )
+        .await?;
     }
-    record_version(conn, 4).await?;
-    tracing::info!("migrated the sqlite store to schema 4: advertised values");
-    Ok(())
+    migrated_to(conn, 4, "advertised values").await
 }
 
 /// Migrates a schema-4 file to the queue of candidates: `tenure_candidates` was created
@@ -459,9 +453,7 @@ async fn add_values(conn: &mut SqliteConnection) -> Result<()> {
 /// running on the file knows nothing of the queue: its release frees a role rather than
 /// hand it over, and the candidates then contend for it as they would have before.
 async fn add_queue(conn: &mut SqliteConnection) -> Result<()> {
-    record_version(conn, 5).await?;
-    tracing::info!("migrated the sqlite store to schema 5: the queue of candidates");
-    Ok(())
+    migrated_to(conn, 5, "the queue of candidates").await
 }
 
 /// Migrates a schema-5 file to membership through sessions: `tenure_sessions.kept_at`
@@ -479,9 +471,7 @@ async fn add_heartbeat_sessions(conn: &mut SqliteConnection) -> Result<()> {
     ] {
         add_column_unless_present(conn, table, column, "INTEGER").await?;
     }
-    record_version(conn, 6).await?;
-    tracing::info!("migrated the sqlite store to schema 6: membership through sessions");
-    Ok(())
+    migrated_to(conn, 6, "membership through sessions").await
 }
 
 /// Migrates a schema-6 file to change numbers: `tenure_leases.changed` (0 for every
@@ -491,13 +481,9 @@ async fn add_heartbeat_sessions(conn: &mut SqliteConnection) -> Result<()> {
 async fn add_change_numbers(conn: &mut SqliteConnection) -> Result<()> {
     let kind = "INTEGER NOT NULL DEFAULT 0";
     add_column_unless_present(conn, "tenure_leases", "changed", kind).await?;
-    sqlx::query("DROP VIEW IF EXISTS tenure_terms")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot add change numbers to the leases"))?;
-    record_version(conn, 7).await?;
-    tracing::info!("migrated the sqlite store to schema 7: change numbers");
-    Ok(())
+    let drop_view = sqlx::query("DROP VIEW IF EXISTS tenure_terms");
+    execute(conn, drop_view, "cannot add change numbers to the leases").await?;
+    migrated_to(conn, 7, "change numbers").await
 }
 
 /// Adds `column` of `kind` to `table` unless it has it: a table the file created under a
@@ -576,10 +562,13 @@ async fn migrate_from_wall_clock(conn: &mut SqliteConnection, now: &StoreNow) ->
     }
     // Gone, so a schema-1 tenure still running on the file fails every call rather
     // than mixing wall-clock times into monotonic ones.
-    sqlx::query("DROP TABLE tenure_clock")
-        .execute(&mut *conn)
-        .await
-        .map_err(store_error("cannot drop the schema-1 store clock"))?;
+    let drop_clock = "DROP TABLE tenure_clock";
+    execute(
+        conn,
+        sqlx::query(drop_clock),
+        "cannot drop the schema-1 store clock",
+    )
+    .await?;
     record_boot(conn, &now.boot_id).await?;
     record_version(conn, 2).await?;
     tracing::info!(

@@ -12,7 +12,7 @@
 use sqlx::sqlite::SqliteConnection;
 use tenure::Result;
 
-use crate::database::{column, store_error};
+use crate::database::{column, execute, store_error};
 
 /// Refreshes the live candidacy of owner `?2` for role `?1` at store time `?5`: expiry
 /// `?3`, value `?4`; its place is kept.
@@ -69,15 +69,12 @@ pub(super) async fn enqueue(
         return Ok(());
     }
     sweep(conn, role, owner, now).await?;
-    sqlx::query(JOIN)
+    let join = sqlx::query(JOIN)
         .bind(role)
         .bind(owner)
         .bind(expires_at)
-        .bind(value)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot queue the candidate"))
+        .bind(value);
+    execute(conn, join, "cannot queue the candidate").await
 }
 
 /// Ends `owner`'s candidacy for `role` (its term began) and sweeps the role's lapsed
@@ -88,14 +85,8 @@ pub(super) async fn sweep(
     owner: &str,
     now: i64,
 ) -> Result<()> {
-    sqlx::query(LEAVE)
-        .bind(role)
-        .bind(owner)
-        .bind(now)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot leave the queue"))
+    let leave = sqlx::query(LEAVE).bind(role).bind(owner).bind(now);
+    execute(conn, leave, "cannot leave the queue").await
 }
 
 /// Removes `owner`'s candidacy for `role`; whether it was live.

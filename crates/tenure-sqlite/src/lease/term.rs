@@ -8,7 +8,7 @@ use sqlx::sqlite::SqliteConnection;
 use tenure::{Error, Result};
 
 use super::queue;
-use crate::database::{column, store_error};
+use crate::database::{column, execute, store_error};
 use crate::BACKEND;
 
 // The statements of the write paths, each run inside one `BEGIN IMMEDIATE` transaction
@@ -175,15 +175,13 @@ pub(super) async fn write_term(
     };
     let (token, new_term) = match read_row(conn, role).await? {
         None => {
-            sqlx::query(INSERT_LEASE)
+            let insert = sqlx::query(INSERT_LEASE)
                 .bind(role)
                 .bind(owner)
                 .bind(expires_at)
                 .bind(session)
-                .bind(value)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error("cannot write the lease"))?;
+                .bind(value);
+            execute(&mut *conn, insert, "cannot write the lease").await?;
             queue::sweep(conn, role, owner, now).await?;
             (1, true)
         }
@@ -195,12 +193,8 @@ pub(super) async fn write_term(
                     None => RENEW_LEASE,
                     Some(_) => DETACH_LEASE,
                 };
-                sqlx::query(renew)
-                    .bind(role)
-                    .bind(expires_at)
-                    .execute(conn)
-                    .await
-                    .map_err(store_error("cannot renew the lease"))?;
+                let renew = sqlx::query(renew).bind(role).bind(expires_at);
+                execute(conn, renew, "cannot renew the lease").await?;
             }
             (row.token, false)
         }
@@ -274,17 +268,14 @@ async fn newest_live_session(
 
 /// Begins `term` on `role`'s row, replacing the term there.
 async fn take_over(conn: &mut SqliteConnection, role: &str, term: NewTerm<'_>) -> Result<()> {
-    sqlx::query(TAKE_OVER_LEASE)
+    let write = sqlx::query(TAKE_OVER_LEASE)
         .bind(role)
         .bind(term.owner)
         .bind(term.token)
         .bind(term.expires_at)
         .bind(term.session)
-        .bind(term.value)
-        .execute(conn)
-        .await
-        .map(drop)
-        .map_err(store_error("cannot write the lease"))
+        .bind(term.value);
+    execute(conn, write, "cannot write the lease").await
 }
 
 /// The step of `release` inside an open `BEGIN IMMEDIATE` transaction at store time
@@ -363,11 +354,13 @@ pub(super) async fn end_term(
                 // A term begun for a queued owner ends its candidacy, as every acquire.
                 queue::sweep(conn, role, to, now).await?;
                 // Told by the session's keep-alives (`SessionGrant::terms_handed`).
-                sqlx::query(COUNT_TERM_HANDED)
-                    .bind(session)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(store_error("cannot count the term handed to the session"))?;
+                let count = sqlx::query(COUNT_TERM_HANDED).bind(session);
+                execute(
+                    &mut *conn,
+                    count,
+                    "cannot count the term handed to the session",
+                )
+                .await?;
                 return Ok(Ended::HandedTo(to.to_owned()));
             }
             None
@@ -387,12 +380,8 @@ pub(super) async fn end_term(
             Ok(Ended::HandedTo(next.owner))
         }
         (None, Successor::OldestOrFree | Successor::SessionOf(_)) => {
-            sqlx::query(RELEASE_LEASE)
-                .bind(role)
-                .bind(now)
-                .execute(&mut *conn)
-                .await
-                .map_err(store_error("cannot release the lease"))?;
+            let release_lease = sqlx::query(RELEASE_LEASE).bind(role).bind(now);
+            execute(&mut *conn, release_lease, "cannot release the lease").await?;
             // Any candidates left have lapsed.
             queue::sweep(conn, role, owner, now).await?;
             Ok(Ended::Freed)
