@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tenure::{Error, FencingToken, LeaseStore};
+use tenure::{Error, FencingToken, LeaseResult, LeaseStore, SessionGrant};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
 use tenure_testkit::MustAnswer;
 use tokio::time::{timeout, Instant};
@@ -43,6 +43,13 @@ async fn assert_ended(
     let taken = store.try_acquire(role, "node-other", TTL).await;
     assert!(taken.acquired, "{taken:?}");
     assert_eq!(taken.fencing_token, held.next());
+}
+
+/// node-a's session on `store`, holding `g/0`: the session and its term.
+async fn session_holding_g0(store: &dyn LeaseStore) -> (SessionGrant, LeaseResult) {
+    let session = store.open_session("node-a", TTL).await.unwrap();
+    let held = store.acquire_in_session("g/0", session.id).await.unwrap();
+    (session, held)
 }
 
 /// Every lease row and every session row, as stored.
@@ -139,8 +146,7 @@ async fn session_ids_are_never_handed_out_twice() {
 async fn a_new_boot_ends_every_session() {
     let (_dir, clock, db) = manual_db(SqliteOptions::new()).await;
     let store = db.lease_store();
-    let session = store.open_session("node-a", TTL).await.unwrap();
-    let held = store.acquire_in_session("g/0", session.id).await.unwrap();
+    let (session, held) = session_holding_g0(&store).await;
     clock.reboot();
     assert!(matches!(
         store.acquire_in_session("g/1", session.id).await,
@@ -156,8 +162,7 @@ async fn a_new_boot_ends_every_session() {
 async fn ended_sessions_are_forgotten_and_stay_ended() {
     let (_dir, clock, db) = manual_db(SqliteOptions::new()).await;
     let store = db.lease_store();
-    let old = store.open_session("node-a", TTL).await.unwrap();
-    let held = store.acquire_in_session("g/0", old.id).await.unwrap();
+    let (old, held) = session_holding_g0(&store).await;
     clock.advance(TTL / 2);
     assert!(store.keep_alive(old.id, TTL).await.is_some());
     clock.advance(TTL + TTL / 2);
@@ -224,8 +229,7 @@ async fn close_in_process_wakes_waiters_at_once() {
 async fn a_schema_2_takeover_of_a_session_term_fails() {
     let (_dir, clock, db) = manual_db(SqliteOptions::new()).await;
     let store = db.lease_store();
-    let session = store.open_session("node-a", TTL).await.unwrap();
-    let held = store.acquire_in_session("g/0", session.id).await.unwrap();
+    let (session, held) = session_holding_g0(&store).await;
     store.try_acquire("plain", "node-a", TTL).await;
     // Kept alive past the role's own `expires_at`, which is all schema 2 reads.
     clock.advance(TTL / 2);
