@@ -138,12 +138,9 @@ async fn a_relist_newer_than_an_own_write_is_taken_once_read() {
 /// leaves nothing to settle.
 #[tokio::test]
 async fn settling_a_relisted_copy() {
+    let (own, listed) = (version("c", "12", None), version("c", "10", None));
     let shared = Shared::new();
-    let contested = relist(
-        &shared,
-        &version("c", "12", None),
-        &version("c", "10", None),
-    );
+    let contested = relist(&shared, &own, &listed);
     own_copy(&shared, &version("c", "14", Some("node-b")));
     for contested in contested {
         shared.settle(contested, Ok(Some(version("c", "13", None))));
@@ -151,27 +148,18 @@ async fn settling_a_relisted_copy() {
     assert_eq!(cached_version(&shared, "c").as_deref(), Some("14"));
 
     let shared = Shared::new();
-    for contested in relist(
-        &shared,
-        &version("c", "12", None),
-        &version("c", "10", None),
-    ) {
+    for contested in relist(&shared, &own, &listed) {
         shared.settle(contested, Err(()));
     }
     assert_eq!(cached_version(&shared, "c").as_deref(), Some("10"));
 
     let shared = Shared::new();
-    for contested in relist(
-        &shared,
-        &version("c", "12", None),
-        &version("c", "10", None),
-    ) {
+    for contested in relist(&shared, &own, &listed) {
         shared.settle(contested, Ok(None));
     }
     assert_eq!(cached_version(&shared, "c"), None);
 
     let shared = Shared::new();
-    let own = version("c", "12", None);
     assert!(relist(&shared, &own, &own).is_empty());
     assert_eq!(cached_version(&shared, "c").as_deref(), Some("12"));
 }
