@@ -12,6 +12,7 @@
 //! | `leases/R` NUL `handoff` | [`HandoffRecord`] (JSON) | none | a handover under way: R's last term ended, the candidate's has not begun |
 //! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
 //! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
+//! | `changed` | empty | none | put by every transaction that begins or ends a term: its mod revision is the latest such change |
 //!
 //! `values/R` is written only by the transaction that starts a term (put with a value,
 //! deleted without one) and deleted by release, never by a renewal: `terms/R` is
@@ -27,6 +28,12 @@
 //! on an etcd lease of the candidate's TTL, so a candidate that stops refreshing drops
 //! out of the queue by itself; a refresh puts the key again (keeping its create
 //! revision, so its place) and keeps the lease alive.
+//!
+//! `changed` is what a session's keep-alive tells as the latest change
+//! ([`tenure::SessionGrant::latest_change`]): it reads the key in the transaction that
+//! writes the session's record, so the answer is the store's state at that revision. A
+//! term that lapses (etcd deletes its key) does not put it, and neither does a tenure
+//! older than this key, whose changes are seen only by a member's timer look.
 //!
 //! The handover key sorts right after `leases/R` (no name holds a NUL), so one watch of
 //! the range `[leases/R, leases/R \x01)` sees a term end, a handover reserve the role and
@@ -163,6 +170,11 @@ impl Keys {
     /// `<prefix>/nodes/<node_id>`: the node's membership.
     pub fn node(&self, node_id: &str) -> String {
         format!("{}/nodes/{node_id}", self.prefix)
+    }
+
+    /// `<prefix>/changed`: put by every transaction that begins or ends a term.
+    pub fn changed(&self) -> String {
+        format!("{}/changed", self.prefix)
     }
 
     /// `<prefix>/sessions/<lease id, hex>`: a live session, on its own etcd lease.
@@ -429,6 +441,19 @@ mod tests {
         let a = keys.candidate("a", "b/o");
         assert!(a_dir.as_str() <= a.as_str() && a.as_str() < a_end.as_str());
         assert!(name_under(keys.handoff("a").as_bytes(), &keys.leases_dir()).is_none());
+        // No listing of roles, sessions or nodes takes the change key for one of theirs.
+        for dir in [
+            keys.leases_dir(),
+            keys.terms_dir(),
+            keys.values_dir(),
+            keys.sessions_dir(),
+            keys.nodes_dir(),
+        ] {
+            assert!(
+                name_under(keys.changed().as_bytes(), &dir).is_none(),
+                "{dir}"
+            );
+        }
         let (lease, handoff, end) = (
             keys.lease("a"),
             keys.handoff("a"),

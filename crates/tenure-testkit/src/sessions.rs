@@ -508,7 +508,8 @@ pub async fn scenario_session_changes_keep_a_copy(backend: &dyn LeaseBackend) {
 /// past it saw everything: a keep-alive after a read tells nothing later than the read's
 /// mark while no term changes (renewals, keep-alives and reads are no changes), and
 /// something later once a term of any prefix begins or ends, through another instance
-/// of the store too (a new term, a release, a session closed with its roles). A store
+/// of the store too (a new term, a release, a session closed with its roles, a batch of
+/// terms under a session, a release that hands the role to a queued candidate). A store
 /// that does not tell says `None` at every step.
 pub async fn scenario_session_tells_the_latest_change(backend: &dyn LeaseBackend) {
     let fx = backend.create().await;
@@ -559,6 +560,25 @@ pub async fn scenario_session_tells_the_latest_change(backend: &dyn LeaseBackend
         ttl,
         mark,
         "a session closed with a role",
+    )
+    .await;
+    let batch = ["q/3".to_owned(), "q/4".to_owned()];
+    other.acquire_many_in_session(&batch, a.id).await.unwrap();
+    let mark = changed_since(store.as_ref(), a.id, ttl, mark, "a batch of new terms").await;
+    let held = store.try_acquire("r/1", "node-c", ttl).await;
+    assert!(!other.acquire_or_queue("r/1", "node-e", ttl).await.acquired);
+    let mark = read_mark(store.as_ref(), Some(mark)).await;
+    assert!(
+        store
+            .release_term("r/1", "node-c", held.fencing_token)
+            .await
+    );
+    let mark = changed_since(
+        store.as_ref(),
+        a.id,
+        ttl,
+        mark,
+        "a release that handed the role to a queued candidate",
     )
     .await;
     let d = open(store.as_ref(), "node-d", ttl).await;

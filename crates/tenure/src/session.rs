@@ -75,7 +75,7 @@ pub struct SessionGrant {
     #[serde(default)]
     pub terms_handed: Option<u64>,
     /// Where the store's numbering of lease changes stood at the call, on a store whose
-    /// keep-alives tell it (PostgreSQL, SQLite, in memory); `None` otherwise. A read of
+    /// keep-alives tell it (PostgreSQL, SQLite, etcd, in memory); `None` otherwise. A read of
     /// changes ([`LeaseStore::list_prefix_changes`]) whose mark is at or past it saw every
     /// change of every lease (of any prefix) made before the call; one whose mark is
     /// before it may have missed some. So a shard member that planned from a read looks

@@ -94,6 +94,7 @@ pub(super) fn handover_txn(
     Ok(Txn::new().when(compares).and_then(
         ending_ops(keys, role, record)?
             .chain(reserve)
+            .chain([changed_put(keys)])
             .collect::<Vec<_>>(),
     ))
 }
@@ -154,6 +155,9 @@ fn begin_txn(keys: &Keys, role: &str, pending: &Pending) -> Result<Txn> {
             TxnOp::delete(kv.key().to_vec(), None),
         ]);
     }
+    // A handover with nobody next frees the role: no term begins, but a reader that saw
+    // it reserved sees it free.
+    then.push(changed_put(keys));
     Ok(Txn::new()
         .when(compares)
         .and_then(then)

@@ -48,9 +48,20 @@ pub(super) enum Extra {
     /// in a transaction nested in the failure branch that skips the put when the
     /// caller holds the role itself.
     Queue(Vec<u8>),
-    /// Require a session to live (this compare) and read its key (this read) in either
-    /// branch.
-    Session(Compare, TxnOp),
+    /// Require a session to live (`guard`) and read its key (`read`) in either branch.
+    /// `batched`: the transaction is nested in a batch that puts the change key once for
+    /// all (etcd refuses a transaction that puts one key twice), so it does not.
+    Session {
+        guard: Compare,
+        read: TxnOp,
+        batched: bool,
+    },
+}
+
+/// The put that says a term began or ended (see the `changed` key in `schema.rs`): in
+/// the same transaction as the change, so its mod revision is the change's.
+pub(super) fn changed_put(keys: &Keys) -> TxnOp {
+    TxnOp::put(keys.changed(), "", None)
 }
 
 /// [`acquire_txn`] with the encoded term record, the encoded value the term advertises
@@ -87,6 +98,9 @@ pub(super) fn acquire_txn_with(
         },
         TxnOp::delete(keys.candidate(role, owner), None),
     ];
+    if !matches!(extra, Extra::Session { batched: true, .. }) {
+        then.push(changed_put(keys));
+    }
     let mut otherwise = vec![
         TxnOp::get(lease_key.clone(), None),
         TxnOp::get(term_key, None),
@@ -107,7 +121,11 @@ pub(super) fn acquire_txn_with(
                     )]),
             ));
         }
-        Extra::Session(compare, read) => {
+        Extra::Session {
+            guard: compare,
+            read,
+            batched: _,
+        } => {
             compares.push(compare);
             then.push(read.clone());
             otherwise.push(read);
@@ -169,14 +187,15 @@ pub fn release_txn(
         .when(own_term_compares(keys, role, owner, token))
         .and_then(
             ending_ops(keys, role, record)?
-                .chain([TxnOp::txn(reserve)])
+                .chain([TxnOp::txn(reserve), changed_put(keys)])
                 .collect::<Vec<_>>(),
         ))
 }
 
 /// The operations that end a live term, first in every transaction that does: delete
 /// the lease key (returning it), put the ended term's `record` (returning the previous
-/// one) and delete its value.
+/// one) and delete its value. Each such transaction puts the change key
+/// ([`changed_put`]) last, after what it reads by position.
 pub(super) fn ending_ops(
     keys: &Keys,
     role: &str,

@@ -4,7 +4,8 @@
 //! `L`, so readers take the role's expiry from the session record.
 //!
 //! - open: grant `L`, put the session key on it (two round trips, once per session);
-//! - keep-alive: one etcd keep-alive of `L` plus one put of the session key, O(1)
+//! - keep-alive: one etcd keep-alive of `L` plus one transaction that puts the session
+//!   key and reads the change key (the latest change it tells, see `schema.rs`), O(1)
 //!   however many roles; against a server whose keep-alive answers are unsafe (see
 //!   [`crate::version`]) the put is sent after the keep-alive answered and is guarded by
 //!   the session key still existing (the one created at open: same create revision),
@@ -19,14 +20,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tenure::lease::{validate_name, validate_roles, validate_ttl};
 use tenure::session::validate_open;
-use tenure::{Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
+use tenure::{ChangeMark, Error, LeaseResult, LeaseStore, Result, SessionGrant, SessionId};
 
 use super::{
-    acquire_txn_with, first_kvs, held_result, lease_duration, own_term_compares, seen_in,
-    EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
+    acquire_txn_with, changed_put, first_kvs, held_result, lease_duration, own_term_compares,
+    seen_in, EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
 };
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionRecord,
@@ -92,7 +95,7 @@ impl KnownSession {
         (self.expires_at, now)
     }
 
-    fn grant(&self, lease: i64, wall_now: SystemTime) -> SessionGrant {
+    fn grant(&self, lease: i64, wall_now: SystemTime, latest_change: ChangeMark) -> SessionGrant {
         let (expires_at, now) = self.answer(wall_now);
         SessionGrant {
             id: session_id(lease),
@@ -101,9 +104,21 @@ impl KnownSession {
             now,
             peers_lapse: None,
             terms_handed: None,
-            latest_change: None,
+            latest_change: Some(latest_change),
         }
     }
+}
+
+/// The latest change (see the `changed` key in `schema.rs`) as read by a transaction
+/// that wrote a session's record: the key's mod revision, comparable with the marks of
+/// reads of changes (their revisions); zero while no term ever changed.
+fn latest_change(response: &TxnResponse) -> ChangeMark {
+    let revision = first_kvs(response)
+        .into_iter()
+        .next()
+        .flatten()
+        .map_or(0, |kv| kv.mod_revision());
+    ChangeMark::new(u64::try_from(revision).unwrap_or(0))
 }
 
 /// The etcd lease of a session id; `None` for ids etcd never hands out.
@@ -136,18 +151,19 @@ fn session_put(keys: &Keys, lease: i64, record: &SessionRecord) -> Result<TxnOp>
     ))
 }
 
-/// The transaction acquiring `role` under session `lease` for `owner`: when the role's
-/// key is absent and the session lives, put the key on the session's lease and the term
-/// `record` (naming the session); otherwise read the role's key and record. Both read
-/// the session key.
+/// The transaction acquiring `role` under `session` (etcd lease `lease`) for its owner:
+/// when the role's key is absent and the session lives, put the key on the session's
+/// lease and the term `record` (naming the session); otherwise read the role's key and
+/// record. Both read the session key. `batched`: nested in a batch that puts the change
+/// key itself.
 fn acquire_under_txn(
     keys: &Keys,
     role: &str,
-    owner: &str,
-    lease: i64,
-    session: &KnownSession,
+    (lease, session): (i64, &KnownSession),
     record: &TermRecord,
+    batched: bool,
 ) -> Result<Txn> {
+    let owner = &session.owner;
     let stored = SessionTermRecord {
         term: record,
         session: lease,
@@ -164,7 +180,11 @@ fn acquire_under_txn(
         encode(&stored)?,
         // A term under a session advertises nothing.
         None,
-        Extra::Session(guard.0, guard.1),
+        Extra::Session {
+            guard: guard.0,
+            read: guard.1,
+            batched,
+        },
     ))
 }
 
@@ -250,12 +270,16 @@ impl EtcdLeaseStore {
         let key = self.keys.session(lease);
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([session_put(&self.keys, lease, &session.record())?]);
+            .and_then([
+                session_put(&self.keys, lease, &session.record())?,
+                TxnOp::get(self.keys.changed(), None),
+            ]);
         let opened = self.conn.txn("opening a session", txn).await;
         let mut session = session;
-        match opened {
+        let latest = match opened {
             Ok(response) if response.succeeded() => {
                 session.created = response.header().map_or(0, |h| h.revision());
+                latest_change(&response)
             }
             Ok(_) => {
                 self.conn.revoke_quietly(lease).await;
@@ -268,9 +292,9 @@ impl EtcdLeaseStore {
                 self.conn.revoke_quietly(lease).await;
                 return Err(error);
             }
-        }
+        };
         self.remember(lease, session.clone());
-        Ok(session.grant(lease, self.wall()))
+        Ok(session.grant(lease, self.wall(), latest))
     }
 
     pub(super) async fn keep_alive(
@@ -306,7 +330,10 @@ impl EtcdLeaseStore {
         session.expires_at = round_trip(sent.wall + ends.saturating_duration_since(sent.mono));
         let txn = Txn::new()
             .when([session_compare(&self.keys, lease, &session)])
-            .and_then([session_put(&self.keys, lease, &session.record())?]);
+            .and_then([
+                session_put(&self.keys, lease, &session.record())?,
+                TxnOp::get(self.keys.changed(), None),
+            ]);
         // Only etcd's own answers end a session here: the lease not found, or the session
         // key gone or not the one created at open. A failed request (timeout, reset,
         // leader change) says nothing about the lease, which may well live on and keep
@@ -330,13 +357,18 @@ impl EtcdLeaseStore {
                 self.conn.keep_alive_once(lease),
             )
         };
-        if !written?.succeeded() || !alive? {
+        let written = written?;
+        if !written.succeeded() || !alive? {
             // Ended (expired or closed): never revived.
             self.forget(lease);
             return Ok(None);
         }
         self.remember(lease, session.clone());
-        Ok(Some(session.grant(lease, self.wall())))
+        Ok(Some(session.grant(
+            lease,
+            self.wall(),
+            latest_change(&written),
+        )))
     }
 
     /// The live session `id` (its lease and what this instance knows of it), and the
@@ -385,10 +417,12 @@ impl EtcdLeaseStore {
             }
             let mut nested = Vec::with_capacity(distinct.len());
             for role in &distinct {
-                let txn =
-                    acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
+                let txn = acquire_under_txn(&self.keys, role, (lease, &session), &record, true)?;
                 nested.push(TxnOp::txn(txn));
             }
+            // Once for the batch, after the acquires (their answers are read by position),
+            // whether or not any of them began a term: an extra look at worst.
+            nested.push(changed_put(&self.keys));
             let response = self
                 .conn
                 .txn("acquiring leases in a session", Txn::new().and_then(nested))
@@ -427,7 +461,7 @@ impl EtcdLeaseStore {
     pub(super) async fn acquire_under(&self, role: &str, id: SessionId) -> Result<LeaseResult> {
         validate_name("role", role)?;
         let (lease, session, record) = self.session_term(id).await?;
-        let txn = acquire_under_txn(&self.keys, role, &session.owner, lease, &session, &record)?;
+        let txn = acquire_under_txn(&self.keys, role, (lease, &session), &record, false)?;
         for _ in 0..MAX_ATTEMPTS {
             let response = self
                 .conn
@@ -582,6 +616,7 @@ impl EtcdLeaseStore {
                 ])));
             }
             if !releases.is_empty() {
+                releases.push(changed_put(&self.keys));
                 self.conn
                     .txn(
                         "releasing a closed session's roles",
