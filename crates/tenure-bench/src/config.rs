@@ -90,12 +90,7 @@ impl StoreSpec {
                     )));
                 }
             };
-        if spec.is_etcd() {
-            check_etcd(&spec)?;
-        }
-        if spec.is_kube() {
-            check_kube(&spec)?;
-        }
+        check_server(&spec)?;
         if let StoreSpec::Postgres(url) = &spec {
             // Also keeps sqlx from logging a parameter it does not know, with its value.
             tenure_postgres::connect_options(url).map_err(url_usage)?;
@@ -156,34 +151,25 @@ fn url_usage(error: tenure::Error) -> BenchError {
     }
 }
 
-/// Checks an etcd store before anything is started: the URL's shape (the message never
-/// echoes the URL), and that this build measures etcd at all.
-#[cfg(feature = "etcd")]
-fn check_etcd(spec: &StoreSpec) -> Result<(), BenchError> {
-    if let StoreSpec::Etcd(url) = spec {
-        tenure_etcd::EtcdUrl::parse(url).map_err(url_usage)?;
+/// Checks an etcd or Kubernetes store before anything is started: the etcd URL's shape
+/// or the namespace's name (the message never echoes the URL), and that this build
+/// measures that store at all. Other stores pass.
+fn check_server(spec: &StoreSpec) -> Result<(), BenchError> {
+    match spec {
+        #[cfg(feature = "etcd")]
+        StoreSpec::Etcd(url) => tenure_etcd::EtcdUrl::parse(url)
+            .map(drop)
+            .map_err(url_usage),
+        #[cfg(feature = "kube")]
+        StoreSpec::Kube(url) => tenure_kube::KubeUrl::parse(url)
+            .map(drop)
+            .map_err(url_usage),
+        #[cfg(not(feature = "etcd"))]
+        StoreSpec::Etcd(_) | StoreSpec::EtcdThrowaway => Err(usage(crate::ETCD_NOT_BUILT)),
+        #[cfg(not(feature = "kube"))]
+        StoreSpec::Kube(_) | StoreSpec::KubeThrowaway => Err(usage(crate::KUBE_NOT_BUILT)),
+        _ => Ok(()),
     }
-    Ok(())
-}
-
-#[cfg(not(feature = "etcd"))]
-fn check_etcd(_spec: &StoreSpec) -> Result<(), BenchError> {
-    Err(usage(crate::ETCD_NOT_BUILT))
-}
-
-/// Checks a Kubernetes store before anything is started: the namespace's name, and that
-/// this build measures Kubernetes at all.
-#[cfg(feature = "kube")]
-fn check_kube(spec: &StoreSpec) -> Result<(), BenchError> {
-    if let StoreSpec::Kube(url) = spec {
-        tenure_kube::KubeUrl::parse(url).map_err(url_usage)?;
-    }
-    Ok(())
-}
-
-#[cfg(not(feature = "kube"))]
-fn check_kube(_spec: &StoreSpec) -> Result<(), BenchError> {
-    Err(usage(crate::KUBE_NOT_BUILT))
 }
 
 /// One bench run's settings.
