@@ -236,6 +236,9 @@ pub enum CutFlavour {
     /// The same for one worker's connections only (the leader's when known): its process
     /// runs on, its calls hang and are delivered on the heal, and the others reach the
     /// store as before, as with one host's wedged socket or a link that stops carrying.
+    /// In a shard group the odd slots heartbeat straight to the store, around their
+    /// proxies: a wedge of one of those, reported as `wedge-store`, stalls the member's
+    /// session and writes while its heartbeats go on.
     Wedge,
     /// PostgreSQL ends every worker backend (`pg_terminate_backend`).
     Terminate,

@@ -48,6 +48,11 @@ pub struct WorkerArgs {
     pub sqlite_busy: Duration,
     /// Proxies to reach the store through (see [`Connect::via`]); empty: direct.
     pub via: Vec<SocketAddr>,
+    /// Shard mode: heartbeat into the group's registry over a connection of its own,
+    /// straight to the store rather than through `via`, so a wedge of the proxies
+    /// stalls this member's store calls (session, terms, writes) while its heartbeats
+    /// go on, as with a registry on another connection or server.
+    pub registry_direct: bool,
 }
 
 impl WorkerArgs {
@@ -76,6 +81,9 @@ impl WorkerArgs {
         }
         if self.unsafe_skip_fence {
             flags.push("--unsafe-skip-fence".to_owned());
+        }
+        if self.registry_direct {
+            flags.push("--registry-direct".to_owned());
         }
         if !self.via.is_empty() {
             flags.push("--via".to_owned());
@@ -111,27 +119,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             shutdown.cancel();
         });
     }
-    // The server may be restarting when this incarnation starts: keep trying.
-    let backend = loop {
-        let connect = Connect {
-            app_name: &args.app_name,
-            ttl: args.ttl,
-            sqlite_busy: args.sqlite_busy,
-            via: &args.via,
-            // `KUBECONFIG` in the environment, as for `kubectl`.
-            kubeconfig: None,
-        };
-        match Backend::open(&args.store_url, connect).await {
-            Ok(backend) => break backend,
-            Err(ChaosError::Usage(m)) => return Err(ChaosError::Usage(m)),
-            Err(error) => {
-                warn!(%error, "cannot open the store yet; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-            }
-        }
+    let Some(backend) = open(&args, &args.via, &shutdown).await? else {
+        return Ok(());
     };
     let leases = backend.leases();
     let (ttl, shards, name) = (args.ttl, args.shards, args.name.clone());
@@ -171,7 +160,15 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
         retry_interval: ttl / 2,
         ..Default::default()
     };
-    let elector = ShardElector::new(leases, term.backend.registry(ttl)?, options)?;
+    let registry = if term.args.registry_direct {
+        let Some(direct) = open(&term.args, &[], &shutdown).await? else {
+            return Ok(());
+        };
+        direct.registry(ttl)?
+    } else {
+        term.backend.registry(ttl)?
+    };
+    let elector = ShardElector::new(leases, registry, options)?;
     elector
         .run(
             move |shard, token, leadership| {
@@ -186,6 +183,36 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
         )
         .await?;
     Ok(())
+}
+
+/// Opens the store through `via` (empty: directly), retrying while the server may be
+/// restarting; `None` when shut down first.
+async fn open(
+    args: &WorkerArgs,
+    via: &[SocketAddr],
+    shutdown: &CancellationToken,
+) -> Result<Option<Backend>, ChaosError> {
+    loop {
+        let connect = Connect {
+            app_name: &args.app_name,
+            ttl: args.ttl,
+            sqlite_busy: args.sqlite_busy,
+            via,
+            // `KUBECONFIG` in the environment, as for `kubectl`.
+            kubeconfig: None,
+        };
+        match Backend::open(&args.store_url, connect).await {
+            Ok(backend) => return Ok(Some(backend)),
+            Err(ChaosError::Usage(m)) => return Err(ChaosError::Usage(m)),
+            Err(error) => {
+                warn!(%error, "cannot open the store yet; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    }
 }
 
 /// What one term's writes need: the same for a role's term and a shard's.

@@ -106,6 +106,9 @@ pub struct WorkerFlags {
     /// Proxies to reach the store through, comma-separated `IP:PORT`s.
     #[arg(long, value_delimiter = ',')]
     via: Vec<std::net::SocketAddr>,
+    /// Shard mode: heartbeat over a connection of its own, not through `--via`.
+    #[arg(long)]
+    registry_direct: bool,
 }
 
 fn usage(error: ChaosError) -> anyhow::Error {
@@ -175,6 +178,7 @@ pub fn worker(flags: WorkerFlags) -> anyhow::Result<u8> {
         unsafe_skip_fence: flags.unsafe_skip_fence,
         sqlite_busy: Duration::from_millis(flags.sqlite_busy_ms),
         via: flags.via,
+        registry_direct: flags.registry_direct,
     };
     crate::runtime()?
         .block_on(tenure_chaos::worker::run(args))

@@ -433,7 +433,11 @@ impl Nemesis<'_> {
                 record: self.faults.len(),
                 slot,
             });
-            self.record(fault.kind, Some(flavour.name()), slot, at, 0);
+            let name = match slot {
+                Some(i) if self.spawner.registry_direct(i) => "wedge-store",
+                _ => flavour.name(),
+            };
+            self.record(fault.kind, Some(name), slot, at, 0);
             return;
         }
         self.record(fault.kind, Some(flavour.name()), None, at, mono_ns());

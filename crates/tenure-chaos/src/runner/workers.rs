@@ -45,6 +45,15 @@ pub(super) struct Spawner {
 }
 
 impl Spawner {
+    /// Whether slot `index` heartbeats around its proxies ([`WorkerArgs::registry_direct`]):
+    /// the odd slots of a shard group whose workers connect through proxies, so half the
+    /// wedges stall a member's store calls alone and half its heartbeats too.
+    pub(super) fn registry_direct(&self, index: usize) -> bool {
+        self.config.shards.is_some()
+            && index % 2 == 1
+            && self.via.get(index).is_some_and(|via| !via.is_empty())
+    }
+
     pub(super) fn spawn(&self, index: usize, incarnation: u32) -> Result<Slot, ChaosError> {
         let name = format!("w{index}.{incarnation}");
         let args = WorkerArgs {
@@ -59,6 +68,7 @@ impl Spawner {
             unsafe_skip_fence: self.config.unsafe_skip_fence,
             sqlite_busy: self.config.sqlite_busy(),
             via: self.via.get(index).cloned().unwrap_or_default(),
+            registry_direct: self.registry_direct(index),
         };
         let log =
             std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
