@@ -300,7 +300,9 @@ async fn a_group_larger_than_a_grpc_message_is_read_whole() {
         .await
         .unwrap();
     let roles: Vec<String> = (0..SHARDS).map(|k| format!("big/{k}")).collect();
-    for batch in roles.chunks(64) {
+    // Calls of more than one transaction's worth: each is sent as full transactions
+    // (as many roles as etcd's limit on operations allows) and a rest.
+    for batch in roles.chunks(2 * store.acquire_batch_size() + 10) {
         let answers = store
             .acquire_many_in_session(batch, session.id)
             .await

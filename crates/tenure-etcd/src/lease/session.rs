@@ -36,9 +36,12 @@ use crate::schema::{
     SessionTermRecord, TermRecord,
 };
 
-/// Roles released per transaction when a session closes: etcd allows 128 operations per
-/// transaction by default.
-const ROLES_PER_TXN: usize = 64;
+/// Roles acquired (or, when a session closes, released) per transaction. etcd allows 128
+/// operations per transaction by default, and a transaction nested in another may hold
+/// only what its parent leaves: 128 less the parent's own count. A batch is this many
+/// nested acquires and the put of the change key, which leaves each acquire 7 (it has
+/// at most 5: three compares; five operations when it succeeds, four when not).
+pub(super) const ROLES_PER_TXN: usize = 120;
 
 /// Sessions remembered beyond this many are pruned of those ended or past their expiry.
 const MAX_KNOWN_SESSIONS: usize = 1024;
