@@ -160,9 +160,11 @@ pub enum FaultKind {
     /// Hold a lease's row locked for 1-3x the TTL, as a client stalled inside a
     /// transaction would (SQL stores): on PostgreSQL a transaction of the nemesis's takes
     /// the row of the role (in shard mode, of one shard) `FOR UPDATE`; on SQLite it takes
-    /// the file's write lock (`BEGIN IMMEDIATE`). Calls on that row (SQLite: every write)
-    /// wait in the store, their callers give up on them, and whatever still waits runs
-    /// when the lock is freed.
+    /// the file's write lock (`BEGIN IMMEDIATE`), or (half the time, reported as
+    /// `lock/disk`) a leader's disk stalls, so its own commit hangs at the sync holding
+    /// the write lock and lands when the disk answers ([`crate::disk`]). Calls on that
+    /// row (SQLite: every write) wait in the store, their callers give up on them, and
+    /// whatever still waits runs when the lock is freed.
     Lock,
     /// Step the workers' wall clock by 2-4x the TTL, forward from an offset at or
     /// below zero and back from one above (workers run under libfaketime with one

@@ -13,7 +13,8 @@
 //! the leader, kills workers, restarts the store's server (when the run owns it),
 //! severs connections (through a [`proxy`] in front of the store for each worker:
 //! every worker's, or one worker's alone; or `pg_terminate_backend`), holds a lease's
-//! row (SQLite: the file's write lock) as a stalled transaction would, and, on SQLite
+//! row (SQLite: the file's write lock, or a leader's [`disk`] that stops answering inside
+//! its commit) as a stalled transaction would, and, on SQLite
 //! and Kubernetes, steps the workers' wall clock (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
@@ -130,6 +131,7 @@
 pub mod backend;
 pub mod checker;
 pub mod config;
+pub mod disk;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod faketime;

@@ -119,6 +119,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             shutdown.cancel();
         });
     }
+    if args.store_url.starts_with("sqlite:") {
+        stall_disk_on_signals()?;
+    }
     let Some(backend) = open(&args, &args.via, &shutdown).await? else {
         return Ok(());
     };
@@ -182,6 +185,31 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
             shutdown,
         )
         .await?;
+    Ok(())
+}
+
+/// Opens SQLite files through the stalling disk ([`crate::disk`]) and stalls it on
+/// SIGUSR1, resumes it on SIGUSR2: the nemesis's `lock/disk`.
+fn stall_disk_on_signals() -> Result<(), ChaosError> {
+    crate::disk::install()?;
+    for (kind, stalled) in [
+        (SignalKind::user_defined1(), true),
+        (SignalKind::user_defined2(), false),
+    ] {
+        let mut signals = signal(kind).map_err(|source| ChaosError::Io {
+            what: "cannot listen for SIGUSR1 and SIGUSR2",
+            source,
+        })?;
+        tokio::spawn(async move {
+            while signals.recv().await.is_some() {
+                match stalled {
+                    true => warn!("the disk stalls: syncs wait (a lock/disk fault)"),
+                    false => warn!("the disk answers again"),
+                }
+                crate::disk::stall(stalled);
+            }
+        });
+    }
     Ok(())
 }
 

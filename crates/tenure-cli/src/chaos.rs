@@ -43,9 +43,9 @@ pub struct ChaosArgs {
     /// front of the store (connections reset, or blackholed for 1-3x the TTL: every
     /// worker's, or one worker's alone, a wedge) and, on PostgreSQL, also
     /// `pg_terminate_backend`. `lock` (SQL stores) holds a lease's row (SQLite: the file's
-    /// write lock) for 1-3x the TTL, as a client stalled in a transaction would. `clock`
-    /// (SQLite and Kubernetes, where no
-    /// decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
+    /// write lock, half the time through a leader whose disk stalls inside its commit)
+    /// for 1-3x the TTL, as a client stalled in a transaction would. `clock` (SQLite and
+    /// Kubernetes, where no decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
     /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
     /// server or its etcd. `handoff` asks the leader, through the store as `tenure
     /// handoff` does, to hand its term to the worker that waited longest (one role only).

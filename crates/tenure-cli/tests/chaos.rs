@@ -598,7 +598,7 @@ fn postgres_shard_store_wedges_pass() {
 /// write lock on SQLite, 1-3 TTLs each) beside pauses and kills: the calls that waited
 /// behind a lock and were given up by their callers, and whatever still ran when it was
 /// freed, leave every invariant intact, and writes resume after each lock.
-fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) {
+fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) -> Value {
     let mut args = vec![
         "--store",
         store,
@@ -622,7 +622,7 @@ fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) {
             faults: 20,
             admitted: 60,
         },
-    );
+    )
 }
 
 /// [`lock_round_passes`] on a throwaway PostgreSQL server, one role.
@@ -638,10 +638,22 @@ fn postgres_shard_lock_round_passes() {
     lock_round_passes("postgres:throwaway", Some("8"), "62");
 }
 
-/// [`lock_round_passes`] on SQLite: a lock holds the whole file's write lock.
+/// [`lock_round_passes`] on SQLite: a lock holds the whole file's write lock, taken by
+/// the nemesis or by a leader whose disk stalls inside its commit (`lock/disk`: the
+/// commit lands when the disk answers, after its caller gave up on it).
 #[test]
 fn sqlite_lock_round_passes() {
-    lock_round_passes("sqlite:throwaway", None, "63");
+    let report = lock_round_passes("sqlite:throwaway", None, "63");
+    has_recovery_rows(&report, &["lock", "lock/disk"]);
+}
+
+/// [`sqlite_lock_round_passes`] in a group of 8 shards: a member whose disk stalls
+/// holds every other member's writes, session keep-alives and heartbeats behind its
+/// commit.
+#[test]
+fn sqlite_shard_lock_round_passes() {
+    let report = lock_round_passes("sqlite:throwaway", Some("8"), "64");
+    has_recovery_rows(&report, &["lock", "lock/disk"]);
 }
 
 /// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8

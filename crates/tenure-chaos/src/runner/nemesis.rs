@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -58,12 +58,23 @@ pub(super) struct Held {
     slot: Option<usize>,
 }
 
-/// A lock under way: when it is freed, which fault record it is, and how to free it.
+/// A lock under way: when it is freed, which fault record it is, and who holds it.
 pub(super) struct Locked {
     until: Instant,
     record: usize,
-    release: CancellationToken,
-    holder: JoinHandle<Result<(), ChaosError>>,
+    holder: LockHolder,
+}
+
+/// Who holds a lock fault's lock.
+pub(super) enum LockHolder {
+    /// A transaction of the nemesis's own, rolled back when `release` is cancelled.
+    Nemesis {
+        release: CancellationToken,
+        task: JoinHandle<Result<(), ChaosError>>,
+    },
+    /// A SQLite worker whose disk stalls inside its commit (see [`crate::disk`]), this
+    /// incarnation of this slot; SIGUSR2 resumes it.
+    Disk { slot: usize, name: String },
 }
 
 impl Nemesis<'_> {
@@ -160,23 +171,34 @@ impl Nemesis<'_> {
         }
     }
 
-    /// Frees the lock under way, if any, once its transaction has rolled back (or failed:
+    /// Frees the lock under way, if any: a worker's stalled disk answers again (unless
+    /// the worker was killed meanwhile), the nemesis's transaction rolls back (or fails:
     /// a server restarted meanwhile has dropped it already). A rollback unanswered
     /// within a TTL is left behind (its task ended), so the nemesis never waits on it.
     pub(super) async fn unlock(&mut self) {
-        if let Some(mut locked) = self.locked.take() {
-            locked.release.cancel();
-            match tokio::time::timeout(self.config.ttl, &mut locked.holder).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(error))) => debug!(%error, "the lock fault's transaction failed"),
-                Ok(Err(error)) => warn!(%error, "the lock fault's task failed"),
-                Err(_) => {
-                    warn!("the lock fault's rollback did not answer within a TTL; left behind");
-                    locked.holder.abort();
+        let Some(locked) = self.locked.take() else {
+            return;
+        };
+        match locked.holder {
+            LockHolder::Disk { slot, name } => {
+                if self.slots[slot].name == name {
+                    let _ = kill(self.slots[slot].pgid, Signal::SIGUSR2);
                 }
             }
-            self.faults[locked.record].healed = mono_ns();
+            LockHolder::Nemesis { release, mut task } => {
+                release.cancel();
+                match tokio::time::timeout(self.config.ttl, &mut task).await {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(error))) => debug!(%error, "the lock fault's transaction failed"),
+                    Ok(Err(error)) => warn!(%error, "the lock fault's task failed"),
+                    Err(_) => {
+                        warn!("the lock fault's rollback did not answer within a TTL; left behind");
+                        task.abort();
+                    }
+                }
+            }
         }
+        self.faults[locked.record].healed = mono_ns();
     }
 
     pub(super) fn resume(&mut self, i: usize) {
@@ -295,29 +317,17 @@ impl Nemesis<'_> {
             },
             FaultKind::Cut => self.cut(fault, at).await,
             FaultKind::Lock => {
-                let role = match self.config.shards {
-                    Some(shards) => tenure::shard::role(
-                        &self.spawner.role,
-                        u32::try_from(fault.pick % u64::from(shards)).unwrap_or(0),
-                    ),
-                    None => self.spawner.role.clone(),
-                };
-                let release = CancellationToken::new();
-                let holder = match self.locked {
-                    None => self.backend.hold_lock(&role, release.clone()),
-                    Some(_) => None,
-                };
-                let Some(holder) = holder else {
+                let Some((holder, slot)) = self.lock(fault) else {
                     self.skipped += 1;
                     return Ok(());
                 };
                 self.locked = Some(Locked {
                     until: Instant::now() + self.config.ttl.mul_f64(fault.factor),
                     record: self.faults.len(),
-                    release,
                     holder,
                 });
-                self.record(fault.kind, None, None, at, 0);
+                let flavour = slot.is_some().then_some("disk");
+                self.record(fault.kind, flavour, slot, at, 0);
             }
             FaultKind::Handoff => {
                 // Asked beside the nemesis: the asker waits for the handover, as
@@ -365,6 +375,35 @@ impl Nemesis<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Takes a lock for a `lock` fault, unless one is held already: on SQLite half the
+    /// time by stalling a leader's disk (the slot is returned), otherwise by a
+    /// transaction of the nemesis's own on the role's row (in shard mode one shard's;
+    /// SQLite: the file).
+    fn lock(&self, fault: &PlannedFault) -> Option<(LockHolder, Option<usize>)> {
+        if self.locked.is_some() {
+            return None;
+        }
+        if matches!(self.backend, Backend::Sqlite(_)) && (fault.pick >> 33) % 2 == 1 {
+            // Only a worker seen holding a lease has surely set up its stalling disk
+            // (and its SIGUSR1 handler: before it, the signal would end the process).
+            let leaders = self.leaders(false);
+            let slot = *leaders.get((fault.pick % leaders.len().max(1) as u64) as usize)?;
+            kill(self.slots[slot].pgid, Signal::SIGUSR1).ok()?;
+            let name = self.slots[slot].name.clone();
+            return Some((LockHolder::Disk { slot, name }, Some(slot)));
+        }
+        let role = match self.config.shards {
+            Some(shards) => tenure::shard::role(
+                &self.spawner.role,
+                u32::try_from(fault.pick % u64::from(shards)).unwrap_or(0),
+            ),
+            None => self.spawner.role.clone(),
+        };
+        let release = CancellationToken::new();
+        let task = self.backend.hold_lock(&role, release.clone())?;
+        Some((LockHolder::Nemesis { release, task }, None))
     }
 
     pub(super) async fn kill_and_replace(
