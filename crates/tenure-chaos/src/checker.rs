@@ -239,6 +239,21 @@ pub fn check(
     analysis
 }
 
+impl Analysis {
+    /// Adds the orchestrator's findings of a copy of the leases kept by reads of changes
+    /// that stayed behind the complete readings (`stale_copy`), each in words.
+    pub fn add_stale_copies(&mut self, stale: Vec<String>) {
+        if stale.is_empty() {
+            return;
+        }
+        self.violations.push(ViolationSummary {
+            kind: "stale_copy".to_owned(),
+            count: stale.len() as u64,
+            examples: stale.into_iter().take(EXAMPLES).collect(),
+        });
+    }
+}
+
 /// What the store holds about one shard: its log and the orchestrator's readings of
 /// its lease.
 #[derive(Clone, Debug, Default)]

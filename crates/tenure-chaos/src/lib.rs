@@ -16,7 +16,9 @@
 //! row (SQLite: the file's write lock, or a leader's [`disk`] that stops answering inside
 //! its commit) as a stalled transaction would, and, on SQLite
 //! and Kubernetes, steps the workers' wall clock (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
-//! `docs/semantics.md` over the workers' histories, the log and the lease as observed.
+//! `docs/semantics.md` over the workers' histories, the log and the lease as observed
+//! (the orchestrator also keeps a [`tenure::LeaseCopy`] of the watched leases by reads of
+//! changes, which must not stay behind its complete readings: `stale_copy`).
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
 //! incarnation, and a recovery chart per fault kind) for `tenure chaos --report DIR`.
 //!

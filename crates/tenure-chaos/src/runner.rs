@@ -260,7 +260,8 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     let outcome = nemesis.run(&schedule).await;
     let stopped = nemesis.stop_all().await;
     stop_observer.cancel();
-    let mut observations = observer.await.unwrap_or_default();
+    let observed = observer.await.unwrap_or_default();
+    let mut observations = observed.by_role;
     outcome?;
     stopped?;
 
@@ -273,7 +274,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     if let Ok(faults) = serde_json::to_vec_pretty(&nemesis.faults) {
         let _ = std::fs::write(dir.join("faults.json"), faults);
     }
-    let analysis = match config.shards {
+    let mut analysis = match config.shards {
         None => {
             let log = backend.read_log(&role).await?;
             let observations = observations.remove(&role).unwrap_or_default();
@@ -292,6 +293,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             check_shards(&events, &records, &nemesis.faults)
         }
     };
+    analysis.add_stale_copies(observed.stale_copies);
     let timeline = Timeline::build(&events, &nemesis.faults, origin);
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for fault in &nemesis.faults {
