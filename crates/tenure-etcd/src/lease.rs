@@ -539,7 +539,7 @@ impl LeaseStore for EtcdLeaseStore {
     }
 
     /// One transaction's worth (see `session.rs`): a shard member taking thousands of
-    /// shards sends half the round trips it would in batches of the default 64.
+    /// shards sends 64/120 of the round trips it would in batches of the default 64.
     fn acquire_batch_size(&self) -> usize {
         session::ROLES_PER_TXN
     }
