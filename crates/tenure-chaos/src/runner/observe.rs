@@ -134,10 +134,11 @@ pub(super) async fn observe(
 }
 
 /// How long after a lease's expiry a copy may still show it live: etcd ends a lapsed
-/// lease's key on its own schedule (whole-second TTLs, expiry checked every half second),
-/// and until then the copy's count of held leases agrees.
+/// lease's key on its own schedule (whole-second TTLs of at least 2 s on a default
+/// server, expiry checked every half second, the revoke itself a write that a loaded
+/// server may queue), and until then the copy's count of held leases agrees.
 fn grace(ttl: Duration) -> Duration {
-    ttl + Duration::from_secs(1)
+    ttl * 2 + Duration::from_secs(3)
 }
 
 /// Takes `role` as a holder of its own and never renews it: it lapses a TTL later with
