@@ -48,7 +48,8 @@ pub(super) struct Observed {
 /// What the orchestrator watches on the store.
 #[derive(Clone, Debug)]
 pub(super) enum Watched {
-    /// One role, read with `get`.
+    /// One role (read with the leases under its name: it and the observer's abandoned
+    /// role).
     Role(String),
     /// Every shard of a group, read with one `list`.
     Group(String),
