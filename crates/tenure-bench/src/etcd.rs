@@ -25,7 +25,7 @@ use tenure_etcd::etcd_client::{
     self, Client, DeleteOptions, GetOptions, LeaderKey, ResignOptions, TxnResponse,
 };
 use tenure_etcd::requests::{self, Keys, NodeRecord, TermRecord};
-use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, EtcdUrl};
+use tenure_etcd::{EtcdLeaseStore, EtcdUrl};
 use tenure_throwaway::etcd::EtcdServer;
 use tokio::time::{timeout, Instant};
 
@@ -453,6 +453,7 @@ impl BenchClient for RawClient {
             first_seen_ns: now,
             last_heartbeat_ns: now,
             metadata: Default::default(),
+            session: None,
         };
         let revision = read.kvs().first().map_or(0, |kv| kv.mod_revision());
         let txn = requests::node_txn(&key, revision, &record, lease)?;
@@ -476,9 +477,12 @@ impl BenchClient for RawClient {
 impl Backend for Etcd {
     async fn stores(&self, _clients: usize, registry_ttl: Duration) -> Result<Handles> {
         let client = self.client().await?;
+        let leases = self.store(client)?;
+        // Made from the store, as `tenure` makes it: a member's keep-alive is its heartbeat.
+        let registry = leases.registry(registry_ttl)?;
         Ok(Handles {
-            leases: Arc::new(self.store(client.clone())?),
-            registry: Arc::new(EtcdNodeRegistry::new(client, &self.prefix, registry_ttl)?),
+            leases: Arc::new(leases),
+            registry: Arc::new(registry),
         })
     }
 

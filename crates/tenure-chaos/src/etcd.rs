@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tenure::{Error, LeaseStore, NodeRegistry};
 use tenure_etcd::etcd_client::{Client, GetOptions, KeyValue, TxnOp};
-use tenure_etcd::{connect_options, EtcdLeaseStore, EtcdNodeRegistry, EtcdUrl};
+use tenure_etcd::{connect_options, EtcdLeaseStore, EtcdUrl};
 
 use crate::backend::{short, Connect, Entry, LogRow, WriteOutcome};
 use crate::ChaosError;
@@ -51,14 +51,11 @@ impl EtcdLog {
         self.store.clone()
     }
 
-    /// The membership registry on the same client (a member is live for `ttl` after its
-    /// last heartbeat).
+    /// The membership registry made from the lease store (a member is live for `ttl`
+    /// after its last heartbeat, or its session's last keep-alive); its requests time
+    /// out as the store's do (see [`EtcdLog::open`]).
     pub fn registry(&self, ttl: std::time::Duration) -> Result<Arc<dyn NodeRegistry>, ChaosError> {
-        // Requests time out as the lease store's do (see [`EtcdLog::open`]).
-        let registry =
-            EtcdNodeRegistry::new(self.store.client().clone(), self.store.prefix(), ttl)?
-                .with_request_timeout(ttl.max(std::time::Duration::from_secs(1)))?;
-        Ok(Arc::new(registry))
+        Ok(Arc::new(self.store.registry(ttl)?))
     }
 
     fn log_prefix(&self, role: &str) -> String {

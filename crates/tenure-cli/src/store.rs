@@ -287,16 +287,13 @@ pub async fn open(url: &StoreUrl, registry_ttl: Duration) -> anyhow::Result<Stor
         StoreUrl::Etcd(raw) => {
             let url = tenure_etcd::EtcdUrl::parse(raw)?;
             let (client, version) = tenure_etcd::connect_client(&url).await?;
+            let leases =
+                tenure_etcd::EtcdLeaseStore::new(client.clone(), url.prefix())?.for_server(version);
+            // Made from the store: a shard member's session keep-alive is its heartbeat.
+            let registry = leases.registry(registry_ttl)?;
             Ok(Stores {
-                leases: Arc::new(
-                    tenure_etcd::EtcdLeaseStore::new(client.clone(), url.prefix())?
-                        .for_server(version),
-                ),
-                registry: Arc::new(tenure_etcd::EtcdNodeRegistry::new(
-                    client.clone(),
-                    url.prefix(),
-                    registry_ttl,
-                )?),
+                leases: Arc::new(leases),
+                registry: Arc::new(registry),
                 fence: Arc::new(tenure_etcd::EtcdFence::new(client, url.prefix())?),
                 closer: Closer::default(),
             })

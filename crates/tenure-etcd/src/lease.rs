@@ -95,6 +95,7 @@ use tenure::{
 };
 
 use crate::conn::{next_response, Conn, BACKEND};
+use crate::registry::SessionLinks;
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionMark,
     TermRecord, ValueRecord,
@@ -118,6 +119,7 @@ mod watch;
 use queue::Candidacy;
 use requests::*;
 pub use requests::{acquire_txn, release_txn, renew_txn};
+pub(crate) use requests::{gets_of, ranges};
 use seen::{Holder, Seen, Step};
 use watch::until_watched;
 
@@ -200,6 +202,9 @@ pub struct EtcdLeaseStore {
     /// The wall clock answers are dressed in; only ever read once per answer (see the
     /// module docs), so a step of it cannot stretch a reported remaining time.
     clock: Arc<dyn Clock>,
+    /// Which owner's session this store last kept alive, shared with the registries
+    /// made by [`registry`](Self::registry) (see `registry.rs`).
+    links: Arc<SessionLinks>,
 }
 
 impl std::fmt::Debug for EtcdLeaseStore {
@@ -289,7 +294,19 @@ impl EtcdLeaseStore {
             watches: Arc::default(),
             keep_alive_first: true,
             clock: Arc::new(SystemClock),
+            links: Arc::default(),
         })
+    }
+
+    /// A registry of liveness TTL `ttl` (whole seconds, at least one) on this store's
+    /// client and prefix that counts the keep-alives of this store's sessions as
+    /// heartbeats of their owners' nodes: a shard member whose store and registry are
+    /// made so writes once per interval, its keep-alive, instead of twice (see
+    /// [`EtcdNodeRegistry`](crate::EtcdNodeRegistry)).
+    pub fn registry(&self, ttl: Duration) -> Result<crate::EtcdNodeRegistry> {
+        let registry = crate::EtcdNodeRegistry::new(self.conn.client.clone(), self.prefix(), ttl)?
+            .with_request_timeout(self.conn.timeout)?;
+        Ok(registry.with_links(self.links.clone()))
     }
 
     /// Reads the wall clock from `clock` instead of the host's ([`SystemClock`]). etcd

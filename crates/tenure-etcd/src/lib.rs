@@ -33,7 +33,9 @@
 //!   term is live;
 //! - [`EtcdFence`]: a compare-and-reject fence kept in etcd, for side effects elsewhere;
 //! - [`EtcdNodeRegistry`]: `<prefix>/nodes/ID` keys on per-node etcd leases, with a
-//!   stream of membership changes ([`EtcdNodeRegistry::watch_members`]);
+//!   stream of membership changes ([`EtcdNodeRegistry::watch_members`]); made by
+//!   [`EtcdLeaseStore::registry`], it counts the store's session keep-alives as
+//!   heartbeats of their owners;
 //! - [`connect`] and [`EtcdUrl`]: `etcd://host:port[,host:port...][/prefix]` URLs.
 //!
 //! ## What it guarantees, and what it does not

@@ -10,6 +10,22 @@
 //! A wait for a change of the members whose caller observed this registry's last read
 //! watches from the revision after that read, so it needs no read of its own: every
 //! join and leave since the read is in the watch.
+//!
+//! **Membership through a session.** A registry made by
+//! [`EtcdLeaseStore::registry`](crate::EtcdLeaseStore::registry) shares that store's
+//! [`SessionLinks`](tenure::session::SessionLinks): which owner's session the store
+//! last kept alive, when, and whether that keep-alive found the owner's node record
+//! naming the session. A heartbeat names
+//! the owner's session in the node's record ([`NodeRecord::session`]); every reader
+//! counts that session's last open or keep-alive (its record's `kept_at_ns`) as a
+//! heartbeat of the node while the session's key exists and its owner is the node; and
+//! the registry skips its write (it only keeps the node's etcd lease alive, which writes
+//! nothing) while its last write named that session with the same metadata and the
+//! store's last keep-alive, which found the record naming it, was sent less than half
+//! the TTL ago. So a shard member writes once per interval, its session's keep-alive. A
+//! closed session stops counting at once for readers; membership waiters still wake on
+//! the node's key alone (a leave deletes it; a dead member's goes with its etcd lease),
+//! as a watch of the sessions' keys would be one more stream per wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,13 +39,19 @@ use etcd_client::{
 use parking_lot::Mutex;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, LastRead};
+use tenure::session::{HeartbeatsWritten, SessionLink};
 use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
 
 use crate::conn::{next_response, Conn, BACKEND};
-use crate::lease::DEFAULT_REQUEST_TIMEOUT;
+use crate::lease::{gets_of, ranges, DEFAULT_REQUEST_TIMEOUT};
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, NodeRecord,
+    SessionRecord,
 };
+
+/// Which owner's session the stores sharing one set of links last kept alive, by owner
+/// (on the monotonic clock): see the module docs.
+pub(crate) type SessionLinks = tenure::session::SessionLinks<tokio::time::Instant>;
 
 const MAX_ATTEMPTS: usize = 6;
 
@@ -47,6 +69,10 @@ pub struct EtcdNodeRegistry {
     /// The live nodes the last read showed, and the revision it read at: a wait for a
     /// change of those watches from the next revision instead of reading again.
     last_read: Arc<LastRead<i64>>,
+    /// The links of the store this registry was made from, if any (see the module
+    /// docs), and what its heartbeats last wrote.
+    links: Option<Arc<SessionLinks>>,
+    written: Arc<HeartbeatsWritten>,
 }
 
 /// A membership this registry wrote: its etcd lease, the key's mod revision after the
@@ -158,6 +184,31 @@ impl EtcdNodeRegistry {
             ttl_secs,
             own: Arc::default(),
             last_read: Arc::default(),
+            links: None,
+            written: Arc::default(),
+        })
+    }
+
+    /// Shares a store's links (see the module docs).
+    pub(crate) fn with_links(mut self, links: Arc<SessionLinks>) -> Self {
+        links.registry_made(self.ttl);
+        self.links = Some(links);
+        self
+    }
+
+    /// The open session of `node_id` (its owner) that the linked store keeps alive.
+    fn link_of(&self, node_id: &str) -> Option<SessionLink<tokio::time::Instant>> {
+        self.links.as_ref()?.of(node_id)
+    }
+
+    /// Whether `record`, this registry's own node's, is live through its owner's session
+    /// as the linked store last kept it alive: it names the session, the last keep-alive
+    /// found it naming it, and that was sent less than a TTL ago.
+    fn live_by_session(&self, node_id: &str, record: &NodeRecord) -> bool {
+        self.link_of(node_id).is_some_and(|link| {
+            link.named
+                && record.session == Some(session_lease(link.id))
+                && link.kept.elapsed() < self.ttl
         })
     }
 
@@ -188,9 +239,18 @@ impl EtcdNodeRegistry {
     }
 
     fn is_live(&self, record: &NodeRecord, now: SystemTime) -> bool {
-        from_ns(record.last_heartbeat_ns)
-            .checked_add(self.ttl)
-            .is_some_and(|until| now < until)
+        self.lives_after(from_ns(record.last_heartbeat_ns), now)
+    }
+
+    /// Whether a node last heard of at `heard` is live at `now`.
+    fn lives_after(&self, heard: SystemTime, now: SystemTime) -> bool {
+        heard.checked_add(self.ttl).is_some_and(|until| now < until)
+    }
+
+    /// Whether `node_id`, this registry's own, is live by its record's heartbeat or
+    /// through its session (see [`live_by_session`](Self::live_by_session)).
+    fn own_is_live(&self, node_id: &str, record: &NodeRecord, now: SystemTime) -> bool {
+        self.is_live(record, now) || self.live_by_session(node_id, record)
     }
 
     /// Remembers what a successful write left at `node_id`'s key.
@@ -215,13 +275,15 @@ impl EtcdNodeRegistry {
         node_id: &str,
         key: &str,
         metadata: Option<&Metadata>,
+        session: Option<i64>,
     ) -> Result<bool> {
         let cached = self.own.lock().get(node_id).cloned();
         let now = round_trip(SystemTime::now());
-        let Some(mut own) = cached.filter(|own| self.is_live(&own.record, now)) else {
+        let Some(mut own) = cached.filter(|own| self.own_is_live(node_id, &own.record, now)) else {
             return Ok(false);
         };
         own.record.last_heartbeat_ns = to_ns(now);
+        own.record.session = session;
         if let Some(metadata) = metadata {
             own.record.metadata = metadata.clone();
         }
@@ -249,8 +311,56 @@ impl EtcdNodeRegistry {
 
     async fn beat(&self, node_id: &str, metadata: Option<&Metadata>) -> Result<()> {
         validate_heartbeat(node_id, metadata)?;
+        let encoded = metadata.and_then(|m| serde_json::to_string(m).ok());
+        let link = self.link_of(node_id);
+        if let Some(link) = link {
+            let recent = link.kept.elapsed() < self.ttl / 2;
+            if recent
+                && self.written.stood_in(node_id, encoded.as_deref(), &link)
+                && self.keep_own_lease(node_id).await?
+            {
+                return Ok(());
+            }
+        }
+        let session = link.map(|link| session_lease(link.id));
+        let beat = self.write_beat(node_id, metadata, session).await;
+        match &beat {
+            Ok(()) => self.written.wrote(node_id, link.map(|l| l.id), encoded),
+            Err(_) => self.written.forget(node_id),
+        }
+        beat
+    }
+
+    /// Keeps the etcd lease of `node_id`'s membership alive without writing its record
+    /// (its session's keep-alive stood in for the heartbeat). `Ok(false)`: no membership
+    /// is known here, or its lease is gone; write one.
+    async fn keep_own_lease(&self, node_id: &str) -> Result<bool> {
+        let Some(lease) = self.own.lock().get(node_id).map(|own| own.lease) else {
+            return Ok(false);
+        };
+        match self.conn.keep_alive_once(lease).await {
+            Ok(true) => Ok(true),
+            Ok(false) => {
+                self.own.lock().remove(node_id);
+                self.written.forget(node_id);
+                Ok(false)
+            }
+            Err(error) => {
+                self.written.forget(node_id);
+                Err(error)
+            }
+        }
+    }
+
+    /// A heartbeat's write of `node_id`'s record, naming `session`.
+    async fn write_beat(
+        &self,
+        node_id: &str,
+        metadata: Option<&Metadata>,
+        session: Option<i64>,
+    ) -> Result<()> {
         let key = self.keys.node(node_id);
-        if self.beat_own(node_id, &key, metadata).await? {
+        if self.beat_own(node_id, &key, metadata, session).await? {
             return Ok(());
         }
         for _ in 0..MAX_ATTEMPTS {
@@ -263,11 +373,12 @@ impl EtcdNodeRegistry {
             let observed_revision = kv.as_ref().map_or(0, |kv| kv.mod_revision());
             let live = record
                 .as_ref()
-                .filter(|(kv, r)| kv.lease() != 0 && self.is_live(r, now))
+                .filter(|(kv, r)| kv.lease() != 0 && self.own_is_live(node_id, r, now))
                 .cloned();
             if let Some((kv, mut record)) = live {
                 // A live membership: refresh its lease and record the heartbeat.
                 record.last_heartbeat_ns = to_ns(now);
+                record.session = session;
                 if let Some(metadata) = metadata {
                     record.metadata = metadata.clone();
                 }
@@ -290,10 +401,10 @@ impl EtcdNodeRegistry {
                             .start_membership(
                                 node_id,
                                 &key,
-                                kv.mod_revision(),
-                                kv.lease(),
+                                (kv.mod_revision(), kv.lease()),
                                 metadata,
                                 old_metadata,
+                                session,
                             )
                             .await?
                         {
@@ -311,10 +422,10 @@ impl EtcdNodeRegistry {
                 .start_membership(
                     node_id,
                     &key,
-                    observed_revision,
-                    old_lease,
+                    (observed_revision, old_lease),
                     metadata,
                     old_metadata,
+                    session,
                 )
                 .await?
             {
@@ -327,16 +438,17 @@ impl EtcdNodeRegistry {
         ))
     }
 
-    /// Writes a fresh membership (first seen = now) on a new etcd lease if the key is
-    /// still at `observed_revision`; revokes the previous lease. Returns whether it won.
+    /// Writes a fresh membership (first seen = now, naming `session`) on a new etcd
+    /// lease if the key is still at the observed revision (`observed`: it and the
+    /// previous lease); revokes the previous lease. Returns whether it won.
     async fn start_membership(
         &self,
         node_id: &str,
         key: &str,
-        observed_revision: i64,
-        old_lease: i64,
+        (observed_revision, old_lease): (i64, i64),
         metadata: Option<&Metadata>,
         old_metadata: Option<Metadata>,
+        session: Option<i64>,
     ) -> Result<bool> {
         let (lease, _) = self.conn.grant(self.ttl_secs).await?;
         let now = to_ns(round_trip(SystemTime::now()));
@@ -344,6 +456,7 @@ impl EtcdNodeRegistry {
             first_seen_ns: now,
             last_heartbeat_ns: now,
             metadata: metadata.cloned().or(old_metadata).unwrap_or_default(),
+            session,
         };
         let txn = node_txn(key, observed_revision, &record, lease)?;
         let written = self.conn.txn("recording a heartbeat", txn).await;
@@ -363,23 +476,43 @@ impl EtcdNodeRegistry {
         }
     }
 
+    /// The live nodes, each last heard of at the later of its own heartbeat and the
+    /// last keep-alive of the session its record names (see the module docs).
     async fn read_nodes(&self) -> Result<Vec<NodeInfo>> {
         let dir = self.keys.nodes_dir();
-        let response = self
-            .conn
-            .get("listing nodes", &dir, Some(GetOptions::new().with_prefix()))
-            .await?;
+        let all = || Some(GetOptions::new().with_prefix());
+        let txn = Txn::new().and_then([
+            TxnOp::get(dir.clone(), all()),
+            TxnOp::get(self.keys.sessions_dir(), all()),
+        ]);
+        let response = self.conn.txn("listing nodes", txn).await?;
         let revision = response.header().map(|h| h.revision());
+        let [nodes, sessions] = gets_of(ranges(&response))?;
+        let kept: HashMap<i64, (String, SystemTime)> = sessions
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let record = decode::<SessionRecord>(kv.value())?;
+                Some((kv.lease(), (record.owner, from_ns(record.kept_at_ns))))
+            })
+            .collect();
         let now = SystemTime::now();
-        let mut nodes: Vec<NodeInfo> = response
+        let mut nodes: Vec<NodeInfo> = nodes
             .kvs()
             .iter()
             .filter_map(|kv| {
                 let node_id = name_under(kv.key(), &dir)?;
                 let record = decode::<NodeRecord>(kv.value())?;
-                self.is_live(&record, now).then(|| NodeInfo {
+                let own = from_ns(record.last_heartbeat_ns);
+                let by_session = record
+                    .session
+                    .and_then(|lease| kept.get(&lease))
+                    .filter(|(owner, _)| owner == node_id)
+                    .map(|&(_, at)| at);
+                let heard = by_session.map_or(own, |at| at.max(own));
+                self.lives_after(heard, now).then(|| NodeInfo {
                     node_id: node_id.to_owned(),
-                    last_heartbeat: from_ns(record.last_heartbeat_ns),
+                    last_heartbeat: heard,
                     first_seen: from_ns(record.first_seen_ns),
                     metadata: record.metadata,
                     now,
@@ -391,6 +524,11 @@ impl EtcdNodeRegistry {
         self.last_read.remember(revision, live);
         Ok(nodes)
     }
+}
+
+/// The etcd lease of a session id (the id is the lease, see `session.rs`).
+fn session_lease(id: u64) -> i64 {
+    i64::try_from(id).unwrap_or(i64::MAX)
 }
 
 /// The heartbeat transaction, and the one that starts a membership: put `record` on
@@ -425,6 +563,7 @@ impl NodeRegistry for EtcdNodeRegistry {
     async fn leave(&self, node_id: &str) -> Result<bool> {
         validate_name("node_id", node_id)?;
         self.own.lock().remove(node_id);
+        self.written.forget(node_id);
         let response = self
             .conn
             .delete(
@@ -438,7 +577,7 @@ impl NodeRegistry for EtcdNodeRegistry {
         };
         self.conn.revoke_quietly(previous.lease()).await;
         let was_live = decode::<NodeRecord>(previous.value())
-            .is_some_and(|record| self.is_live(&record, SystemTime::now()));
+            .is_some_and(|record| self.own_is_live(node_id, &record, SystemTime::now()));
         Ok(was_live)
     }
 

@@ -10,8 +10,8 @@
 //! | `values/R` | [`ValueRecord`] (JSON) | none | the value the latest term advertised; absent when it advertised none or was released |
 //! | `queue/N/R/O` | [`CandidateRecord`] (JSON) | the candidate's own lease | owner O queued for role R (N: R's length in bytes); place = create revision |
 //! | `leases/R` NUL `handoff` | [`HandoffRecord`] (JSON) | none | a handover under way: R's last term ended, the candidate's has not begun |
-//! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers |
-//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership |
+//! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers, and when it was last kept alive (a heartbeat of its owner's node) |
+//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership; may name the owner's session, whose keep-alives then count as its heartbeats |
 //! | `changed` | empty | none | put by every transaction that begins or ends a term: its mod revision is the latest such change |
 //!
 //! `values/R` is written only by the transaction that starts a term (put with a value,
@@ -317,6 +317,11 @@ pub(crate) struct SessionRecord {
     pub(crate) ttl_secs: i64,
     /// The TTL etcd granted its lease (higher when etcd raised it to its minimum).
     pub(crate) lease_secs: i64,
+    /// When the open or keep-alive that wrote it was sent, nanoseconds since the Unix
+    /// epoch on the writer's clock: registries count it as a heartbeat of a node whose
+    /// record names this session (zero in records of a tenure older than the field).
+    #[serde(default)]
+    pub(crate) kept_at_ns: u64,
 }
 
 /// A node's membership record.
@@ -330,6 +335,12 @@ pub struct NodeRecord {
     /// What the node said about itself.
     #[serde(default)]
     pub metadata: Metadata,
+    /// The session (its etcd lease) of the node's owner that the writing registry's
+    /// store keeps alive, if any: readers count that session's keep-alives
+    /// ([`SessionRecord`]'s `kept_at_ns`) as heartbeats of the node while the session
+    /// lives and is the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<i64>,
 }
 
 pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {

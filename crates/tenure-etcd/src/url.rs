@@ -232,8 +232,8 @@ fn short_reason(error: &etcd_client::Error) -> String {
 
 /// Parses an `etcd://` URL, connects (see [`connect_client`]) and returns a lease store
 /// on the URL's prefix. Build a registry on the same connection with
-/// [`EtcdNodeRegistry::new`](crate::EtcdNodeRegistry::new)`(store.client().clone(),
-/// store.prefix(), ttl)`.
+/// [`EtcdLeaseStore::registry`]`(ttl)`: it counts the store's session keep-alives as
+/// heartbeats.
 pub async fn connect(url: &str) -> Result<EtcdLeaseStore> {
     let url = EtcdUrl::parse(url)?;
     let (client, version) = connect_client(&url).await?;

@@ -256,11 +256,3 @@ fn answer(response: TxnResponse) -> Result<(ChangeMark, Vec<etcd_client::GetResp
         .ok_or_else(|| Error::store_msg(BACKEND, "a read's answer names no revision"))?;
     Ok((ChangeMark::new(revision), ranges(&response)))
 }
-
-/// Exactly `N` ranges' answers, in order.
-fn gets_of<const N: usize>(
-    gets: Vec<etcd_client::GetResponse>,
-) -> Result<[etcd_client::GetResponse; N]> {
-    gets.try_into()
-        .map_err(|_| Error::store_msg(BACKEND, "a read answered another number of ranges"))
-}

@@ -272,8 +272,16 @@ pub(super) fn held_result(
     }
 }
 
+/// Exactly `N` ranges' answers, in order.
+pub(crate) fn gets_of<const N: usize>(
+    gets: Vec<etcd_client::GetResponse>,
+) -> Result<[etcd_client::GetResponse; N]> {
+    gets.try_into()
+        .map_err(|_| Error::store_msg(BACKEND, "a read answered another number of ranges"))
+}
+
 /// The answers of the ranges read in a transaction, in order.
-pub(super) fn ranges(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
+pub(crate) fn ranges(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
     response
         .op_responses()
         .into_iter()

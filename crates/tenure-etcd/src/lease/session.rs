@@ -32,8 +32,8 @@ use super::{
     seen_in, EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
 };
 use crate::schema::{
-    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, SessionRecord,
-    SessionTermRecord, TermRecord,
+    decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, NodeRecord,
+    SessionRecord, SessionTermRecord, TermRecord,
 };
 
 /// Roles acquired (or, when a session closes, released) per transaction. etcd allows 128
@@ -61,6 +61,9 @@ pub(super) struct KnownSession {
     /// The create revision of its key: pins this very session, so should etcd ever hand
     /// out its lease id again, the new session is not taken for this one.
     created: i64,
+    /// When the open or keep-alive that last wrote its record was sent (the record's
+    /// `kept_at_ns`, which registries count as a heartbeat of its owner's node).
+    kept_at: SystemTime,
 }
 
 impl KnownSession {
@@ -72,6 +75,7 @@ impl KnownSession {
             lease_secs: record.lease_secs,
             expires_at: from_ns(record.expires_at_ns),
             ends: None,
+            kept_at: from_ns(record.kept_at_ns),
         }
     }
 
@@ -81,6 +85,7 @@ impl KnownSession {
             expires_at_ns: to_ns(self.expires_at),
             ttl_secs: self.ttl_secs,
             lease_secs: self.lease_secs,
+            kept_at_ns: to_ns(self.kept_at),
         }
     }
 
@@ -205,6 +210,7 @@ impl EtcdLeaseStore {
     /// without asking etcd, and never takes a later session under the same id for it.
     fn forget(&self, lease: i64) {
         self.sessions.lock().insert(lease, None);
+        self.links.ended(session_id(lease).get());
     }
 
     /// The session `lease` as this instance knows it, or as its key says; `None` when
@@ -269,6 +275,7 @@ impl EtcdLeaseStore {
             expires_at: round_trip(started.wall + length),
             ends: Some(started.mono + length),
             created: 0,
+            kept_at: round_trip(started.wall),
         };
         let key = self.keys.session(lease);
         let txn = Txn::new()
@@ -296,6 +303,8 @@ impl EtcdLeaseStore {
                 return Err(error);
             }
         };
+        self.links
+            .kept(owner, session_id(lease).get(), started.mono, false);
         self.remember(lease, session.clone());
         Ok(session.grant(lease, self.wall(), latest))
     }
@@ -331,11 +340,16 @@ impl EtcdLeaseStore {
         let ends = session.ends.map_or(ends, |before| before.max(ends));
         session.ends = Some(ends);
         session.expires_at = round_trip(sent.wall + ends.saturating_duration_since(sent.mono));
+        session.kept_at = round_trip(sent.wall);
+        // The owner's node record is read too: whether it names this session tells the
+        // registry sharing this store's links whether the keep-alive stood in for a
+        // heartbeat (see `registry.rs`).
         let txn = Txn::new()
             .when([session_compare(&self.keys, lease, &session)])
             .and_then([
                 session_put(&self.keys, lease, &session.record())?,
                 TxnOp::get(self.keys.changed(), None),
+                TxnOp::get(self.keys.node(&session.owner), None),
             ]);
         // Only etcd's own answers end a session here: the lease not found, or the session
         // key gone or not the one created at open. A failed request (timeout, reset,
@@ -366,6 +380,13 @@ impl EtcdLeaseStore {
             self.forget(lease);
             return Ok(None);
         }
+        let named = first_kvs(&written)
+            .get(1)
+            .cloned()
+            .flatten()
+            .and_then(|kv| decode::<NodeRecord>(kv.value()))
+            .is_some_and(|node| node.session == Some(lease));
+        self.links.kept(&session.owner, id.get(), sent.mono, named);
         self.remember(lease, session.clone());
         Ok(Some(session.grant(
             lease,
