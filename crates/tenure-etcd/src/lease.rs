@@ -121,6 +121,7 @@ use requests::*;
 pub use requests::{acquire_txn, release_txn, renew_txn};
 pub(crate) use requests::{gets_of, ranges};
 use seen::{Holder, Seen, Step};
+pub(crate) use session::lease_of;
 use watch::until_watched;
 
 /// How long a key may outlive its reported expiry before etcd deletes it: etcd's

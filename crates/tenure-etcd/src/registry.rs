@@ -40,10 +40,10 @@ use parking_lot::Mutex;
 use tenure::lease::validate_name;
 use tenure::registry::{validate_heartbeat, LastRead};
 use tenure::session::{HeartbeatsWritten, SessionLink};
-use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result};
+use tenure::{Error, Metadata, NodeInfo, NodeRegistry, Result, SessionId};
 
 use crate::conn::{next_response, Conn, BACKEND};
-use crate::lease::{gets_of, ranges, DEFAULT_REQUEST_TIMEOUT};
+use crate::lease::{gets_of, lease_of, ranges, DEFAULT_REQUEST_TIMEOUT};
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, NodeRecord,
     SessionRecord,
@@ -207,7 +207,7 @@ impl EtcdNodeRegistry {
     fn live_by_session(&self, node_id: &str, record: &NodeRecord) -> bool {
         self.link_of(node_id).is_some_and(|link| {
             link.named
-                && record.session == Some(session_lease(link.id))
+                && lease_of(SessionId::from(link.id)).is_some_and(|l| record.session == Some(l))
                 && link.kept.elapsed() < self.ttl
         })
     }
@@ -322,7 +322,7 @@ impl EtcdNodeRegistry {
                 return Ok(());
             }
         }
-        let session = link.map(|link| session_lease(link.id));
+        let session = link.and_then(|link| lease_of(SessionId::from(link.id)));
         let beat = self.write_beat(node_id, metadata, session).await;
         match &beat {
             Ok(()) => self.written.wrote(node_id, link.map(|l| l.id), encoded),
@@ -524,11 +524,6 @@ impl EtcdNodeRegistry {
         self.last_read.remember(revision, live);
         Ok(nodes)
     }
-}
-
-/// The etcd lease of a session id (the id is the lease, see `session.rs`).
-fn session_lease(id: u64) -> i64 {
-    i64::try_from(id).unwrap_or(i64::MAX)
 }
 
 /// The heartbeat transaction, and the one that starts a membership: put `record` on

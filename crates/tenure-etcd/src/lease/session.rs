@@ -130,7 +130,7 @@ fn latest_change(response: &TxnResponse) -> ChangeMark {
 }
 
 /// The etcd lease of a session id; `None` for ids etcd never hands out.
-pub(super) fn lease_of(id: SessionId) -> Option<i64> {
+pub(crate) fn lease_of(id: SessionId) -> Option<i64> {
     i64::try_from(id.get()).ok().filter(|&lease| lease > 0)
 }
 
