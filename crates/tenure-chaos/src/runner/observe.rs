@@ -55,6 +55,17 @@ pub(super) enum Watched {
     Group(String),
 }
 
+impl Watched {
+    /// The prefix both of the observer's reads list: the role's name (it and the
+    /// abandoned role), or the group's shards.
+    fn prefix(&self) -> String {
+        match self {
+            Watched::Role(role) => role.clone(),
+            Watched::Group(group) => format!("{group}/"),
+        }
+    }
+}
+
 /// Reads the watched leases every [`OBSERVE_EVERY`]; publishes the worker names of
 /// their live holders for the nemesis and returns every change seen, per role, and the
 /// checks of its copy (see the module docs).
@@ -79,6 +90,7 @@ pub(super) async fn observe(
             stop.clone(),
         ));
     }
+    let prefix = watched.prefix();
     let mut tick = tokio::time::interval(OBSERVE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -86,13 +98,9 @@ pub(super) async fn observe(
             _ = stop.cancelled() => return Observed { by_role: seen, stale_copies: copy.staleness.stale },
             _ = tick.tick() => {}
         }
-        let copied = tokio::time::timeout(ttl, copy.read(leases.as_ref(), &watched))
+        let copied = tokio::time::timeout(ttl, copy.read(leases.as_ref(), &prefix, &watched))
             .await
             .is_ok_and(|read| read.is_ok());
-        let prefix = match &watched {
-            Watched::Role(role) => role.clone(),
-            Watched::Group(group) => format!("{group}/"),
-        };
         let read = tokio::time::timeout(ttl, leases.list_prefix(&prefix)).await;
         // Errors while the server restarts are expected; the next tick retries.
         let Ok(Ok(mut read)) = read else { continue };
@@ -209,20 +217,19 @@ struct Staleness {
 }
 
 impl CopyCheck {
-    /// Brings the copy up to date: the watched role alone, or the group's shards.
-    async fn read(&mut self, store: &dyn LeaseStore, watched: &Watched) -> tenure::Result<()> {
-        match watched {
-            Watched::Role(role) => {
-                let key =
-                    |rest: &str| matches!(rest, "" | ABANDONED).then(|| format!("{role}{rest}"));
-                self.copy.read(store, role, key).await?;
-            }
-            Watched::Group(group) => {
-                let prefix = format!("{group}/");
-                let key = |rest: &str| Some(format!("{prefix}{rest}"));
-                self.copy.read(store, &prefix, key).await?;
-            }
-        }
+    /// Brings the copy of the leases under `prefix` ([`Watched::prefix`]) up to date:
+    /// the watched role and the abandoned one, or the group's shards.
+    async fn read(
+        &mut self,
+        store: &dyn LeaseStore,
+        prefix: &str,
+        watched: &Watched,
+    ) -> tenure::Result<()> {
+        let group = matches!(watched, Watched::Group(_));
+        let key = |rest: &str| {
+            (group || matches!(rest, "" | ABANDONED)).then(|| format!("{prefix}{rest}"))
+        };
+        self.copy.read(store, prefix, key).await?;
         Ok(())
     }
 
@@ -271,13 +278,9 @@ impl Staleness {
                 self.disagreeing.remove(role);
                 continue;
             }
-            let still_live = |copy: &Shown, store: &Shown| {
-                copy.live
-                    && Shown {
-                        live: true,
-                        ..store.clone()
-                    } == *copy
-            };
+            // The same term, which the copy still shows live.
+            let still_live =
+                |c: &Shown, s: &Shown| c.live && (&c.holder, c.token) == (&s.holder, s.token);
             if lapsing.contains(role) && copy.zip(store).is_some_and(|(c, s)| still_live(c, s)) {
                 continue;
             }
