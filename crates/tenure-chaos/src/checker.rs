@@ -18,14 +18,20 @@
 //! - `phantom_write`: a log row no worker ever invoked;
 //! - `token_shared`: log rows of one token written by two worker incarnations (two
 //!   leaders' accepted entries within one term);
-//! - `unknown_shard` (shard mode): events about a shard the group does not have.
+//! - `unknown_shard` (shard mode): events about a shard the group does not have;
+//! - `stale_copy`: the orchestrator's copy of the leases, kept by reads of what changed,
+//!   stayed behind its complete readings (found by the orchestrator, added with
+//!   [`Analysis::add_stale_copies`]);
+//! - `ghost_member` (shard mode): a killed or stopped member still listed live well
+//!   after its TTL ([`membership`], added with [`Analysis::add_membership`]).
 //!
 //! In shard mode ([`check_shards`]) every shard is checked on its own as one role is:
 //! tokens, terms, fence and log are per shard (shard `k` is the role `G/k`).
 //!
 //! Reported, not violations: writes refused by the fence, unknown outcomes, wall-clock
 //! overlap of workers that believed they led, recovery time after each fault and, in
-//! shard mode, the time to re-own a struck member's shards.
+//! shard mode, the time to re-own a struck member's shards, how long a dead member
+//! stayed listed and how often a running one was missing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -34,8 +40,10 @@ use crate::config::{CutFlavour, FaultKind};
 use crate::history::{Event, EventKind};
 use serde::Serialize;
 
+pub mod membership;
 mod recovery;
 
+pub use membership::{MemberReading, MembershipAnalysis, MembershipRun};
 pub use recovery::recovery_ns;
 use recovery::{recovery, shard_analysis};
 
@@ -164,6 +172,9 @@ pub struct Analysis {
     /// Shard mode only: how the shards moved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard_moves: Option<ShardAnalysis>,
+    /// Shard mode only: how the live members followed the workers' lives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub membership: Option<MembershipAnalysis>,
 }
 
 /// How the shards of a shard-mode run moved.
@@ -251,6 +262,17 @@ impl Analysis {
             count: stale.len() as u64,
             examples: stale.into_iter().take(EXAMPLES).collect(),
         });
+    }
+}
+
+impl Analysis {
+    /// Checks the orchestrator's readings of the live members against the workers'
+    /// lives ([`membership`]) and adds what it found, `ghost_member` violations
+    /// included.
+    pub fn add_membership(&mut self, run: MembershipRun<'_>) {
+        let (membership, ghosts) = membership::check_membership(run);
+        self.membership = Some(membership);
+        self.violations.extend(ghosts);
     }
 }
 

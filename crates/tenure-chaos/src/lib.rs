@@ -18,7 +18,9 @@
 //! and Kubernetes, steps the workers' wall clock (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed
 //! (the orchestrator also keeps a [`tenure::LeaseCopy`] of the watched leases by reads of
-//! changes, which must not stay behind its complete readings: `stale_copy`).
+//! changes, which must not stay behind its complete readings: `stale_copy`; in shard
+//! mode it reads the live members too, and a killed or stopped member must leave them
+//! within its TTL: `ghost_member`, see [`checker::membership`]).
 //! [`Report::write_dir`] draws the run ([`timeline`]: a page with a lane per worker
 //! incarnation, and a recovery chart per fault kind) for `tenure chaos --report DIR`.
 //!

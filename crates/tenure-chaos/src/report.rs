@@ -134,6 +134,24 @@ impl Report {
                 self.ttl_ms, moves.not_sampled
             );
         }
+        if let Some(m) = &a.membership {
+            let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}ms"));
+            let _ = writeln!(
+                out,
+                "membership: {} readings; {} killed or stopped members judged ({} not: never \
+                 seen live, or the clock stepped), still listed after their last call for p50 \
+                 {}, max {} (bound: ttl + {}ms); {} readings missed a running member \
+                 (longest {})",
+                m.readings,
+                m.judged,
+                m.not_judged,
+                ms(m.listed_p50_ms),
+                ms(m.listed_max_ms),
+                crate::checker::membership::GHOST_SLACK_MS,
+                m.missed,
+                ms(m.missed_longest_ms)
+            );
+        }
         for note in &self.unavailable {
             let _ = writeln!(out, "not injected: {note}");
         }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::backend::{Backend, Connect};
-use crate::checker::{check, check_shards, ShardRecord};
+use crate::checker::{check, check_shards, MembershipRun, ShardRecord};
 use crate::config::{ChaosConfig, CutFlavour, FaultKind, StoreSpec, NO_ETCD, NO_KUBE};
 use crate::faketime::FakeTime;
 use crate::history::{mono_ns, read_histories};
@@ -231,8 +231,13 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         Some(_) => Watched::Group(role.clone()),
         None => Watched::Role(role.clone()),
     };
+    let registry = match config.shards {
+        Some(_) => Some(backend.registry(config.ttl)?),
+        None => None,
+    };
     let observer = tokio::spawn(observe(
         backend.leases(),
+        registry,
         watched,
         holders.clone(),
         stop_observer.clone(),
@@ -258,6 +263,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         respawned: 0,
     };
     let outcome = nemesis.run(&schedule).await;
+    let stopping = mono_ns();
     let stopped = nemesis.stop_all().await;
     stop_observer.cancel();
     let observed = observer.await.unwrap_or_default();
@@ -273,6 +279,11 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     // not a history).
     if let Ok(faults) = serde_json::to_vec_pretty(&nemesis.faults) {
         let _ = std::fs::write(dir.join("faults.json"), faults);
+    }
+    if !observed.members.is_empty() {
+        if let Ok(members) = serde_json::to_vec(&observed.members) {
+            let _ = std::fs::write(dir.join("members.json"), members);
+        }
     }
     let mut analysis = match config.shards {
         None => {
@@ -290,7 +301,16 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
                 };
                 records.insert(shard, record);
             }
-            check_shards(&events, &records, &nemesis.faults)
+            let mut analysis = check_shards(&events, &records, &nemesis.faults);
+            analysis.add_membership(MembershipRun {
+                events: &events,
+                readings: &observed.members,
+                faults: &nemesis.faults,
+                ttl_ns: u64::try_from(config.ttl.as_nanos()).unwrap_or(u64::MAX),
+                stopping,
+                shared_writer: config.store.is_sqlite(),
+            });
+            analysis
         }
     };
     analysis.add_stale_copies(observed.stale_copies);

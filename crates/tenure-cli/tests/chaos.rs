@@ -449,7 +449,8 @@ fn kube_without_the_fence_is_caught() {
 const ONE_WRITER_PAUSE_REOWN_MS: f64 = 4_000.0;
 
 /// Checks a passing shard-mode round's own figures: the group is reported, shards
-/// moved, and every kill and pause that struck a member holding shards was followed by
+/// moved, killed and stopped members were judged leaving the live set, and every kill
+/// and pause that struck a member holding shards was followed by
 /// all of them being owned again: within 3 TTLs when no other fault struck meanwhile
 /// (a pause on a one-writer store: [`ONE_WRITER_PAUSE_REOWN_MS`]) and, when the store
 /// itself is not faulted (`quiet_store`), at the median too.
@@ -458,6 +459,12 @@ fn shard_round_checks(report: &Value, shards: u64, quiet_store: bool, one_writer
     let moves = &report["shard_moves"];
     assert!(moves["moved"].as_u64().unwrap() > 0, "no shard ever moved");
     wedged_members_shards_are_reowned(report);
+    // Killed and stopped members left the live set (a ghost would be a violation).
+    let membership = &report["membership"];
+    assert!(
+        membership["judged"].as_u64().unwrap_or(0) > 0,
+        "no member's leaving was judged: {membership}"
+    );
     for kind in ["pause", "kill"] {
         let reown = &moves["reown"][kind];
         assert!(

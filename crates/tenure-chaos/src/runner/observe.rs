@@ -12,15 +12,18 @@
 //! on one role the observer also takes a role of its own under the watched prefix now
 //! and then and abandons it: nobody takes it after, and the copy must see it lapse
 //! without any write announcing it.
+//!
+//! In shard mode it also reads the live members each time, for the checker's
+//! [`membership`](crate::checker::membership) check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{CopiedLease, LeaseCopy, LeaseInfo, LeaseStore};
+use tenure::{CopiedLease, LeaseCopy, LeaseInfo, LeaseStore, NodeRegistry};
 use tokio_util::sync::CancellationToken;
 
-use crate::checker::Observation;
+use crate::checker::{MemberReading, Observation};
 use crate::history::mono_ns;
 
 /// How often the orchestrator reads the role's lease.
@@ -43,6 +46,8 @@ pub(super) struct Observed {
     pub(super) by_role: BTreeMap<String, Vec<Observation>>,
     /// Each time the copy kept by reads of changes stayed stale, in words.
     pub(super) stale_copies: Vec<String>,
+    /// Every reading of the live members (shard mode).
+    pub(super) members: Vec<MemberReading>,
 }
 
 /// What the orchestrator watches on the store.
@@ -66,17 +71,20 @@ impl Watched {
     }
 }
 
-/// Reads the watched leases every [`OBSERVE_EVERY`]; publishes the worker names of
-/// their live holders for the nemesis and returns every change seen, per role, and the
-/// checks of its copy (see the module docs).
+/// Reads the watched leases (and the live members of `registry`) every
+/// [`OBSERVE_EVERY`]; publishes the worker names of their live holders for the nemesis
+/// and returns every change seen, per role, the checks of its copy (see the module
+/// docs) and the readings of the members.
 pub(super) async fn observe(
     leases: Arc<dyn LeaseStore>,
+    registry: Option<Arc<dyn NodeRegistry>>,
     watched: Watched,
     holders: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
     ttl: Duration,
 ) -> Observed {
     let mut seen: BTreeMap<String, Vec<Observation>> = BTreeMap::new();
+    let mut members = Vec::new();
     let mut copy = CopyCheck {
         copy: LeaseCopy::default(),
         grace: grace(ttl),
@@ -95,8 +103,23 @@ pub(super) async fn observe(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return Observed { by_role: seen, stale_copies: copy.staleness.stale },
+            _ = stop.cancelled() => return Observed {
+                by_role: seen,
+                stale_copies: copy.staleness.stale,
+                members,
+            },
             _ = tick.tick() => {}
+        }
+        if let Some(registry) = &registry {
+            let sent = mono_ns();
+            // A failed reading says nothing either way; the next tick reads again.
+            if let Ok(Ok(live)) = tokio::time::timeout(ttl, registry.live_nodes()).await {
+                members.push(MemberReading {
+                    sent,
+                    answered: mono_ns(),
+                    live,
+                });
+            }
         }
         let copied = tokio::time::timeout(ttl, copy.read(leases.as_ref(), &prefix, &watched))
             .await
