@@ -1,8 +1,8 @@
 //! [`EtcdNodeRegistry`]: heartbeat membership on etcd leases.
 //!
-//! Node ID is the key `<prefix>/nodes/ID` attached to an etcd lease of the registry's
-//! TTL; its value records first seen, last heartbeat and metadata (JSON). A heartbeat
-//! keeps the node's lease alive and records the time. The live set is one range read,
+//! Node ID is the key `<prefix>/nodes/ID` attached to an etcd lease of twice the
+//! registry's TTL; its value records first seen, last heartbeat and metadata (JSON). A
+//! heartbeat keeps the node's lease alive and records the time. The live set is one range read,
 //! filtered by `now < last_heartbeat + ttl` on this host's clock, so a node is gone at
 //! its TTL even in the up to 500 ms before etcd's expiry check deletes its key. Times are
 //! this host's clock (etcd has none to offer): membership is a hint, not a lease.
@@ -19,13 +19,17 @@
 //! the owner's session in the node's record ([`NodeRecord::session`]); every reader
 //! counts that session's last open or keep-alive (its record's `kept_at_ns`) as a
 //! heartbeat of the node while the session's key exists and its owner is the node; and
-//! the registry skips its write (it only keeps the node's etcd lease alive, which writes
-//! nothing) while its last write named that session with the same metadata and the
-//! store's last keep-alive, which found the record naming it, was sent less than half
-//! the TTL ago. So a shard member writes once per interval, its session's keep-alive. A
+//! the registry skips its write while its last write named that session with the same
+//! metadata and the store's last keep-alive, which found the record naming it, was sent
+//! less than half the TTL ago; then it only keeps the node's etcd lease alive (which
+//! writes nothing), and only once a TTL passed since the lease's last keep-alive, as the
+//! lease lasts two. So a shard member writes once per interval, its session's
+//! keep-alive, and keeps its node's lease alive once per TTL. A
 //! closed session stops counting at once for readers; membership waiters still wake on
-//! the node's key alone (a leave deletes it; a dead member's goes with its etcd lease),
-//! as a watch of the sessions' keys would be one more stream per wait.
+//! the node's key alone (a leave deletes it; a dead member's goes with its etcd lease,
+//! up to two TTLs after its last heartbeat: readers judge by time, so it is no longer
+//! live after one, and callers time lapses themselves), as a watch of the sessions' keys
+//! would be one more stream per wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,7 +65,9 @@ pub struct EtcdNodeRegistry {
     conn: Conn,
     keys: Keys,
     ttl: Duration,
-    ttl_secs: i64,
+    /// The TTL of a node's etcd lease: two of the registry's, so that a lease kept alive
+    /// less than one TTL ago has a TTL left (see [`Self::keep_own_lease`]).
+    node_lease_secs: i64,
     /// The memberships this registry (and its clones) last wrote, so a heartbeat of a
     /// live one is one round trip (its transaction beside the keep-alive) instead of a
     /// read first. A stale entry only costs a failed compare and the read after it.
@@ -76,12 +82,13 @@ pub struct EtcdNodeRegistry {
 }
 
 /// A membership this registry wrote: its etcd lease, the key's mod revision after the
-/// write, and the record written.
+/// write, the record written, and when the lease's last grant or keep-alive was sent.
 #[derive(Clone)]
 struct OwnMembership {
     lease: i64,
     mod_revision: i64,
     record: NodeRecord,
+    kept: tokio::time::Instant,
 }
 
 impl std::fmt::Debug for EtcdNodeRegistry {
@@ -173,7 +180,7 @@ impl EtcdNodeRegistry {
                 format!("{ttl:?} is below etcd's minimum of 1s"),
             ));
         }
-        let ttl_secs = ttl_secs(ttl)?;
+        let node_lease_secs = ttl_secs(ttl)?.saturating_mul(2);
         Ok(EtcdNodeRegistry {
             conn: Conn {
                 client,
@@ -181,7 +188,7 @@ impl EtcdNodeRegistry {
             },
             keys,
             ttl,
-            ttl_secs,
+            node_lease_secs,
             own: Arc::default(),
             last_read: Arc::default(),
             links: None,
@@ -219,7 +226,9 @@ impl EtcdNodeRegistry {
     }
 
     /// Watches membership from now on: joins and departures (including etcd expiring a
-    /// node's lease) as they happen.
+    /// node's lease, which lasts two TTLs: a node that stops heartbeating is no longer
+    /// live after one, by [`members`](NodeRegistry::members), but leaves this stream only
+    /// when its lease expires) as they happen.
     pub async fn watch_members(&self) -> Result<MembershipWatch> {
         self.watch_members_with(WatchOptions::new().with_prefix())
             .await
@@ -253,8 +262,15 @@ impl EtcdNodeRegistry {
         self.is_live(record, now) || self.live_by_session(node_id, record)
     }
 
-    /// Remembers what a successful write left at `node_id`'s key.
-    fn remember(&self, node_id: &str, lease: i64, response: &TxnResponse, record: NodeRecord) {
+    /// Remembers what a successful write left at `node_id`'s key, on `lease` kept alive
+    /// (or granted) at `kept`.
+    fn remember(
+        &self,
+        node_id: &str,
+        (lease, kept): (i64, tokio::time::Instant),
+        response: &TxnResponse,
+        record: NodeRecord,
+    ) {
         let Some(mod_revision) = response.header().map(|h| h.revision()) else {
             return;
         };
@@ -264,6 +280,7 @@ impl EtcdNodeRegistry {
                 lease,
                 mod_revision,
                 record,
+                kept,
             },
         );
     }
@@ -288,13 +305,14 @@ impl EtcdNodeRegistry {
             own.record.metadata = metadata.clone();
         }
         let txn = node_txn(key, own.mod_revision, &own.record, own.lease)?;
+        let sent = tokio::time::Instant::now();
         let (written, alive) = tokio::join!(
             self.conn.txn("recording a heartbeat", txn),
             self.conn.keep_alive_once(own.lease),
         );
         match (written, alive) {
             (Ok(response), Ok(true)) if response.succeeded() => {
-                self.remember(node_id, own.lease, &response, own.record);
+                self.remember(node_id, (own.lease, sent), &response, own.record);
                 Ok(true)
             }
             (written, alive) => {
@@ -332,14 +350,32 @@ impl EtcdNodeRegistry {
     }
 
     /// Keeps the etcd lease of `node_id`'s membership alive without writing its record
-    /// (its session's keep-alive stood in for the heartbeat). `Ok(false)`: no membership
-    /// is known here, or its lease is gone; write one.
+    /// (its session's keep-alive stood in for the heartbeat), unless it was kept alive
+    /// less than a TTL ago: it lasts two, so it has a TTL left, and a deleted key is
+    /// found by the session's next keep-alive, which then no longer stands in.
+    /// `Ok(false)`: no membership is known here, or its lease is gone; write one.
     async fn keep_own_lease(&self, node_id: &str) -> Result<bool> {
-        let Some(lease) = self.own.lock().get(node_id).map(|own| own.lease) else {
+        let Some((lease, kept)) = self
+            .own
+            .lock()
+            .get(node_id)
+            .map(|own| (own.lease, own.kept))
+        else {
             return Ok(false);
         };
+        if kept.elapsed() < self.ttl {
+            return Ok(true);
+        }
+        let sent = tokio::time::Instant::now();
         match self.conn.keep_alive_once(lease).await {
-            Ok(true) => Ok(true),
+            Ok(true) => {
+                if let Some(own) = self.own.lock().get_mut(node_id) {
+                    if own.lease == lease {
+                        own.kept = own.kept.max(sent);
+                    }
+                }
+                Ok(true)
+            }
             Ok(false) => {
                 self.own.lock().remove(node_id);
                 self.written.forget(node_id);
@@ -383,13 +419,14 @@ impl EtcdNodeRegistry {
                     record.metadata = metadata.clone();
                 }
                 let txn = node_txn(&key, observed_revision, &record, kv.lease())?;
+                let sent = tokio::time::Instant::now();
                 let (written, alive) = tokio::join!(
                     self.conn.txn("recording a heartbeat", txn),
                     self.conn.keep_alive_once(kv.lease()),
                 );
                 match (written, alive?) {
                     (Ok(response), true) if response.succeeded() => {
-                        self.remember(node_id, kv.lease(), &response, record);
+                        self.remember(node_id, (kv.lease(), sent), &response, record);
                         return Ok(());
                     }
                     // Raced with another heartbeat of this node; read again.
@@ -450,7 +487,8 @@ impl EtcdNodeRegistry {
         old_metadata: Option<Metadata>,
         session: Option<i64>,
     ) -> Result<bool> {
-        let (lease, _) = self.conn.grant(self.ttl_secs).await?;
+        let sent = tokio::time::Instant::now();
+        let (lease, _) = self.conn.grant(self.node_lease_secs).await?;
         let now = to_ns(round_trip(SystemTime::now()));
         let record = NodeRecord {
             first_seen_ns: now,
@@ -462,7 +500,7 @@ impl EtcdNodeRegistry {
         let written = self.conn.txn("recording a heartbeat", txn).await;
         match written {
             Ok(response) if response.succeeded() => {
-                self.remember(node_id, lease, &response, record);
+                self.remember(node_id, (lease, sent), &response, record);
                 if old_lease != lease {
                     self.conn.revoke_quietly(old_lease).await;
                 }

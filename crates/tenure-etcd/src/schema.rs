@@ -11,7 +11,7 @@
 //! | `queue/N/R/O` | [`CandidateRecord`] (JSON) | the candidate's own lease | owner O queued for role R (N: R's length in bytes); place = create revision |
 //! | `leases/R` NUL `handoff` | [`HandoffRecord`] (JSON) | none | a handover under way: R's last term ended, the candidate's has not begun |
 //! | `sessions/L` | [`SessionRecord`] (JSON) | the session's lease `L` | a live session (id = etcd lease id `L`, hex); its expiry for readers, and when it was last kept alive (a heartbeat of its owner's node) |
-//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease | membership; may name the owner's session, whose keep-alives then count as its heartbeats |
+//! | `nodes/ID` | [`NodeRecord`] (JSON) | the node's lease (two TTLs) | membership; may name the owner's session, whose keep-alives then count as its heartbeats |
 //! | `changed` | empty | none | put by every transaction that begins or ends a term: its mod revision is the latest such change |
 //!
 //! `values/R` is written only by the transaction that starts a term (put with a value,

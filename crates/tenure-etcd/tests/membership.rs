@@ -9,11 +9,13 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::Client;
+use tenure::{LeaseStore, NodeRegistry};
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry};
 use tenure_testkit::etcd::EtcdServer;
-use tenure_testkit::session_membership::{self as scenario, TTL};
+use tenure_testkit::session_membership::{self as scenario, EVERY, SESSION_TTL, TTL};
 
 /// A store on the shared etcd under a fresh prefix, its client and prefix.
 async fn setup(tag: &str) -> (EtcdLeaseStore, Client, String) {
@@ -67,7 +69,7 @@ async fn an_unlinked_registry_writes_every_heartbeat() {
 }
 
 /// The scenario of that name: a closed session or a leave removes the member at once
-/// (the waiter wakes when the node key's etcd lease expires, within its TTL).
+/// (the waiter wakes when the node key's etcd lease expires, within two TTLs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_session_or_a_leave_removes_the_member_at_once() {
     let (store, _client, _prefix) = setup("membership-close").await;
@@ -95,4 +97,65 @@ async fn heartbeats_resume_when_keep_alives_stop() {
         |a, b| a == b,
     )
     .await;
+}
+
+/// While the session stands in, the node key's etcd lease (two TTLs long) is kept alive
+/// once a TTL rather than at every heartbeat, and never lapses: over three TTLs the key
+/// stays on the lease of its first write and is not written again, and the lease's time
+/// left, read after each heartbeat, dips to about one TTL, where a keep-alive at every
+/// heartbeat would keep it above two TTLs less one heartbeat period. A TTL of 3 s keeps
+/// both apart in etcd's whole seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stood_in_members_lease_is_kept_alive_once_a_ttl() {
+    const MEMBER_TTL: Duration = Duration::from_secs(3);
+    let (store, client, prefix) = setup("membership-lease").await;
+    let registry = store.registry(MEMBER_TTL).unwrap();
+    let session = store.open_session("m", SESSION_TTL).await.unwrap();
+    registry
+        .heartbeat_with("m", &scenario::group())
+        .await
+        .unwrap();
+    let key = format!("{prefix}/nodes/m");
+    let lease_of_key = || {
+        let mut kv = client.kv_client();
+        let key = key.clone();
+        async move {
+            let response = kv.get(key, None).await.unwrap();
+            response.kvs().first().map(|kv| kv.lease())
+        }
+    };
+    let lease = lease_of_key()
+        .await
+        .expect("the first heartbeat wrote the key");
+    // The first keep-alive finds the record naming the session.
+    scenario::keep_alive_and_beat(&store, &registry, session.id, "m", EVERY).await;
+    let written = own_heartbeat(&client, &prefix, "m").await;
+    let mut least_left = i64::MAX;
+    let until = tokio::time::Instant::now() + MEMBER_TTL * 3;
+    while tokio::time::Instant::now() < until {
+        // One keep-alive of the session and one heartbeat, then a pause of `EVERY`.
+        scenario::keep_alive_and_beat(&store, &registry, session.id, "m", EVERY / 2).await;
+        let left = client
+            .lease_client()
+            .time_to_live(lease, None)
+            .await
+            .unwrap()
+            .ttl();
+        least_left = least_left.min(left);
+    }
+    assert_eq!(lease_of_key().await, Some(lease), "one lease throughout");
+    assert_eq!(
+        own_heartbeat(&client, &prefix, "m").await,
+        written,
+        "no heartbeat written"
+    );
+    assert_eq!(registry.live_nodes().await.unwrap(), ["m"]);
+    assert!(
+        least_left > 0,
+        "the lease never ran out: {least_left} s left"
+    );
+    assert!(
+        least_left <= 4,
+        "kept alive at every heartbeat: never less than {least_left} s of 6 left"
+    );
 }
