@@ -5,7 +5,7 @@
 //! after its last heartbeat could have landed. That is its death, or later when a fault
 //! held its calls then (a cut, a blackhole or wedge whose calls land on the heal, a held
 //! lock, a server restart): a call sent before the death may be applied at the heal.
-//! Listed live later than that plus [`GHOST_SLACK`] is a `ghost_member` violation: the
+//! Listed live later than that plus [`GHOST_SLACK_MS`] is a `ghost_member` violation: the
 //! other members would go on planning shards onto a member that cannot take them.
 //!
 //! The other direction is reported, not judged: a member running with nothing in the
@@ -204,7 +204,7 @@ fn holds_calls(fault: &FaultRecord, member: &str) -> bool {
 }
 
 /// Readings that missed a member running with nothing in the way of its calls for the
-/// TTL and [`GHOST_SLACK`] before them, and the longest such absence. A member is
+/// TTL and [`GHOST_SLACK_MS`] before them, and the longest such absence. A member is
 /// judged only after it was first listed, until it was killed or the run stopped.
 fn missed(run: MembershipRun<'_>) -> (u64, Option<u64>) {
     let MembershipRun {
