@@ -9,13 +9,15 @@
 //! runs on.
 //!
 //! [`install`] registers, as SQLite's default, a VFS that is the default one with one
-//! change: a file's sync first waits while the process's disk is stalled ([`stall`]).
-//! The worker process installs it before opening a SQLite store and stalls on SIGUSR1,
-//! resumes on SIGUSR2 (sent by the nemesis).
+//! change: a file's sync first waits while the process's disk is stalled ([`stall`]),
+//! and fails with an I/O error while the disk is failing ([`fail`]: a device that
+//! answers EIO). The worker process installs it before opening a SQLite store and stalls
+//! on SIGUSR1, resumes on SIGUSR2 (sent by the nemesis); the failing disk is driven by
+//! tests (`tests/disk_errors.rs`).
 
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
 use libsqlite3_sys as ffi;
@@ -30,6 +32,10 @@ static STALLED: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
 
 /// Syncs that found the disk stalled and waited, since the process started.
 static HELD_SYNCS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether syncs fail, and how many did since the process started.
+static FAILING: AtomicBool = AtomicBool::new(false);
+static FAILED_SYNCS: AtomicUsize = AtomicUsize::new(0);
 
 /// The VFS this one wraps (SQLite's default when [`install`] first ran), or why none.
 static REAL_VFS: OnceLock<Result<RealVfs, String>> = OnceLock::new();
@@ -86,6 +92,19 @@ pub fn stall(on: bool) {
 /// Syncs that waited for a stalled disk since the process started.
 pub fn held_syncs() -> usize {
     HELD_SYNCS.load(Ordering::Acquire)
+}
+
+/// Makes every sync of the files opened through the VFS in this process fail with
+/// `SQLITE_IOERR_FSYNC` (`true`), as a device answering EIO does, or succeed again
+/// (`false`). A failed sync does not sync: what SQLite wrote before it stays in the page
+/// cache, and SQLite does not count the commit it was for as done.
+pub fn fail(on: bool) {
+    FAILING.store(on, Ordering::Release);
+}
+
+/// Syncs that failed since the process started.
+pub fn failed_syncs() -> usize {
+    FAILED_SYNCS.load(Ordering::Acquire)
 }
 
 fn register() -> Result<RealVfs, String> {
@@ -158,7 +177,8 @@ fn stalling_table(real: *const ffi::sqlite3_io_methods) -> *const ffi::sqlite3_i
     stalling.cast()
 }
 
-/// Waits while the disk is stalled, then syncs through the real method table.
+/// Waits while the disk is stalled, fails while it is failing, and otherwise syncs
+/// through the real method table.
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     {
         let (stalled, wake) = &STALLED;
@@ -169,6 +189,10 @@ unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         while *on {
             on = wake.wait(on).unwrap_or_else(|e| e.into_inner());
         }
+    }
+    if FAILING.load(Ordering::Acquire) {
+        FAILED_SYNCS.fetch_add(1, Ordering::AcqRel);
+        return ffi::SQLITE_IOERR_FSYNC;
     }
     // SAFETY: only files opened by `open` reach this function, and their `pMethods`
     // points at the first field of a `StallingMethods`.

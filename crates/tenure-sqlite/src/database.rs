@@ -33,7 +33,7 @@ mod wait;
 mod writer;
 
 pub(crate) use writer::WriterSlot;
-use writer::{install_busy_handler, WriterQueue};
+use writer::{install_busy_handler, keep_unless_stuck_in_a_transaction, WriterQueue};
 
 /// The first 16 bytes of every SQLite database file.
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
@@ -235,6 +235,7 @@ impl SqliteDatabase {
             // A local file cannot drop a connection: a ping before each checkout would
             // only add a round trip to sqlx's worker thread.
             .test_before_acquire(false)
+            .after_release(|conn, _| Box::pin(keep_unless_stuck_in_a_transaction(conn)))
             .connect_with(connect)
             .await
             .map_err(|e| Error::store(BACKEND, format!("cannot open {}", path.display()), e))?;

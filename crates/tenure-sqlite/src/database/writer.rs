@@ -8,6 +8,10 @@
 //! halves fix it: every connection tries again each millisecond
 //! ([`install_busy_handler`]), and a process that has written back to back for a while
 //! leaves the lock free for a moment before its next write ([`WriterQueue`]).
+//!
+//! And a connection whose transaction failed to end is not handed out again
+//! ([`keep_unless_stuck_in_a_transaction`]): it would refuse every later write, or hold
+//! the lock.
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use std::time::Duration;
 use libsqlite3_sys::{sqlite3_busy_handler, SQLITE_OK};
 use parking_lot::Mutex;
 use sqlx::sqlite::SqliteConnection;
+use sqlx::Connection;
 use tenure::{Error, Result};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -50,6 +55,25 @@ pub(crate) async fn install_busy_handler(
             format!("sqlite3_busy_handler answered {rc}").into(),
         ))
     }
+}
+
+/// The pool's check of a connection coming back (`after_release`): `Ok(false)` closes
+/// it. A COMMIT that fails on an I/O error (a disk answering EIO, a full disk) makes
+/// SQLite end the transaction itself; the ROLLBACK sqlx then sends fails, as there is
+/// nothing left to roll back, and sqlx goes on counting the transaction as open, so it
+/// refuses every later `BEGIN IMMEDIATE` on that connection (`InvalidSavePointStatement`)
+/// and the store could never write again through it. A connection sqlx still counts in
+/// a transaction once the rollback queued by a dropped transaction has run (the ping
+/// waits for it) is closed, whether SQLite ended the transaction or still holds it (and
+/// the file's write lock with it).
+pub(crate) async fn keep_unless_stuck_in_a_transaction(
+    conn: &mut SqliteConnection,
+) -> std::result::Result<bool, sqlx::Error> {
+    if !conn.is_in_transaction() {
+        return Ok(true);
+    }
+    conn.ping().await?;
+    Ok(!conn.is_in_transaction())
 }
 
 /// SQLite's busy callback: sleep and try again (1) until `tries` tries were made,
