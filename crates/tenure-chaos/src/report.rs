@@ -139,7 +139,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "membership: {} readings; {} killed or stopped members judged ({} not: never \
-                 seen live, or the clock stepped), still listed after their last call for p50 \
+                 seen live, resumed within the bound, or the clock stepped), still listed after their last call for p50 \
                  {}, max {} (bound: ttl + {}ms); {} readings missed a running member \
                  (longest {})",
                 m.readings,

@@ -47,8 +47,9 @@ pub struct MembershipAnalysis {
     pub readings: u64,
     /// Members killed or stopped whose leaving was judged.
     pub judged: u64,
-    /// Members killed or stopped that were not judged: never seen live before, or the
-    /// workers' wall clock had been stepped (their heartbeats carry its time).
+    /// Members killed or stopped that were not judged: never seen live before, resumed
+    /// before a TTL and [`GHOST_SLACK_MS`] passed since their last call could land, or
+    /// the workers' wall clock had been stepped (their heartbeats carry its time).
     pub not_judged: u64,
     /// From when a judged member's last call could have landed to the last reading
     /// (sent) that still listed it while dead or stopped, 0 when none did: median, ms
@@ -126,7 +127,10 @@ pub fn check_membership(run: MembershipRun<'_>) -> (MembershipAnalysis, Option<V
             .iter()
             .any(|r| r.answered <= silence.from && listed(silence.member, r));
         let judged_until = silence.until.unwrap_or(u64::MAX);
-        if !seen_before || held_until == u64::MAX || held_until + ttl_ns >= first_step {
+        let bound = held_until.saturating_add(ttl_ns + GHOST_SLACK);
+        // A stop that ends before the bound leaves nothing to judge: the member may be
+        // listed until it resumes.
+        if !seen_before || bound >= judged_until || held_until + ttl_ns >= first_step {
             analysis.not_judged += 1;
             continue;
         }
@@ -139,7 +143,7 @@ pub fn check_membership(run: MembershipRun<'_>) -> (MembershipAnalysis, Option<V
             .find(|r| listed(silence.member, r))
             .map(|r| r.sent - held_until);
         listed_for.push(last_listed.unwrap_or(0));
-        let Some(late) = last_listed.filter(|&late| late > ttl_ns + GHOST_SLACK) else {
+        let Some(late) = last_listed.filter(|&late| held_until + late > bound) else {
             continue;
         };
         ghosts.count += 1;
@@ -375,6 +379,10 @@ mod tests {
         assert_eq!((analysis.judged, ghosts), (1, None));
         let stays = |t| !(3_800..4_100).contains(&t);
         assert!(check(&readings(6_000, stays), &pause).1.is_some());
+        // Resumed before the bound: listed throughout, and nothing to judge.
+        let short = [fault(FaultKind::Pause, Some("a"), 2_000, 3_200)];
+        let (analysis, ghosts) = check(&readings(6_000, |_| true), &short);
+        assert_eq!((analysis.judged, analysis.not_judged, ghosts), (0, 1, None));
     }
 
     #[test]
