@@ -11,9 +11,10 @@
 //! [`install`] registers, as SQLite's default, a VFS that is the default one with one
 //! change: a file's sync first waits while the process's disk is stalled ([`stall`]),
 //! and fails with an I/O error while the disk is failing ([`fail`]: a device that
-//! answers EIO). The worker process installs it before opening a SQLite store and stalls
-//! on SIGUSR1, resumes on SIGUSR2 (sent by the nemesis); the failing disk is driven by
-//! tests (`tests/disk_errors.rs`).
+//! answers EIO). The worker process installs it before opening a SQLite store; the
+//! nemesis stalls it with SIGUSR1 (`lock/disk`), makes it fail with SIGPWR
+//! (`lock/disk-error`) and heals it with SIGUSR2; `tests/disk_errors.rs` drives it in
+//! one process.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr;

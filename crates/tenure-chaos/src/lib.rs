@@ -14,7 +14,7 @@
 //! severs connections (through a [`proxy`] in front of the store for each worker:
 //! every worker's, or one worker's alone; or `pg_terminate_backend`), holds a lease's
 //! row (SQLite: the file's write lock, or a leader's [`disk`] that stops answering inside
-//! its commit) as a stalled transaction would, and, on SQLite
+//! its commit, or fails its syncs) as a stalled transaction would, and, on SQLite
 //! and Kubernetes, steps the workers' wall clock (through [`faketime`]); afterwards the [`checker`] verifies the invariants of
 //! `docs/semantics.md` over the workers' histories, the log and the lease as observed
 //! (the orchestrator also keeps a [`tenure::LeaseCopy`] of the watched leases by reads of

@@ -188,25 +188,45 @@ pub async fn run(args: WorkerArgs) -> Result<(), ChaosError> {
     Ok(())
 }
 
-/// Opens SQLite files through the stalling disk ([`crate::disk`]) and stalls it on
-/// SIGUSR1, resumes it on SIGUSR2: the nemesis's `lock/disk`.
+/// What a signal does to the disk of [`stall_disk_on_signals`].
+#[derive(Clone, Copy)]
+enum DiskSignal {
+    Stall,
+    Fail,
+    Heal,
+}
+
+/// Opens SQLite files through the chaos disk ([`crate::disk`]) and stalls it on
+/// SIGUSR1, makes its syncs fail on SIGPWR, heals both on SIGUSR2: the nemesis's
+/// `lock/disk` and `lock/disk-error`.
 fn stall_disk_on_signals() -> Result<(), ChaosError> {
     crate::disk::install()?;
-    for (kind, stalled) in [
-        (SignalKind::user_defined1(), true),
-        (SignalKind::user_defined2(), false),
+    for (kind, what) in [
+        (SignalKind::user_defined1(), DiskSignal::Stall),
+        (SignalKind::from_raw(nix::libc::SIGPWR), DiskSignal::Fail),
+        (SignalKind::user_defined2(), DiskSignal::Heal),
     ] {
         let mut signals = signal(kind).map_err(|source| ChaosError::Io {
-            what: "cannot listen for SIGUSR1 and SIGUSR2",
+            what: "cannot listen for SIGUSR1, SIGPWR and SIGUSR2",
             source,
         })?;
         tokio::spawn(async move {
             while signals.recv().await.is_some() {
-                match stalled {
-                    true => warn!("the disk stalls: syncs wait (a lock/disk fault)"),
-                    false => warn!("the disk answers again"),
+                match what {
+                    DiskSignal::Stall => {
+                        warn!("the disk stalls: syncs wait (a lock/disk fault)");
+                        crate::disk::stall(true);
+                    }
+                    DiskSignal::Fail => {
+                        warn!("the disk fails: syncs answer EIO (a lock/disk-error fault)");
+                        crate::disk::fail(true);
+                    }
+                    DiskSignal::Heal => {
+                        warn!("the disk answers again");
+                        crate::disk::fail(false);
+                        crate::disk::stall(false);
+                    }
                 }
-                crate::disk::stall(stalled);
             }
         });
     }

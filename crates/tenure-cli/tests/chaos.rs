@@ -656,11 +656,12 @@ fn sqlite_lock_round_passes() {
 
 /// [`sqlite_lock_round_passes`] in a group of 8 shards: a member whose disk stalls
 /// holds every other member's writes, session keep-alives and heartbeats behind its
-/// commit.
+/// commit; a member whose disk fails (`lock/disk-error`: every sync answers EIO) fails
+/// its own writes and must write again once the disk heals.
 #[test]
 fn sqlite_shard_lock_round_passes() {
     let report = lock_round_passes("sqlite:throwaway", Some("8"), "64");
-    has_recovery_rows(&report, &["lock", "lock/disk"]);
+    has_recovery_rows(&report, &["lock", "lock/disk", "lock/disk-error"]);
 }
 
 /// Shard mode on a throwaway server (`store`) the run owns: 4 members of a group of 8

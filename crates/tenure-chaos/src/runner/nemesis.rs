@@ -41,6 +41,8 @@ pub(super) struct Nemesis<'a> {
     pub(super) restarted: Option<(Instant, Duration)>,
     /// The workers' wall clock offset from the real one, ms.
     pub(super) clock_offset_ms: i64,
+    /// Disk faults made so far (`lock/disk` and `lock/disk-error` alternate).
+    pub(super) disk_faults: u64,
     /// The worker names holding a live lease, as last observed.
     pub(super) holders: Arc<Mutex<Vec<String>>>,
     pub(super) slots: Vec<Slot>,
@@ -72,9 +74,14 @@ pub(super) enum LockHolder {
         release: CancellationToken,
         task: JoinHandle<Result<(), ChaosError>>,
     },
-    /// A SQLite worker whose disk stalls inside its commit (see [`crate::disk`]), this
-    /// incarnation of this slot; SIGUSR2 resumes it.
-    Disk { slot: usize, name: String },
+    /// A SQLite worker whose disk stalls inside its commit, or fails its syncs
+    /// (`failing`; see [`crate::disk`]), this incarnation of this slot; SIGUSR2 heals
+    /// it.
+    Disk {
+        slot: usize,
+        name: String,
+        failing: bool,
+    },
 }
 
 impl Nemesis<'_> {
@@ -180,7 +187,7 @@ impl Nemesis<'_> {
             return;
         };
         match locked.holder {
-            LockHolder::Disk { slot, name } => {
+            LockHolder::Disk { slot, name, .. } => {
                 if self.slots[slot].name == name {
                     let _ = kill(self.slots[slot].pgid, Signal::SIGUSR2);
                 }
@@ -321,12 +328,16 @@ impl Nemesis<'_> {
                     self.skipped += 1;
                     return Ok(());
                 };
+                let flavour = match holder {
+                    LockHolder::Disk { failing: true, .. } => Some("disk-error"),
+                    LockHolder::Disk { .. } => Some("disk"),
+                    LockHolder::Nemesis { .. } => None,
+                };
                 self.locked = Some(Locked {
                     until: Instant::now() + self.config.ttl.mul_f64(fault.factor),
                     record: self.faults.len(),
                     holder,
                 });
-                let flavour = slot.is_some().then_some("disk");
                 self.record(fault.kind, flavour, slot, at, 0);
             }
             FaultKind::Handoff => {
@@ -378,10 +389,10 @@ impl Nemesis<'_> {
     }
 
     /// Takes a lock for a `lock` fault, unless one is held already: on SQLite half the
-    /// time by stalling a leader's disk (the slot is returned), otherwise by a
+    /// time by stalling a leader's disk or making it fail (the slot is returned), otherwise by a
     /// transaction of the nemesis's own on the role's row (in shard mode one shard's;
     /// SQLite: the file).
-    fn lock(&self, fault: &PlannedFault) -> Option<(LockHolder, Option<usize>)> {
+    fn lock(&mut self, fault: &PlannedFault) -> Option<(LockHolder, Option<usize>)> {
         if self.locked.is_some() {
             return None;
         }
@@ -390,9 +401,25 @@ impl Nemesis<'_> {
             // (and its SIGUSR1 handler: before it, the signal would end the process).
             let leaders = self.leaders(false);
             let slot = *leaders.get((fault.pick % leaders.len().max(1) as u64) as usize)?;
-            kill(self.slots[slot].pgid, Signal::SIGUSR1).ok()?;
+            // The disks stall inside a commit and answer every sync with EIO in turn,
+            // so a run with two disk faults has both.
+            let failing = self.disk_faults % 2 == 1;
+            self.disk_faults += 1;
+            let signal = if failing {
+                Signal::SIGPWR
+            } else {
+                Signal::SIGUSR1
+            };
+            kill(self.slots[slot].pgid, signal).ok()?;
             let name = self.slots[slot].name.clone();
-            return Some((LockHolder::Disk { slot, name }, Some(slot)));
+            return Some((
+                LockHolder::Disk {
+                    slot,
+                    name,
+                    failing,
+                },
+                Some(slot),
+            ));
         }
         let role = match self.config.shards {
             Some(shards) => tenure::shard::role(
