@@ -88,6 +88,20 @@ impl FaultRecord {
         }
     }
 
+    /// When it healed, `u64::MAX` while it never did.
+    pub fn ended(&self) -> u64 {
+        if self.healed == 0 {
+            u64::MAX
+        } else {
+            self.healed
+        }
+    }
+
+    /// Whether it was under way at `t` (struck, not yet healed).
+    pub fn under_way_at(&self, t: u64) -> bool {
+        self.at <= t && t <= self.ended()
+    }
+
     /// Where recovery is measured from. A fault of the store or the network (restart,
     /// cut) is measured from its heal: until then nobody can reach the store, and that
     /// time is the fault's, not tenure's. A stalled or dead worker, or one worker cut

@@ -40,6 +40,13 @@ pub struct MemberReading {
     pub live: Vec<String>,
 }
 
+impl MemberReading {
+    /// Whether it showed `member` live.
+    fn lists(&self, member: &str) -> bool {
+        self.live.iter().any(|m| m == member)
+    }
+}
+
 /// How the live members followed the workers' lives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct MembershipAnalysis {
@@ -114,18 +121,16 @@ pub fn check_membership(run: MembershipRun<'_>) -> (MembershipAnalysis, Option<V
         .map(|f| f.at)
         .min()
         .unwrap_or(u64::MAX);
-    let listed = |member: &str, r: &MemberReading| r.live.iter().any(|m| m == member);
     let mut listed_for = Vec::new();
     for silence in silences(faults) {
         let held_until = faults
             .iter()
-            .filter(|f| holds_calls(f, silence.member))
-            .filter(|f| f.at <= silence.from && (f.healed == 0 || f.healed >= silence.from))
-            .map(|f| if f.healed == 0 { u64::MAX } else { f.healed })
+            .filter(|f| holds_calls(f, silence.member) && f.under_way_at(silence.from))
+            .map(FaultRecord::ended)
             .fold(silence.from, u64::max);
         let seen_before = readings
             .iter()
-            .any(|r| r.answered <= silence.from && listed(silence.member, r));
+            .any(|r| r.answered <= silence.from && r.lists(silence.member));
         let judged_until = silence.until.unwrap_or(u64::MAX);
         let bound = held_until.saturating_add(ttl_ns + GHOST_SLACK);
         // A stop that ends before the bound leaves nothing to judge: the member may be
@@ -140,7 +145,7 @@ pub fn check_membership(run: MembershipRun<'_>) -> (MembershipAnalysis, Option<V
             .iter()
             .rev()
             .filter(|r| r.sent >= held_until && r.answered <= judged_until)
-            .find(|r| listed(silence.member, r))
+            .find(|r| r.lists(silence.member))
             .map(|r| r.sent - held_until);
         listed_for.push(last_listed.unwrap_or(0));
         let Some(late) = last_listed.filter(|&late| held_until + late > bound) else {
@@ -225,8 +230,7 @@ fn missed(run: MembershipRun<'_>) -> (u64, Option<u64>) {
     // lock, any member's pause or stalled disk.
     let hindered = |member: &str, from: u64, to: u64| {
         faults.iter().any(|f| {
-            let healed = if f.healed == 0 { u64::MAX } else { f.healed };
-            let overlaps = f.at <= to && healed >= from;
+            let overlaps = f.at <= to && f.ended() >= from;
             let touches = match f.kind {
                 FaultKind::Pause => shared_writer || f.target.as_deref() == Some(member),
                 FaultKind::Kill | FaultKind::Handoff => false,
@@ -249,10 +253,7 @@ fn missed(run: MembershipRun<'_>) -> (u64, Option<u64>) {
     let (mut count, mut longest) = (0, None::<u64>);
     for member in members {
         let dies = died.get(member).copied().unwrap_or(u64::MAX).min(stopping);
-        let Some(first) = readings
-            .iter()
-            .position(|r| r.live.iter().any(|m| m == member))
-        else {
+        let Some(first) = readings.iter().position(|r| r.lists(member)) else {
             continue;
         };
         let mut absent_since = None;
@@ -260,8 +261,7 @@ fn missed(run: MembershipRun<'_>) -> (u64, Option<u64>) {
             if r.answered >= dies {
                 break;
             }
-            let is_listed = r.live.iter().any(|m| m == member);
-            if is_listed {
+            if r.lists(member) {
                 if let Some(since) = absent_since.take() {
                     longest = longest.max(Some(r.sent.saturating_sub(since)));
                 }

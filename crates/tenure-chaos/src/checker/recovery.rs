@@ -164,7 +164,7 @@ pub(super) fn shard_analysis(events: &[Event], faults: &[FaultRecord]) -> ShardA
             earlier.kind == FaultKind::Pause
                 && earlier.target.as_deref() == Some(victim)
                 && earlier.at < fault.at
-                && (earlier.healed == 0 || earlier.healed >= fault.at)
+                && earlier.ended() >= fault.at
         });
         // The victim's terms still open then, and still its shard's latest: a paused
         // member's shards may have been taken before it is killed.
