@@ -307,19 +307,26 @@ mod tests {
 
     #[test]
     fn stores() {
-        assert_eq!(StoreSpec::parse("memory:").unwrap(), StoreSpec::Memory);
-        assert_eq!(
-            StoreSpec::parse("sqlite:throwaway").unwrap(),
-            StoreSpec::SqliteThrowaway
-        );
-        assert_eq!(
-            StoreSpec::parse("sqlite:/tmp/x.db").unwrap(),
-            StoreSpec::Sqlite("sqlite:/tmp/x.db".into())
-        );
-        assert_eq!(
-            StoreSpec::parse("postgresql:throwaway").unwrap(),
-            StoreSpec::PostgresThrowaway
-        );
+        #[cfg_attr(not(any(feature = "etcd", feature = "kube")), allow(unused_mut))]
+        let mut good = vec![
+            ("memory:", StoreSpec::Memory),
+            ("sqlite:throwaway", StoreSpec::SqliteThrowaway),
+            (
+                "sqlite:/tmp/x.db",
+                StoreSpec::Sqlite("sqlite:/tmp/x.db".into()),
+            ),
+            ("postgresql:throwaway", StoreSpec::PostgresThrowaway),
+        ];
+        #[cfg(feature = "etcd")]
+        good.push(("etcd:throwaway", StoreSpec::EtcdThrowaway));
+        #[cfg(feature = "kube")]
+        good.extend([
+            ("kube:throwaway", StoreSpec::KubeThrowaway),
+            ("kube:team-a", StoreSpec::Kube("kube:team-a".into())),
+        ]);
+        for (raw, want) in good {
+            assert_eq!(StoreSpec::parse(raw).unwrap(), want, "{raw}");
+        }
         assert!(matches!(
             StoreSpec::parse("postgres://u:secret@h/db").unwrap(),
             StoreSpec::Postgres(_)
@@ -344,28 +351,14 @@ mod tests {
         #[cfg(not(feature = "etcd"))]
         assert!(usage_message(StoreSpec::parse("etcd:throwaway")).contains("--features etcd"));
         #[cfg(feature = "etcd")]
-        {
-            assert_eq!(
-                StoreSpec::parse("etcd:throwaway").unwrap(),
-                StoreSpec::EtcdThrowaway
-            );
-            assert!(matches!(
-                StoreSpec::parse("etcd://127.0.0.1:2379/app").unwrap(),
-                StoreSpec::Etcd(_)
-            ));
-        }
+        assert!(matches!(
+            StoreSpec::parse("etcd://127.0.0.1:2379/app").unwrap(),
+            StoreSpec::Etcd(_)
+        ));
         #[cfg(not(feature = "kube"))]
         assert!(usage_message(StoreSpec::parse("kube:throwaway")).contains("--features kube"));
         #[cfg(feature = "kube")]
         {
-            assert_eq!(
-                StoreSpec::parse("kube:throwaway").unwrap(),
-                StoreSpec::KubeThrowaway
-            );
-            assert_eq!(
-                StoreSpec::parse("kube:team-a").unwrap(),
-                StoreSpec::Kube("kube:team-a".into())
-            );
             for bad in ["kube:Team", "kube:a_b", "kube://h:6443"] {
                 let message = usage_message(StoreSpec::parse(bad));
                 assert!(message.contains("--store"), "{bad}: {message}");

@@ -107,18 +107,25 @@ fn settle_pause() -> Duration {
     Duration::from_micros(20_000 + u64::from(nanos) % 20_000)
 }
 
-/// Runs `elector` on `role` with work that reports its start and then waits for
-/// `step_down` (or returns at once without one); the elector releases when it returns.
+/// An elector's task, and the instants its work started, one per term.
+type Spawned = (
+    tokio::task::JoinHandle<tenure::Result<()>>,
+    mpsc::UnboundedReceiver<Instant>,
+);
+
+/// Runs `elector` on `role` with work that reports its start (on the returned receiver)
+/// and then waits for `step_down` (or returns at once without one); the elector releases
+/// when it returns.
 fn spawn_elector(
     store: Arc<dyn LeaseStore>,
     options: LeaseLeaderOptions,
     role: String,
-    started: mpsc::UnboundedSender<Instant>,
     step_down: Option<Arc<Notify>>,
     shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<tenure::Result<()>>, String> {
+) -> Result<Spawned, String> {
     let elector = LeaseLeaderElector::new(store, options).map_err(|e| e.to_string())?;
-    Ok(tokio::spawn(async move {
+    let (started, starts) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
         elector
             .run(
                 &role,
@@ -138,7 +145,21 @@ fn spawn_elector(
                 shutdown,
             )
             .await
-    }))
+    });
+    Ok((task, starts))
+}
+
+/// The successor of a trial: an elector on `role` over store `b`, owner `ROLE-follower`,
+/// whose work reports its start and returns at once.
+fn spawn_follower(
+    b: Arc<dyn LeaseStore>,
+    role: &str,
+    ttl: Duration,
+    retry: Duration,
+    shutdown: &CancellationToken,
+) -> Result<Spawned, String> {
+    let options = options(format!("{role}-follower"), ttl, retry);
+    spawn_elector(b, options, role.to_owned(), None, shutdown.clone())
 }
 
 async fn release_trial(
@@ -152,27 +173,17 @@ async fn release_trial(
     // Whatever happens below, no elector outlives the trial.
     let _stop = shutdown.clone().drop_guard();
     let step_down = Arc::new(Notify::new());
-    let (leader_tx, mut leader_rx) = mpsc::unbounded_channel();
-    let leader_task = spawn_elector(
+    let (leader_task, mut leader_rx) = spawn_elector(
         a,
         options(format!("{role}-leader"), long, never),
         role.to_owned(),
-        leader_tx,
         Some(Arc::clone(&step_down)),
         shutdown.clone(),
     )?;
     timeout(STEP_TIMEOUT, leader_rx.recv())
         .await
         .map_err(|_| "the leader did not start".to_owned())?;
-    let (follower_tx, mut follower_rx) = mpsc::unbounded_channel();
-    let follower_task = spawn_elector(
-        b,
-        options(format!("{role}-follower"), long, never),
-        role.to_owned(),
-        follower_tx,
-        None,
-        shutdown.clone(),
-    )?;
+    let (follower_task, mut follower_rx) = spawn_follower(b, role, long, never, &shutdown)?;
     tokio::time::sleep(settle_pause()).await;
     let released = Instant::now();
     step_down.notify_one();
@@ -292,15 +303,7 @@ async fn stall_trial(
     } else {
         None
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let task = spawn_elector(
-        b,
-        options(format!("{role}-follower"), ttl, STALL_RETRY),
-        role.clone(),
-        tx,
-        None,
-        shutdown.clone(),
-    )?;
+    let (task, mut rx) = spawn_follower(b, &role, ttl, STALL_RETRY, &shutdown)?;
     let limit = ttl + STALL_RETRY + STEP_TIMEOUT;
     let started = timeout(limit, rx.recv())
         .await

@@ -167,15 +167,13 @@ fn run_herd(args: &BenchArgs, config: BenchConfig, counts: &str) -> anyhow::Resu
         .block_on(tenure_bench::run_herd(config, bench))
         .map_err(usage)?;
     let value = serde_json::json!({ "machine": machine, "herd": report });
-    crate::output::print_report(&value, args.json, || report.render())?;
-    if !report.failed.is_empty() {
-        anyhow::bail!(
-            "{} herd rounds failed (the report above has what was measured): {}",
-            report.failed.len(),
-            report.failed.join("; ")
-        );
-    }
-    Ok(exit::OK)
+    print_then_fail(
+        args,
+        &value,
+        || report.render(),
+        &report.failed,
+        "herd rounds",
+    )
 }
 
 /// `tenure bench --shards N`: the shard scenarios only.
@@ -219,12 +217,31 @@ fn run_shards(args: &BenchArgs, config: BenchConfig, shards: u32) -> anyhow::Res
         .block_on(tenure_bench::run_shards(config, bench))
         .map_err(usage)?;
     let value = serde_json::json!({ "machine": machine, "shards": report });
-    crate::output::print_report(&value, args.json, || report.render())?;
-    if !report.failed.is_empty() {
+    print_then_fail(
+        args,
+        &value,
+        || report.render(),
+        &report.failed,
+        "of the shard scenarios",
+    )
+}
+
+/// Prints a scenario run's report (`value` as JSON, else `render`), then fails the run
+/// if any of its parts (`failed`, each with why) did: the report comes first, so what
+/// was measured is not lost to the failure.
+fn print_then_fail(
+    args: &BenchArgs,
+    value: &serde_json::Value,
+    render: impl FnOnce() -> String,
+    failed: &[String],
+    what: &str,
+) -> anyhow::Result<u8> {
+    crate::output::print_report(value, args.json, render)?;
+    if !failed.is_empty() {
         anyhow::bail!(
-            "{} of the shard scenarios failed (the report above has what was measured): {}",
-            report.failed.len(),
-            report.failed.join("; ")
+            "{} {what} failed (the report above has what was measured): {}",
+            failed.len(),
+            failed.join("; ")
         );
     }
     Ok(exit::OK)

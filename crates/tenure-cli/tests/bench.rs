@@ -88,6 +88,14 @@ fn check_report(r: &Value, store: &str) {
     assert_eq!(stall["excess_over_ttl"]["count"], 5);
 }
 
+/// The report's `round_trips` section, which must have been measured, and its
+/// per-operation rows.
+fn measured_round_trips(r: &Value) -> (&Value, &Vec<Value>) {
+    let rt = &r["round_trips"];
+    assert_eq!(rt["measured"], true, "{rt}");
+    (rt, rt["ops"].as_array().unwrap())
+}
+
 #[test]
 fn memory_report_has_every_section() {
     let dir = tempdir();
@@ -125,9 +133,7 @@ fn postgres_throwaway_counts_one_statement_per_operation() {
     let dir = tempdir();
     let r = json_report(&bench(dir.path(), "postgres:throwaway", &[]));
     check_report(&r, "postgres (throwaway server)");
-    let rt = &r["round_trips"];
-    assert_eq!(rt["measured"], true, "{rt}");
-    let ops = rt["ops"].as_array().unwrap();
+    let (_, ops) = measured_round_trips(&r);
     assert_eq!(ops.len(), 6);
     for op in ops {
         assert_eq!(num(op, "/per_op"), 1.0, "{op}");
@@ -146,17 +152,12 @@ fn postgres_throwaway_counts_one_statement_per_operation() {
 #[test]
 fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
     let dir = tempdir();
-    let proc = common::Proc::spawn(&mut bench_command(dir.path(), "etcd:throwaway", &[]));
-    // The testkit names the member's data directory after the process that owns it.
-    let pid = proc.pid();
-    let r = json_report(&proc.finish(Duration::from_secs(240)));
+    let (r, pid) = throwaway_bench(dir.path(), "etcd:throwaway", Duration::from_secs(240));
     check_report(&r, "etcd (throwaway member)");
     assert!(r["machine"]["backend_version"]
         .as_str()
         .is_some_and(|v| v.starts_with("etcd ")));
-    let rt = &r["round_trips"];
-    assert_eq!(rt["measured"], true, "{rt}");
-    let ops = rt["ops"].as_array().unwrap();
+    let (_, ops) = measured_round_trips(&r);
     assert_eq!(ops.len(), 6);
     for op in ops {
         let per_op = num(op, "/per_op");
@@ -176,6 +177,16 @@ fn etcd_throwaway_counts_calls_and_measures_the_election_api() {
     assert_eq!(r["failover"]["stall"]["ttl_ms"], 1000.0);
     let left = left_behind(dir.path(), &["tenure-etcd-"], pid);
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// `tenure bench --store STORE` (a throwaway server) run to completion within `within`:
+/// its report, and its pid, which the testkit names the server's data directory after
+/// (see [`left_behind`]).
+#[cfg(any(feature = "etcd", feature = "kube"))]
+fn throwaway_bench(dir: &Path, store: &str, within: Duration) -> (Value, nix::unistd::Pid) {
+    let proc = common::Proc::spawn(&mut bench_command(dir, store, &[]));
+    let pid = proc.pid();
+    (json_report(&proc.finish(within)), pid)
 }
 
 /// Throwaway-server directories named after the process `pid` that owns them (`PREFIX`
@@ -210,18 +221,14 @@ fn left_behind(
 #[test]
 fn kube_throwaway_counts_requests_and_measures_raw_lease_updates() {
     let dir = tempdir();
-    let proc = common::Proc::spawn(&mut bench_command(dir.path(), "kube:throwaway", &[]));
-    let pid = proc.pid();
-    let r = json_report(&proc.finish(Duration::from_secs(170)));
+    let (r, pid) = throwaway_bench(dir.path(), "kube:throwaway", Duration::from_secs(170));
     check_report(&r, "kubernetes (throwaway API server)");
     let version = r["machine"]["backend_version"].as_str().unwrap_or_default();
     assert!(
         version.starts_with("Kubernetes v") && version.contains(" on etcd 3."),
         "{version}"
     );
-    let rt = &r["round_trips"];
-    assert_eq!(rt["measured"], true, "{rt}");
-    let ops = rt["ops"].as_array().unwrap();
+    let (rt, ops) = measured_round_trips(&r);
     let expected = [
         // GET (404), POST of the empty object, PUT of the epoch counter on the version
         // the store last wrote (a GET first only for the store's first epoch), PUT of the

@@ -96,35 +96,64 @@ fn array_len(v: &Value, path: &str) -> usize {
         .len()
 }
 
+/// The length of every lane's `key` array, summed over the timeline's lanes.
+fn per_lane_total(timeline: &Value, key: &str) -> usize {
+    timeline["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l[key].as_array().unwrap().len())
+        .sum()
+}
+
 fn num(v: &Value, path: &str) -> u64 {
     v.pointer(path)
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("{path} missing in {v}"))
 }
 
-/// A 4-second SQLite run with pauses and kills; Chromium renders its timeline.
-#[test]
-fn chaos_timeline_renders_every_incarnation_term_and_fault_in_chromium() {
+/// Runs `tenure ARGS... --report DIR` (ARGS with `--json`; DIR named `name` in a fresh
+/// scratch directory, which is also its `TMPDIR`) to a successful end within `within`,
+/// and checks that DIR's report.json is the report printed. Returns the scratch
+/// directory, DIR, stderr and the report.
+fn run_with_report(
+    args: &[&[&str]],
+    name: &str,
+    within: Duration,
+) -> (tempfile::TempDir, PathBuf, String, Value) {
     let scratch = tempdir();
-    let dir = scratch.path().join("report");
+    let dir = scratch.path().join(name);
     let mut command = tenure();
     command
-        .args(["chaos", "--json", "--store", "sqlite:throwaway"])
-        .args(["--workers", "4", "--duration", "4s", "--ttl", "1s"])
-        .args(["--faults", "pause,kill", "--fault-every", "300ms"])
-        .args(["--seed", "15"])
+        .args(args.concat())
         .arg("--report")
         .arg(&dir)
         .env("TMPDIR", scratch.path());
-    let output = output_within(&mut command, Duration::from_secs(120));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let output = output_within(&mut command, within);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("report written to"), "{stderr}");
     let printed: Value = serde_json::from_slice(&output.stdout).expect("--json report");
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
             .expect("report.json is JSON");
     assert_eq!(report, printed, "report.json is what --json prints");
+    (scratch, dir, stderr, report)
+}
+
+/// A 4-second SQLite run with pauses and kills; Chromium renders its timeline.
+#[test]
+fn chaos_timeline_renders_every_incarnation_term_and_fault_in_chromium() {
+    let (scratch, dir, stderr, report) = run_with_report(
+        &[
+            &["chaos", "--json", "--store", "sqlite:throwaway"],
+            &["--workers", "4", "--duration", "4s", "--ttl", "1s"],
+            &["--faults", "pause,kill", "--fault-every", "300ms"],
+            &["--seed", "15"],
+        ],
+        "report",
+        Duration::from_secs(120),
+    );
+    assert!(stderr.contains("report written to"), "{stderr}");
     for kind in ["pause", "kill"] {
         assert!(
             num(&report, &format!("/faults/{kind}")) > 0,
@@ -147,18 +176,8 @@ fn chaos_timeline_renders_every_incarnation_term_and_fault_in_chromium() {
     let data = page_data(&html);
     let timeline = &data["timeline"];
     let lanes = array_len(timeline, "/lanes");
-    let terms: usize = timeline["lanes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["terms"].as_array().unwrap().len())
-        .sum();
-    let refused: usize = timeline["lanes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["refused_ms"].as_array().unwrap().len())
-        .sum();
+    let terms = per_lane_total(timeline, "terms");
+    let refused = per_lane_total(timeline, "refused_ms");
     let faults = array_len(timeline, "/faults");
     // Every slot's first incarnation, plus at most one more per kill.
     let workers = num(&report, "/workers") as usize;
@@ -219,25 +238,14 @@ fn chaos_timeline_renders_every_incarnation_term_and_fault_in_chromium() {
 /// store against raw at each client count, valid enough for Chromium to render.
 #[test]
 fn bench_report_plots_store_against_raw_per_operation() {
-    let scratch = tempdir();
-    let dir = scratch.path().join("bench-report");
-    let mut command = tenure();
-    command
-        .args(["bench", "--store", "memory:", "--json"])
-        .args(["--duration", "100ms", "--trials", "5", "--clients", "1,3"])
-        .arg("--report")
-        .arg(&dir)
-        .env("TMPDIR", scratch.path());
-    let output = output_within(&mut command, Duration::from_secs(240));
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (scratch, dir, _, _) = run_with_report(
+        &[
+            &["bench", "--store", "memory:", "--json"],
+            &["--duration", "100ms", "--trials", "5", "--clients", "1,3"],
+        ],
+        "bench-report",
+        Duration::from_secs(240),
     );
-    let printed: Value = serde_json::from_slice(&output.stdout).expect("--json report");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
-    assert_eq!(report, printed);
     for op in ["acquire", "renew", "release", "heartbeat"] {
         let path = dir.join(format!("latency-{op}.svg"));
         let svg = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{op}: {e}"));
@@ -277,10 +285,13 @@ fn a_report_dir_that_cannot_be_one_is_a_usage_error() {
                 .arg(dir)
                 .env("TMPDIR", scratch.path());
             let started = Instant::now();
-            let output = output_within(&mut command, Duration::from_secs(30));
+            let output = common::assert_usage_error(
+                &mut command,
+                &(run, dir),
+                "--report",
+                Duration::from_secs(30),
+            );
             let stderr = String::from_utf8_lossy(&output.stderr);
-            assert_eq!(output.status.code(), Some(2), "{run:?} {dir:?}: {stderr}");
-            assert!(stderr.contains("--report"), "{stderr}");
             assert!(stderr.contains(&*dir.to_string_lossy()), "{stderr}");
             assert!(output.stdout.is_empty());
             assert!(

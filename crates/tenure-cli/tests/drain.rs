@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{group_sh, lines, output_within, sqlite_url, tempdir, tenure, wait_until, Proc};
+use common::{group_sh, lines, sqlite_url, tempdir, tenure, wait_until, Proc};
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -170,9 +170,6 @@ fn bad_drain_input_names_the_flag() {
     ] {
         let mut command = tenure();
         command.args(["drain", "--store", &store]).args(&args);
-        let output = output_within(&mut command, Duration::from_secs(30));
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        common::assert_usage_error(&mut command, &args, needle, Duration::from_secs(30));
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{lines, output_within, run_sh, sqlite_url, tempdir, tenure, wait_until, Proc};
+use common::{lines, run_sh, sqlite_url, tempdir, tenure, wait_until, Proc};
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -115,12 +115,6 @@ fn bad_handoff_input_is_a_usage_error() {
     ] {
         let mut command = tenure();
         command.args(["handoff", "--store", &store]).args(&args);
-        let output = output_within(&mut command, LONG);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: {needle:?} not in {stderr}"
-        );
+        common::assert_usage_error(&mut command, &args, needle, LONG);
     }
 }

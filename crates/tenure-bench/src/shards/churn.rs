@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::intercept::InterceptStore;
-use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure::LeaseLeaderOptions;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::counters::{millis, snapshot_watching, CallCounts, TermLog, BATCHED_ROLES};
+use super::counters::{
+    counted_store, millis, snapshot_watching, spawn_logged_elector, CallCounts, TermLog,
+    BATCHED_ROLES,
+};
 use super::group::{moved, owners, settle_limit, take_busiest, wait_for, Scenario};
 use super::{
     Churn, ElectorLeave, Leave, ShardBench, CHURN_MEMBERS, CHURN_SHARDS, LEAVE_MEMBERS, MEMBER_POOL,
@@ -193,9 +195,7 @@ pub(super) async fn elector_leave(
     let all = CancellationToken::new();
     let _stop_all = all.clone().drop_guard();
     for i in 0..LEAVE_MEMBERS {
-        let handles = backend.stores(MEMBER_POOL, ttl).await?;
-        let store: Arc<dyn LeaseStore> =
-            Arc::new(InterceptStore::new(handles.leases).with(counts.clone()));
+        let store = counted_store(backend, MEMBER_POOL, ttl, &counts).await?;
         let options = LeaseLeaderOptions {
             owner_id: format!("{run_id}-one-role-{i}"),
             lease_ttl: ttl,
@@ -203,18 +203,16 @@ pub(super) async fn elector_leave(
             retry_interval: ttl / 10,
             ..Default::default()
         };
-        let elector = Arc::new(LeaseLeaderElector::new(store, options)?);
         let shutdown = all.child_token();
-        let (log, stop, role, name) = (
-            Arc::clone(&log),
-            shutdown.clone(),
+        let task = spawn_logged_elector(
+            store,
+            options,
             role.clone(),
+            &log,
+            0,
             format!("e{i}"),
-        );
-        let task = tokio::spawn(async move {
-            let work = |_token, leadership| log.term(0, &name, leadership);
-            elector.run(&role, work, stop).await
-        });
+            shutdown.clone(),
+        )?;
         electors.push((format!("e{i}"), shutdown, task));
     }
     let limit = settle_limit(backend, 1, LEAVE_MEMBERS, ttl);

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tenure::intercept::{Call, Interceptor, Next, Reply};
+use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::lease::ACQUIRE_MANY_IN_FLIGHT;
+use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -109,6 +111,39 @@ pub(super) struct TermRecord {
     pub(super) member: String,
     start: Instant,
     pub(super) end: Option<Instant>,
+}
+
+/// The lease store of a fresh set of `backend`'s handles (`clients` connections,
+/// registry TTL `ttl`), its calls counted in `counts`.
+pub(super) async fn counted_store(
+    backend: &dyn Backend,
+    clients: usize,
+    ttl: Duration,
+    counts: &Arc<CallCounts>,
+) -> Result<Arc<dyn LeaseStore>, BenchError> {
+    let handles = backend.stores(clients, ttl).await?;
+    Ok(Arc::new(
+        InterceptStore::new(handles.leases).with(counts.clone()),
+    ))
+}
+
+/// Runs a per-role elector on `role` whose work logs each of its terms in `log` as
+/// shard `shard`'s `member` (the per-role baselines beside the shard group), until `stop`.
+pub(super) fn spawn_logged_elector(
+    store: Arc<dyn LeaseStore>,
+    options: LeaseLeaderOptions,
+    role: String,
+    log: &Arc<TermLog>,
+    shard: u32,
+    member: String,
+    stop: CancellationToken,
+) -> Result<JoinHandle<tenure::Result<()>>, BenchError> {
+    let elector = LeaseLeaderElector::new(store, options)?;
+    let log = Arc::clone(log);
+    Ok(tokio::spawn(async move {
+        let work = |_token, leadership| log.term(shard, &member, leadership);
+        elector.run(&role, work, stop).await
+    }))
 }
 
 /// Every term that ran in a scenario.

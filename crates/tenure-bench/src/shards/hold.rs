@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::intercept::InterceptStore;
-use tenure::{LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
+use tenure::LeaseLeaderOptions;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::counters::{millis, snapshot, CallCounts, Snapshot, TermLog};
+use super::counters::{
+    counted_store, millis, snapshot, spawn_logged_elector, CallCounts, Snapshot, TermLog,
+};
 use super::group::{settle_limit, wait_for, Scenario};
 use super::{HoldRow, QuietWindow, ShardBench};
 use crate::backend::Backend;
@@ -17,6 +18,26 @@ use crate::BenchError;
 
 /// The per-shard baseline's settle limit, in multiples of the batched settle's.
 const PER_ROLE_SETTLE_LIMITS: u32 = 4;
+
+/// The hold timings, shared by the hold and wedged scenarios: `bench.shards` shards on
+/// the hold TTL, renewing and looking again every `bench.renew_every`.
+pub(super) fn hold_scenario<'a>(
+    backend: &'a dyn Backend,
+    bench: &ShardBench,
+    group: String,
+) -> Scenario<'a> {
+    Scenario {
+        backend,
+        counts: Arc::default(),
+        log: Arc::default(),
+        group,
+        shards: bench.shards,
+        ttl: bench.hold_ttl,
+        renew: bench.renew_every,
+        retry: bench.renew_every,
+        per_role_acquires: false,
+    }
+}
 
 /// Lets the last contending calls pass and the server's counters catch up, then reads
 /// the counters around a window of `bench.window`.
@@ -104,17 +125,7 @@ pub(super) async fn hold_group(
     bench: &ShardBench,
     run_id: &str,
 ) -> Result<HoldRow, BenchError> {
-    let scenario = Scenario {
-        backend,
-        counts: Arc::default(),
-        log: Arc::default(),
-        group: format!("{run_id}-hold"),
-        shards: bench.shards,
-        ttl: bench.hold_ttl,
-        renew: bench.renew_every,
-        retry: bench.renew_every,
-        per_role_acquires: false,
-    };
+    let scenario = hold_scenario(backend, bench, format!("{run_id}-hold"));
     tracing::info!(
         shards = bench.shards,
         members = bench.members,
@@ -190,9 +201,7 @@ pub(super) async fn hold_electors(
 ) -> Result<HoldRow, BenchError> {
     let counts = Arc::new(CallCounts::default());
     let log = Arc::new(TermLog::default());
-    let handles = backend.stores(10, bench.hold_ttl).await?;
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(InterceptStore::new(handles.leases).with(counts.clone()));
+    let store = counted_store(backend, 10, bench.hold_ttl, &counts).await?;
     let role = |k: u32| format!("{run_id}-roles/{k}");
     if backend.creates_contend() {
         tracing::info!(
@@ -219,12 +228,15 @@ pub(super) async fn hold_electors(
             retry_interval: bench.renew_every,
             ..Default::default()
         };
-        let elector = LeaseLeaderElector::new(store.clone(), options)?;
-        let (log, stop, role) = (Arc::clone(&log), shutdown.clone(), role(k));
-        tasks.push(tokio::spawn(async move {
-            let work = |_token, leadership| log.term(k, "elector", leadership);
-            elector.run(&role, work, stop).await
-        }));
+        tasks.push(spawn_logged_elector(
+            store.clone(),
+            options,
+            role(k),
+            &log,
+            k,
+            "elector".to_owned(),
+            shutdown.clone(),
+        )?);
     }
     let limit = settle_limit(backend, bench.shards, 1, bench.hold_ttl);
     let all_lead = || (log.started() >= u64::from(bench.shards)).then(|| start.elapsed());

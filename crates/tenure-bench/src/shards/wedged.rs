@@ -3,7 +3,6 @@
 //! it answers no handover). Its shards must not cycle between being handed to it,
 //! orphaned and rescued: every shard should run on a working member nearly all the time.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::shard::GROUP_KEY;
@@ -12,7 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::counters::millis;
-use super::group::{settle_limit, wait_for, Scenario};
+use super::group::{settle_limit, wait_for};
+use super::hold::hold_scenario;
 use super::{ShardBench, Wedged, MEMBER_POOL};
 use crate::backend::Backend;
 use crate::BenchError;
@@ -29,17 +29,7 @@ pub(super) async fn wedged(
     run_id: &str,
     length: Duration,
 ) -> Result<Wedged, BenchError> {
-    let scenario = Scenario {
-        backend,
-        counts: Arc::default(),
-        log: Arc::default(),
-        group: format!("{run_id}-wedged"),
-        shards: bench.shards,
-        ttl: bench.hold_ttl,
-        renew: bench.renew_every,
-        retry: bench.renew_every,
-        per_role_acquires: false,
-    };
+    let scenario = hold_scenario(backend, bench, format!("{run_id}-wedged"));
     let wedged_node = format!("{}-wedged", scenario.group);
     let heartbeat_stop = CancellationToken::new();
     let _stop_heartbeat = heartbeat_stop.clone().drop_guard();

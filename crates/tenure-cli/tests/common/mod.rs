@@ -60,15 +60,28 @@ pub fn assert_bench_usage(dir: &Path, args: &[&str], needle: &str) {
         .args(args)
         .current_dir(dir)
         .env("TMPDIR", dir);
-    let output = output_within(&mut command, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {needle:?} not in {stderr}"
-    );
+    let output = assert_usage_error(&mut command, &args, needle, Duration::from_secs(60));
     assert!(output.stdout.is_empty(), "{args:?}");
     assert!(tree(dir).is_empty(), "{args:?} created {:?}", tree(dir));
+}
+
+/// Runs `command` to completion within `within` and checks that it was refused as a
+/// usage error: exit 2, with `needle` (the flag at fault) on stderr. `case` names the
+/// input in the failure messages; the output is returned for checks of the caller's own.
+pub fn assert_usage_error(
+    command: &mut Command,
+    case: &dyn std::fmt::Debug,
+    needle: &str,
+    within: Duration,
+) -> Output {
+    let output = output_within(command, within);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{case:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{case:?}: {needle:?} not in {stderr}"
+    );
+    output
 }
 
 /// The binary under test.
