@@ -16,7 +16,7 @@ use tenure::{
 use tenure_etcd::{EtcdLeaseStore, EtcdNodeRegistry, MembershipChange};
 use tenure_testkit::etcd::EtcdServer;
 use tenure_testkit::registry::waited_for_change;
-use tenure_testkit::{assert_refused, MustAnswer};
+use tenure_testkit::{assert_refused, in_time, MustAnswer};
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
@@ -168,13 +168,12 @@ async fn push_takeover_beats_a_long_retry_interval() {
     for round in 0..3 {
         let follower = spawn(owners[1].clone(), new_store().await);
         let mut state = follower.2.clone();
-        timeout(
+        in_time(
             Duration::from_secs(10),
             state.wait_for(|s| matches!(s, ElectionState::Follower { holder: Some(_) })),
+            "follower sees the holder",
         )
-        .await
-        .expect("follower sees the holder")
-        .unwrap();
+        .await;
         // Let the follower's watch get established.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let stopped = Instant::now();
@@ -281,11 +280,13 @@ async fn membership_stream_reports_joins_and_departures() {
         EtcdNodeRegistry::new(client, &common::unique_prefix("members"), SECOND).unwrap();
     let mut changes = registry.watch_members().await.unwrap();
     async fn next(changes: &mut tenure_etcd::MembershipWatch) -> MembershipChange {
-        timeout(Duration::from_secs(5), changes.next())
-            .await
-            .expect("a change within 5 s")
-            .unwrap()
-            .expect("watch open")
+        in_time(
+            Duration::from_secs(5),
+            changes.next(),
+            "a change within 5 s",
+        )
+        .await
+        .expect("watch open")
     }
     let mut meta = tenure::Metadata::new();
     meta.insert("addr".into(), "10.0.0.1:80".into());
@@ -486,13 +487,12 @@ async fn unreachable_endpoints_error_clearly_and_electors_retry() {
         let server = server.clone();
         tokio::task::spawn_blocking(move || server.restart().expect("restart"))
     };
-    timeout(
+    in_time(
         Duration::from_secs(30),
         state.wait_for(ElectionState::is_leader),
+        "leads once etcd is back",
     )
-    .await
-    .expect("leads once etcd is back")
-    .unwrap();
+    .await;
     restarted.await.unwrap();
     shutdown.cancel();
     timeout(Duration::from_secs(10), run)
@@ -716,10 +716,7 @@ async fn wait_for_term_returns_when_a_term_begins() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "no term yet");
     let a = store.try_acquire("job", "a", ttl).await;
-    timeout(push, waiting)
-        .await
-        .expect("woken by the first term")
-        .unwrap();
+    in_time(push, waiting, "woken by the first term").await;
 
     let waiting = wait(a.fencing_token);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -733,16 +730,15 @@ async fn wait_for_term_returns_when_a_term_begins() {
     );
     let b = store.try_acquire("job", "b", ttl).await;
     assert!(b.acquired && b.fencing_token > a.fencing_token);
-    timeout(push, waiting)
-        .await
-        .expect("woken by the next term")
-        .unwrap();
+    in_time(push, waiting, "woken by the next term").await;
 
     let asked = Instant::now();
-    timeout(push, wait(a.fencing_token))
-        .await
-        .expect("a term above the token began already")
-        .unwrap();
+    in_time(
+        push,
+        wait(a.fencing_token),
+        "a term above the token began already",
+    )
+    .await;
     assert!(asked.elapsed() < push);
 }
 
@@ -774,10 +770,7 @@ async fn wait_for_term_sleeps_to_the_deadline_when_the_watch_fails() {
             tokio::time::sleep(Duration::from_millis(500)).await;
             server.stop();
         }
-        let returned = timeout(Duration::from_secs(10), waiting)
-            .await
-            .expect("returns by the deadline")
-            .unwrap();
+        let returned = in_time(Duration::from_secs(10), waiting, "returns by the deadline").await;
         assert!(
             returned >= deadline,
             "{phase}: returned before the deadline"

@@ -13,50 +13,12 @@ use tenure::{ElectionState, FencingToken, LeaseResult, LeaseStore, TermChange};
 use tenure_etcd::requests::{Keys, TermRecord};
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
-use tenure_testkit::MustAnswer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tenure_testkit::{in_time, MustAnswer};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
 const ROLE: &str = "queued";
 const TTL: Duration = Duration::from_secs(10);
-
-/// The gRPC calls `host_port` has started, by method (`grpc_server_started_total`,
-/// which counts a stream such as a keep-alive or a watch when it opens).
-async fn calls(host_port: &str) -> BTreeMap<String, u64> {
-    let mut stream = tokio::net::TcpStream::connect(host_port).await.unwrap();
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host_port}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    let mut counts = BTreeMap::new();
-    for line in body.lines() {
-        let Some(labels) = line.strip_prefix("grpc_server_started_total{") else {
-            continue;
-        };
-        let method = labels
-            .split(',')
-            .find_map(|label| label.strip_prefix("grpc_method=\""))
-            .and_then(|rest| rest.split('"').next())
-            .unwrap_or("?");
-        let count = line
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        *counts.entry(method.to_owned()).or_insert(0) += count as u64;
-    }
-    counts
-}
-
-/// The calls started between two readings, by method (those that did not change left out).
-fn since(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(method, n)| (method.clone(), n - before.get(method).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
 
 async fn store_on(endpoint: &str, prefix: &str) -> Arc<EtcdLeaseStore> {
     store_for(endpoint, prefix, false).await
@@ -106,10 +68,7 @@ fn node_a_release_txn(keys: &Keys, a: &LeaseResult, ttl_secs: i64) -> etcd_clien
 /// says what failed otherwise.
 async fn follows(state: &mut tokio::sync::watch::Receiver<ElectionState>, what: &str) {
     let following = |s: &ElectionState| matches!(s, ElectionState::Follower { holder: Some(_) });
-    timeout(Duration::from_secs(10), state.wait_for(following))
-        .await
-        .expect(what)
-        .unwrap();
+    in_time(Duration::from_secs(10), state.wait_for(following), what).await;
 }
 
 /// A candidate as the elector waits: on `wait_for_successor`, keeping its place when the
@@ -186,7 +145,7 @@ async fn handovers_cost_the_same(safe: bool) {
     };
     let mut releaser = (holder, "node-a".to_owned(), a.fencing_token);
     for expected in ["node-00", "node-01"] {
-        let before = calls(&server.host_port()).await;
+        let before = common::calls(&server.host_port()).await;
         let (store, owner, token) = &releaser;
         assert!(store.release(ROLE, owner, *token).await.unwrap());
         let (next, next_token) = timeout(Duration::from_secs(10), begun.recv())
@@ -197,7 +156,7 @@ async fn handovers_cost_the_same(safe: bool) {
         assert!(next_token > *token);
         // Let the others see the new term and wait again.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let cost = since(&before, &calls(&server.host_port()).await);
+        let cost = common::calls_since(&before, &common::calls(&server.host_port()).await);
         let expected_cost: BTreeMap<String, u64> = handover
             .iter()
             .map(|(method, n)| ((*method).to_owned(), *n))
@@ -216,10 +175,10 @@ async fn handovers_cost_the_same(safe: bool) {
 
     // A candidate refreshing its place: one transaction beside one keep-alive.
     let (owner, store) = &candidates[5];
-    let before = calls(&server.host_port()).await;
+    let before = common::calls(&server.host_port()).await;
     let refreshed = store.acquire_or_queue(ROLE, owner, TTL).await;
     assert!(!refreshed.acquired && refreshed.holder == "node-01");
-    let cost = since(&before, &calls(&server.host_port()).await);
+    let cost = common::calls_since(&before, &common::calls(&server.host_port()).await);
     let expected_cost: BTreeMap<String, u64> = [("LeaseKeepAlive", 1), ("Txn", 1)]
         .into_iter()
         .map(|(method, n)| (method.to_owned(), n))
@@ -378,11 +337,13 @@ async fn electors_lead_in_the_order_they_queued() {
             took < Duration::from_secs(1),
             "handover {turn} took {took:?}"
         );
-        timeout(Duration::from_secs(10), &mut handles[turn])
-            .await
-            .expect("the elector that stopped returns")
-            .unwrap()
-            .unwrap();
+        in_time(
+            Duration::from_secs(10),
+            &mut handles[turn],
+            "the elector that stopped returns",
+        )
+        .await
+        .unwrap();
     }
     stops[3].send(true).unwrap();
     timeout(Duration::from_secs(10), &mut handles[3])
@@ -492,9 +453,7 @@ async fn a_queued_elector_finishes_a_handover_its_releaser_left() {
     assert_eq!(info.fencing_token, b_token);
     assert_eq!(raw.get(keys.handoff(ROLE), None).await.unwrap().count(), 0);
     shutdown.cancel();
-    timeout(Duration::from_secs(10), running)
+    in_time(Duration::from_secs(10), running, "the elector stops")
         .await
-        .expect("the elector stops")
-        .unwrap()
         .unwrap();
 }

@@ -36,14 +36,13 @@ async fn queued(store: &KubeLeaseStore, owner: &str, ttl: Duration) {
 async fn a_handover_costs_two_requests_however_many_wait() {
     let namespace = common::new_namespace("handover");
     let role_object = object_name(Kind::Role, ROLE);
-    let (connection, holder_requests) = common::counted(&namespace).await;
-    let holder = KubeLeaseStore::new(connection);
+    let (holder, holder_requests) = common::counted(&namespace).await;
     let a = holder.acquire_or_queue(ROLE, "node-a", TTL).await;
     assert!(a.acquired);
     let mut candidates = Vec::new();
     for i in 0..6 {
-        let (connection, requests) = common::counted(&namespace).await;
-        let store = Arc::new(KubeLeaseStore::new(connection));
+        let (store, requests) = common::counted(&namespace).await;
+        let store = Arc::new(store);
         let owner = format!("node-{i}");
         queued(&store, &owner, TTL).await;
         candidates.push((owner, store, requests));

@@ -61,8 +61,7 @@ async fn until_candidates(store: &KubeLeaseStore, expected: &[&str]) {
 async fn a_late_write_on_a_stale_copy_gets_a_conflict_and_changes_nothing() {
     let namespace = common::new_namespace("stale-put");
     let role_object = object_name(Kind::Role, ROLE);
-    let (connection, requests) = common::counted(&namespace).await;
-    let stale = KubeLeaseStore::new(connection);
+    let (stale, requests) = common::counted(&namespace).await;
     let a = acquires(&stale, "node-a").await;
     let other = KubeLeaseStore::new(common::tenant(&namespace).await);
     queued(&other, "node-b").await;

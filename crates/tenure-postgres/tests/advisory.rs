@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tenure::FencingToken;
 use tenure_postgres::{AdvisoryLockElector, AdvisoryLockOptions, Schema};
+use tenure_testkit::in_time;
 use tenure_testkit::postgres::PgServer;
 use tokio_util::sync::CancellationToken;
 
@@ -95,10 +96,8 @@ async fn advisory_lock_elector_hands_over_on_connection_loss() {
     assert!(cancelled.duration_since(terminated) < Duration::from_secs(3));
     stop.cancel();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(10), task)
+        in_time(Duration::from_secs(10), task, "electors stop")
             .await
-            .expect("electors stop")
-            .unwrap()
             .unwrap();
     }
     let terms = terms.lock().unwrap();

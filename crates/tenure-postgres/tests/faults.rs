@@ -16,7 +16,7 @@ use tenure::{
 };
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
-use tenure_testkit::{eventually, MustAnswer};
+use tenure_testkit::{eventually, in_time, MustAnswer};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -66,11 +66,13 @@ impl Running {
     /// Shuts the run down; it returns `Ok` within 10 s.
     async fn stop(self) {
         self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("run returns on shutdown")
-            .unwrap()
-            .unwrap();
+        in_time(
+            Duration::from_secs(10),
+            self.task,
+            "run returns on shutdown",
+        )
+        .await
+        .unwrap();
     }
 }
 
@@ -251,13 +253,12 @@ async fn terminated_connections_do_not_lose_leadership() {
     };
     let run = Running::start(&elector, "terminated", work);
     let mut state = elector.watch();
-    let token = tokio::time::timeout(
+    let token = in_time(
         Duration::from_secs(10),
         state.wait_for(ElectionState::is_leader),
+        "leads",
     )
     .await
-    .expect("leads")
-    .unwrap()
     .clone();
     let before = observer.get("terminated").await.unwrap().unwrap();
     let killed = server
@@ -331,13 +332,12 @@ fn server_down_at_start_then_leads() {
             .await
             .unwrap();
         let mut state = elector.watch();
-        tokio::time::timeout(
+        in_time(
             Duration::from_secs(15),
             state.wait_for(ElectionState::is_leader),
+            "leads once the server is up",
         )
-        .await
-        .expect("leads once the server is up")
-        .unwrap();
+        .await;
         run.stop().await;
     });
     let logs = logs.text();

@@ -2,9 +2,10 @@
 //! was made from ([`PgLeaseStore::registry`]) is kept alive by the session's
 //! keep-alives, and the registry skips its own heartbeat writes meanwhile.
 //!
-//! Each test also runs the same steps with a registry made by [`PgNodeRegistry::new`]
-//! (which shares no store's sessions, as every registry did before) where that shows
-//! the difference: there the member lapses.
+//! The scenarios of `tenure_testkit::session_membership` run here on a fresh schema
+//! each; their control runs the same steps with a registry made by
+//! [`PgNodeRegistry::new`] (which shares no store's sessions, as every registry did
+//! before): there the member lapses.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_testkit::session_membership::{
-    self as scenario, group, keep_alive_and_beat, EVERY, SESSION_TTL, TTL,
+    self as scenario, group, keep_alive_and_beat, MembershipStorage, EVERY, SESSION_TTL, TTL,
 };
 
 use sqlx::PgPool;
@@ -20,6 +21,7 @@ use tenure::{LeaseStore, NodeRegistry};
 use tenure_postgres::{PgLeaseStore, PgNodeRegistry, Schema};
 
 use common::table;
+use tenure_testkit::in_time;
 use tenure_testkit::registry::waited_for_change;
 
 /// A fresh migrated schema, its pool of 4 tagged `app`, and a store on them.
@@ -27,91 +29,69 @@ async fn setup(app: &str) -> (PgPool, Schema, PgLeaseStore) {
     common::with_store(common::migrated(app).await)
 }
 
-/// The node row's own `last_heartbeat` (moved only by a heartbeat write), in
-/// microseconds since the epoch.
-async fn own_heartbeat(pool: &PgPool, schema: &Schema, node: &str) -> Option<i64> {
-    let nodes = table(schema, "tenure_nodes");
-    sqlx::query_scalar(&format!(
-        "SELECT (extract(epoch FROM last_heartbeat) * 1000000)::bigint FROM {nodes}
-         WHERE node_id = $1"
-    ))
-    .bind(node)
-    .fetch_optional(pool)
-    .await
-    .unwrap()
+/// One test's fresh migrated schema, its pool of 4 tagged `app`, and a store on them.
+struct Storage {
+    pool: PgPool,
+    schema: Schema,
+    store: PgLeaseStore,
 }
 
-/// The scenario of that name: the heartbeats write nothing while the session keeps the
-/// member alive. A reader of another pool (another process) sees the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live() {
-    let (pool, schema, store) = setup("membership-skip").await;
-    let registry = store.registry(TTL).unwrap();
-    scenario::a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live(
-        &store,
-        &registry,
-        || own_heartbeat(&pool, &schema, "m"),
-        |a, b| a == b,
-        || async {
-            let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
-            let other = common::pool(server, 2, "membership-skip-other").await;
-            PgNodeRegistry::new(other, schema.clone(), TTL).unwrap()
-        },
-    )
-    .await;
+impl Storage {
+    async fn open(app: &str) -> Self {
+        let (pool, schema, store) = setup(app).await;
+        Self {
+            pool,
+            schema,
+            store,
+        }
+    }
 }
 
-/// Control: a registry sharing no store's sessions (every registry before) writes each
-/// heartbeat, and a member whose heartbeats stop lapses after a TTL though its session
-/// is kept alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unlinked_registry_writes_every_heartbeat() {
-    let (pool, schema, store) = setup("membership-unlinked").await;
-    let registry = PgNodeRegistry::new(pool.clone(), schema.clone(), TTL).unwrap();
-    scenario::an_unlinked_registry_writes_every_heartbeat(&store, &registry, || {
-        own_heartbeat(&pool, &schema, "m")
-    })
-    .await;
+impl MembershipStorage for Storage {
+    type Store = PgLeaseStore;
+    type Registry = PgNodeRegistry;
+    /// The node row's own `last_heartbeat`, in microseconds since the epoch.
+    type Heartbeat = Option<i64>;
+
+    fn store(&self) -> &PgLeaseStore {
+        &self.store
+    }
+
+    fn registry(&self, ttl: Duration) -> PgNodeRegistry {
+        self.store.registry(ttl).unwrap()
+    }
+
+    async fn unlinked(&self) -> PgNodeRegistry {
+        PgNodeRegistry::new(self.pool.clone(), self.schema.clone(), TTL).unwrap()
+    }
+
+    /// A registry on a pool of its own.
+    async fn reader(&self) -> PgNodeRegistry {
+        let server = tenure_testkit::postgres::PgServer::shared().expect("shared server");
+        let other = common::pool(server, 2, "membership-skip-other").await;
+        PgNodeRegistry::new(other, self.schema.clone(), TTL).unwrap()
+    }
+
+    async fn own_heartbeat(&self, node: &str) -> Option<i64> {
+        let nodes = table(&self.schema, "tenure_nodes");
+        sqlx::query_scalar(&format!(
+            "SELECT (extract(epoch FROM last_heartbeat) * 1000000)::bigint FROM {nodes}
+             WHERE node_id = $1"
+        ))
+        .bind(node)
+        .fetch_optional(&self.pool)
+        .await
+        .unwrap()
+    }
 }
 
-/// The scenario of that name: a closed session or a leave removes the member at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_session_or_a_leave_removes_the_member_at_once() {
-    let (_pool, _schema, store) = setup("membership-close").await;
-    let registry = Arc::new(store.registry(TTL).unwrap());
-    scenario::a_closed_session_or_a_leave_removes_the_member_at_once(&store, registry).await;
-}
-
-/// The scenario of that name: a member goes a TTL after its session's last keep-alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive() {
-    let (_pool, _schema, store) = setup("membership-lapse").await;
-    let registry = store.registry(TTL).unwrap();
-    scenario::a_member_goes_a_ttl_after_its_sessions_last_keep_alive(&store, &registry).await;
-}
+tenure_testkit::session_membership_scenarios!(Storage::open("membership").await);
 
 /// The scenario of that name: a keep-alive tells when the first other member lapses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
-    let (_pool, _schema, store) = setup("membership-peers").await;
-    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&store, |ttl| {
-        store.registry(ttl).unwrap()
-    })
-    .await;
-}
-
-/// The scenario of that name: heartbeats resume when keep-alives stop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_resume_when_keep_alives_stop() {
-    let (pool, schema, store) = setup("membership-resume").await;
-    let registry = store.registry(TTL).unwrap();
-    scenario::heartbeats_resume_when_keep_alives_stop(
-        &store,
-        &registry,
-        || own_heartbeat(&pool, &schema, "m"),
-        |a, b| a == b,
-    )
-    .await;
+    let storage = Storage::open("membership-peers").await;
+    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&storage).await;
 }
 
 /// A schema whose node and session tables predate membership through sessions gets
@@ -292,11 +272,13 @@ async fn heartbeats_hung_on_the_server_are_given_up_and_a_leave_still_lands() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     blocker.rollback().await.unwrap();
-    tokio::time::timeout(TTL + INTERVAL + Duration::from_secs(1), beating)
-        .await
-        .expect("the heartbeat loop ends after its leave")
-        .unwrap()
-        .unwrap();
+    in_time(
+        TTL + INTERVAL + Duration::from_secs(1),
+        beating,
+        "the heartbeat loop ends after its leave",
+    )
+    .await
+    .unwrap();
     assert!(!live().await, "the leave removed the node");
     // Every statement given up earlier has ended or landed once none waits any more.
     let check = within(Duration::from_secs(5), "no statement left waiting");

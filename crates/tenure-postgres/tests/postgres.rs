@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_postgres::{connect, migrate, ConnectOptions, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{in_time, MustAnswer};
 use tokio_util::sync::CancellationToken;
 
 async fn setup(app: &str) -> (PgPool, Schema) {
@@ -154,10 +154,7 @@ async fn push_takeover_well_under_a_second() {
             .await
         })
     };
-    let a_token = tokio::time::timeout(Duration::from_secs(10), a_led)
-        .await
-        .expect("a leads")
-        .unwrap();
+    let a_token = in_time(Duration::from_secs(10), a_led, "a leads").await;
 
     let stop_b = CancellationToken::new();
     let b_started = Arc::new(Mutex::new(None::<(Instant, FencingToken)>));
@@ -179,20 +176,17 @@ async fn push_takeover_well_under_a_second() {
     };
     // Let b lose once and settle into waiting on the lease.
     let mut watch = b.watch();
-    tokio::time::timeout(
+    in_time(
         Duration::from_secs(10),
         watch.wait_for(|s| matches!(s, tenure::ElectionState::Follower { holder: Some(_) })),
+        "b follows",
     )
-    .await
-    .expect("b follows")
-    .unwrap();
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     stop_a.cancel();
-    tokio::time::timeout(Duration::from_secs(10), a_task)
+    in_time(Duration::from_secs(10), a_task, "a stops")
         .await
-        .expect("a stops")
-        .unwrap()
         .unwrap();
     let released = Instant::now();
     let deadline = released + Duration::from_secs(5);
@@ -270,10 +264,12 @@ async fn listener_reconnects_without_spinning() {
             .release_term("listened", "node-a", lease.fencing_token)
             .await
     );
-    let after = tokio::time::timeout(Duration::from_secs(5), woke)
-        .await
-        .expect("the release is pushed after the listener reconnected")
-        .unwrap();
+    let after = in_time(
+        Duration::from_secs(5),
+        woke,
+        "the release is pushed after the listener reconnected",
+    )
+    .await;
     assert!(
         after < Duration::from_secs(2),
         "woke {after:?} after the release"
@@ -496,13 +492,12 @@ async fn cancelled_calls_leave_the_store_usable_and_connections_are_kept() {
     blocker.rollback().await.unwrap();
 
     for _ in 0..5 {
-        let lease = tokio::time::timeout(
+        let lease = in_time(
             Duration::from_secs(10),
             store.try_acquire_or_renew("r", "a", ttl),
+            "no call hangs on a connection left mid-statement",
         )
-        .await
-        .expect("no call hangs on a connection left mid-statement")
-        .unwrap();
+        .await;
         assert!(lease.acquired);
         assert_eq!(
             lease.fencing_token, first.fencing_token,
@@ -596,15 +591,7 @@ async fn a_late_renewal_never_moves_the_expiry_back() {
         .replace("$2", "'node-a'")
         .replace("$3", &ttl.as_micros().to_string())
         .replace("$4", &format!("'tenure:{}'", schema.name()));
-    let late = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            sqlx::raw_sql(&format!("SELECT pg_sleep(1.5); {late_sql}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-        })
-    };
+    let late = common::run_late(&pool, 1.5, late_sql);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let renewed = store.try_acquire("job", "node-a", ttl).await;
     assert!(renewed.acquired && renewed.fencing_token == first.fencing_token);

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{in_time, MustAnswer};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
@@ -139,10 +139,7 @@ async fn every_change_of_term_notifies_its_new_state() {
         r.to_owned(),
     ];
     for want in expected {
-        let got = tokio::time::timeout(Duration::from_secs(5), listener.recv())
-            .await
-            .expect("a notification")
-            .unwrap();
+        let got = in_time(Duration::from_secs(5), listener.recv(), "a notification").await;
         assert_eq!(got.payload(), want);
     }
     let more = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
@@ -188,10 +185,7 @@ async fn an_earlier_tenures_notification_tells_nothing() {
             .execute(&pool)
             .await
             .unwrap();
-        let change = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("woken by the notification")
-            .unwrap();
+        let change = in_time(Duration::from_secs(5), waiting, "woken by the notification").await;
         assert_eq!(change, want, "{sql}");
         assert!(started.elapsed() < Duration::from_secs(5));
     }
@@ -234,10 +228,7 @@ async fn a_gap_in_listening_is_unknown_then_pushes_resume() {
     let early = answers.lock().unwrap().len();
     assert!((1..=3).contains(&early), "{early} answers during the gap");
     assert!(store.release_term("r", "node-a", a.fencing_token).await);
-    let change = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("pushed")
-        .unwrap();
+    let change = in_time(Duration::from_secs(5), waiting, "pushed").await;
     assert_eq!(
         change,
         TermChange::Began {

@@ -12,7 +12,7 @@ use tenure_postgres::{PgLeaseStore, Schema};
 use tokio::time::Instant;
 
 use common::{migrated as setup, table};
-use tenure_testkit::{eventually, MustAnswer};
+use tenure_testkit::{eventually, in_time, MustAnswer};
 
 /// Every lease row's current version: a row rewritten in any way gets a new `xmin`
 /// (the writing transaction) and a new `ctid` (its place), so equal snapshots mean no
@@ -125,15 +125,7 @@ async fn a_late_keep_alive_does_not_revive_an_ended_session() {
     .replace("$1", &session.id.get().to_string())
     .replace("$2", &LONG.as_micros().to_string())
     .replace("$3", "NULL");
-    let late = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            sqlx::raw_sql(&format!("SELECT pg_sleep(2); {late_sql}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-        })
-    };
+    let late = common::run_late(&pool, 2.0, late_sql);
     tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
     let taken = store.try_acquire("r", "node-b", LONG).await;
     assert!(taken.acquired, "the session ended: {taken:?}");
@@ -216,22 +208,23 @@ async fn a_keep_alive_queued_behind_a_share_lock_does_not_revive_a_taken_session
     // The session ends while the keep-alive waits; a takeover judges it ended and
     // takes its role.
     tokio::time::sleep_until(opened + Duration::from_millis(1300)).await;
-    let taken = tokio::time::timeout(
+    let taken = in_time(
         Duration::from_secs(5),
         store.try_acquire_or_renew("r", "node-b", LONG),
+        "the takeover's share lock does not wait for a queued keep-alive",
     )
-    .await
-    .expect("the takeover's share lock does not wait for a queued keep-alive")
-    .unwrap();
+    .await;
     assert!(taken.acquired, "the session ended: {taken:?}");
     assert_eq!(taken.fencing_token, held[0].fencing_token.next());
 
     contender.commit().await.unwrap();
-    let kept = tokio::time::timeout(Duration::from_secs(5), keep_alive)
-        .await
-        .expect("the keep-alive answers once the locks are gone")
-        .unwrap()
-        .unwrap();
+    let kept = in_time(
+        Duration::from_secs(5),
+        keep_alive,
+        "the keep-alive answers once the locks are gone",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         kept, None,
         "a keep-alive revived the session after {taken:?} ended it and took its role"

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tenure::intercept::{Call, InterceptStore, Interceptor, Next, Reply};
 use tenure::{ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions};
 use tenure_sqlite::SqliteDatabase;
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{in_time, MustAnswer};
 use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -113,10 +113,12 @@ async fn shutdown_during_a_renewal_releases_at_once() {
                 .await
         }
     });
-    timeout(TTL, state.wait_for(ElectionState::is_leader))
-        .await
-        .expect("node-a leads within a TTL")
-        .unwrap();
+    in_time(
+        TTL,
+        state.wait_for(ElectionState::is_leader),
+        "node-a leads within a TTL",
+    )
+    .await;
 
     tracing::info!("--- a renewal is in flight when shutdown fires");
     let open = held.hold();
@@ -126,11 +128,7 @@ async fn shutdown_during_a_renewal_releases_at_once() {
     let stopped = Instant::now();
     shutdown.cancel();
     open.send_replace(true);
-    timeout(TTL * 2, run)
-        .await
-        .expect("run returns")
-        .unwrap()
-        .unwrap();
+    in_time(TTL * 2, run, "run returns").await.unwrap();
     let stop_took = stopped.elapsed();
     assert!(
         stop_took < Duration::from_secs(1),

@@ -10,110 +10,76 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_testkit::registry::waited_for_change;
-use tenure_testkit::session_membership::{self as scenario, TTL};
+use tenure_testkit::session_membership::{self as scenario, MembershipStorage, TTL};
 
 use tenure::NodeRegistry;
 use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry};
 
-/// A fresh file, the database over it and a store over that database.
-async fn setup() -> (tempfile::TempDir, SqliteDatabase, SqliteLeaseStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = SqliteDatabase::open(dir.path().join("m.db")).await.unwrap();
-    let store = db.lease_store();
-    (dir, db, store)
+/// One test's fresh file, the database over it and a store over that database.
+struct Storage {
+    dir: tempfile::TempDir,
+    db: SqliteDatabase,
+    store: SqliteLeaseStore,
 }
 
-/// The node row's own `last_heartbeat` (moved only by a heartbeat write).
-async fn own_heartbeat(db: &SqliteDatabase, node: &str) -> Option<i64> {
-    sqlx::query_scalar("SELECT last_heartbeat FROM tenure_nodes WHERE node_id = ?1")
-        .bind(node)
-        .fetch_optional(db.pool())
-        .await
-        .unwrap()
+impl Storage {
+    async fn open() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteDatabase::open(dir.path().join("m.db")).await.unwrap();
+        let store = db.lease_store();
+        Self { dir, db, store }
+    }
 }
 
-/// Whether two times a reader reported are the same store time: store times are
-/// monotonic and shown on the wall clock through an offset read each time, so the same
-/// one may be shown a few microseconds apart.
-fn same_time(a: std::time::SystemTime, b: std::time::SystemTime) -> bool {
-    let apart = a.duration_since(b).or_else(|_| b.duration_since(a));
-    apart.is_ok_and(|apart| apart < Duration::from_millis(5))
+impl MembershipStorage for Storage {
+    type Store = SqliteLeaseStore;
+    type Registry = SqliteNodeRegistry;
+    /// The node row's own `last_heartbeat`.
+    type Heartbeat = Option<i64>;
+
+    fn store(&self) -> &SqliteLeaseStore {
+        &self.store
+    }
+
+    fn registry(&self, ttl: Duration) -> SqliteNodeRegistry {
+        self.db.node_registry(ttl).unwrap()
+    }
+
+    /// A registry over another database of the file.
+    async fn unlinked(&self) -> SqliteNodeRegistry {
+        SqliteNodeRegistry::open(self.dir.path().join("m.db"), TTL)
+            .await
+            .unwrap()
+    }
+
+    /// A registry over another database of the file.
+    async fn reader(&self) -> SqliteNodeRegistry {
+        self.unlinked().await
+    }
+
+    async fn own_heartbeat(&self, node: &str) -> Option<i64> {
+        sqlx::query_scalar("SELECT last_heartbeat FROM tenure_nodes WHERE node_id = ?1")
+            .bind(node)
+            .fetch_optional(self.db.pool())
+            .await
+            .unwrap()
+    }
+
+    /// Store times are monotonic and shown on the wall clock through an offset read each
+    /// time, so the same one may be shown a few microseconds apart.
+    fn same_time(&self, a: std::time::SystemTime, b: std::time::SystemTime) -> bool {
+        let apart = a.duration_since(b).or_else(|_| b.duration_since(a));
+        apart.is_ok_and(|apart| apart < Duration::from_millis(5))
+    }
 }
 
-/// The scenario of that name: the heartbeats write nothing while the session keeps the
-/// member alive. A reader of another database of the file (another process) sees the
-/// same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live() {
-    let (dir, db, store) = setup().await;
-    let registry = db.node_registry(TTL).unwrap();
-    scenario::a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live(
-        &store,
-        &registry,
-        || own_heartbeat(&db, "m"),
-        same_time,
-        || async {
-            SqliteNodeRegistry::open(dir.path().join("m.db"), TTL)
-                .await
-                .unwrap()
-        },
-    )
-    .await;
-}
-
-/// Control: a registry sharing no store's sessions (every registry before) writes each
-/// heartbeat, and a member whose heartbeats stop lapses after a TTL though its session
-/// is kept alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unlinked_registry_writes_every_heartbeat() {
-    let (dir, db, store) = setup().await;
-    let registry = SqliteNodeRegistry::open(dir.path().join("m.db"), TTL)
-        .await
-        .unwrap();
-    scenario::an_unlinked_registry_writes_every_heartbeat(&store, &registry, || {
-        own_heartbeat(&db, "m")
-    })
-    .await;
-}
-
-/// The scenario of that name: a closed session or a leave removes the member at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_session_or_a_leave_removes_the_member_at_once() {
-    let (_dir, db, store) = setup().await;
-    let registry = Arc::new(db.node_registry(TTL).unwrap());
-    scenario::a_closed_session_or_a_leave_removes_the_member_at_once(&store, registry).await;
-}
-
-/// The scenario of that name: a member goes a TTL after its session's last keep-alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive() {
-    let (_dir, db, store) = setup().await;
-    let registry = db.node_registry(TTL).unwrap();
-    scenario::a_member_goes_a_ttl_after_its_sessions_last_keep_alive(&store, &registry).await;
-}
+tenure_testkit::session_membership_scenarios!(Storage::open().await);
 
 /// The scenario of that name: a keep-alive tells when the first other member lapses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
-    let (_dir, db, store) = setup().await;
-    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&store, |ttl| {
-        db.node_registry(ttl).unwrap()
-    })
-    .await;
-}
-
-/// The scenario of that name: heartbeats resume when keep-alives stop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_resume_when_keep_alives_stop() {
-    let (_dir, db, store) = setup().await;
-    let registry = db.node_registry(TTL).unwrap();
-    scenario::heartbeats_resume_when_keep_alives_stop(
-        &store,
-        &registry,
-        || own_heartbeat(&db, "m"),
-        same_time,
-    )
-    .await;
+    let storage = Storage::open().await;
+    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&storage).await;
 }
 
 /// Waits in the background, up to 20 s, for `registry`'s live members to differ from

@@ -151,24 +151,28 @@ async fn read_only_file_is_refused_untouched() {
     );
 }
 
+/// A pool made elsewhere (by another application) on the file at `path`, creating the
+/// file.
+async fn pool_of_its_own(path: &std::path::Path) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true);
+    sqlx::SqlitePool::connect_with(options).await.unwrap()
+}
+
 /// An existing database of another application gains tenure's tables and keeps its own.
 #[tokio::test]
 async fn existing_database_keeps_its_tables() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("app.db");
     {
-        let options = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query("INSERT INTO orders (item) VALUES ('tea')")
-            .execute(&pool)
-            .await
-            .unwrap();
+        let pool = pool_of_its_own(&path).await;
+        for statement in [
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)",
+            "INSERT INTO orders (item) VALUES ('tea')",
+        ] {
+            sqlx::query(statement).execute(&pool).await.unwrap();
+        }
         pool.close().await;
     }
     let db = SqliteDatabase::open(&path).await.unwrap();
@@ -185,10 +189,7 @@ async fn existing_database_keeps_its_tables() {
 #[tokio::test]
 async fn from_pool_creates_the_schema() {
     let dir = tempfile::tempdir().unwrap();
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(dir.path().join("pool.db"))
-        .create_if_missing(true);
-    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let pool = pool_of_its_own(&dir.path().join("pool.db")).await;
     let store = SqliteLeaseStore::from_pool(pool.clone()).await.unwrap();
     let a = store.try_acquire("r", "a", TTL).await;
     assert!(a.acquired);

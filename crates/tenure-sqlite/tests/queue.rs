@@ -13,38 +13,51 @@ use std::time::{Duration, SystemTime};
 use sqlx::Connection;
 use tenure::{FencingToken, LeaseStore, TermChange};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteLeaseStore, SqliteOptions};
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{in_time, MustAnswer};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+/// A file on a host whose store time is a manual clock, starting at a fixed time: each
+/// open of the file stands for a process of its own.
+struct Host {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    clock: ManualHostClock,
 }
 
-async fn open_at(path: &std::path::Path, clock: &ManualHostClock) -> SqliteDatabase {
-    open_polling(path, clock, Duration::from_millis(5)).await
-}
+impl Host {
+    /// A fresh file named `file`.
+    fn new(file: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(file);
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        Host {
+            _dir: dir,
+            path,
+            clock: ManualHostClock::new(start),
+        }
+    }
 
-/// The file at `path` opened as another process would, its waits polling every `poll`.
-async fn open_polling(
-    path: &std::path::Path,
-    clock: &ManualHostClock,
-    poll: Duration,
-) -> SqliteDatabase {
-    let options = SqliteOptions::new()
-        .with_clock(clock.clone())
-        .poll_interval(poll);
-    SqliteDatabase::open_with(path, options).await.unwrap()
-}
+    /// The file opened as another process would, its waits polling every 5 ms.
+    async fn open(&self) -> SqliteDatabase {
+        self.open_polling(Duration::from_millis(5)).await
+    }
 
-/// The store of [`open_polling`].
-async fn store_polling(
-    path: &std::path::Path,
-    clock: &ManualHostClock,
-    poll: Duration,
-) -> Arc<SqliteLeaseStore> {
-    Arc::new(open_polling(path, clock, poll).await.lease_store())
+    /// The file opened as another process would, its waits polling every `poll`.
+    async fn open_polling(&self, poll: Duration) -> SqliteDatabase {
+        let options = SqliteOptions::new()
+            .with_clock(self.clock.clone())
+            .poll_interval(poll);
+        SqliteDatabase::open_with(&self.path, options)
+            .await
+            .unwrap()
+    }
+
+    /// The store of [`open_polling`](Host::open_polling).
+    async fn store_polling(&self, poll: Duration) -> Arc<SqliteLeaseStore> {
+        Arc::new(self.open_polling(poll).await.lease_store())
+    }
 }
 
 async fn candidates(db: &SqliteDatabase, role: &str) -> Vec<String> {
@@ -83,15 +96,13 @@ impl WriteWatch {
 /// one learns who leads from the row it read and goes on waiting without writing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_waiters_write_nothing_and_learn_the_successor() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("queue.db");
-    let clock = ManualHostClock::new(t0());
-    let holder = open_at(&path, &clock).await.lease_store();
+    let host = Host::new("queue.db");
+    let holder = host.open().await.lease_store();
     let a = holder.acquire_or_queue("r", "node-a", TTL).await;
     assert!(a.acquired);
     let mut waiting = Vec::new();
     for n in 1..=10 {
-        let store = Arc::new(open_at(&path, &clock).await.lease_store());
+        let store = Arc::new(host.open().await.lease_store());
         let me = format!("node-{n}");
         let queued = store.acquire_or_queue("r", &me, TTL).await;
         assert!(!queued.acquired);
@@ -108,7 +119,7 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
             (change, Instant::now())
         }));
     }
-    let mut watch = WriteWatch::open(&path).await;
+    let mut watch = WriteWatch::open(&host.path).await;
     let before = watch.version().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(watch.version().await, before, "polling waiters wrote");
@@ -149,10 +160,8 @@ async fn polling_waiters_write_nothing_and_learn_the_successor() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_successor_in_another_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("wake.db");
-    let clock = ManualHostClock::new(t0());
-    let open = || store_polling(&path, &clock, Duration::from_secs(10));
+    let host = Host::new("wake.db");
+    let open = || host.store_polling(Duration::from_secs(10));
     let (a, b) = (open().await, open().await);
     let mut term = a.acquire_or_queue("r", "node-a", TTL).await;
     assert!(term.acquired);
@@ -202,10 +211,8 @@ async fn a_release_wakes_the_successor_in_another_process() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_candidate_hears_a_handover_to_another() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("watch.db");
-    let clock = ManualHostClock::new(t0());
-    let open = || store_polling(&path, &clock, Duration::from_secs(30));
+    let host = Host::new("watch.db");
+    let open = || host.store_polling(Duration::from_secs(30));
     let (holder, next, last) = (open().await, open().await, open().await);
     let term = holder.acquire_or_queue("r", "node-a", TTL).await;
     let queued = next.try_acquire_or_queue("r", "node-b", TTL, None);
@@ -225,10 +232,12 @@ async fn a_waiting_candidate_hears_a_handover_to_another() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released_at = Instant::now();
     assert!(holder.release_term("r", "node-a", term.fencing_token).await);
-    let (change, woke_at) = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the candidate waiting its turn did not hear of the handover")
-        .unwrap();
+    let (change, woke_at) = in_time(
+        Duration::from_secs(5),
+        waiter,
+        "the candidate waiting its turn did not hear of the handover",
+    )
+    .await;
     let delay = woke_at.saturating_duration_since(released_at);
     assert!(
         delay < Duration::from_secs(2),
@@ -250,9 +259,8 @@ async fn a_waiting_candidate_hears_a_handover_to_another() {
 /// a session ends its owner's candidacy, as any acquire does.
 #[tokio::test]
 async fn lapsed_candidacies_are_swept() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualHostClock::new(t0());
-    let db = open_at(&dir.path().join("sweep.db"), &clock).await;
+    let host = Host::new("sweep.db");
+    let (db, clock) = (host.open().await, &host.clock);
     let store = SqliteLeaseStore::new(&db);
     let short = Duration::from_secs(2);
     // node-e refreshes for longer, so node-d's term lapses before its candidacy.
@@ -276,9 +284,8 @@ async fn lapsed_candidacies_are_swept() {
 /// that queued before the reboot.
 #[tokio::test]
 async fn a_new_boot_forgets_every_candidacy() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualHostClock::new(t0());
-    let db = open_at(&dir.path().join("boot.db"), &clock).await;
+    let host = Host::new("boot.db");
+    let (db, clock) = (host.open().await, &host.clock);
     let store = SqliteLeaseStore::new(&db);
     let a = store.try_acquire("r", "node-a", TTL).await;
     assert!(a.acquired);

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tenure::{Error, FencingToken, LeaseResult, LeaseStore, SessionGrant};
 use tenure_sqlite::{ManualHostClock, SqliteDatabase, SqliteOptions};
-use tenure_testkit::MustAnswer;
-use tokio::time::{timeout, Instant};
+use tenure_testkit::{in_time, MustAnswer};
+use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -209,10 +209,12 @@ async fn close_in_process_wakes_waiters_at_once() {
     let closed_at = Instant::now();
     assert!(store.close_session(session.id).await.unwrap());
     for waiter in waiters {
-        let woke_at = timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("a waiter must wake when its session closes")
-            .unwrap();
+        let woke_at = in_time(
+            Duration::from_secs(5),
+            waiter,
+            "a waiter must wake when its session closes",
+        )
+        .await;
         let delay = woke_at.saturating_duration_since(closed_at);
         assert!(
             delay < Duration::from_secs(2),

@@ -11,7 +11,7 @@ use tenure::{Error, FenceStore, FencingToken, LeaseLeaderElector, LeaseLeaderOpt
 use tenure_sqlite::{
     fence_in_transaction, SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry, SqliteOptions,
 };
-use tenure_testkit::MustAnswer;
+use tenure_testkit::{in_time, MustAnswer};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -244,10 +244,12 @@ async fn a_term_written_by_a_caller_that_gave_up_is_announced() {
     };
     let held = held.give_up_during_commit(acquire).await;
     let term = landed(&watcher, |info| info.live_holder() == Some("node-b")).await;
-    timeout(secs(2), begun)
-        .await
-        .expect("a term begun by a write given up during its commit was not announced")
-        .unwrap();
+    in_time(
+        secs(2),
+        begun,
+        "a term begun by a write given up during its commit was not announced",
+    )
+    .await;
 
     let ended = woken_at(&watcher, term.fencing_token);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -257,10 +259,12 @@ async fn a_term_written_by_a_caller_that_gave_up_is_announced() {
     };
     held.give_up_during_commit(release).await;
     landed(&watcher, |info| info.live_holder().is_none()).await;
-    timeout(secs(2), ended)
-        .await
-        .expect("a term ended by a write given up during its commit was not announced")
-        .unwrap();
+    in_time(
+        secs(2),
+        ended,
+        "a term ended by a write given up during its commit was not announced",
+    )
+    .await;
 }
 
 /// A join whose caller gave up while its commit was on its way still lands, and must
@@ -292,10 +296,12 @@ async fn a_join_written_by_a_caller_that_gave_up_wakes_the_others() {
         assert!(Instant::now() < deadline, "the join given up did not land");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    timeout(secs(2), waiter)
-        .await
-        .expect("a join given up during its commit woke no waiter in the other process")
-        .unwrap();
+    in_time(
+        secs(2),
+        waiter,
+        "a join given up during its commit woke no waiter in the other process",
+    )
+    .await;
 }
 
 /// Reads role `r` until `shows` holds of it (a write given up by its caller lands in
@@ -520,10 +526,8 @@ async fn electors_hand_over_on_release() {
         }));
     }
     for run in runs {
-        timeout(secs(30), run)
+        in_time(secs(30), run, "both electors finish their work")
             .await
-            .expect("both electors finish their work")
-            .unwrap()
             .unwrap();
     }
     assert!(!overlaps.load(Ordering::SeqCst), "work ran twice at once");

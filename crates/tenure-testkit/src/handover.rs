@@ -8,12 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{LeaseStore, TermChange};
+use tenure::{FencingToken, LeaseResult, LeaseStore, SessionId, TermChange};
 use tokio::time::Instant;
 
 use crate::conformance::assert_invalid;
 use crate::fixture::begin;
-use crate::{LeaseBackend, MustAnswer};
+use crate::{in_time, LeaseBackend, MustAnswer};
 
 const ROLE: &str = "g/7";
 
@@ -33,6 +33,24 @@ fn spawn_successor_waiter(
             }
         }
     })
+}
+
+/// `hand_to_session` of the role from node-a's term `token` to `to`: whether the term
+/// ended.
+async fn hand_to(store: &dyn LeaseStore, token: FencingToken, to: &str) -> bool {
+    store
+        .hand_to_session(ROLE, "node-a", token, to)
+        .await
+        .unwrap()
+}
+
+/// node-a takes the role under its `session` and hands that term to `to`; the term it
+/// took.
+async fn take_and_hand(store: &dyn LeaseStore, session: SessionId, to: &str) -> LeaseResult {
+    let held = store.acquire_in_session(ROLE, session).await.unwrap();
+    assert!(held.acquired);
+    assert!(hand_to(store, held.fencing_token, to).await);
+    held
 }
 
 /// The term goes to the newest live session of `to` in one step: token + 1, holder
@@ -59,18 +77,17 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
 
     let waiter = spawn_successor_waiter(&store, token);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(store
-        .hand_to_session(ROLE, "node-a", token, "node-b")
-        .await
-        .unwrap());
+    assert!(hand_to(&*store, token, "node-b").await);
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.live_holder(), Some("node-b"), "{info:?}");
     assert_eq!(info.fencing_token, token.next(), "a new term: token + 1");
     assert_eq!(info.value, None);
-    let told = tokio::time::timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter learns of the handover")
-        .unwrap();
+    let told = in_time(
+        Duration::from_secs(30),
+        waiter,
+        "the waiter learns of the handover",
+    )
+    .await;
     assert_eq!(
         told,
         TermChange::Began {
@@ -88,10 +105,7 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
     let other = store.acquire_in_session(ROLE, older.id).await.unwrap();
     assert!(!other.acquired, "not under the older one: {other:?}");
     assert!(
-        !store
-            .hand_to_session(ROLE, "node-a", token, "node-c")
-            .await
-            .unwrap(),
+        !hand_to(&*store, token, "node-c").await,
         "a term that ended hands nothing"
     );
     let kept = store.keep_alive_session(newest.id, ttl).await.unwrap();
@@ -111,12 +125,7 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.live_holder(), None, "ends with its session: {info:?}");
 
-    let again = store.acquire_in_session(ROLE, a.id).await.unwrap();
-    assert!(again.acquired);
-    assert!(store
-        .hand_to_session(ROLE, "node-a", again.fencing_token, "node-c")
-        .await
-        .unwrap());
+    let again = take_and_hand(&*store, a.id, "node-c").await;
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(
         (info.live_holder(), info.fencing_token),
@@ -144,10 +153,7 @@ pub async fn scenario_session_handed_a_term(backend: &dyn LeaseBackend) {
         "a refused call changes nothing"
     );
     // A plain lease is handed as well.
-    assert!(store
-        .hand_to_session(ROLE, "node-a", plain.fencing_token, "node-b")
-        .await
-        .unwrap());
+    assert!(hand_to(&*store, plain.fencing_token, "node-b").await);
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.live_holder(), Some("node-b"));
     let kept = store.acquire_in_session(ROLE, older.id).await.unwrap();
@@ -164,12 +170,7 @@ pub async fn scenario_session_handover_releases(backend: &dyn LeaseBackend) {
     let (_fx, store, ttl) = begin(backend).await;
     let a = store.open_session("node-a", ttl).await.unwrap();
     let b = store.open_session("node-b", ttl).await.unwrap();
-    let held = store.acquire_in_session(ROLE, a.id).await.unwrap();
-    assert!(held.acquired);
-    assert!(store
-        .hand_to_session(ROLE, "node-a", held.fencing_token, "node-b")
-        .await
-        .unwrap());
+    let held = take_and_hand(&*store, a.id, "node-b").await;
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.live_holder(), None, "released: {info:?}");
     let taken = store.acquire_in_session(ROLE, b.id).await.unwrap();

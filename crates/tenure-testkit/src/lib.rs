@@ -38,7 +38,7 @@ pub use fixture::{
     LeaseBackend, LeaseFixture, RegistryBackend, RegistryFixture, Storage, StorageLeaseFixture,
     StorageRegistryFixture, StoreTime,
 };
-pub use poll::eventually;
+pub use poll::{eventually, in_time};
 pub use tenure_throwaway::{etcd, kube, postgres};
 
 /// How long any one step of a fault scenario (a store call, a member's stop, a caught

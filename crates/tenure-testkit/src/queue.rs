@@ -44,6 +44,20 @@ async fn queue(store: &dyn LeaseStore, owner: &str, ttl: Duration, value: Option
     );
 }
 
+/// `hand_over` of the role from `owner`'s term `token` to `successor` (the oldest for
+/// `None`): whether it handed.
+async fn hand_off(
+    store: &dyn LeaseStore,
+    owner: &str,
+    token: FencingToken,
+    successor: Option<&str>,
+) -> bool {
+    store
+        .hand_over(ROLE, owner, token, successor)
+        .await
+        .unwrap()
+}
+
 /// A release hands the role to the oldest live candidate in the same step: token + 1,
 /// the candidate's value, a live term the candidate then renews under the same token;
 /// the next release hands it to the next candidate; with nobody queued a release frees
@@ -259,57 +273,36 @@ pub async fn scenario_hand_over_to_a_chosen_candidate(backend: &dyn LeaseBackend
     let (_fx, store, ttl) = begin(backend).await;
     let a = first(&*store, ttl).await;
     assert!(
-        !store
-            .hand_over(ROLE, "node-a", a.fencing_token, None)
-            .await
-            .unwrap(),
+        !hand_off(&*store, "node-a", a.fencing_token, None).await,
         "nobody queued: no handoff"
     );
     queue(&*store, "node-b", ttl, None).await;
     queue(&*store, "node-c", ttl, Some("c:7443")).await;
     assert!(
-        !store
-            .hand_over(ROLE, "node-a", a.fencing_token, Some("node-x"))
-            .await
-            .unwrap(),
+        !hand_off(&*store, "node-a", a.fencing_token, Some("node-x")).await,
         "node-x is not a candidate"
     );
     let stale = FencingToken::from(a.fencing_token.get() + 7);
-    assert!(!store
-        .hand_over(ROLE, "node-a", stale, Some("node-c"))
-        .await
-        .unwrap());
-    assert!(!store
-        .hand_over(ROLE, "node-b", a.fencing_token, Some("node-c"))
-        .await
-        .unwrap());
+    assert!(!hand_off(&*store, "node-a", stale, Some("node-c")).await);
+    assert!(!hand_off(&*store, "node-b", a.fencing_token, Some("node-c")).await);
     assert_eq!(
         holder(&*store, ROLE).await,
         Some(("node-a".to_owned(), a.fencing_token)),
         "refused handoffs leave the term as it was"
     );
 
-    assert!(store
-        .hand_over(ROLE, "node-a", a.fencing_token, Some("node-c"))
-        .await
-        .unwrap());
+    assert!(hand_off(&*store, "node-a", a.fencing_token, Some("node-c")).await);
     let (next, c_token) = holder(&*store, ROLE).await.expect("handed to node-c");
     assert_eq!(next, "node-c", "the chosen candidate, not the oldest");
     assert!(c_token > a.fencing_token);
     let info = store.get(ROLE).await.unwrap().unwrap();
     assert_eq!(info.value.as_deref(), Some("c:7443"));
     assert!(
-        !store
-            .hand_over(ROLE, "node-a", a.fencing_token, Some("node-b"))
-            .await
-            .unwrap(),
+        !hand_off(&*store, "node-a", a.fencing_token, Some("node-b")).await,
         "the old term is over"
     );
 
-    assert!(store
-        .hand_over(ROLE, "node-c", c_token, None)
-        .await
-        .unwrap());
+    assert!(hand_off(&*store, "node-c", c_token, None).await);
     let (next, b_token) = holder(&*store, ROLE).await.expect("handed to node-b");
     assert_eq!(next, "node-b", "None hands to the oldest");
     assert!(b_token > c_token);

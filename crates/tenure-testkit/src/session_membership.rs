@@ -1,8 +1,9 @@
 //! Membership through a session, as scenarios for every backend whose registry counts
-//! the keep-alives of a store's sessions as heartbeats (PostgreSQL, SQLite). Each takes
-//! the store and a registry that shares its sessions (the control,
-//! [`an_unlinked_registry_writes_every_heartbeat`], one that shares none); the tests of
-//! each backend make them.
+//! the keep-alives of a store's sessions as heartbeats (PostgreSQL, SQLite, etcd). Each
+//! runs on one test's [`MembershipStorage`], with a registry that shares the store's
+//! sessions (the control, [`an_unlinked_registry_writes_every_heartbeat`], with one that
+//! shares none); the tests of each backend open that storage, and
+//! [`session_membership_scenarios!`](crate::session_membership_scenarios) makes them.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -12,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use tenure::{LeaseStore, Metadata, NodeRegistry};
 use tokio::time::Instant;
 
+use crate::in_time;
 use crate::registry::waited_for_change;
 
 /// The member TTL: several round trips fit in it on a loaded 2-core machine.
@@ -20,6 +22,42 @@ pub const TTL: Duration = Duration::from_secs(2);
 pub const SESSION_TTL: Duration = Duration::from_secs(6);
 /// The keep-alive and heartbeat period: a third of the member TTL, as a shard member's.
 pub const EVERY: Duration = Duration::from_millis(666);
+
+/// One test's storage for these scenarios, as a backend's tests open it: the store, the
+/// registries on the same storage, and a look at a member's own heartbeat.
+pub trait MembershipStorage {
+    /// The store whose sessions keep members alive.
+    type Store: LeaseStore;
+    /// The backend's registry.
+    type Registry: NodeRegistry + 'static;
+    /// A member's own heartbeat as the storage holds it, moved only by a heartbeat write
+    /// (its row's `last_heartbeat`, say).
+    type Heartbeat: PartialEq + Debug;
+
+    /// The store.
+    fn store(&self) -> &Self::Store;
+
+    /// A registry of member TTL `ttl` that shares the store's sessions.
+    fn registry(&self, ttl: Duration) -> Self::Registry;
+
+    /// A registry of member TTL [`TTL`] on the same storage that shares no store's
+    /// sessions (as every registry did before membership through sessions).
+    fn unlinked(&self) -> impl Future<Output = Self::Registry>;
+
+    /// A registry of member TTL [`TTL`] on the same storage, as another process would
+    /// open it.
+    fn reader(&self) -> impl Future<Output = Self::Registry>;
+
+    /// Member `node`'s own heartbeat.
+    fn own_heartbeat(&self, node: &str) -> impl Future<Output = Self::Heartbeat>;
+
+    /// Whether two times `members()` reported are the same store time: equal, unless the
+    /// store shows its times on the wall clock through an offset read each time (then it
+    /// may show one a few microseconds apart).
+    fn same_time(&self, a: SystemTime, b: SystemTime) -> bool {
+        a == b
+    }
+}
 
 /// The metadata the member heartbeats with.
 pub fn group() -> Metadata {
@@ -50,24 +88,13 @@ pub async fn keep_alive_and_beat(
 /// The point: while the session is kept alive, the member's heartbeats write nothing
 /// (its row's own `last_heartbeat` stays where the first heartbeats left it, for more
 /// than a TTL) and it stays live, with `members()` reporting the keep-alive as its last
-/// heartbeat and its membership unbroken; and `reader` (another process's registry,
-/// made once the rest has run) sees the same. `own_heartbeat` is as in
-/// [`an_unlinked_registry_writes_every_heartbeat`]; `same_time` tells whether two
-/// times `members()` reported are the same store time (a store that shows its times on
-/// the wall clock through an offset read each time may show one a few microseconds
-/// apart).
-pub async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live<T, F, R, G>(
-    store: &dyn LeaseStore,
-    registry: &dyn NodeRegistry,
-    own_heartbeat: impl Fn() -> F,
-    same_time: impl Fn(SystemTime, SystemTime) -> bool,
-    reader: impl FnOnce() -> G,
-) where
-    T: PartialEq + Debug,
-    F: Future<Output = T>,
-    R: NodeRegistry,
-    G: Future<Output = R>,
-{
+/// heartbeat and its membership unbroken; and a [`reader`](MembershipStorage::reader)
+/// (another process's registry, opened once the rest has run) sees the same.
+pub async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live(
+    storage: &impl MembershipStorage,
+) {
+    let (store, registry) = (storage.store(), &storage.registry(TTL));
+    let own_heartbeat = || storage.own_heartbeat("m");
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
     let first = registry.members().await.unwrap()[0].first_seen;
@@ -85,7 +112,7 @@ pub async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_li
     let members = registry.members().await.unwrap();
     assert_eq!(members.len(), 1, "{members:?}");
     assert!(
-        same_time(members[0].first_seen, first),
+        storage.same_time(members[0].first_seen, first),
         "one membership throughout: {members:?}, first seen {first:?}"
     );
     assert_eq!(members[0].metadata, group());
@@ -94,23 +121,16 @@ pub async fn a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_li
         heard.is_ok_and(|ago| ago < TTL / 2),
         "the last keep-alive counts as the last heartbeat: {members:?}"
     );
-    let reader = reader().await;
+    let reader = storage.reader().await;
     assert_eq!(reader.live_nodes().await.unwrap(), ["m"]);
 }
 
 /// When keep-alives stop but the heartbeat loop goes on, the member's own heartbeats
 /// resume before any reader sees it lapse: it stays live past a TTL after the last
-/// keep-alive, in one membership. `own_heartbeat` and `same_time` are as in
-/// [`a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live`].
-pub async fn heartbeats_resume_when_keep_alives_stop<T, F>(
-    store: &dyn LeaseStore,
-    registry: &dyn NodeRegistry,
-    own_heartbeat: impl Fn() -> F,
-    same_time: impl Fn(SystemTime, SystemTime) -> bool,
-) where
-    T: PartialEq + Debug,
-    F: Future<Output = T>,
-{
+/// keep-alive, in one membership.
+pub async fn heartbeats_resume_when_keep_alives_stop(storage: &impl MembershipStorage) {
+    let (store, registry) = (storage.store(), &storage.registry(TTL));
+    let own_heartbeat = || storage.own_heartbeat("m");
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
     keep_alive_and_beat(store, registry, session.id, "m", TTL).await;
@@ -125,7 +145,7 @@ pub async fn heartbeats_resume_when_keep_alives_stop<T, F>(
     assert_ne!(own_heartbeat().await, written);
     let members = registry.members().await.unwrap();
     assert!(
-        same_time(members[0].first_seen, first),
+        storage.same_time(members[0].first_seen, first),
         "{members:?}, first seen {first:?}"
     );
 }
@@ -134,9 +154,10 @@ pub async fn heartbeats_resume_when_keep_alives_stop<T, F>(
 /// membership waiter), though its row is there; and when the session is kept alive but
 /// the member leaves, it goes at once too, and its next heartbeat joins again.
 pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
-    store: &dyn LeaseStore,
-    registry: Arc<dyn NodeRegistry>,
+    storage: &impl MembershipStorage,
 ) {
+    let store = storage.store();
+    let registry: Arc<dyn NodeRegistry> = Arc::new(storage.registry(TTL));
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
     // Past the member's own heartbeat by more than a TTL: live through the session.
@@ -167,10 +188,7 @@ pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(store.close_session(session.id).await.unwrap());
-    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the close woke the waiter")
-        .unwrap();
+    let waited = in_time(Duration::from_secs(10), waiter, "the close woke the waiter").await;
     assert!(waited < Duration::from_secs(10), "{waited:?}");
     assert!(registry.live_nodes().await.unwrap().is_empty());
     assert!(registry.members().await.unwrap().is_empty());
@@ -178,16 +196,10 @@ pub async fn a_closed_session_or_a_leave_removes_the_member_at_once(
 
 /// Control: a registry sharing no store's sessions (every registry before) writes each
 /// heartbeat, and a member whose heartbeats stop lapses after a TTL though its session
-/// is kept alive. `own_heartbeat` reads the member row's own `last_heartbeat` (moved
-/// only by a heartbeat write).
-pub async fn an_unlinked_registry_writes_every_heartbeat<T, F>(
-    store: &dyn LeaseStore,
-    registry: &dyn NodeRegistry,
-    own_heartbeat: impl Fn() -> F,
-) where
-    T: PartialEq + Debug,
-    F: Future<Output = T>,
-{
+/// is kept alive.
+pub async fn an_unlinked_registry_writes_every_heartbeat(storage: &impl MembershipStorage) {
+    let (store, registry) = (storage.store(), &storage.unlinked().await);
+    let own_heartbeat = || storage.own_heartbeat("m");
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
     let written = own_heartbeat().await;
@@ -207,9 +219,9 @@ pub async fn an_unlinked_registry_writes_every_heartbeat<T, F>(
 /// A session whose keep-alives stop stops counting a TTL after its last keep-alive
 /// (when `members()` said it would), though the session row itself lives on.
 pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
-    store: &dyn LeaseStore,
-    registry: &dyn NodeRegistry,
+    storage: &impl MembershipStorage,
 ) {
+    let (store, registry) = (storage.store(), &storage.registry(TTL));
     let session = store.open_session("m", SESSION_TTL).await.unwrap();
     registry.heartbeat_with("m", &group()).await.unwrap();
     keep_alive_and_beat(store, registry, session.id, "m", TTL + TTL / 2).await;
@@ -228,13 +240,13 @@ pub async fn a_member_goes_a_ttl_after_its_sessions_last_keep_alive(
 /// ([`SessionGrant::peers_lapse`](tenure::SessionGrant::peers_lapse)), as `members()`
 /// judges it, and how many others are live: a TTL from now when there is none, the other member's lapse while it is
 /// kept alive and after it stops, and zero once it lapsed, though its session ended with
-/// its membership and its own heartbeat is older than two TTLs. `registry` makes a
-/// registry of the given TTL sharing `store`'s sessions: the store tells nothing before
-/// there is one, nor when two have different TTLs.
-pub async fn a_keep_alive_tells_when_the_first_other_member_lapses<R: NodeRegistry>(
-    store: &dyn LeaseStore,
-    registry: impl Fn(Duration) -> R,
+/// its membership and its own heartbeat is older than two TTLs. The store tells nothing
+/// before there is a registry sharing its sessions, nor when two have different TTLs.
+pub async fn a_keep_alive_tells_when_the_first_other_member_lapses(
+    storage: &impl MembershipStorage,
 ) {
+    let store = storage.store();
+    let registry = |ttl| storage.registry(ttl);
     let untold = || async {
         let session = store.open_session("m", SESSION_TTL).await.unwrap();
         let kept = store.keep_alive_session(session.id, SESSION_TTL).await;
@@ -310,4 +322,26 @@ async fn keep_alive_tells_lapses(store: &dyn LeaseStore, registry: &dyn NodeRegi
     let lapse = told.expect("a lives").peers_lapse.expect("the store tells");
     assert_eq!(lapse.after, Duration::ZERO, "b lapsed less than a TTL ago");
     assert_eq!(lapse.live, 0, "b lapsed");
+}
+
+/// Generates one `#[tokio::test]` (multi-thread, two workers) per scenario of
+/// [`session_membership`](crate::session_membership) that every backend runs (all but
+/// [`a_keep_alive_tells_when_the_first_other_member_lapses`], which only backends whose
+/// keep-alives tell the peers' lapse run), each on the [`MembershipStorage`] `$storage`
+/// opens (an expression evaluated in each test; it may `.await`).
+///
+/// ```text
+/// tenure_testkit::session_membership_scenarios!(Storage::open("membership").await);
+/// ```
+#[macro_export]
+macro_rules! session_membership_scenarios {
+    ($storage:expr) => {
+        $crate::scenario_tests!(session_membership; $storage;
+            [flavor = "multi_thread", worker_threads = 2];
+            a_member_kept_alive_by_its_session_writes_no_heartbeat_and_stays_live,
+            an_unlinked_registry_writes_every_heartbeat,
+            a_closed_session_or_a_leave_removes_the_member_at_once,
+            a_member_goes_a_ttl_after_its_sessions_last_keep_alive,
+            heartbeats_resume_when_keep_alives_stop);
+    };
 }

@@ -11,7 +11,7 @@ use tenure::{ChangeMark, ChangesRead, Error, LeaseCopy, LeaseStore, SessionGrant
 use crate::conformance::{assert_invalid, spawn_term_waiter};
 use crate::fixture::begin;
 use crate::LeaseBackend;
-use crate::{assert_refused, MustAnswer};
+use crate::{assert_refused, in_time, MustAnswer};
 
 async fn open(store: &dyn LeaseStore, owner: &str, ttl: Duration) -> SessionGrant {
     let grant = store.open_session(owner, ttl).await.unwrap();
@@ -133,10 +133,12 @@ pub async fn scenario_session_close_releases_roles(backend: &dyn LeaseBackend) {
         other.close_session(session.id).await.unwrap(),
         "it was live"
     );
-    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("a waiter must wake when the session closes")
-        .unwrap();
+    let waited = in_time(
+        Duration::from_secs(10),
+        waiter,
+        "a waiter must wake when the session closes",
+    )
+    .await;
     assert!(waited < Duration::from_secs(5), "woke after {waited:?}");
     let info = store.get("g/1").await.unwrap().unwrap();
     assert_eq!(info.live_holder(), None);

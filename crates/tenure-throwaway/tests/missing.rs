@@ -7,6 +7,15 @@ use tenure_throwaway::kube::KubeServer;
 use tenure_throwaway::postgres::PgServer;
 use tenure_throwaway::ThrowawayError;
 
+/// Checks that `error` names `package` as the Debian package to install.
+#[track_caller]
+fn assert_not_installed(error: &ThrowawayError, package: &str) {
+    assert!(
+        matches!(error, ThrowawayError::NotInstalled { package: named, .. } if *named == package),
+        "{error:?}"
+    );
+}
+
 #[test]
 fn missing_programs_name_the_package_to_install() {
     let empty = std::env::temp_dir().join(format!("throwaway-missing-{}", std::process::id()));
@@ -18,32 +27,14 @@ fn missing_programs_name_the_package_to_install() {
         std::env::set_var("KUBE_APISERVER_BIN", empty.join("kube-apiserver"));
     }
     let pg = PgServer::start().expect_err("no initdb in an empty directory");
-    assert!(
-        matches!(
-            pg,
-            ThrowawayError::NotInstalled {
-                package: "postgresql",
-                ..
-            }
-        ),
-        "{pg:?}"
-    );
+    assert_not_installed(&pg, "postgresql");
     assert!(
         pg.to_string()
             .contains("install the Debian package `postgresql`"),
         "{pg}"
     );
     let etcd = EtcdServer::start().expect_err("no etcd binary there");
-    assert!(
-        matches!(
-            etcd,
-            ThrowawayError::NotInstalled {
-                package: "etcd-server",
-                ..
-            }
-        ),
-        "{etcd:?}"
-    );
+    assert_not_installed(&etcd, "etcd-server");
     let kube = KubeServer::start().expect_err("no kube-apiserver there");
     assert!(
         matches!(

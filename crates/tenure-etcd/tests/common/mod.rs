@@ -1,6 +1,7 @@
 //! Shared helpers for the etcd integration tests: clients, unique prefixes, timing.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -47,4 +48,45 @@ pub fn init_tracing() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+}
+
+/// The gRPC calls `host_port` has started, by method (`grpc_server_started_total`,
+/// which counts a stream such as a keep-alive or a watch when it opens).
+pub async fn calls(host_port: &str) -> BTreeMap<String, u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host_port).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host_port}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    let mut counts = BTreeMap::new();
+    for line in body.lines() {
+        let Some(labels) = line.strip_prefix("grpc_server_started_total{") else {
+            continue;
+        };
+        let method = labels
+            .split(',')
+            .find_map(|label| label.strip_prefix("grpc_method=\""))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("?");
+        let count = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        *counts.entry(method.to_owned()).or_insert(0) += count as u64;
+    }
+    counts
+}
+
+/// The calls started between two readings, by method (those that did not change left out).
+pub fn calls_since(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(method, n)| (method.clone(), n - before.get(method).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }

@@ -131,8 +131,8 @@ impl<S> tower::Layer<S> for CountingLayer {
     }
 }
 
-/// A connection to `namespace` as the tenant, whose requests are counted.
-pub async fn counted(namespace: &str) -> (KubeConnection, Requests) {
+/// A store on `namespace` as the tenant, whose requests are counted.
+pub async fn counted(namespace: &str) -> (KubeLeaseStore, Requests) {
     let path = server()
         .tenant_kubeconfig(namespace)
         .expect("tenant kubeconfig");
@@ -145,7 +145,8 @@ pub async fn counted(namespace: &str) -> (KubeConnection, Requests) {
         .expect("client")
         .with_layer(&CountingLayer(requests.clone()))
         .build();
-    (KubeConnection::new(client, namespace), requests)
+    let connection = KubeConnection::new(client, namespace);
+    (KubeLeaseStore::new(connection), requests)
 }
 
 /// Runs `kubectl` as the admin against the shared server; a failure fails the test.

@@ -141,6 +141,20 @@ pub async fn row_locked(
     blocker
 }
 
+/// Spawns `sql` on `pool` behind `pg_sleep(seconds)` in the same simple-query message, so
+/// it runs `seconds` after it arrived with the `statement_timestamp()` of its arrival: a
+/// call held up inside the server (behind a lock or a starved backend). The task fails
+/// if the statement does.
+pub fn run_late(pool: &PgPool, seconds: f64, sql: String) -> tokio::task::JoinHandle<()> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        sqlx::raw_sql(&format!("SELECT pg_sleep({seconds}); {sql}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    })
+}
+
 /// Polls `found` every 10 ms until it gives a value; panics with `what` once `deadline`
 /// has passed without one.
 pub async fn poll_until<T>(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{spawn_term_waiter, token};
 use crate::fixture::begin;
 use crate::LeaseBackend;
-use crate::MustAnswer;
+use crate::{in_time, MustAnswer};
 
 /// Release lets a successor in at once, with a higher token; the counter survives.
 pub async fn scenario_release_hands_over(backend: &dyn LeaseBackend) {
@@ -126,10 +126,12 @@ pub async fn scenario_wait_wakes_on_release(backend: &dyn LeaseBackend) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let other = fx.reopen().await;
     assert!(other.release_term("alpha", "node-a", a.fencing_token).await);
-    let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("waiter must wake on release")
-        .unwrap();
+    let waited = in_time(
+        Duration::from_secs(10),
+        waiter,
+        "waiter must wake on release",
+    )
+    .await;
     assert!(
         waited < Duration::from_secs(5),
         "woke after {waited:?}, expected a push"
