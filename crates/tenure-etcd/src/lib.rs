@@ -77,6 +77,7 @@
 mod conn;
 mod fence;
 pub mod lease;
+mod linger;
 pub mod registry;
 mod schema;
 pub mod url;

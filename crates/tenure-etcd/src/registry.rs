@@ -7,9 +7,9 @@
 //! its TTL even in the up to 500 ms before etcd's expiry check deletes its key. Times are
 //! this host's clock (etcd has none to offer): membership is a hint, not a lease.
 //!
-//! A wait for a change of the members whose caller observed this registry's last read
-//! watches from the revision after that read, so it needs no read of its own: every
-//! join and leave since the read is in the watch.
+//! Waits for a change of the members share one watch of the nodes' keys per registry
+//! (`wait.rs`): a wait whose caller observed this registry's last read, made after the
+//! watch opened, needs no request of its own.
 //!
 //! **Membership through a session.** A registry made by
 //! [`EtcdLeaseStore::registry`](crate::EtcdLeaseStore::registry) shares that store's
@@ -28,8 +28,8 @@
 //! closed session stops counting at once for readers; membership waiters still wake on
 //! the node's key alone (a leave deletes it; a dead member's goes with its etcd lease,
 //! up to two TTLs after its last heartbeat: readers judge by time, so it is no longer
-//! live after one, and callers time lapses themselves), as a watch of the sessions' keys
-//! would be one more stream per wait.
+//! live after one, and callers time lapses themselves): the shared watch does not
+//! cover the sessions' keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,8 +37,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnResponse, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, DeleteOptions, Event, EventType, GetOptions, PutOptions, Txn,
+    TxnOp, TxnResponse, WatchOptions, WatchStream,
 };
 use parking_lot::Mutex;
 use tenure::lease::validate_name;
@@ -56,6 +56,8 @@ use crate::schema::{
 /// Which owner's session the stores sharing one set of links last kept alive, by owner
 /// (on the monotonic clock): see the module docs.
 pub(crate) type SessionLinks = tenure::session::SessionLinks<tokio::time::Instant>;
+
+mod wait;
 
 const MAX_ATTEMPTS: usize = 6;
 
@@ -75,6 +77,8 @@ pub struct EtcdNodeRegistry {
     /// The live nodes the last read showed, and the revision it read at: a wait for a
     /// change of those watches from the next revision instead of reading again.
     last_read: Arc<LastRead<i64>>,
+    /// The watch its membership waits share (see `wait.rs`).
+    members_watch: wait::Slot,
     /// The links of the store this registry was made from, if any (see the module
     /// docs), and what its heartbeats last wrote.
     links: Option<Arc<SessionLinks>>,
@@ -144,27 +148,29 @@ impl MembershipWatch {
             let Some(response) = next_response(&mut self.stream, "membership").await? else {
                 return Ok(None);
             };
-            for event in response.events() {
-                let Some(kv) = event.kv() else { continue };
-                let Some(node_id) = name_under(kv.key(), &self.dir) else {
-                    continue;
-                };
-                let node_id = node_id.to_owned();
-                match event.event_type() {
-                    EventType::Delete => self.pending.push_back(MembershipChange::Left { node_id }),
-                    EventType::Put => {
-                        let Some(record) = decode::<NodeRecord>(kv.value()) else {
-                            continue;
-                        };
-                        if record.first_seen_ns == record.last_heartbeat_ns {
-                            self.pending.push_back(MembershipChange::Joined {
-                                node_id,
-                                metadata: record.metadata,
-                            });
-                        }
-                    }
-                }
-            }
+            let changes = response
+                .events()
+                .iter()
+                .filter_map(|event| membership_change(event, &self.dir));
+            self.pending.extend(changes);
+        }
+    }
+}
+
+/// The join or leave `event` (of a watch on the nodes' directory `dir`) is, if any: a
+/// delete is a leave; a put is a join when it starts a membership (its first heartbeat),
+/// and nothing when it is a later heartbeat.
+fn membership_change(event: &Event, dir: &str) -> Option<MembershipChange> {
+    let kv = event.kv()?;
+    let node_id = name_under(kv.key(), dir)?.to_owned();
+    match event.event_type() {
+        EventType::Delete => Some(MembershipChange::Left { node_id }),
+        EventType::Put => {
+            let record = decode::<NodeRecord>(kv.value())?;
+            (record.first_seen_ns == record.last_heartbeat_ns).then_some(MembershipChange::Joined {
+                node_id,
+                metadata: record.metadata,
+            })
         }
     }
 }
@@ -191,6 +197,7 @@ impl EtcdNodeRegistry {
             node_lease_secs,
             own: Arc::default(),
             last_read: Arc::default(),
+            members_watch: Arc::default(),
             links: None,
             written: Arc::default(),
         })
@@ -230,15 +237,14 @@ impl EtcdNodeRegistry {
     /// live after one, by [`members`](NodeRegistry::members), but leaves this stream only
     /// when its lease expires) as they happen.
     pub async fn watch_members(&self) -> Result<MembershipWatch> {
-        self.watch_members_with(WatchOptions::new().with_prefix())
-            .await
-    }
-
-    async fn watch_members_with(&self, options: WatchOptions) -> Result<MembershipWatch> {
         let dir = self.keys.nodes_dir();
         let stream = self
             .conn
-            .watch("watching membership", &dir, options)
+            .watch(
+                "watching membership",
+                &dir,
+                WatchOptions::new().with_prefix(),
+            )
             .await?;
         Ok(MembershipWatch {
             stream,
@@ -619,38 +625,6 @@ impl NodeRegistry for EtcdNodeRegistry {
     }
 
     async fn wait_for_members_change(&self, observed: &[String], deadline: tokio::time::Instant) {
-        let read_at = self.last_read.since(observed);
-        let changed = async {
-            match read_at {
-                // What the caller observed is this registry's last read: watching from
-                // the revision after it sees every change since, with no read. A watch
-                // etcd cancels (that revision was compacted) ends the wait early; the
-                // caller reads again.
-                Some(revision) => {
-                    let options = WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(revision.saturating_add(1));
-                    let mut watch = self.watch_members_with(options).await?;
-                    let _ = watch.next().await;
-                }
-                // Watch first, then read: a change between the two is in the read or
-                // the watch.
-                None => {
-                    let mut watch = self.watch_members().await?;
-                    if self.live_nodes().await? == observed {
-                        watch.next().await?;
-                    }
-                }
-            }
-            Ok::<(), Error>(())
-        };
-        match tokio::time::timeout_at(deadline, changed).await {
-            Ok(Ok(())) | Err(_) => {}
-            // No push channel: sleep to the deadline rather than return in a loop.
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "cannot watch the membership; sleeping to the deadline");
-                tokio::time::sleep_until(deadline).await;
-            }
-        }
+        self.wait_members(observed, deadline).await;
     }
 }

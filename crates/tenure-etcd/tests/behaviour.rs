@@ -321,10 +321,10 @@ async fn membership_stream_reports_joins_and_departures() {
 }
 
 /// Setup: the shared etcd, a registry read once. A wait for a change of what that read
-/// showed watches from the read's revision on, with no read of its own: it lasts while
-/// nothing changes, and a join made after the read (even one made before the wait
-/// began) ends it at once. A wait whose revision etcd compacted away ends early rather
-/// than sleeping to its deadline (the caller reads again).
+/// showed lasts while nothing changes, and a join made after the read (even one made
+/// before the wait began) ends it at once. The registry's shared watch of the nodes
+/// outlives a compaction of the store's history: a wait still lasts while nothing
+/// changes, and a leave ends it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_members_wait_watches_from_the_last_read() {
     let endpoint = EtcdServer::shared().expect("shared etcd server").endpoint();
@@ -371,10 +371,24 @@ async fn a_members_wait_watches_from_the_last_read() {
         revision = put.header().unwrap().revision();
     }
     client.compact(revision, None).await.unwrap();
-    let waited = waited_for_change(&registry, &observed, 30 * SECOND).await;
+    let waited = waited_for_change(&registry, &observed, Duration::from_millis(500)).await;
+    assert!(
+        waited >= Duration::from_millis(500),
+        "nothing changed after the compaction: {waited:?}"
+    );
+    let waiter = {
+        let registry = registry.clone();
+        tokio::spawn(async move { waited_for_change(&registry, &observed, 30 * SECOND).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(other.leave("n2").await.unwrap());
+    let waited = tokio::time::timeout(10 * SECOND, waiter)
+        .await
+        .expect("a leave after the compaction wakes the wait")
+        .unwrap();
     assert!(
         waited < 5 * SECOND,
-        "a wait from a compacted revision: {waited:?}"
+        "a leave after the compaction was missed: {waited:?}"
     );
 }
 

@@ -11,8 +11,9 @@
 //!
 //! The first waiter of a role reads the range and starts the watch from the revision
 //! after the read (two requests); the watch then runs in a task of its own and stays
-//! while anyone waits and [`LINGER`] after, so a waiter that waits again (after a term
-//! went to another candidate, or after refreshing its place) costs the store nothing.
+//! while anyone waits and `LINGER` (`linger.rs`) after, so a waiter that waits again
+//! (after a term went to another candidate, or after refreshing its place) costs the
+//! store nothing.
 //! A watch that breaks is dropped (its waiters sleep to their deadline, never
 //! spinning) and the next waiter starts a new one.
 
@@ -24,9 +25,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::*;
-
-/// How long a role's watch outlives its last waiter.
-const LINGER: Duration = Duration::from_secs(30);
+use crate::linger::Linger;
 
 /// A role's term as its watch last saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +171,7 @@ impl EtcdLeaseStore {
 }
 
 /// The task of one role's watch: publishes its state until it breaks or nobody has
-/// waited for [`LINGER`], then leaves the map.
+/// waited for `LINGER`, then leaves the map.
 async fn run_watch(
     conn: Conn,
     keys: Keys,
@@ -209,7 +208,7 @@ fn leave(
 }
 
 /// Reads the role's range, then watches it from the next revision, publishing each
-/// state; `Ok` once it went unwaited for [`LINGER`] or its store was dropped.
+/// state; `Ok` once it went unwaited for `LINGER` or its store was dropped.
 async fn follow(
     conn: &Conn,
     keys: &Keys,
@@ -243,8 +242,7 @@ async fn follow(
     let mut stream = conn
         .watch("watching a lease", &keys.lease(role), options)
         .await?;
-    let mut ticks = tokio::time::interval(LINGER / 4);
-    let mut waited = Instant::now();
+    let mut linger = Linger::new();
     loop {
         tokio::select! {
             response = next_response(&mut stream, "lease") => {
@@ -262,16 +260,12 @@ async fn follow(
                     modified
                 });
             }
-            _ = ticks.tick() => {
+            _ = linger.tick() => {
                 let Some(watches) = watches.upgrade() else {
                     return Ok(());
                 };
-                // Counted and removed under the map's lock: no waiter joins a watch
-                // that is going away.
                 let mut map = watches.lock();
-                if sender.receiver_count() > 1 {
-                    waited = Instant::now();
-                } else if waited.elapsed() >= LINGER {
+                if linger.unwaited(sender.receiver_count()) {
                     leave(&mut map, role, sender);
                     return Ok(());
                 }
