@@ -160,9 +160,10 @@ pub enum FaultKind {
     /// Hold a lease's row locked for 1-3x the TTL, as a client stalled inside a
     /// transaction would (SQL stores): on PostgreSQL a transaction of the nemesis's takes
     /// the row of the role (in shard mode, of one shard) `FOR UPDATE`; on SQLite it takes
-    /// the file's write lock (`BEGIN IMMEDIATE`), or (half the time, reported as
-    /// `lock/disk`) a leader's disk stalls, so its own commit hangs at the sync holding
-    /// the write lock and lands when the disk answers ([`crate::disk`]). Calls on that
+    /// the file's write lock (`BEGIN IMMEDIATE`), or in turn with that a leader's disk
+    /// stalls (`lock/disk`: its own commit hangs at the sync holding the write lock and
+    /// lands when the disk answers) or fails (`lock/disk-error`: every sync answers EIO),
+    /// see [`crate::disk`]. Calls on that
     /// row (SQLite: every write) wait in the store, their callers give up on them, and
     /// whatever still waits runs when the lock is freed.
     Lock,

@@ -41,8 +41,9 @@ pub(super) struct Nemesis<'a> {
     pub(super) restarted: Option<(Instant, Duration)>,
     /// The workers' wall clock offset from the real one, ms.
     pub(super) clock_offset_ms: i64,
-    /// Disk faults made so far (`lock/disk` and `lock/disk-error` alternate).
-    pub(super) disk_faults: u64,
+    /// Lock faults made so far on SQLite: the file's lock, a stalled disk (`lock/disk`)
+    /// and a failing disk (`lock/disk-error`) take turns.
+    pub(super) sqlite_locks: u64,
     /// The worker names holding a live lease, as last observed.
     pub(super) holders: Arc<Mutex<Vec<String>>>,
     pub(super) slots: Vec<Slot>,
@@ -388,38 +389,25 @@ impl Nemesis<'_> {
         Ok(())
     }
 
-    /// Takes a lock for a `lock` fault, unless one is held already: on SQLite half the
-    /// time by stalling a leader's disk or making it fail (the slot is returned), otherwise by a
-    /// transaction of the nemesis's own on the role's row (in shard mode one shard's;
-    /// SQLite: the file).
+    /// Takes a lock for a `lock` fault, unless one is held already: on SQLite the file's
+    /// write lock, a leader's stalled disk and a leader's failing disk in turn (for a
+    /// disk, the slot is returned), elsewhere a transaction of the nemesis's own on the
+    /// role's row (in shard mode one shard's).
     fn lock(&mut self, fault: &PlannedFault) -> Option<(LockHolder, Option<usize>)> {
         if self.locked.is_some() {
             return None;
         }
-        if matches!(self.backend, Backend::Sqlite(_)) && (fault.pick >> 33) % 2 == 1 {
-            // Only a worker seen holding a lease has surely set up its stalling disk
-            // (and its SIGUSR1 handler: before it, the signal would end the process).
-            let leaders = self.leaders(false);
-            let slot = *leaders.get((fault.pick % leaders.len().max(1) as u64) as usize)?;
-            // The disks stall inside a commit and answer every sync with EIO in turn,
-            // so a run with two disk faults has both.
-            let failing = self.disk_faults % 2 == 1;
-            self.disk_faults += 1;
-            let signal = if failing {
-                Signal::SIGPWR
-            } else {
-                Signal::SIGUSR1
-            };
-            kill(self.slots[slot].pgid, signal).ok()?;
-            let name = self.slots[slot].name.clone();
-            return Some((
-                LockHolder::Disk {
-                    slot,
-                    name,
-                    failing,
-                },
-                Some(slot),
-            ));
+        let sqlite = matches!(self.backend, Backend::Sqlite(_));
+        // In turn, not by the plan's pick: a short run with two locks has the file's and
+        // a stalled disk, one with three has every kind.
+        let turn = self.sqlite_locks % 3;
+        if sqlite && turn > 0 {
+            if let Some(disk) = self.stall_disk(fault, turn == 2) {
+                self.sqlite_locks += 1;
+                return Some(disk);
+            }
+            // No leader seen yet whose disk could stall: the file's lock now, a disk at
+            // the next lock fault.
         }
         let role = match self.config.shards {
             Some(shards) => tenure::shard::role(
@@ -430,7 +418,39 @@ impl Nemesis<'_> {
         };
         let release = CancellationToken::new();
         let task = self.backend.hold_lock(&role, release.clone())?;
+        if sqlite && turn == 0 {
+            self.sqlite_locks += 1;
+        }
         Some((LockHolder::Nemesis { release, task }, None))
+    }
+
+    /// Stalls the disk of a worker seen holding a lease (`failing`: makes every sync of
+    /// it answer EIO instead), chosen by the plan's pick: its own commit then holds the
+    /// file's write lock. `None` when no such worker is known or the signal fails.
+    fn stall_disk(
+        &mut self,
+        fault: &PlannedFault,
+        failing: bool,
+    ) -> Option<(LockHolder, Option<usize>)> {
+        // Only a worker seen holding a lease has surely set up its stalling disk (and
+        // its signal handlers: before them, the signal would end the process).
+        let leaders = self.leaders(false);
+        let slot = *leaders.get((fault.pick % leaders.len().max(1) as u64) as usize)?;
+        let signal = if failing {
+            Signal::SIGPWR
+        } else {
+            Signal::SIGUSR1
+        };
+        kill(self.slots[slot].pgid, signal).ok()?;
+        let name = self.slots[slot].name.clone();
+        Some((
+            LockHolder::Disk {
+                slot,
+                name,
+                failing,
+            },
+            Some(slot),
+        ))
     }
 
     pub(super) async fn kill_and_replace(
