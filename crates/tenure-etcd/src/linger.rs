@@ -43,3 +43,24 @@ impl Linger {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch with a waiter besides its map's receiver is waited for, and the count
+    /// starts again from there; alone, it is unwaited only once `LINGER` has passed.
+    #[tokio::test(start_paused = true)]
+    async fn unwaited_only_a_linger_after_the_last_waiter() {
+        let mut linger = Linger::new();
+        tokio::time::advance(LINGER * 2).await;
+        assert!(!linger.unwaited(2), "a waiter");
+        tokio::time::advance(LINGER - Duration::from_millis(1)).await;
+        assert!(
+            !linger.unwaited(1),
+            "not yet a linger since the last waiter"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(linger.unwaited(1), "a linger since the last waiter");
+    }
+}

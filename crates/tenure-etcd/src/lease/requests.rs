@@ -44,9 +44,10 @@ pub fn acquire_txn(
 pub(super) enum Extra {
     None,
     /// Queue the caller when another owner holds the role or a handover is under way:
-    /// put its candidate key (this encoded [`CandidateRecord`]) on the same etcd lease,
-    /// in a transaction nested in the failure branch that skips the put when the
-    /// caller holds the role itself.
+    /// put its candidate key (this encoded
+    /// [`CandidateRecord`](crate::schema::CandidateRecord)) on the same etcd lease, in a
+    /// transaction nested in the failure branch that skips the put when the caller
+    /// holds the role itself.
     Queue(Vec<u8>),
     /// Require a session to live (`guard`) and read its key (`read`) in either branch.
     /// `batched`: the transaction is nested in a batch that puts the change key once for
