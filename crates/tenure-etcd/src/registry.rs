@@ -28,8 +28,11 @@
 //! closed session stops counting at once for readers; membership waiters still wake on
 //! the node's key alone (a leave deletes it; a dead member's goes with its etcd lease,
 //! up to two TTLs after its last heartbeat: readers judge by time, so it is no longer
-//! live after one, and callers time lapses themselves): the shared watch does not
-//! cover the sessions' keys.
+//! live after one): the shared watch does not cover the sessions' keys. Instead, while
+//! a registry shares the store's links, each session keep-alive reads the nodes' and
+//! sessions' keys too and tells when the first other node lapses ([`peers_lapse`],
+//! judged by [`heard_nodes`] as the reads of the members judge), so a shard member reads
+//! the members only when one is due to lapse.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -523,44 +526,20 @@ impl EtcdNodeRegistry {
     /// The live nodes, each last heard of at the later of its own heartbeat and the
     /// last keep-alive of the session its record names (see the module docs).
     async fn read_nodes(&self) -> Result<Vec<NodeInfo>> {
-        let dir = self.keys.nodes_dir();
-        let all = || Some(GetOptions::new().with_prefix());
-        let txn = Txn::new().and_then([
-            TxnOp::get(dir.clone(), all()),
-            TxnOp::get(self.keys.sessions_dir(), all()),
-        ]);
+        let txn = Txn::new().and_then(nodes_and_sessions(&self.keys));
         let response = self.conn.txn("listing nodes", txn).await?;
         let revision = response.header().map(|h| h.revision());
         let [nodes, sessions] = gets_of(ranges(&response))?;
-        let kept: HashMap<i64, (String, SystemTime)> = sessions
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let record = decode::<SessionRecord>(kv.value())?;
-                Some((kv.lease(), (record.owner, from_ns(record.kept_at_ns))))
-            })
-            .collect();
         let now = SystemTime::now();
-        let mut nodes: Vec<NodeInfo> = nodes
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let node_id = name_under(kv.key(), &dir)?;
-                let record = decode::<NodeRecord>(kv.value())?;
-                let own = from_ns(record.last_heartbeat_ns);
-                let by_session = record
-                    .session
-                    .and_then(|lease| kept.get(&lease))
-                    .filter(|(owner, _)| owner == node_id)
-                    .map(|&(_, at)| at);
-                let heard = by_session.map_or(own, |at| at.max(own));
-                self.lives_after(heard, now).then(|| NodeInfo {
-                    node_id: node_id.to_owned(),
-                    last_heartbeat: heard,
-                    first_seen: from_ns(record.first_seen_ns),
-                    metadata: record.metadata,
-                    now,
-                })
+        let mut nodes: Vec<NodeInfo> = heard_nodes(&nodes, &sessions, &self.keys, now)
+            .into_iter()
+            .filter(|node| self.lives_after(node.heard, now))
+            .map(|node| NodeInfo {
+                node_id: node.node_id,
+                last_heartbeat: node.heard,
+                first_seen: from_ns(node.record.first_seen_ns),
+                metadata: node.record.metadata,
+                now,
             })
             .collect();
         nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -568,6 +547,90 @@ impl EtcdNodeRegistry {
         self.last_read.remember(revision, live);
         Ok(nodes)
     }
+}
+
+/// The two ranges a judgement of the members reads ([`heard_nodes`]): every node's key
+/// and every session's key.
+pub(crate) fn nodes_and_sessions(keys: &Keys) -> [TxnOp; 2] {
+    let all = || Some(GetOptions::new().with_prefix());
+    [
+        TxnOp::get(keys.nodes_dir(), all()),
+        TxnOp::get(keys.sessions_dir(), all()),
+    ]
+}
+
+/// A node's key as readers judge it at some `now`.
+pub(crate) struct HeardNode {
+    pub(crate) node_id: String,
+    pub(crate) record: NodeRecord,
+    /// When it was last heard of: the later of its own heartbeat and the last
+    /// keep-alive of the session its record names, while that session's key exists
+    /// and its owner is the node.
+    pub(crate) heard: SystemTime,
+    /// When it was last heard of by any means: `now` for a node whose record names a
+    /// session that is gone (when that session was last kept alive is gone with its key;
+    /// the node's key, on a lease of two TTLs, still stands for a member heard of
+    /// within them), else `heard`.
+    pub(crate) recent: SystemTime,
+}
+
+/// Every node under `keys`' nodes' directory in one read of `nodes` and `sessions`
+/// (the answers of [`nodes_and_sessions`]), judged at `now`.
+pub(crate) fn heard_nodes(
+    nodes: &etcd_client::GetResponse,
+    sessions: &etcd_client::GetResponse,
+    keys: &Keys,
+    now: SystemTime,
+) -> Vec<HeardNode> {
+    let dir = keys.nodes_dir();
+    let kept: HashMap<i64, (String, SystemTime)> = sessions
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let record = decode::<SessionRecord>(kv.value())?;
+            Some((kv.lease(), (record.owner, from_ns(record.kept_at_ns))))
+        })
+        .collect();
+    nodes
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let node_id = name_under(kv.key(), &dir)?;
+            let record = decode::<NodeRecord>(kv.value())?;
+            let own = from_ns(record.last_heartbeat_ns);
+            let by_session = record
+                .session
+                .and_then(|lease| kept.get(&lease))
+                .filter(|(owner, _)| owner == node_id)
+                .map(|&(_, at)| at);
+            let heard = by_session.map_or(own, |at| at.max(own));
+            let session_gone = record.session.is_some() && by_session.is_none();
+            Some(HeardNode {
+                node_id: node_id.to_owned(),
+                record,
+                heard,
+                recent: if session_gone { now.max(heard) } else { heard },
+            })
+        })
+        .collect()
+}
+
+/// When the first node other than `owner` lapses, for a registry of TTL `ttl`, from one
+/// read of `nodes` and `sessions` (see [`nodes_and_sessions`]) judged at `now`: what a
+/// session's keep-alive tells ([`tenure::SessionGrant::peers_lapse`]).
+pub(crate) fn peers_lapse(
+    nodes: &etcd_client::GetResponse,
+    sessions: &etcd_client::GetResponse,
+    keys: &Keys,
+    owner: &str,
+    ttl: Duration,
+    now: SystemTime,
+) -> tenure::PeersLapse {
+    let others = heard_nodes(nodes, sessions, keys, now)
+        .into_iter()
+        .filter(|node| node.node_id != owner)
+        .map(|node| (node.heard, node.recent));
+    tenure::PeersLapse::judge(others, ttl, now)
 }
 
 /// The heartbeat transaction, and the one that starts a membership: put `record` on

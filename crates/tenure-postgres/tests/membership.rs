@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_testkit::session_membership::{
-    self as scenario, group, keep_alive_and_beat, MembershipStorage, EVERY, SESSION_TTL, TTL,
+    group, keep_alive_and_beat, MembershipStorage, EVERY, SESSION_TTL, TTL,
 };
 
 use sqlx::PgPool;
@@ -86,13 +86,6 @@ impl MembershipStorage for Storage {
 }
 
 tenure_testkit::session_membership_scenarios!(Storage::open("membership").await);
-
-/// The scenario of that name: a keep-alive tells when the first other member lapses.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
-    let storage = Storage::open("membership-peers").await;
-    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&storage).await;
-}
 
 /// A schema whose node and session tables predate membership through sessions gets
 /// the columns from `migrate`, and its rows keep working.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure_testkit::registry::waited_for_change;
-use tenure_testkit::session_membership::{self as scenario, MembershipStorage, TTL};
+use tenure_testkit::session_membership::{MembershipStorage, TTL};
 
 use tenure::NodeRegistry;
 use tenure_sqlite::{SqliteDatabase, SqliteLeaseStore, SqliteNodeRegistry};
@@ -74,13 +74,6 @@ impl MembershipStorage for Storage {
 }
 
 tenure_testkit::session_membership_scenarios!(Storage::open().await);
-
-/// The scenario of that name: a keep-alive tells when the first other member lapses.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keep_alive_tells_when_the_first_other_member_lapses() {
-    let storage = Storage::open().await;
-    scenario::a_keep_alive_tells_when_the_first_other_member_lapses(&storage).await;
-}
 
 /// Waits in the background, up to 20 s, for `registry`'s live members to differ from
 /// `observed`; the task answers how long it waited.

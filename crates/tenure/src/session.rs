@@ -59,8 +59,8 @@ pub struct SessionGrant {
     /// The store time at which the call was decided.
     pub now: SystemTime,
     /// When the other nodes of the registry made from the same connection (or store)
-    /// lapse, told by a keep-alive of a store that shares its registry's table of nodes
-    /// (PostgreSQL, SQLite, in memory); `None` otherwise. A shard member reads the
+    /// lapse, told by a keep-alive of a store whose registry shares its sessions
+    /// (PostgreSQL, SQLite, etcd, in memory); `None` otherwise. A shard member reads the
     /// group's members only when this is due, so a group in which every member keeps
     /// its session alive is not read at all.
     #[serde(default)]
@@ -100,6 +100,39 @@ pub struct PeersLapse {
     pub live: usize,
     /// The registry's TTL it was judged by: only a registry with this TTL may use it.
     pub ttl: Duration,
+}
+
+impl PeersLapse {
+    /// The account of the other nodes at `now` for a registry of TTL `ttl`, from when
+    /// each was last heard of (`heard`: its heartbeat, or its open session's last
+    /// keep-alive, as the registry's reads take it) and when it was last heard of by any
+    /// means (`recent`: a session since ended counts too). A node whose `recent` is two
+    /// TTLs or more in the past is forgotten; one that lapsed less recently makes the
+    /// lapse past (zero), so the caller reads the members.
+    pub fn judge(
+        others: impl IntoIterator<Item = (SystemTime, SystemTime)>,
+        ttl: Duration,
+        now: SystemTime,
+    ) -> PeersLapse {
+        let lives_for =
+            |at: SystemTime, ttl: Duration| at.checked_add(ttl).is_some_and(|until| now < until);
+        let (mut first, mut live) = (None::<SystemTime>, 0);
+        for (heard, recent) in others {
+            if !lives_for(recent.max(heard), ttl.saturating_mul(2)) {
+                continue;
+            }
+            first = Some(first.map_or(heard, |first| first.min(heard)));
+            live += usize::from(lives_for(heard, ttl));
+        }
+        // A lapse beyond the clock's range is more than a TTL away: as far as with no
+        // other node.
+        let after = first
+            .and_then(|heard| heard.checked_add(ttl))
+            .map_or(ttl, |lapses| {
+                lapses.duration_since(now).unwrap_or(Duration::ZERO)
+            });
+        PeersLapse { after, live, ttl }
+    }
 }
 
 impl SessionGrant {

@@ -6,7 +6,8 @@
 //! - open: grant `L`, put the session key on it (two round trips, once per session);
 //! - keep-alive: one etcd keep-alive of `L` plus one transaction that puts the session
 //!   key and reads the change key (the latest change it tells, see `schema.rs`), O(1)
-//!   however many roles; against a server whose keep-alive answers are unsafe (see
+//!   however many roles; with a registry sharing the store's links it also reads every
+//!   node's and session's key, so the answer tells when the other nodes lapse (O(members)); against a server whose keep-alive answers are unsafe (see
 //!   [`crate::version`]) the put is sent after the keep-alive answered and is guarded by
 //!   the session key still existing (the one created at open: same create revision),
 //!   which confirms the lease was not being revoked as the keep-alive was answered;
@@ -29,7 +30,7 @@ use tenure::{ChangeMark, Error, LeaseResult, LeaseStore, Result, SessionGrant, S
 
 use super::{
     acquire_txn_with, changed_put, first_kvs, held_result, lease_duration, own_term_compares,
-    seen_in, EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
+    ranges, seen_in, EtcdLeaseStore, Extra, Holder, Seen, MAX_ATTEMPTS,
 };
 use crate::schema::{
     decode, encode, from_ns, name_under, round_trip, to_ns, ttl_secs, Keys, NodeRecord,
@@ -343,14 +344,22 @@ impl EtcdLeaseStore {
         session.kept_at = round_trip(sent.wall);
         // The owner's node record is read too: whether it names this session tells the
         // registry sharing this store's links whether the keep-alive stood in for a
-        // heartbeat (see `registry.rs`).
+        // heartbeat (see `registry.rs`). With a registry sharing the links, so are every
+        // node's and session's keys, from which the answer tells when the other nodes
+        // lapse, as that registry's reads would judge them: a settled shard member then
+        // reads the members only when one is due to lapse.
+        let peers_ttl = self.links.peers_ttl();
+        let mut ops = vec![
+            session_put(&self.keys, lease, &session.record())?,
+            TxnOp::get(self.keys.changed(), None),
+            TxnOp::get(self.keys.node(&session.owner), None),
+        ];
+        if peers_ttl.is_some() {
+            ops.extend(crate::registry::nodes_and_sessions(&self.keys));
+        }
         let txn = Txn::new()
             .when([session_compare(&self.keys, lease, &session)])
-            .and_then([
-                session_put(&self.keys, lease, &session.record())?,
-                TxnOp::get(self.keys.changed(), None),
-                TxnOp::get(self.keys.node(&session.owner), None),
-            ]);
+            .and_then(ops);
         // Only etcd's own answers end a session here: the lease not found, or the session
         // key gone or not the one created at open. A failed request (timeout, reset,
         // leader change) says nothing about the lease, which may well live on and keep
@@ -388,11 +397,18 @@ impl EtcdLeaseStore {
             .is_some_and(|node| node.session == Some(lease));
         self.links.kept(&session.owner, id.get(), sent.mono, named);
         self.remember(lease, session.clone());
-        Ok(Some(session.grant(
-            lease,
-            self.wall(),
-            latest_change(&written),
-        )))
+        let mut grant = session.grant(lease, self.wall(), latest_change(&written));
+        if let (Some(ttl), [_, _, nodes, sessions]) = (peers_ttl, ranges(&written).as_slice()) {
+            grant.peers_lapse = Some(crate::registry::peers_lapse(
+                nodes,
+                sessions,
+                &self.keys,
+                &session.owner,
+                ttl,
+                grant.now,
+            ));
+        }
+        Ok(Some(grant))
     }
 
     /// The live session `id` (its lease and what this instance knows of it), and the

@@ -55,23 +55,11 @@ impl NodeTable {
     pub(super) fn peers_lapse(&self, owner: &str, ttl: Duration, now: SystemTime) -> PeersLapse {
         let members = self.members.lock();
         let others = members.iter().filter(|(id, _)| id.as_str() != owner);
-        let (mut first, mut live) = (None::<SystemTime>, 0);
-        for (_, member) in others {
-            let heard = member.last_heartbeat;
-            if !is_live(heard, ttl.saturating_mul(2), now) {
-                continue;
-            }
-            first = Some(first.map_or(heard, |first| first.min(heard)));
-            live += usize::from(is_live(heard, ttl, now));
-        }
-        // A lapse beyond the clock's range is more than a TTL away: as far as with no
-        // other node.
-        let after = first
-            .and_then(|heard| heard.checked_add(ttl))
-            .map_or(ttl, |lapses| {
-                lapses.duration_since(now).unwrap_or(Duration::ZERO)
-            });
-        PeersLapse { after, live, ttl }
+        PeersLapse::judge(
+            others.map(|(_, member)| (member.last_heartbeat, member.last_heartbeat)),
+            ttl,
+            now,
+        )
     }
 }
 
