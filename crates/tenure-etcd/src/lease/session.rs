@@ -7,7 +7,8 @@
 //! - keep-alive: one etcd keep-alive of `L` plus one transaction that puts the session
 //!   key and reads the change key (the latest change it tells, see `schema.rs`), O(1)
 //!   however many roles; with a registry sharing the store's links it also reads every
-//!   node's and session's key, so the answer tells when the other nodes lapse (O(members)); against a server whose keep-alive answers are unsafe (see
+//!   node's and session's key, so the answer tells when the other nodes lapse
+//!   (O(members)); against a server whose keep-alive answers are unsafe (see
 //!   [`crate::version`]) the put is sent after the keep-alive answered and is guarded by
 //!   the session key still existing (the one created at open: same create revision),
 //!   which confirms the lease was not being revoked as the keep-alive was answered;
