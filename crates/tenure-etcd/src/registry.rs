@@ -30,8 +30,8 @@
 //! up to two TTLs after its last heartbeat: readers judge by time, so it is no longer
 //! live after one): the shared watch does not cover the sessions' keys. Instead, while
 //! a registry shares the store's links, each session keep-alive reads the nodes' and
-//! sessions' keys too and tells when the first other node lapses ([`peers_lapse`],
-//! judged by [`heard_nodes`] as the reads of the members judge), so a shard member reads
+//! sessions' keys too and tells when the first other node lapses (`peers_lapse`,
+//! judged by `heard_nodes` as the reads of the members judge), so a shard member reads
 //! the members only when one is due to lapse.
 
 use std::collections::HashMap;
