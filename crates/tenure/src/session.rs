@@ -319,6 +319,43 @@ impl HeartbeatsWritten {
 mod tests {
     use super::*;
 
+    /// The account of the other nodes: a TTL with none; the first live one's lapse;
+    /// zero once one lapsed less than two TTLs ago by `recent` (though `heard` is older,
+    /// as for a node whose session is gone), which is then not counted live; nothing of
+    /// one last heard of two TTLs ago or more.
+    #[test]
+    fn the_peers_account_is_the_first_lapse_within_two_ttls() {
+        let ttl = Duration::from_secs(3);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let ago = |secs: u64| now - Duration::from_secs(secs);
+        let judge = |others: &[(SystemTime, SystemTime)]| {
+            let told = PeersLapse::judge(others.iter().copied(), ttl, now);
+            assert_eq!(told.ttl, ttl);
+            (told.after, told.live)
+        };
+        assert_eq!(judge(&[]), (ttl, 0), "no other node");
+        assert_eq!(
+            judge(&[(ago(1), ago(1)), (ago(2), ago(2))]),
+            (Duration::from_secs(1), 2),
+            "the first of two live nodes lapses in a second"
+        );
+        assert_eq!(
+            judge(&[(ago(1), ago(1)), (ago(4), ago(4))]),
+            (Duration::ZERO, 1),
+            "one lapsed a second ago"
+        );
+        assert_eq!(
+            judge(&[(ago(1), ago(1)), (ago(6), ago(6))]),
+            (Duration::from_secs(2), 1),
+            "one last heard of two TTLs ago is forgotten"
+        );
+        assert_eq!(
+            judge(&[(ago(1), ago(1)), (ago(9), now)]),
+            (Duration::ZERO, 1),
+            "heard of recently by other means: lapsed, and due now"
+        );
+    }
+
     #[test]
     fn a_newer_session_replaces_an_older_one_and_an_end_drops_it() {
         let links = SessionLinks::default();
