@@ -262,7 +262,7 @@ impl EtcdNodeRegistry {
 
     /// Whether a node last heard of at `heard` is live at `now`.
     fn lives_after(&self, heard: SystemTime, now: SystemTime) -> bool {
-        heard.checked_add(self.ttl).is_some_and(|until| now < until)
+        tenure::registry::is_live(heard, self.ttl, now)
     }
 
     /// Whether `node_id`, this registry's own, is live by its record's heartbeat or

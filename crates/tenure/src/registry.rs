@@ -134,6 +134,13 @@ impl<M: Copy> LastRead<M> {
     }
 }
 
+/// Whether a node last heard of at `heard` is live at `now` for a registry of TTL `ttl`:
+/// `now < heard + ttl`, the rule every registry's reads judge by (a time past the clock's
+/// range is never live).
+pub fn is_live(heard: SystemTime, ttl: Duration, now: SystemTime) -> bool {
+    heard.checked_add(ttl).is_some_and(|until| now < until)
+}
+
 /// Checks metadata against the size limits.
 pub fn validate_metadata(metadata: &Metadata) -> Result<()> {
     if metadata.len() > MAX_METADATA_ENTRIES {

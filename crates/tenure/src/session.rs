@@ -15,6 +15,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::lease::{validate_name, validate_ttl, ChangeMark};
+use crate::registry::is_live;
 use crate::Result;
 
 #[cfg(doc)]
@@ -114,15 +115,13 @@ impl PeersLapse {
         ttl: Duration,
         now: SystemTime,
     ) -> PeersLapse {
-        let lives_for =
-            |at: SystemTime, ttl: Duration| at.checked_add(ttl).is_some_and(|until| now < until);
         let (mut first, mut live) = (None::<SystemTime>, 0);
         for (heard, recent) in others {
-            if !lives_for(recent.max(heard), ttl.saturating_mul(2)) {
+            if !is_live(recent.max(heard), ttl.saturating_mul(2), now) {
                 continue;
             }
             first = Some(first.map_or(heard, |first| first.min(heard)));
-            live += usize::from(lives_for(heard, ttl));
+            live += usize::from(is_live(heard, ttl, now));
         }
         // A lapse beyond the clock's range is more than a TTL away: as far as with no
         // other node.

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::lease::validate_name;
-use crate::registry::{validate_heartbeat, Metadata, NodeInfo};
+use crate::registry::{is_live, validate_heartbeat, Metadata, NodeInfo};
 use crate::session::RegistryTtls;
 use crate::{Clock, Error, NodeRegistry, PeersLapse, Result, SystemClock};
 
@@ -133,10 +133,6 @@ impl InMemoryNodeRegistry {
             .map(|(id, _)| id.clone())
             .collect()
     }
-}
-
-fn is_live(last: SystemTime, ttl: Duration, now: SystemTime) -> bool {
-    last.checked_add(ttl).is_some_and(|until| now < until)
 }
 
 #[async_trait]
