@@ -163,9 +163,11 @@ pub enum FaultKind {
     /// the file's write lock (`BEGIN IMMEDIATE`), or in turn with that a leader's disk
     /// stalls (`lock/disk`: its own commit hangs at the sync holding the write lock and
     /// lands when the disk answers) or fails (`lock/disk-error`: every sync answers EIO),
-    /// see [`crate::disk`]. Calls on that
-    /// row (SQLite: every write) wait in the store, their callers give up on them, and
-    /// whatever still waits runs when the lock is freed.
+    /// see [`crate::disk`]. On a PostgreSQL server the run owns, in turn with the row
+    /// lock, the server's WAL disk stalls (`lock/wal-disk`): every commit hangs inside
+    /// the server, reads still answer. Calls on that
+    /// row (SQLite and a stalled WAL disk: every write) wait in the store, their callers
+    /// give up on them, and whatever still waits runs when the lock is freed.
     Lock,
     /// Step the workers' wall clock by 2-4x the TTL, forward from an offset at or
     /// below zero and back from one above (workers run under libfaketime with one

@@ -256,7 +256,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         restarting: None,
         restarted: None,
         clock_offset_ms: 0,
-        sqlite_locks: 0,
+        lock_faults: 0,
         holders,
         slots,
         faults: Vec::new(),

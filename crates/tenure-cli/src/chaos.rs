@@ -44,7 +44,9 @@ pub struct ChaosArgs {
     /// worker's, or one worker's alone, a wedge) and, on PostgreSQL, also
     /// `pg_terminate_backend`. `lock` (SQL stores) holds a lease's row (SQLite: the file's
     /// write lock, half the time through a leader whose disk stalls inside its commit)
-    /// for 1-3x the TTL, as a client stalled in a transaction would. `clock` (SQLite and
+    /// for 1-3x the TTL, as a client stalled in a transaction would; on
+    /// postgres:throwaway half of them stall the server's disk instead (every commit
+    /// hangs inside the server). `clock` (SQLite and
     /// Kubernetes, where no decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
     /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
     /// server or its etcd. `handoff` asks the leader, through the store as `tenure

@@ -632,17 +632,22 @@ fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) -> Value {
     )
 }
 
-/// [`lock_round_passes`] on a throwaway PostgreSQL server, one role.
+/// [`lock_round_passes`] on a throwaway PostgreSQL server, one role: the row lock in
+/// turn with the server's WAL disk stalled (`lock/wal-disk`: every commit hangs inside
+/// the server and lands when the disk answers, after its caller gave up on it).
 #[test]
 fn postgres_lock_round_passes() {
-    lock_round_passes("postgres:throwaway", None, "61");
+    let report = lock_round_passes("postgres:throwaway", None, "61");
+    has_recovery_rows(&report, &["lock", "lock/wal-disk"]);
 }
 
-/// [`lock_round_passes`] on a throwaway PostgreSQL server, a group of 8 shards (each
-/// lock holds one shard's row).
+/// [`lock_round_passes`] on a throwaway PostgreSQL server, a group of 8 shards (a row
+/// lock holds one shard's row; a stalled WAL disk, every member's writes, session
+/// keep-alives and heartbeats).
 #[test]
 fn postgres_shard_lock_round_passes() {
-    lock_round_passes("postgres:throwaway", Some("8"), "62");
+    let report = lock_round_passes("postgres:throwaway", Some("8"), "62");
+    has_recovery_rows(&report, &["lock", "lock/wal-disk"]);
 }
 
 /// [`lock_round_passes`] on SQLite: a lock holds the whole file's write lock, taken by

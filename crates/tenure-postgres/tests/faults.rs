@@ -582,3 +582,57 @@ async fn a_restart_costs_at_most_one_failed_call() {
     assert!(renewed.acquired, "{renewed:?}");
     assert!(failures.len() <= 1, "{failures:#?}");
 }
+
+/// A release given up while the server's disk stalls lands when the disk answers
+/// again, with no further call from its caller; meanwhile the server answers reads,
+/// every write waits, and the term stands. The stall is the throwaway server's WAL disk
+/// ([`PgServer::stall_wal`]): a commit that hangs inside the server while the client
+/// gives up, which neither a restart nor a row lock produces for every write at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
+    common::init_tracing();
+    let server = PgServer::start().expect("start PostgreSQL");
+    let schema = common::fresh_schema();
+    let pool = common::pool(&server, 4, "stalled-disk").await;
+    migrate(&pool, &schema).await.unwrap();
+    let store = PgLeaseStore::new(pool, schema);
+    let ttl = Duration::from_secs(30);
+    let first = store.try_acquire("r", "a", ttl).await;
+    assert!(first.acquired);
+
+    server.stall_wal().expect("stall the WAL disk");
+    let release = store.release("r", "a", first.fencing_token);
+    let given_up = tokio::time::timeout(Duration::from_millis(500), release).await;
+    assert!(given_up.is_err(), "the release waits on the disk");
+    let other = store.try_acquire_or_renew("other", "b", ttl);
+    let given_up = tokio::time::timeout(Duration::from_millis(300), other).await;
+    assert!(
+        given_up.is_err(),
+        "a write of another role waits on the disk too"
+    );
+    let seen = in_time(Duration::from_secs(5), store.get("r"), "a read answers")
+        .await
+        .expect("the role's lease");
+    assert_eq!(
+        (seen.live_holder(), seen.fencing_token),
+        (Some("a"), first.fencing_token),
+        "the term stands while the release waits"
+    );
+
+    server.heal_wal();
+    let asked = Instant::now();
+    loop {
+        let lease = store.get("r").await.expect("a read after the heal");
+        if lease.as_ref().and_then(|l| l.live_holder()) != Some("a") {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "the given-up release never landed: {lease:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = store.try_acquire("r", "b", ttl).await;
+    assert!(next.acquired, "{next:?}");
+    assert_eq!(next.fencing_token, first.fencing_token.next());
+}

@@ -4,7 +4,10 @@
 //! `/usr/lib/postgresql/*/bin` in a fresh temporary directory, on a free loopback port
 //! (never 5432, never the system cluster). When run as root the server runs as the
 //! `postgres` user, since PostgreSQL refuses root. Its owner can stop, kill (-9), restart
-//! (same data, same port), pause (SIGSTOP) and resume it.
+//! (same data, same port), pause (SIGSTOP) and resume it, and stall its WAL disk
+//! ([`PgServer::stall_wal`]: commits hang, reads answer, as on a disk that stopped
+//! answering), through a small library of this crate preloaded into the server
+//! (`wal-disk/shim.rs`).
 //!
 //! No server outlives its owner: `Drop` stops it, the shared server is stopped at process
 //! exit, and every postmaster is started with `PR_SET_PDEATHSIG` from one long-lived
@@ -37,6 +40,13 @@ pub const SUPERUSER: &str = "postgres";
 
 const DIR_PREFIX: &str = "tenure-pg-";
 
+/// The WAL disk shim (`wal-disk/shim.rs`, built by `build.rs`), written into each
+/// server's directory and preloaded into its processes.
+const WAL_DISK_SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libtenure_wal_disk.so"));
+const WAL_DISK_SHIM_FILE: &str = "libtenure_wal_disk.so";
+/// While this file of the server's directory exists, its WAL writes wait.
+const WAL_STALLED_FILE: &str = "wal-disk-stalled";
+
 /// A running (or stopped, or paused) throwaway PostgreSQL server.
 #[derive(Debug)]
 pub struct PgServer {
@@ -68,6 +78,10 @@ impl PgServer {
         fs::create_dir_all(&root).map_err(ThrowawayError::io("creating the server directory"))?;
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
             .map_err(ThrowawayError::io("making the server directory readable"))?;
+        let shim = root.join(WAL_DISK_SHIM_FILE);
+        fs::write(&shim, WAL_DISK_SHIM)
+            .and_then(|()| fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)))
+            .map_err(ThrowawayError::io("writing the WAL disk shim"))?;
         // SAFETY: geteuid has no preconditions.
         let owner = if unsafe { libc::geteuid() } == 0 {
             Some(postgres_user().ok_or(ThrowawayError::NotInstalled {
@@ -167,8 +181,10 @@ impl PgServer {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
 
-    /// Fast shutdown (SIGINT), waiting for the server to exit.
+    /// Fast shutdown (SIGINT), waiting for the server to exit; heals a stalled WAL disk
+    /// first, as a process waiting on it cannot exit.
     pub fn stop(&self) {
+        self.heal_wal();
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mut running) = child.take() {
             let pid = running.id() as libc::pid_t;
@@ -181,6 +197,7 @@ impl PgServer {
     /// Kills the postmaster with SIGKILL (its backends exit on their own) and waits
     /// until every server process is gone.
     pub fn kill(&self) {
+        self.heal_wal();
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mut running) = child.take() {
             let pid = running.id() as libc::pid_t;
@@ -228,6 +245,21 @@ impl PgServer {
         if let Some(pid) = self.pid() {
             signal_tree(pid, libc::SIGCONT);
         }
+    }
+
+    /// Stalls the server's WAL disk until [`heal_wal`](PgServer::heal_wal): each write
+    /// of the write-ahead log waits, so every commit hangs while it holds the WAL's
+    /// write lock, and reads still answer. When healed, each waiting commit lands,
+    /// whether or not its client still waits for it.
+    pub fn stall_wal(&self) -> Result<()> {
+        fs::write(self.root.join(WAL_STALLED_FILE), b"")
+            .map_err(ThrowawayError::io("stalling the WAL disk"))
+    }
+
+    /// Lets the WAL disk answer again after [`stall_wal`](PgServer::stall_wal); nothing
+    /// when it is not stalled.
+    pub fn heal_wal(&self) {
+        let _ = fs::remove_file(self.root.join(WAL_STALLED_FILE));
     }
 
     /// The postmaster's process id while it runs.
@@ -344,6 +376,8 @@ impl PgServer {
                     "-c",
                     "log_min_messages=warning",
                 ])
+                .env("LD_PRELOAD", self.root.join(WAL_DISK_SHIM_FILE))
+                .env("TENURE_WAL_DISK", self.root.join(WAL_STALLED_FILE))
                 .current_dir(&self.root)
                 .stdin(Stdio::null())
                 .stdout(log)
@@ -394,6 +428,7 @@ impl PgServer {
     }
 
     fn shutdown_and_clean(&self) {
+        self.heal_wal();
         {
             let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(mut running) = child.take() {

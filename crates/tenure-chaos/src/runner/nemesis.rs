@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, killpg, Signal};
+use tenure_throwaway::postgres::PgServer;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -41,9 +42,10 @@ pub(super) struct Nemesis<'a> {
     pub(super) restarted: Option<(Instant, Duration)>,
     /// The workers' wall clock offset from the real one, ms.
     pub(super) clock_offset_ms: i64,
-    /// Lock faults made so far on SQLite: the file's lock, a stalled disk (`lock/disk`)
-    /// and a failing disk (`lock/disk-error`) take turns.
-    pub(super) sqlite_locks: u64,
+    /// Lock faults made so far: on SQLite the file's lock, a stalled disk (`lock/disk`)
+    /// and a failing disk (`lock/disk-error`) take turns; on a PostgreSQL server the run
+    /// owns, a row lock and the server's stalled WAL disk (`lock/wal-disk`).
+    pub(super) lock_faults: u64,
     /// The worker names holding a live lease, as last observed.
     pub(super) holders: Arc<Mutex<Vec<String>>>,
     pub(super) slots: Vec<Slot>,
@@ -83,6 +85,9 @@ pub(super) enum LockHolder {
         name: String,
         failing: bool,
     },
+    /// The PostgreSQL server's WAL disk, stalled: every commit hangs inside the server
+    /// ([`tenure_throwaway::postgres::PgServer::stall_wal`]).
+    WalDisk(Arc<PgServer>),
 }
 
 impl Nemesis<'_> {
@@ -193,6 +198,7 @@ impl Nemesis<'_> {
                     let _ = kill(self.slots[slot].pgid, Signal::SIGUSR2);
                 }
             }
+            LockHolder::WalDisk(server) => server.heal_wal(),
             LockHolder::Nemesis { release, mut task } => {
                 release.cancel();
                 match tokio::time::timeout(self.config.ttl, &mut task).await {
@@ -332,6 +338,7 @@ impl Nemesis<'_> {
                 let flavour = match holder {
                     LockHolder::Disk { failing: true, .. } => Some("disk-error"),
                     LockHolder::Disk { .. } => Some("disk"),
+                    LockHolder::WalDisk(_) => Some("wal-disk"),
                     LockHolder::Nemesis { .. } => None,
                 };
                 self.locked = Some(Locked {
@@ -400,14 +407,24 @@ impl Nemesis<'_> {
         let sqlite = matches!(self.backend, Backend::Sqlite(_));
         // In turn, not by the plan's pick: a short run with two locks has the file's and
         // a stalled disk, one with three has every kind.
-        let turn = self.sqlite_locks % 3;
+        let turn = self.lock_faults % 3;
         if sqlite && turn > 0 {
             if let Some(disk) = self.stall_disk(fault, turn == 2) {
-                self.sqlite_locks += 1;
+                self.lock_faults += 1;
                 return Some(disk);
             }
             // No leader seen yet whose disk could stall: the file's lock now, a disk at
             // the next lock fault.
+        }
+        if let Owned::Postgres(server) = self.owned {
+            self.lock_faults += 1;
+            if self.lock_faults.is_multiple_of(2) {
+                if let Err(error) = server.stall_wal() {
+                    warn!(%error, "cannot stall the server's WAL disk");
+                    return None;
+                }
+                return Some((LockHolder::WalDisk(server.clone()), None));
+            }
         }
         let role = match self.config.shards {
             Some(shards) => tenure::shard::role(
@@ -419,7 +436,7 @@ impl Nemesis<'_> {
         let release = CancellationToken::new();
         let task = self.backend.hold_lock(&role, release.clone())?;
         if sqlite && turn == 0 {
-            self.sqlite_locks += 1;
+            self.lock_faults += 1;
         }
         Some((LockHolder::Nemesis { release, task }, None))
     }
