@@ -76,6 +76,36 @@ impl Running {
     }
 }
 
+/// The terms an elector's work ran under: token, when the work began and when it ended.
+type TermLog = Arc<Mutex<Vec<(FencingToken, Instant, Option<Instant>)>>>;
+
+/// An elector's work that logs its term in `terms` and lasts until leadership ends.
+async fn log_term(terms: TermLog, token: FencingToken, leadership: CancellationToken) {
+    let index = {
+        let mut terms = terms.lock().unwrap();
+        terms.push((token, Instant::now(), None));
+        terms.len() - 1
+    };
+    leadership.cancelled().await;
+    terms.lock().unwrap()[index].2 = Some(Instant::now());
+}
+
+/// Waits for the first logged term's work to end, by its local deadline: within `ttl`
+/// of `fault`'s start at `since`, as the last renewal that answered was sent before it.
+async fn first_term_ends_within_ttl(terms: &TermLog, since: Instant, ttl: Duration, fault: &str) {
+    let ended = common::poll_until(
+        since + ttl + Duration::from_millis(500),
+        &format!("the first term's work did not end within the TTL of the {fault}"),
+        || terms.lock().unwrap()[0].2,
+    )
+    .await;
+    assert!(
+        ended <= since + ttl,
+        "the first term's work ended {:?} after the {fault}",
+        ended - since
+    );
+}
+
 /// Tokens keep increasing across release, a new store instance, a clean server
 /// restart and a SIGKILL of the server; an old pool recovers after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,23 +181,10 @@ async fn server_outage_longer_than_ttl() {
         Duration::from_millis(400),
         Duration::from_millis(300),
     );
-    let terms = Arc::new(Mutex::new(
-        Vec::<(FencingToken, Instant, Option<Instant>)>::new(),
-    ));
+    let terms = TermLog::default();
     let work = {
         let terms = terms.clone();
-        move |token, leadership: CancellationToken| {
-            let terms = terms.clone();
-            async move {
-                let index = {
-                    let mut terms = terms.lock().unwrap();
-                    terms.push((token, Instant::now(), None));
-                    terms.len() - 1
-                };
-                leadership.cancelled().await;
-                terms.lock().unwrap()[index].2 = Some(Instant::now());
-            }
-        }
+        move |token, leadership| log_term(terms.clone(), token, leadership)
     };
     let run = Running::start(&elector, "outage", work);
     let first = wait_for(&terms, 1, Duration::from_secs(10)).await[0].0;
@@ -182,20 +199,7 @@ async fn server_outage_longer_than_ttl() {
         .await
         .unwrap()
     };
-    // Cancelled by the local deadline: within one TTL of the last successful renewal,
-    // which was before the stop finished.
-    let deadline = stopped + ttl + Duration::from_millis(500);
-    let cancelled = common::poll_until(
-        deadline,
-        "leadership not cancelled within the TTL of the outage",
-        || terms.lock().unwrap()[0].2,
-    )
-    .await;
-    assert!(
-        cancelled <= stopped + ttl,
-        "cancelled {:?} after the stop",
-        cancelled - stopped
-    );
+    first_term_ends_within_ttl(&terms, stopped, ttl, "stop").await;
     // Stay down past the TTL; the elector keeps retrying without panicking.
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     assert!(!run.is_finished(), "store errors never end run");
@@ -583,6 +587,17 @@ async fn a_restart_costs_at_most_one_failed_call() {
     assert!(failures.len() <= 1, "{failures:#?}");
 }
 
+/// A throwaway server for one test (which stalls its disk), a pool of `max`
+/// connections named `app`, and a fresh schema migrated on it.
+async fn migrated_on_a_server_of_its_own(max: u32, app: &str) -> (PgServer, sqlx::PgPool, Schema) {
+    common::init_tracing();
+    let server = PgServer::start().expect("start PostgreSQL");
+    let schema = common::fresh_schema();
+    let pool = common::pool(&server, max, app).await;
+    migrate(&pool, &schema).await.unwrap();
+    (server, pool, schema)
+}
+
 /// A release given up while the server's disk stalls lands when the disk answers
 /// again, with no further call from its caller; meanwhile the server answers reads,
 /// every write waits, and the term stands. The stall is the throwaway server's WAL disk
@@ -590,11 +605,7 @@ async fn a_restart_costs_at_most_one_failed_call() {
 /// gives up, which neither a restart nor a row lock produces for every write at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
-    common::init_tracing();
-    let server = PgServer::start().expect("start PostgreSQL");
-    let schema = common::fresh_schema();
-    let pool = common::pool(&server, 4, "stalled-disk").await;
-    migrate(&pool, &schema).await.unwrap();
+    let (server, pool, schema) = migrated_on_a_server_of_its_own(4, "stalled-disk").await;
     let store = PgLeaseStore::new(pool, schema);
     let ttl = Duration::from_secs(30);
     let first = store.try_acquire("r", "a", ttl).await;
@@ -635,4 +646,60 @@ async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
     let next = store.try_acquire("r", "b", ttl).await;
     assert!(next.acquired, "{next:?}");
     assert_eq!(next.fencing_token, first.fencing_token.next());
+}
+
+/// A server whose disk stalls for longer than the TTL, under a leader and a contender:
+/// the leader's renewals hang inside the server, so its work stops by its local
+/// deadline; nobody's term begins while every commit waits; when the disk answers the
+/// stalled statements land late, and the role is led again. No two terms' work ever
+/// overlaps, and a later term never has a lower token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_on_a_stalled_disk_stops_by_its_deadline() {
+    let (server, pool, schema) = migrated_on_a_server_of_its_own(8, "stalled-disk-leader").await;
+    let ttl = Duration::from_secs(2);
+    let electors = ["a", "b"].map(|owner| {
+        let store = PgLeaseStore::new(pool.clone(), schema.clone());
+        elector(
+            store,
+            owner,
+            ttl,
+            Duration::from_millis(400),
+            Duration::from_millis(300),
+        )
+    });
+    let terms = TermLog::default();
+    let runs = electors.map(|elector| {
+        let terms = terms.clone();
+        Running::start(&elector, "stalled", move |token, leadership| {
+            log_term(terms.clone(), token, leadership)
+        })
+    });
+    wait_for(&terms, 1, Duration::from_secs(10)).await;
+
+    server.stall_wal().expect("stall the WAL disk");
+    let stalled = Instant::now();
+    first_term_ends_within_ttl(&terms, stalled, ttl, "stall").await;
+    tokio::time::sleep(ttl).await;
+    assert_eq!(
+        terms.lock().unwrap().len(),
+        1,
+        "no term begins while every commit waits"
+    );
+
+    server.heal_wal();
+    let after = wait_for(&terms, 2, Duration::from_secs(15)).await;
+    for run in runs {
+        run.stop().await;
+    }
+    let mut terms = terms.lock().unwrap().clone();
+    terms.sort_by_key(|&(_, start, _)| start);
+    for pair in terms.windows(2) {
+        let (earlier, later) = (pair[0], pair[1]);
+        let ended = earlier.2.expect("every term ended by the shutdown");
+        assert!(ended <= later.1, "two terms worked at once: {after:?}");
+        assert!(
+            later.0 >= earlier.0,
+            "a later term has a lower token: {after:?}"
+        );
+    }
 }
