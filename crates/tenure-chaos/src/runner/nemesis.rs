@@ -398,33 +398,28 @@ impl Nemesis<'_> {
 
     /// Takes a lock for a `lock` fault, unless one is held already: on SQLite the file's
     /// write lock, a leader's stalled disk and a leader's failing disk in turn (for a
-    /// disk, the slot is returned), elsewhere a transaction of the nemesis's own on the
-    /// role's row (in shard mode one shard's).
+    /// disk, the slot is returned); on a PostgreSQL server the run owns, the role's row
+    /// and the server's stalled WAL disk in turn; elsewhere a transaction of the
+    /// nemesis's own on the role's row (in shard mode one shard's).
     fn lock(&mut self, fault: &PlannedFault) -> Option<(LockHolder, Option<usize>)> {
         if self.locked.is_some() {
             return None;
         }
-        let sqlite = matches!(self.backend, Backend::Sqlite(_));
-        // In turn, not by the plan's pick: a short run with two locks has the file's and
-        // a stalled disk, one with three has every kind.
-        let turn = self.lock_faults % 3;
-        if sqlite && turn > 0 {
-            if let Some(disk) = self.stall_disk(fault, turn == 2) {
+        // In turn, not by the plan's pick: a short run with as many locks as the store
+        // has kinds has each kind. Turn 0 is the row's (SQLite: the file's) lock.
+        let kinds = match (self.backend, self.owned) {
+            (Backend::Sqlite(_), _) => 3,
+            (_, Owned::Postgres(_)) => 2,
+            _ => 1,
+        };
+        let turn = self.lock_faults % kinds;
+        if turn > 0 {
+            if let Some(held) = self.lock_of_turn(fault, turn) {
                 self.lock_faults += 1;
-                return Some(disk);
+                return Some(held);
             }
-            // No leader seen yet whose disk could stall: the file's lock now, a disk at
-            // the next lock fault.
-        }
-        if let Owned::Postgres(server) = self.owned {
-            self.lock_faults += 1;
-            if self.lock_faults.is_multiple_of(2) {
-                if let Err(error) = server.stall_wal() {
-                    warn!(%error, "cannot stall the server's WAL disk");
-                    return None;
-                }
-                return Some((LockHolder::WalDisk(server.clone()), None));
-            }
+            // This turn's kind cannot be made now (no leader seen yet whose disk could
+            // stall): the row's lock now, this kind at the next lock fault.
         }
         let role = match self.config.shards {
             Some(shards) => tenure::shard::role(
@@ -435,10 +430,30 @@ impl Nemesis<'_> {
         };
         let release = CancellationToken::new();
         let task = self.backend.hold_lock(&role, release.clone())?;
-        if sqlite && turn == 0 {
+        if turn == 0 {
             self.lock_faults += 1;
         }
         Some((LockHolder::Nemesis { release, task }, None))
+    }
+
+    /// The lock of `turn` (above 0) that is not the row's: on SQLite a leader's disk
+    /// stalls (1) or fails (2), on an owned PostgreSQL server its WAL disk stalls (1).
+    /// `None` when it cannot be made now.
+    fn lock_of_turn(
+        &mut self,
+        fault: &PlannedFault,
+        turn: u64,
+    ) -> Option<(LockHolder, Option<usize>)> {
+        match self.owned {
+            Owned::Postgres(server) => match server.stall_wal() {
+                Ok(()) => Some((LockHolder::WalDisk(server.clone()), None)),
+                Err(error) => {
+                    warn!(%error, "cannot stall the server's WAL disk");
+                    None
+                }
+            },
+            _ => self.stall_disk(fault, turn == 2),
+        }
     }
 
     /// Stalls the disk of a worker seen holding a lease (`failing`: makes every sync of
