@@ -1,11 +1,15 @@
 // Builds the etcd server the tests run the Kubernetes API server on (and the
 // etcd backend's suite against a current etcd) from its Go modules.
-// scripts/test builds it; see servers/README.md.
+// scripts/test builds it, with the failpoints of its WAL enabled by gofail (a tool
+// here for that); see servers/README.md.
 module tenure.invalid/servers/etcd
 
 go 1.26.0
 
-tool go.etcd.io/etcd/server/v3
+tool (
+	go.etcd.io/etcd/server/v3
+	go.etcd.io/gofail
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -48,6 +52,7 @@ require (
 	go.etcd.io/etcd/client/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/pkg/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/server/v3 v3.6.16 // indirect
+	go.etcd.io/gofail v0.2.0 // indirect
 	go.etcd.io/raft/v3 v3.6.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.59.0 // indirect

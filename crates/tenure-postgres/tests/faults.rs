@@ -7,104 +7,18 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
-use tenure::{
-    ElectionState, FencingToken, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore, WorkOutcome,
-};
+use tenure::{ElectionState, LeaseLeaderElector, LeaseLeaderOptions, LeaseStore};
 use tenure_postgres::{migrate, PgLeaseStore, Schema};
 use tenure_testkit::postgres::PgServer;
+use tenure_testkit::stalled_disk::{
+    self, elector, first_term_ends_within_ttl, log_term, wait_for, Running, StalledDisk, TermLog,
+};
 use tenure_testkit::{eventually, in_time, MustAnswer};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// An elector for `owner` over `store`: terms of `ttl`, renewed every `renew`, failed
-/// attempts retried every `retry`.
-fn elector(
-    store: PgLeaseStore,
-    owner: &str,
-    ttl: Duration,
-    renew: Duration,
-    retry: Duration,
-) -> Arc<LeaseLeaderElector> {
-    let options = LeaseLeaderOptions {
-        owner_id: owner.to_owned(),
-        lease_ttl: ttl,
-        renew_interval: renew,
-        retry_interval: retry,
-        ..Default::default()
-    };
-    Arc::new(LeaseLeaderElector::new(Arc::new(store), options).unwrap())
-}
-
-/// An elector's `run` on a task of its own, until [`Running::stop`].
-struct Running {
-    task: JoinHandle<tenure::Result<()>>,
-    shutdown: CancellationToken,
-}
-
-impl Running {
-    /// Runs `elector` for `role` with `work`.
-    fn start<W, Fut>(elector: &Arc<LeaseLeaderElector>, role: &'static str, work: W) -> Running
-    where
-        W: FnMut(FencingToken, CancellationToken) -> Fut + Send + 'static,
-        Fut: std::future::Future + Send + 'static,
-        Fut::Output: WorkOutcome,
-    {
-        let shutdown = CancellationToken::new();
-        let (elector, stop) = (elector.clone(), shutdown.clone());
-        let task = tokio::spawn(async move { elector.run(role, work, stop).await });
-        Running { task, shutdown }
-    }
-
-    fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Shuts the run down; it returns `Ok` within 10 s.
-    async fn stop(self) {
-        self.shutdown.cancel();
-        in_time(
-            Duration::from_secs(10),
-            self.task,
-            "run returns on shutdown",
-        )
-        .await
-        .unwrap();
-    }
-}
-
-/// The terms an elector's work ran under: token, when the work began and when it ended.
-type TermLog = Arc<Mutex<Vec<(FencingToken, Instant, Option<Instant>)>>>;
-
-/// An elector's work that logs its term in `terms` and lasts until leadership ends.
-async fn log_term(terms: TermLog, token: FencingToken, leadership: CancellationToken) {
-    let index = {
-        let mut terms = terms.lock().unwrap();
-        terms.push((token, Instant::now(), None));
-        terms.len() - 1
-    };
-    leadership.cancelled().await;
-    terms.lock().unwrap()[index].2 = Some(Instant::now());
-}
-
-/// Waits for the first logged term's work to end, by its local deadline: within `ttl`
-/// of `fault`'s start at `since`, as the last renewal that answered was sent before it.
-async fn first_term_ends_within_ttl(terms: &TermLog, since: Instant, ttl: Duration, fault: &str) {
-    let ended = common::poll_until(
-        since + ttl + Duration::from_millis(500),
-        &format!("the first term's work did not end within the TTL of the {fault}"),
-        || terms.lock().unwrap()[0].2,
-    )
-    .await;
-    assert!(
-        ended <= since + ttl,
-        "the first term's work ended {:?} after the {fault}",
-        ended - since
-    );
-}
 
 /// Tokens keep increasing across release, a new store instance, a clean server
 /// restart and a SIGKILL of the server; an old pool recovers after the restart.
@@ -175,7 +89,7 @@ async fn server_outage_longer_than_ttl() {
     migrate(&pool, &schema).await.unwrap();
     let ttl = Duration::from_secs(2);
     let elector = elector(
-        PgLeaseStore::new(pool, schema),
+        Arc::new(PgLeaseStore::new(pool, schema)),
         "outage-leader",
         ttl,
         Duration::from_millis(400),
@@ -238,7 +152,7 @@ async fn terminated_connections_do_not_lose_leadership() {
     let observer = PgLeaseStore::new(common::pool(server, 1, "observer").await, schema.clone());
     let renew = Duration::from_millis(500);
     let elector = elector(
-        PgLeaseStore::new(pool, schema),
+        Arc::new(PgLeaseStore::new(pool, schema)),
         "terminated",
         Duration::from_secs(4),
         renew,
@@ -319,7 +233,7 @@ fn server_down_at_start_then_leads() {
         migrate(&pool, &schema).await.unwrap();
         server.stop();
         let elector = elector(
-            PgLeaseStore::new(pool, schema.clone()),
+            Arc::new(PgLeaseStore::new(pool, schema.clone())),
             "late",
             Duration::from_secs(2),
             Duration::from_millis(500),
@@ -358,15 +272,6 @@ fn server_down_at_start_then_leads() {
         !logs.contains(server.password()),
         "the password leaked into the logs"
     );
-}
-
-async fn wait_for<T: Clone>(items: &Mutex<Vec<T>>, n: usize, within: Duration) -> Vec<T> {
-    let what = format!("fewer than {n} terms within {within:?}");
-    common::poll_until(Instant::now() + within, &what, || {
-        let items = items.lock().unwrap();
-        (items.len() >= n).then(|| items.clone())
-    })
-    .await
 }
 
 const CHILD_URL: &str = "TENURE_PG_CHILD_URL";
@@ -598,108 +503,45 @@ async fn migrated_on_a_server_of_its_own(max: u32, app: &str) -> (PgServer, sqlx
     (server, pool, schema)
 }
 
+/// The server's WAL disk ([`PgServer::stall_wal`]) until the test heals it: commits
+/// hang inside the server while their clients give up, which neither a restart nor a
+/// row lock produces for every write at once; reads answer meanwhile.
+struct WalDisk<'a>(&'a PgServer);
+
+impl StalledDisk for WalDisk<'_> {
+    fn stall(&self) {
+        self.0.stall_wal().expect("stall the WAL disk");
+    }
+
+    async fn heal(&self) {
+        self.0.heal_wal();
+    }
+
+    fn reads_answer(&self) -> bool {
+        true
+    }
+}
+
 /// A release given up while the server's disk stalls lands when the disk answers
 /// again, with no further call from its caller; meanwhile the server answers reads,
-/// every write waits, and the term stands. The stall is the throwaway server's WAL disk
-/// ([`PgServer::stall_wal`]): a commit that hangs inside the server while the client
-/// gives up, which neither a restart nor a row lock produces for every write at once.
+/// every write waits, and the term stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
     let (server, pool, schema) = migrated_on_a_server_of_its_own(4, "stalled-disk").await;
     let store = PgLeaseStore::new(pool, schema);
-    let ttl = Duration::from_secs(30);
-    let first = store.try_acquire("r", "a", ttl).await;
-    assert!(first.acquired);
-
-    server.stall_wal().expect("stall the WAL disk");
-    let release = store.release("r", "a", first.fencing_token);
-    let given_up = tokio::time::timeout(Duration::from_millis(500), release).await;
-    assert!(given_up.is_err(), "the release waits on the disk");
-    let other = store.try_acquire_or_renew("other", "b", ttl);
-    let given_up = tokio::time::timeout(Duration::from_millis(300), other).await;
-    assert!(
-        given_up.is_err(),
-        "a write of another role waits on the disk too"
-    );
-    let seen = in_time(Duration::from_secs(5), store.get("r"), "a read answers")
-        .await
-        .expect("the role's lease");
-    assert_eq!(
-        (seen.live_holder(), seen.fencing_token),
-        (Some("a"), first.fencing_token),
-        "the term stands while the release waits"
-    );
-
-    server.heal_wal();
-    let asked = Instant::now();
-    loop {
-        let lease = store.get("r").await.expect("a read after the heal");
-        if lease.as_ref().and_then(|l| l.live_holder()) != Some("a") {
-            break;
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(5),
-            "the given-up release never landed: {lease:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let next = store.try_acquire("r", "b", ttl).await;
-    assert!(next.acquired, "{next:?}");
-    assert_eq!(next.fencing_token, first.fencing_token.next());
+    let (first, next) =
+        stalled_disk::a_given_up_release_lands_when_the_disk_answers(&store, &WalDisk(&server))
+            .await;
+    assert_eq!(next, first.next(), "PostgreSQL's tokens are consecutive");
 }
 
 /// A server whose disk stalls for longer than the TTL, under a leader and a contender:
-/// the leader's renewals hang inside the server, so its work stops by its local
-/// deadline; nobody's term begins while every commit waits; when the disk answers the
-/// stalled statements land late, and the role is led again. No two terms' work ever
-/// overlaps, and a later term never has a lower token.
+/// the leader stops by its local deadline, nobody leads while every commit waits, the
+/// role is led again after the heal, and no two terms' work overlaps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_on_a_stalled_disk_stops_by_its_deadline() {
     let (server, pool, schema) = migrated_on_a_server_of_its_own(8, "stalled-disk-leader").await;
-    let ttl = Duration::from_secs(2);
-    let electors = ["a", "b"].map(|owner| {
-        let store = PgLeaseStore::new(pool.clone(), schema.clone());
-        elector(
-            store,
-            owner,
-            ttl,
-            Duration::from_millis(400),
-            Duration::from_millis(300),
-        )
-    });
-    let terms = TermLog::default();
-    let runs = electors.map(|elector| {
-        let terms = terms.clone();
-        Running::start(&elector, "stalled", move |token, leadership| {
-            log_term(terms.clone(), token, leadership)
-        })
-    });
-    wait_for(&terms, 1, Duration::from_secs(10)).await;
-
-    server.stall_wal().expect("stall the WAL disk");
-    let stalled = Instant::now();
-    first_term_ends_within_ttl(&terms, stalled, ttl, "stall").await;
-    tokio::time::sleep(ttl).await;
-    assert_eq!(
-        terms.lock().unwrap().len(),
-        1,
-        "no term begins while every commit waits"
-    );
-
-    server.heal_wal();
-    let after = wait_for(&terms, 2, Duration::from_secs(15)).await;
-    for run in runs {
-        run.stop().await;
-    }
-    let mut terms = terms.lock().unwrap().clone();
-    terms.sort_by_key(|&(_, start, _)| start);
-    for pair in terms.windows(2) {
-        let (earlier, later) = (pair[0], pair[1]);
-        let ended = earlier.2.expect("every term ended by the shutdown");
-        assert!(ended <= later.1, "two terms worked at once: {after:?}");
-        assert!(
-            later.0 >= earlier.0,
-            "a later term has a lower token: {after:?}"
-        );
-    }
+    let stores = [(); 2]
+        .map(|()| Arc::new(PgLeaseStore::new(pool.clone(), schema.clone())) as Arc<dyn LeaseStore>);
+    stalled_disk::a_leader_on_a_stalled_disk_stops_by_its_deadline(stores, &WalDisk(&server)).await;
 }

@@ -7,7 +7,9 @@
 //! that `scripts/build-servers` builds). [`EtcdCluster::start`] runs several members that
 //! form one cluster. Each member can be
 //! stopped (SIGTERM), killed (SIGKILL), restarted on the same ports and data, paused
-//! (SIGSTOP) and resumed (SIGCONT).
+//! (SIGSTOP) and resumed (SIGCONT), and, when its binary has etcd's failpoints (the etcd of
+//! `scripts/build-servers`), its disk stalled for a while ([`EtcdMember::stall_wal_for`]:
+//! writes hang inside the server, as on a disk that stopped answering).
 //!
 //! Nothing outlives its owner: `Drop` kills the members and removes their data, and every
 //! member is started with `PR_SET_PDEATHSIG` from one long-lived spawner thread, so it is
@@ -15,7 +17,8 @@
 //! are swept on the next start.
 //!
 //! The harness manages processes only; it speaks no etcd protocol beyond the plain
-//! HTTP `/health` probe, so building it needs no `protoc`.
+//! HTTP `/health` probe (and the failpoints' HTTP endpoint), so building it needs no
+//! `protoc`.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -30,6 +33,9 @@ use crate::process::{free_ports, fresh_dir, on_path, shared_server, sweep_once, 
 
 const DIR_PREFIX: &str = "tenure-etcd-";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The failpoint before each fsync of etcd's write-ahead log (`storage/wal`), which
+/// `scripts/build-servers` enables.
+const WAL_SYNC_FAILPOINT: &str = "walBeforeSync";
 
 /// Where the `etcd` binary is: `$ETCD_BIN`, then `PATH`, then `/usr/bin/etcd`.
 pub fn etcd_binary() -> Option<PathBuf> {
@@ -51,6 +57,9 @@ pub struct EtcdMember {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Where etcd's failpoints are set over HTTP (`GOFAIL_HTTP`; a binary without
+    /// failpoints ignores it and listens on nothing there).
+    failpoint_port: u16,
     data_dir: PathBuf,
     process: ServerProcess,
 }
@@ -145,8 +154,55 @@ impl EtcdMember {
             })
     }
 
+    /// Whether the member's binary has the failpoint [`stall_wal_for`](Self::stall_wal_for)
+    /// sets (the etcd `scripts/build-servers` builds has it; Debian's has no failpoints).
+    pub fn can_stall_wal(&self) -> bool {
+        http(self.failpoint_addr(), "GET", "/", "", HTTP_WAIT)
+            .is_ok_and(|(status, body)| status == 200 && body.contains(WAL_SYNC_FAILPOINT))
+    }
+
+    /// Stalls the member's disk for `stall` from now on: its next fsync of the
+    /// write-ahead log waits that long first, and with it every write the member makes
+    /// durable (a single member answers no write, nor a linearizable read, meanwhile;
+    /// requests given up by their callers are still applied when it ends). The harness
+    /// writes a key of its own (`tenure-throwaway/disk-stall`) at once, so the stall
+    /// begins now rather than at the next client's write. It cannot be ended early; a
+    /// kill ends it with the process. Needs a binary with etcd's failpoints
+    /// ([`can_stall_wal`](Self::can_stall_wal)).
+    pub fn stall_wal_for(&self, stall: Duration) -> Result<()> {
+        let what = format!("stalling the disk of etcd member {}", self.name);
+        // One sleep, once: gofail's `COUNT*sleep(MILLISECONDS)`.
+        let term = format!("1*sleep({})", stall.as_millis().max(1));
+        let path = format!("/{WAL_SYNC_FAILPOINT}");
+        match http(self.failpoint_addr(), "PUT", &path, &term, HTTP_WAIT) {
+            Ok((status, _)) if (200..300).contains(&status) => {
+                // The JSON gateway's put (key and value in base64): it waits out the
+                // stall it starts, on a thread of its own.
+                let addr = self.client_addr();
+                let put = r#"{"key":"dGVudXJlLXRocm93YXdheS9kaXNrLXN0YWxs","value":"MQ=="}"#;
+                thread::spawn(move || http(addr, "POST", "/v3/kv/put", put, stall + HTTP_WAIT));
+                Ok(())
+            }
+            Ok((status, body)) => Err(ThrowawayError::failed(
+                what,
+                format!("the failpoint endpoint answered {status}: {body}"),
+            )),
+            Err(source) => Err(ThrowawayError::Io {
+                what: format!(
+                    "{what} (its failpoints: an etcd without them, such as Debian's, has \
+                     none; scripts/build-servers builds one that has)"
+                ),
+                source,
+            }),
+        }
+    }
+
     fn client_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.client_port))
+    }
+
+    fn failpoint_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.failpoint_port))
     }
 }
 
@@ -199,20 +255,21 @@ impl EtcdCluster {
 
     fn create(size: usize, bin: &Path) -> Result<EtcdCluster> {
         let root = fresh_dir(DIR_PREFIX)?;
-        let ports = free_ports(size * 2)?;
+        let ports = free_ports(size * 3)?;
         let token = root
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tenure-etcd".into());
         let initial_cluster = (0..size)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[3 * i + 1]))
             .collect::<Vec<_>>()
             .join(",");
         let members = (0..size)
             .map(|i| {
                 let name = format!("m{i}");
-                let client_port = ports[2 * i];
-                let peer_port = ports[2 * i + 1];
+                let client_port = ports[3 * i];
+                let peer_port = ports[3 * i + 1];
+                let failpoint_port = ports[3 * i + 2];
                 let data_dir = root.join(&name);
                 let client_url = format!("http://127.0.0.1:{client_port}");
                 let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -238,10 +295,12 @@ impl EtcdCluster {
                         bin.to_path_buf(),
                         args,
                         root.join(format!("{name}.log")),
-                    ),
+                    )
+                    .with_env("GOFAIL_HTTP", format!("127.0.0.1:{failpoint_port}")),
                     name,
                     client_port,
                     peer_port,
+                    failpoint_port,
                     data_dir,
                 }
             })
@@ -390,6 +449,16 @@ impl EtcdServer {
         self.member().resume();
     }
 
+    /// Whether the server can stall its disk ([`EtcdMember::can_stall_wal`]).
+    pub fn can_stall_wal(&self) -> bool {
+        self.member().can_stall_wal()
+    }
+
+    /// Stalls the server's disk for `stall` ([`EtcdMember::stall_wal_for`]).
+    pub fn stall_wal_for(&self, stall: Duration) -> Result<()> {
+        self.member().stall_wal_for(stall)
+    }
+
     /// Kills the server and removes its data: for an owner that never drops it (a
     /// process-wide server, at exit).
     pub(crate) fn kill_and_clean(&self) {
@@ -399,11 +468,38 @@ impl EtcdServer {
 
 /// One plain HTTP/1.0 `GET /health`; true when the body says `"health":"true"`.
 fn health_probe(addr: SocketAddr) -> io::Result<bool> {
+    let (_, body) = http(addr, "GET", "/health", "", HTTP_WAIT)?;
+    Ok(body.contains("\"health\":\"true\""))
+}
+
+/// How long a plain HTTP request to a member may wait for its answer.
+const HTTP_WAIT: Duration = Duration::from_secs(2);
+
+/// One plain HTTP/1.0 request with `body`: the answer's status and body (a server on
+/// loopback answering within `wait`).
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    wait: Duration,
+) -> io::Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    stream.set_read_timeout(Some(wait))?;
+    stream.set_write_timeout(Some(HTTP_WAIT))?;
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    Ok(response.contains("\"health\":\"true\""))
+    let malformed = || io::Error::new(io::ErrorKind::InvalidData, "not an HTTP answer");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(malformed)?;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Ok((status, body.to_owned()))
 }

@@ -174,6 +174,8 @@ pub(crate) struct ServerProcess {
     name: String,
     bin: PathBuf,
     args: Vec<String>,
+    /// Environment variables set for the program, beside the inherited ones.
+    env: Vec<(String, String)>,
     log_path: PathBuf,
     child: Mutex<Option<Child>>,
 }
@@ -185,9 +187,16 @@ impl ServerProcess {
             name,
             bin,
             args,
+            env: Vec::new(),
             log_path,
             child: Mutex::new(None),
         }
+    }
+
+    /// The same, with `key` set to `value` in the program's environment.
+    pub(crate) fn with_env(mut self, key: &str, value: String) -> Self {
+        self.env.push((key.to_owned(), value));
+        self
     }
 
     /// Starts the program (the caller has stopped any earlier run).
@@ -202,6 +211,7 @@ impl ServerProcess {
         let mut command = Command::new(&self.bin);
         command
             .args(&self.args)
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
