@@ -165,7 +165,10 @@ pub enum FaultKind {
     /// lands when the disk answers) or fails (`lock/disk-error`: every sync answers EIO),
     /// see [`crate::disk`]. On a PostgreSQL server the run owns, in turn with the row
     /// lock, the server's WAL disk stalls (`lock/wal-disk`): every commit hangs inside
-    /// the server, reads still answer. Calls on that
+    /// the server, reads still answer. On an etcd server the run owns (and the
+    /// Kubernetes API server's etcd) every lock is its WAL disk stalling for the lock's
+    /// length, through etcd's failpoint (`lock/wal-disk`: every write, and every
+    /// linearizable read, hangs inside the server). Calls on that
     /// row (SQLite and a stalled WAL disk: every write) wait in the store, their callers
     /// give up on them, and whatever still waits runs when the lock is freed.
     Lock,

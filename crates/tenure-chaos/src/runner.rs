@@ -63,8 +63,11 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             (FaultKind::Cut, spec) if spec.is_sqlite() => {
                 unavailable.push("cut: sqlite has no connections to sever".to_owned())
             }
-            (FaultKind::Lock, spec) if spec.is_etcd() || spec.is_kube() => unavailable
-                .push("lock: only the SQL stores have a row or file lock to hold".to_owned()),
+            (FaultKind::Lock, StoreSpec::Etcd(_) | StoreSpec::Kube(_)) => unavailable.push(
+                "lock: etcd and kubernetes have no lock to hold; only the disk of a server the \
+                 run owns can stall instead (use --store etcd:throwaway or kube:throwaway)"
+                    .to_owned(),
+            ),
             (FaultKind::Clock, spec) if !spec.steps_wall_clock() => unavailable.push(
                 "clock: only sqlite and kubernetes judge time on the workers' host (the \
                  server's clock decides on postgres and etcd)"
@@ -74,10 +77,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         }
     }
     if kinds.is_empty() {
-        return Err(ChaosError::Usage(format!(
-            "none of the requested faults can be injected on this store: {}",
-            unavailable.join("; ")
-        )));
+        return Err(nothing_to_inject(&unavailable));
     }
     let run_id = format!("{:08x}", rand::random::<u32>());
     let (dir, temporary) = match &config.run_dir {
@@ -134,6 +134,19 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
             (format!("kube:{namespace}"), Owned::Kube(server))
         }
     };
+    // etcd's disk stalls only in a build with its failpoints.
+    if kinds.contains(&FaultKind::Lock) && owned.etcd().is_some_and(|etcd| !etcd.can_stall_wal()) {
+        kinds.retain(|&k| k != FaultKind::Lock);
+        unavailable.push(
+            "lock: this etcd has no failpoints to stall its disk with (scripts/build-servers \
+             builds one that has: ETCD_BIN=target/servers/etcd)"
+                .to_owned(),
+        );
+        if kinds.is_empty() {
+            owned.shut_down().await;
+            return Err(nothing_to_inject(&unavailable));
+        }
+    }
     // Workers reach the store through proxies the nemesis can cut, each worker slot
     // through its own (so that one worker can be cut off alone); the orchestrator
     // (observer, `pg_terminate_backend`, reading the log) goes straight to it.
@@ -170,10 +183,7 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         unavailable.push("cut: no TCP endpoint to put a proxy in front of".to_owned());
         if kinds.is_empty() {
             owned.shut_down().await;
-            return Err(ChaosError::Usage(format!(
-                "none of the requested faults can be injected on this store: {}",
-                unavailable.join("; ")
-            )));
+            return Err(nothing_to_inject(&unavailable));
         }
     }
     // The role, or in shard mode the group (shard `k` is `chaos-<run>/k`).
@@ -349,4 +359,12 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(report)
+}
+
+/// The usage error of a run none of whose requested faults this store can have.
+fn nothing_to_inject(unavailable: &[String]) -> ChaosError {
+    ChaosError::Usage(format!(
+        "none of the requested faults can be injected on this store: {}",
+        unavailable.join("; ")
+    ))
 }

@@ -46,7 +46,9 @@ pub struct ChaosArgs {
     /// write lock, half the time through a leader whose disk stalls inside its commit)
     /// for 1-3x the TTL, as a client stalled in a transaction would; on
     /// postgres:throwaway half of them stall the server's disk instead (every commit
-    /// hangs inside the server). `clock` (SQLite and
+    /// hangs inside the server), and on etcd:throwaway and kube:throwaway every one
+    /// stalls the (API server's) etcd's disk through etcd's failpoint (the etcd of
+    /// scripts/build-servers; every write hangs inside the server). `clock` (SQLite and
     /// Kubernetes, where no decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
     /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
     /// server or its etcd. `handoff` asks the leader, through the store as `tenure

@@ -602,10 +602,21 @@ fn postgres_shard_store_wedges_pass() {
 }
 
 /// Locks held by a stalled transaction (`lock`: a lease's row on PostgreSQL, the file's
-/// write lock on SQLite, 1-3 TTLs each) beside pauses and kills: the calls that waited
-/// behind a lock and were given up by their callers, and whatever still ran when it was
-/// freed, leave every invariant intact, and writes resume after each lock.
+/// write lock on SQLite, on etcd the server's disk, 1-3 TTLs each) beside pauses and
+/// kills: the calls that waited behind a lock and were given up by their callers, and
+/// whatever still ran when it was freed, leave every invariant intact, and writes
+/// resume after each lock.
 fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) -> Value {
+    lock_round_passes_with(store, shards, seed, &[])
+}
+
+/// [`lock_round_passes`] with more environment, as [`chaos_with`].
+fn lock_round_passes_with(
+    store: &str,
+    shards: Option<&str>,
+    seed: &str,
+    env: &[(&str, &OsStr)],
+) -> Value {
     let mut args = vec![
         "--store",
         store,
@@ -619,7 +630,7 @@ fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) -> Value {
     if let Some(shards) = shards {
         args.extend(["--shards", shards, "--write-every", "50ms"]);
     }
-    passing_round(
+    passing_round_with(
         &args,
         Expect {
             workers: "4",
@@ -629,7 +640,86 @@ fn lock_round_passes(store: &str, shards: Option<&str>, seed: &str) -> Value {
             faults: 20,
             admitted: 60,
         },
+        env,
     )
+}
+
+/// The etcd of `scripts/build-servers`, the one with failpoints, whatever `$ETCD_BIN`
+/// says: the environment of a run whose `lock` stalls a throwaway etcd's disk.
+#[cfg(feature = "etcd")]
+fn etcd_with_failpoints() -> std::path::PathBuf {
+    tenure_testkit::kube::etcd_binary().expect("target/servers/etcd: run scripts/build-servers")
+}
+
+/// [`lock_round_passes`] on a throwaway etcd, one role: every lock stalls the server's
+/// WAL disk (`lock/wal-disk`, etcd's failpoint: writes and linearizable reads hang
+/// inside the server, and what their callers gave up on lands when it answers).
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_lock_round_passes() {
+    let etcd = etcd_with_failpoints();
+    let env = [("ETCD_BIN", etcd.as_os_str())];
+    let report = lock_round_passes_with("etcd:throwaway", None, "61", &env);
+    has_recovery_rows(&report, &["lock/wal-disk"]);
+}
+
+/// [`etcd_lock_round_passes`] with a group of 8 shards (a stalled disk holds every
+/// member's writes, session keep-alives' transactions and heartbeats).
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_shard_lock_round_passes() {
+    let etcd = etcd_with_failpoints();
+    let env = [("ETCD_BIN", etcd.as_os_str())];
+    let report = lock_round_passes_with("etcd:throwaway", Some("8"), "62", &env);
+    has_recovery_rows(&report, &["lock/wal-disk"]);
+}
+
+/// `lock` where nothing can make it is refused with a usage error that says why: on an
+/// etcd the run does not own (no lock to hold, no disk to stall), and on a throwaway
+/// etcd without failpoints (Debian's).
+#[cfg(feature = "etcd")]
+#[test]
+fn lock_on_an_etcd_that_cannot_stall_is_refused() {
+    let refused = |store: &str| {
+        let output = Command::new(BIN)
+            .args([
+                "chaos",
+                "--store",
+                store,
+                "--faults",
+                "lock",
+                "--duration",
+                "2s",
+            ])
+            .env("ETCD_BIN", "/usr/bin/etcd")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        stderr
+    };
+    let stderr = refused("etcd://127.0.0.1:1/chaos");
+    assert!(
+        stderr.contains("lock: etcd and kubernetes have no lock to hold")
+            && stderr.contains("--store etcd:throwaway or kube:throwaway"),
+        "{stderr}"
+    );
+    let stderr = refused("etcd:throwaway");
+    assert!(
+        stderr.contains("lock: this etcd has no failpoints to stall its disk with"),
+        "{stderr}"
+    );
+}
+
+/// [`lock_round_passes`] on a throwaway Kubernetes API server: every lock stalls the
+/// disk of the API server's etcd, so the API server's writes hang behind it.
+#[cfg(feature = "kube")]
+#[test]
+fn kube_lock_round_passes() {
+    let report = lock_round_passes("kube:throwaway", None, "61");
+    has_recovery_rows(&report, &["lock/wal-disk"]);
 }
 
 /// [`lock_round_passes`] on a throwaway PostgreSQL server, one role: the row lock in

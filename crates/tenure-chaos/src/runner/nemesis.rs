@@ -44,7 +44,8 @@ pub(super) struct Nemesis<'a> {
     pub(super) clock_offset_ms: i64,
     /// Lock faults made so far: on SQLite the file's lock, a stalled disk (`lock/disk`)
     /// and a failing disk (`lock/disk-error`) take turns; on a PostgreSQL server the run
-    /// owns, a row lock and the server's stalled WAL disk (`lock/wal-disk`).
+    /// owns, a row lock and the server's stalled WAL disk (`lock/wal-disk`); on an etcd
+    /// server the run owns, or the API server's etcd, every one stalls its WAL disk.
     pub(super) lock_faults: u64,
     /// The worker names holding a live lease, as last observed.
     pub(super) holders: Arc<Mutex<Vec<String>>>,
@@ -88,6 +89,10 @@ pub(super) enum LockHolder {
     /// The PostgreSQL server's WAL disk, stalled: every commit hangs inside the server
     /// ([`tenure_throwaway::postgres::PgServer::stall_wal`]).
     WalDisk(Arc<PgServer>),
+    /// The etcd server's WAL disk (on Kubernetes, the API server's etcd's), stalled
+    /// for the lock's length ([`tenure_throwaway::etcd::EtcdMember::stall_wal_for`]):
+    /// it answers again on its own when the lock is due to be freed.
+    EtcdWalDisk,
 }
 
 impl Nemesis<'_> {
@@ -199,6 +204,7 @@ impl Nemesis<'_> {
                 }
             }
             LockHolder::WalDisk(server) => server.heal_wal(),
+            LockHolder::EtcdWalDisk => {}
             LockHolder::Nemesis { release, mut task } => {
                 release.cancel();
                 match tokio::time::timeout(self.config.ttl, &mut task).await {
@@ -338,11 +344,11 @@ impl Nemesis<'_> {
                 let flavour = match holder {
                     LockHolder::Disk { failing: true, .. } => Some("disk-error"),
                     LockHolder::Disk { .. } => Some("disk"),
-                    LockHolder::WalDisk(_) => Some("wal-disk"),
+                    LockHolder::WalDisk(_) | LockHolder::EtcdWalDisk => Some("wal-disk"),
                     LockHolder::Nemesis { .. } => None,
                 };
                 self.locked = Some(Locked {
-                    until: Instant::now() + self.config.ttl.mul_f64(fault.factor),
+                    until: Instant::now() + self.lock_length(fault),
                     record: self.faults.len(),
                     holder,
                 });
@@ -405,6 +411,19 @@ impl Nemesis<'_> {
         if self.locked.is_some() {
             return None;
         }
+        // etcd has no lock a client can hold; its disk stalls instead, every time.
+        if let Some(etcd) = self.owned.etcd() {
+            return match etcd.stall_wal_for(self.lock_length(fault)) {
+                Ok(()) => {
+                    self.lock_faults += 1;
+                    Some((LockHolder::EtcdWalDisk, None))
+                }
+                Err(error) => {
+                    warn!(%error, "cannot stall the etcd server's WAL disk");
+                    None
+                }
+            };
+        }
         // In turn, not by the plan's pick: a short run with as many locks as the store
         // has kinds has each kind. Turn 0 is the row's (SQLite: the file's) lock.
         let kinds = match (self.backend, self.owned) {
@@ -434,6 +453,11 @@ impl Nemesis<'_> {
             self.lock_faults += 1;
         }
         Some((LockHolder::Nemesis { release, task }, None))
+    }
+
+    /// How long `fault`, a lock, holds: 1-3 TTLs by the plan.
+    fn lock_length(&self, fault: &PlannedFault) -> Duration {
+        self.config.ttl.mul_f64(fault.factor)
     }
 
     /// The lock of `turn` (above 0) that is not the row's: on SQLite a leader's disk

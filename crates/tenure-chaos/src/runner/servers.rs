@@ -20,6 +20,15 @@ pub(super) enum Owned {
 }
 
 impl Owned {
+    /// The etcd server the run owns (on Kubernetes, the API server's), if any.
+    pub(super) fn etcd(&self) -> Option<&EtcdServer> {
+        match self {
+            Owned::Etcd(server) => Some(server),
+            Owned::Kube(server) => Some(server.etcd()),
+            Owned::None | Owned::Postgres(_) => None,
+        }
+    }
+
     /// Stops the server (the run is over); stopping blocks, and nothing waits on it.
     pub(super) async fn shut_down(self) {
         match self {
