@@ -1,5 +1,5 @@
-//! A 3-member etcd cluster on loopback: tenure across an etcd leader crash, and the
-//! minority side of a lost quorum refusing to hand out leases.
+//! A 3-member etcd cluster on loopback: tenure across an etcd leader that crashes or
+//! whose disk stalls, and the minority side of a lost quorum refusing to hand out leases.
 
 mod common;
 
@@ -54,13 +54,84 @@ struct Terms {
     started: Mutex<Vec<(String, FencingToken)>>,
 }
 
+/// What befalls the etcd leader member.
+#[derive(Clone, Copy, Debug)]
+enum LeaderFault {
+    /// SIGKILL, then a restart.
+    Crash,
+    /// Its disk stalls this long (etcd's failpoint before each WAL sync): it stops
+    /// persisting, so it stops sending heartbeats, and the others elect a new leader
+    /// while it hangs, its process running and its sockets open.
+    DiskStall(Duration),
+}
+
 /// Setup: 3 etcd members; two electors (TTL 3 s, renew 1 s) whose clients know every
 /// member. Kill the etcd leader member while a tenure leader holds the role: within the
 /// TTL plus etcd's failover, someone leads (the same term kept, or a successor with a
 /// higher token), and no two terms ever ran at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_crash_keeps_one_tenure_leader() {
-    let cluster = three_members().await;
+    one_tenure_leader_through(three_members().await, LeaderFault::Crash).await;
+}
+
+/// The same with the etcd leader's disk stalled for 6 s instead of a crash: the member
+/// the clients' requests reach first may be the one that hangs (a slow disk under the
+/// leader, etcd's classic outage). The cluster runs the etcd of `scripts/build-servers`,
+/// which has etcd's failpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_leader_disk_stall_keeps_one_tenure_leader() {
+    common::init_tracing();
+    let bin = tenure_testkit::kube::etcd_binary()
+        .expect("the etcd of scripts/build-servers (target/servers/etcd)");
+    let cluster = tokio::task::spawn_blocking(move || {
+        EtcdCluster::start_with(3, &bin).expect("start an etcd cluster")
+    })
+    .await
+    .unwrap();
+    assert!(
+        cluster.member(0).can_stall_wal(),
+        "this etcd has no failpoints: run scripts/build-servers"
+    );
+    let stall = Duration::from_secs(6);
+    one_tenure_leader_through(Arc::new(cluster), LeaderFault::DiskStall(stall)).await;
+}
+
+/// The fault took: a write through the stalled member alone gets no answer, and one
+/// through the other two is answered within 4 s (they elected a leader of their own).
+async fn stalled_member_hangs_while_the_others_write(cluster: &EtcdCluster, victim: usize) {
+    let mut stalled = common::client(&[cluster.member(victim).endpoint()]).await;
+    let put = stalled.put("/test/disk-stall/through-the-stalled", "x", None);
+    assert!(
+        timeout(Duration::from_secs(1), put).await.is_err(),
+        "a write through the stalled member was answered"
+    );
+    let others: Vec<String> = (0..cluster.members().len())
+        .filter(|&i| i != victim)
+        .map(|i| cluster.member(i).endpoint())
+        .collect();
+    let others = common::client(&others).await;
+    eventually(Duration::from_secs(4), Duration::from_millis(100), || {
+        let mut client = others.clone();
+        async move {
+            match timeout(
+                Duration::from_millis(500),
+                client.put("/test/disk-stall/k", "x", None),
+            )
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(format!("the others did not take a write: {error}")),
+                Err(_) => Err("the others did not take a write".to_owned()),
+            }
+        }
+    })
+    .await;
+}
+
+/// Two electors over `cluster` while `fault` strikes its etcd leader member: someone
+/// leads within 8 s (the same term kept, or a successor with a higher token), no two
+/// terms ever run at once, and the member is healthy again afterwards.
+async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault) {
     let endpoints = cluster.endpoints();
     let prefix = common::unique_prefix("crash");
     let terms = Arc::new(Terms::default());
@@ -120,9 +191,19 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
     }
     let first = terms.started.lock().unwrap()[0].clone();
 
-    tracing::info!("--- kill the etcd leader");
+    tracing::info!(?fault, "--- the etcd leader");
     let victim = etcd_leader(&cluster).await;
-    cluster.member(victim).kill();
+    let struck = Instant::now();
+    match fault {
+        LeaderFault::Crash => cluster.member(victim).kill(),
+        LeaderFault::DiskStall(stall) => {
+            cluster
+                .member(victim)
+                .stall_wal_for(stall)
+                .expect("stall the leader's disk");
+            stalled_member_hangs_while_the_others_write(&cluster, victim).await;
+        }
+    }
     // Sample for TTL + failover: never two leaders at once, and a leader at the end.
     let until = Instant::now() + Duration::from_secs(8);
     let mut led_at_end = false;
@@ -146,7 +227,14 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
     tracing::info!("--- the member comes back");
     let back = cluster.clone();
     tokio::task::spawn_blocking(move || {
-        back.member(victim).restart().expect("restart");
+        match fault {
+            LeaderFault::Crash => back.member(victim).restart().expect("restart"),
+            LeaderFault::DiskStall(stall) => std::thread::sleep(
+                (struck + stall)
+                    .into_std()
+                    .saturating_duration_since(std::time::Instant::now()),
+            ),
+        }
         back.wait_healthy(Duration::from_secs(30))
             .expect("wait until healthy");
     })
