@@ -13,43 +13,7 @@ use std::time::Duration;
 use tenure::LeaseStore;
 use tenure_etcd::EtcdLeaseStore;
 use tenure_testkit::etcd::EtcdServer;
-use tenure_testkit::stalled_disk::{self, StalledDisk};
-
-/// The server's disk stalled for a set time ([`EtcdServer::stall_wal_for`]): a heal is
-/// the end of that time.
-struct WalDisk<'a> {
-    server: &'a EtcdServer,
-    stall: Duration,
-    stalled_at: std::sync::Mutex<Option<tokio::time::Instant>>,
-}
-
-impl<'a> WalDisk<'a> {
-    fn new(server: &'a EtcdServer, stall: Duration) -> Self {
-        WalDisk {
-            server,
-            stall,
-            stalled_at: Default::default(),
-        }
-    }
-}
-
-impl StalledDisk for WalDisk<'_> {
-    fn stall(&self) {
-        self.server
-            .stall_wal_for(self.stall)
-            .expect("stall the WAL disk");
-        *self.stalled_at.lock().unwrap() = Some(tokio::time::Instant::now());
-    }
-
-    async fn heal(&self) {
-        let stalled_at = self.stalled_at.lock().unwrap().expect("stalled before");
-        tokio::time::sleep_until(stalled_at + self.stall).await;
-    }
-
-    fn reads_answer(&self) -> bool {
-        false
-    }
-}
+use tenure_testkit::stalled_disk::{self, EtcdWalDisk};
 
 /// A throwaway etcd of the failpoint-enabled build, and a store on it under a fresh
 /// prefix.
@@ -58,11 +22,6 @@ async fn server_with_failpoints(tag: &str) -> (EtcdServer, EtcdLeaseStore) {
     let bin = tenure_testkit::kube::etcd_binary()
         .expect("the etcd of scripts/build-servers (target/servers/etcd)");
     let server = EtcdServer::start_with(&bin).expect("start etcd");
-    assert!(
-        server.can_stall_wal(),
-        "{} has no failpoints: run scripts/build-servers",
-        bin.display()
-    );
     let client = common::client(&[server.endpoint()]).await;
     let store = EtcdLeaseStore::new(client, &common::unique_prefix(tag)).expect("a prefix");
     (server, store)
@@ -73,7 +32,7 @@ async fn server_with_failpoints(tag: &str) -> (EtcdServer, EtcdLeaseStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
     let (server, store) = server_with_failpoints("stalled-release").await;
-    let disk = WalDisk::new(&server, Duration::from_secs(3));
+    let disk = EtcdWalDisk::new(server.member(), Duration::from_secs(3));
     stalled_disk::a_given_up_release_lands_when_the_disk_answers(&store, &disk).await;
     // etcd's tokens are revisions: the next term's is higher, not the next number.
 }
@@ -87,6 +46,6 @@ async fn a_leader_on_a_stalled_disk_stops_by_its_deadline() {
     let contender = EtcdLeaseStore::new(common::client(&[server.endpoint()]).await, store.prefix())
         .expect("a prefix");
     let stores: [Arc<dyn LeaseStore>; 2] = [Arc::new(store), Arc::new(contender)];
-    let disk = WalDisk::new(&server, Duration::from_secs(5));
+    let disk = EtcdWalDisk::new(server.member(), Duration::from_secs(5));
     stalled_disk::a_leader_on_a_stalled_disk_stops_by_its_deadline(stores, &disk).await;
 }

@@ -12,8 +12,9 @@
 //! - [`faults`]: the [`faults::Faults`] interceptor both fault sets inject with.
 //! - [`shard_faults`]: shard-group members whose batched acquires lose their answer or
 //!   reach the store late, on the real store.
-//! - [`stalled_disk`]: a server whose disk stalls (given-up calls land late), and the
-//!   elector helpers the server fault tests share.
+//! - [`stalled_disk`]: a server whose disk stalls (given-up calls land late) on
+//!   PostgreSQL, etcd and the Kubernetes API server's etcd, and the elector helpers the
+//!   server fault tests share.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.

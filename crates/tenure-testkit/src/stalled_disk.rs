@@ -137,6 +137,51 @@ pub trait StalledDisk {
     fn reads_answer(&self) -> bool;
 }
 
+/// An etcd member's disk stalled for a set time
+/// ([`EtcdMember::stall_wal_for`](crate::etcd::EtcdMember::stall_wal_for), etcd's
+/// failpoint): the heal is the end of that time. A single member answers no
+/// linearizable read meanwhile; on Kubernetes, the API server's etcd.
+pub struct EtcdWalDisk<'a> {
+    member: &'a crate::etcd::EtcdMember,
+    stall: Duration,
+    stalled_at: Mutex<Option<Instant>>,
+}
+
+impl<'a> EtcdWalDisk<'a> {
+    /// `member`'s disk, to be stalled for `stall` at a time. Fails when the member's
+    /// binary has no failpoints (only the etcd of `scripts/build-servers` has them).
+    pub fn new(member: &'a crate::etcd::EtcdMember, stall: Duration) -> Self {
+        assert!(
+            member.can_stall_wal(),
+            "this etcd has no failpoints: run scripts/build-servers"
+        );
+        EtcdWalDisk {
+            member,
+            stall,
+            stalled_at: Mutex::new(None),
+        }
+    }
+}
+
+impl StalledDisk for EtcdWalDisk<'_> {
+    fn stall(&self) {
+        self.member
+            .stall_wal_for(self.stall)
+            .expect("stall etcd's WAL disk");
+        *self.stalled_at.lock().expect("the stall's start") = Some(Instant::now());
+    }
+
+    async fn heal(&self) {
+        let stalled_at = *self.stalled_at.lock().expect("the stall's start");
+        let healed = stalled_at.expect("stalled before the heal") + self.stall;
+        tokio::time::sleep_until(healed.into()).await;
+    }
+
+    fn reads_answer(&self) -> bool {
+        false
+    }
+}
+
 /// A release given up while the server's disk stalls lands when the disk answers
 /// again, with no further call from its caller; meanwhile every write waits (and on a
 /// server that reads without its disk, the term stands). The next term then has a
