@@ -138,8 +138,8 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
     if kinds.contains(&FaultKind::Lock) && owned.etcd().is_some_and(|etcd| !etcd.can_stall_wal()) {
         kinds.retain(|&k| k != FaultKind::Lock);
         unavailable.push(
-            "lock: this etcd has no failpoints to stall its disk with (scripts/build-servers \
-             builds one that has: ETCD_BIN=target/servers/etcd)"
+            "lock: this etcd has no failpoints to stall its disk with (the etcd \
+             scripts/build-servers builds, target/servers/etcd, has them)"
                 .to_owned(),
         );
         if kinds.is_empty() {

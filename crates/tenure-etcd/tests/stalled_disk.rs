@@ -37,6 +37,24 @@ async fn a_release_given_up_on_a_stalled_disk_lands_when_it_answers() {
     // etcd's tokens are revisions: the next term's is higher, not the next number.
 }
 
+/// An etcd without failpoints (Debian's) says it cannot stall its disk, and an attempt
+/// fails with an error that says why.
+#[test]
+fn an_etcd_without_failpoints_cannot_stall_its_disk() {
+    let server =
+        EtcdServer::start_with(std::path::Path::new("/usr/bin/etcd")).expect("start Debian's etcd");
+    assert!(!server.can_stall_wal());
+    let error = server
+        .stall_wal_for(Duration::from_secs(1))
+        .expect_err("no failpoint to set")
+        .to_string();
+    assert!(
+        error.contains("stalling the disk of etcd member m0")
+            && error.contains("scripts/build-servers builds one that has"),
+        "{error}"
+    );
+}
+
 /// A disk stalled for longer than the TTL under a leader and a contender: the leader
 /// stops by its local deadline, nobody leads while every write waits, the role is led
 /// again after the stall, and no two terms' work overlaps.

@@ -13,8 +13,8 @@
 //! - [`shard_faults`]: shard-group members whose batched acquires lose their answer or
 //!   reach the store late, on the real store.
 //! - [`stalled_disk`]: a server whose disk stalls (given-up calls land late) on
-//!   PostgreSQL, etcd and the Kubernetes API server's etcd, and the elector helpers the
-//!   server fault tests share.
+//!   PostgreSQL, etcd and (its leader scenario) the Kubernetes API server's etcd, and the
+//!   elector helpers the server fault tests share.
 //! - the throwaway servers of `tenure-throwaway` (PostgreSQL, etcd, kube-apiserver), re-exported for
 //!   tests that start, stop, kill and pause them.
 //! - [`fuzz`] (feature `fuzz`): inputs for the parsers' property tests.
