@@ -3,10 +3,12 @@
 //!
 //! The tests of each backend stall their throwaway server's disk their own way
 //! (PostgreSQL's WAL through a preloaded library until healed, etcd's through its
-//! failpoint for a set time) and run the same two scenarios: a given-up release lands
-//! late, and a leader on the stalled store stops by its own deadline with no two terms'
-//! work overlapping. The elector helpers ([`Running`], [`TermLog`]) serve the other
-//! fault tests of the server-backed stores too.
+//! failpoint for a set time) and run the same scenarios: a given-up release lands late
+//! (PostgreSQL, etcd: one write each; a release through the Kubernetes API server reads
+//! first, and a read given up on the stalled etcd sends no write), and a leader on the
+//! stalled store stops by its own deadline with no two terms' work overlapping (all
+//! three). The elector helpers ([`Running`], [`TermLog`]) serve the other fault tests of
+//! the server-backed stores too.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
