@@ -1,5 +1,6 @@
-//! A 3-member etcd cluster on loopback: tenure across an etcd leader that crashes or
-//! whose disk stalls, and the minority side of a lost quorum refusing to hand out leases.
+//! A 3-member etcd cluster on loopback: tenure across an etcd leader that crashes, an
+//! etcd leader or follower whose disk stalls, and the minority side of a lost quorum
+//! refusing to hand out leases.
 
 mod common;
 
@@ -54,15 +55,34 @@ struct Terms {
     started: Mutex<Vec<(String, FencingToken)>>,
 }
 
-/// What befalls the etcd leader member.
+/// What befalls one etcd member.
 #[derive(Clone, Copy, Debug)]
-enum LeaderFault {
-    /// SIGKILL, then a restart.
-    Crash,
-    /// Its disk stalls this long (etcd's failpoint before each WAL sync): it stops
-    /// persisting, so it stops sending heartbeats, and the others elect a new leader
-    /// while it hangs, its process running and its sockets open.
-    DiskStall(Duration),
+enum MemberFault {
+    /// The raft leader: SIGKILL, then a restart.
+    LeaderCrash,
+    /// The raft leader's disk stalls this long (etcd's failpoint before each WAL sync):
+    /// it stops persisting, so it stops sending heartbeats, and the others elect a new
+    /// leader while it hangs, its process running and its sockets open.
+    LeaderDiskStall(Duration),
+    /// A follower's disk stalls this long: the leader and the other follower keep a
+    /// quorum and commit on, while the stalled follower answers nothing. A write sent to
+    /// it meanwhile still reaches the leader (the follower forwards it, at once or, when
+    /// its forward waits behind the stalled sync, once the disk answers) and is
+    /// committed, but the follower answers only once it has applied it itself: its
+    /// caller gives up on a write that is in the store.
+    FollowerDiskStall(Duration),
+}
+
+impl MemberFault {
+    /// How long the member's disk stalls, if that is the fault.
+    fn stall(self) -> Option<Duration> {
+        match self {
+            MemberFault::LeaderCrash => None,
+            MemberFault::LeaderDiskStall(stall) | MemberFault::FollowerDiskStall(stall) => {
+                Some(stall)
+            }
+        }
+    }
 }
 
 /// Setup: 3 etcd members; two electors (TTL 3 s, renew 1 s) whose clients know every
@@ -71,7 +91,7 @@ enum LeaderFault {
 /// higher token), and no two terms ever ran at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_crash_keeps_one_tenure_leader() {
-    one_tenure_leader_through(three_members().await, LeaderFault::Crash).await;
+    one_tenure_leader_through(three_members().await, MemberFault::LeaderCrash).await;
 }
 
 /// The same with the etcd leader's disk stalled for 6 s instead of a crash: the member
@@ -80,6 +100,24 @@ async fn etcd_leader_crash_keeps_one_tenure_leader() {
 /// which has etcd's failpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leader_disk_stall_keeps_one_tenure_leader() {
+    let stall = Duration::from_secs(6);
+    let cluster = three_members_with_failpoints().await;
+    one_tenure_leader_through(cluster, MemberFault::LeaderDiskStall(stall)).await;
+}
+
+/// The same with a follower's disk stalled for 6 s: the cluster keeps its quorum, but a
+/// client's requests that reach the stalled follower get no answer, and a write its
+/// caller gave up there is in the store afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_follower_disk_stall_keeps_one_tenure_leader() {
+    let stall = Duration::from_secs(6);
+    let cluster = three_members_with_failpoints().await;
+    one_tenure_leader_through(cluster, MemberFault::FollowerDiskStall(stall)).await;
+}
+
+/// Tracing, and a fresh cluster of 3 members of the etcd of `scripts/build-servers`,
+/// which has etcd's failpoints.
+async fn three_members_with_failpoints() -> Arc<EtcdCluster> {
     common::init_tracing();
     let bin = tenure_testkit::kube::etcd_binary()
         .expect("the etcd of scripts/build-servers (target/servers/etcd)");
@@ -92,24 +130,23 @@ async fn etcd_leader_disk_stall_keeps_one_tenure_leader() {
         cluster.member(0).can_stall_wal(),
         "this etcd has no failpoints: run scripts/build-servers"
     );
-    let stall = Duration::from_secs(6);
-    one_tenure_leader_through(Arc::new(cluster), LeaderFault::DiskStall(stall)).await;
+    Arc::new(cluster)
 }
 
-/// The fault took: a write through the stalled member alone gets no answer, and one
-/// through the other two is answered within 4 s (they elected a leader of their own).
+/// The key of a write given up at the stalled member.
+const GIVEN_UP: &str = "/test/disk-stall/through-the-stalled";
+
+/// The fault took: a write through the stalled member alone gets no answer (it is given
+/// up after 1 s), and one through the other two is answered within 4 s (they have, or
+/// elect, a leader of their own).
 async fn stalled_member_hangs_while_the_others_write(cluster: &EtcdCluster, victim: usize) {
     let mut stalled = common::client(&[cluster.member(victim).endpoint()]).await;
-    let put = stalled.put("/test/disk-stall/through-the-stalled", "x", None);
+    let put = stalled.put(GIVEN_UP, "x", None);
     assert!(
         timeout(Duration::from_secs(1), put).await.is_err(),
         "a write through the stalled member was answered"
     );
-    let others: Vec<String> = (0..cluster.members().len())
-        .filter(|&i| i != victim)
-        .map(|i| cluster.member(i).endpoint())
-        .collect();
-    let others = common::client(&others).await;
+    let others = common::client(&endpoints_but(cluster, victim)).await;
     eventually(Duration::from_secs(4), Duration::from_millis(100), || {
         let mut client = others.clone();
         async move {
@@ -128,11 +165,29 @@ async fn stalled_member_hangs_while_the_others_write(cluster: &EtcdCluster, vict
     .await;
 }
 
-/// Two electors over `cluster` while `fault` strikes its etcd leader member: someone
-/// leads within 8 s (the same term kept or led again by its holder, or a successor with a
-/// higher token), no two terms ever run at once, and the member is healthy again
-/// afterwards.
-async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault) {
+/// The endpoints of every member but `but`.
+fn endpoints_but(cluster: &EtcdCluster, but: usize) -> Vec<String> {
+    (0..cluster.members().len())
+        .filter(|&i| i != but)
+        .map(|i| cluster.member(i).endpoint())
+        .collect()
+}
+
+/// Whether the write given up at member `stalled` is in the store, as the other
+/// members answer (a linearizable read).
+async fn given_up_write_landed(cluster: &EtcdCluster, stalled: usize) -> bool {
+    let mut client = common::client(&endpoints_but(cluster, stalled)).await;
+    let got = timeout(Duration::from_secs(2), client.get(GIVEN_UP, None)).await;
+    !got.expect("the others answer a read in time")
+        .expect("the others answer a read")
+        .kvs()
+        .is_empty()
+}
+
+/// Two electors over `cluster` while `fault` strikes one of its members: someone leads
+/// 8 s on (the same term kept or led again by its holder, or a successor with a higher
+/// token), no two terms ever run at once, and the member is healthy again afterwards.
+async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: MemberFault) {
     let endpoints = cluster.endpoints();
     let prefix = common::unique_prefix("crash");
     let terms = Arc::new(Terms::default());
@@ -192,16 +247,20 @@ async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault
     }
     let first = terms.started.lock().unwrap()[0].clone();
 
-    tracing::info!(?fault, "--- the etcd leader");
-    let victim = etcd_leader(&cluster).await;
+    let leader = etcd_leader(&cluster).await;
+    let victim = match fault {
+        MemberFault::FollowerDiskStall(_) => (leader + 1) % cluster.members().len(),
+        MemberFault::LeaderCrash | MemberFault::LeaderDiskStall(_) => leader,
+    };
+    tracing::info!(?fault, victim, leader, "--- the fault strikes");
     let struck = Instant::now();
-    match fault {
-        LeaderFault::Crash => cluster.member(victim).kill(),
-        LeaderFault::DiskStall(stall) => {
+    match fault.stall() {
+        None => cluster.member(victim).kill(),
+        Some(stall) => {
             cluster
                 .member(victim)
                 .stall_wal_for(stall)
-                .expect("stall the leader's disk");
+                .expect("stall the member's disk");
             stalled_member_hangs_while_the_others_write(&cluster, victim).await;
         }
     }
@@ -213,7 +272,7 @@ async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault
         led_at_end = leads(&states) == 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(led_at_end, "nobody leads 8 s after the etcd leader died");
+    assert!(led_at_end, "nobody leads 8 s after the fault struck");
     let started = terms.started.lock().unwrap().clone();
     tracing::info!(?started, "terms");
     assert!(
@@ -236,9 +295,9 @@ async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault
     tracing::info!("--- the member comes back");
     let back = cluster.clone();
     tokio::task::spawn_blocking(move || {
-        match fault {
-            LeaderFault::Crash => back.member(victim).restart().expect("restart"),
-            LeaderFault::DiskStall(stall) => std::thread::sleep(
+        match fault.stall() {
+            None => back.member(victim).restart().expect("restart"),
+            Some(stall) => std::thread::sleep(
                 (struck + stall)
                     .into_std()
                     .saturating_duration_since(std::time::Instant::now()),
@@ -249,6 +308,22 @@ async fn one_tenure_leader_through(cluster: Arc<EtcdCluster>, fault: LeaderFault
     })
     .await
     .unwrap();
+    if let MemberFault::FollowerDiskStall(_) = fault {
+        // The write its caller gave up at the stalled follower is in the store: the
+        // follower passed it on to the leader, and only its answer waited on the disk.
+        let cluster = &cluster;
+        eventually(
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            || async {
+                match given_up_write_landed(cluster, victim).await {
+                    true => Ok(()),
+                    false => Err("the write given up at the follower did not land".to_owned()),
+                }
+            },
+        )
+        .await;
+    }
     shutdown.cancel();
     for run in runs {
         in_time(Duration::from_secs(10), run, "run ends on shutdown")
