@@ -48,9 +48,9 @@
 //! judges such a row by its session's expiry; for a plain lease (`session_id` NULL) the
 //! session table is never read, so the single-role path keeps its one statement.
 //!
-//! Tokens are only as durable as the commit: run with `synchronous_commit = on` (the
-//! default), and with synchronous replication when the database may fail over, or a
-//! failover can hand out a token twice. The same holds for the queue: a failover that
+//! Tokens are only as durable as the commit: never `synchronous_commit = off` (which
+//! `connect` raises to `on`), and synchronous replication when the database may fail
+//! over, or a crash or failover can hand out a token twice. The same holds for the queue: a failover that
 //! loses a commit can forget a candidacy or a handover (never hand a token out twice
 //! while commits are durable).
 
@@ -158,7 +158,10 @@ struct Inner {
 }
 
 impl PgLeaseStore {
-    /// A store over `pool` using tables in `schema` (see [`Schema::new`]).
+    /// A store over `pool` using tables in `schema` (see [`Schema::new`]). The pool's
+    /// connections must not commit with `synchronous_commit = off` (a crash could then
+    /// forget a term and hand its token out again); [`connect`](crate::connect) sees to
+    /// that for the pool it makes.
     pub fn new(pool: PgPool, schema: Schema) -> PgLeaseStore {
         let t = schema.table("tenure_leases");
         let sessions = schema.table("tenure_sessions");

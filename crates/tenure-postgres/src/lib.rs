@@ -68,10 +68,12 @@
 //!
 //! ## Requirements
 //!
-//! - **Durability.** Tokens are only as durable as the commit: keep
-//!   `synchronous_commit = on` (the default) for the role tenure uses, and synchronous
-//!   replication if the database can fail over to a replica; otherwise a crash or
-//!   failover can forget a handed-out token and hand it out again.
+//! - **Durability.** Tokens are only as durable as the commit: with
+//!   `synchronous_commit = off` a crash can forget a handed-out token and hand it out
+//!   again. [`connect`]'s connections never commit with `off` (it is raised to `on`,
+//!   with a warning); a pool passed to [`PgLeaseStore::new`] must not use it either. Use
+//!   synchronous replication if the database can fail over to a replica, for the same
+//!   reason.
 //! - **Isolation.** tenure's statements run at READ COMMITTED (the default). Fenced
 //!   transactions refuse REPEATABLE READ and SERIALIZABLE.
 //! - **Privileges.** [`migrate`] needs `CREATE` on the database (or an existing schema
@@ -179,7 +181,7 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
             "must be greater than zero",
         ));
     }
-    let connect_options = connect_options(url)?;
+    let mut connect_options = connect_options(url)?;
     let secrets = url_secrets(url);
     // One direct connection first: a pool that cannot connect only says it timed out,
     // while this names the server and the real cause (refused, bad password, ...).
@@ -195,8 +197,15 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     .await
     {
         Ok(Ok(probe)) => {
-            let probe: sqlx::PgConnection = probe;
+            let mut probe: sqlx::PgConnection = probe;
+            let commit = durable_commit(&mut probe).await;
             let _ = sqlx::Connection::close(probe).await;
+            connect_options = connect_options.options([(
+                "synchronous_commit",
+                commit.map_err(|e| {
+                    pg_error_scrubbed("could not read synchronous_commit", e, &secrets)
+                })?,
+            )]);
         }
         Ok(Err(e)) => {
             return Err(pg_error_scrubbed(
@@ -238,6 +247,30 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
         migrate(&backend.pool, &schema).await?;
     }
     Ok(backend)
+}
+
+/// The `synchronous_commit` the pool's connections run with: the server's own for this
+/// role and database, unless that is `off`, which is raised to `on`.
+///
+/// With `off` the server acknowledges a commit before its WAL record is written, and a
+/// crash then forgets a term it acknowledged: the next holder is handed the same token
+/// (`a_term_acknowledged_before_a_crash_survives_asynchronous_commit`). Every other
+/// value writes the record locally before the answer, and is kept as it is (`on`,
+/// `remote_write` and `remote_apply` also wait for synchronous standbys). Naming the
+/// value at connect time also keeps a later reload of the server's configuration from
+/// changing it under the pool.
+async fn durable_commit(probe: &mut sqlx::PgConnection) -> sqlx::Result<String> {
+    let setting: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+        .fetch_one(probe)
+        .await?;
+    if setting == "off" {
+        tracing::warn!(
+            "the server's synchronous_commit is off, which can forget a term it \
+             acknowledged in a crash; tenure's connections use on"
+        );
+        return Ok("on".to_owned());
+    }
+    Ok(setting)
 }
 
 #[cfg(test)]

@@ -545,3 +545,48 @@ async fn a_leader_on_a_stalled_disk_stops_by_its_deadline() {
         .map(|()| Arc::new(PgLeaseStore::new(pool.clone(), schema.clone())) as Arc<dyn LeaseStore>);
     stalled_disk::a_leader_on_a_stalled_disk_stops_by_its_deadline(stores, &WalDisk(&server)).await;
 }
+
+/// A server whose default is `synchronous_commit = off` (a common tuning for speed)
+/// acknowledges a commit before its WAL record is written, and a crash loses it. The
+/// connections `connect` opens commit tenure's terms durably all the same: a term
+/// acknowledged just before a SIGKILL of the server is there after its recovery, and
+/// nobody else is handed its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_acknowledged_before_a_crash_survives_asynchronous_commit() {
+    common::init_tracing();
+    let server = PgServer::start().expect("start PostgreSQL");
+    // The WAL writer writes an asynchronous commit's record at its next wake, up to
+    // 10 s later: a kill before then loses the commit.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_commit = off",
+        "ALTER SYSTEM SET wal_writer_delay = '10s'",
+        "SELECT pg_reload_conf()",
+    ] {
+        server.psql(sql).expect("make commits asynchronous");
+    }
+    let options = tenure_postgres::ConnectOptions {
+        schema: common::fresh_schema().name().to_owned(),
+        ..Default::default()
+    };
+    let backend = tenure_postgres::connect(&server.url(), options.clone())
+        .await
+        .expect("connect");
+    // The migration's commits were asynchronous too: a checkpoint writes them, so the
+    // term's commit is the one a crash can lose.
+    tokio::task::block_in_place(|| server.psql("CHECKPOINT")).expect("checkpoint");
+    let ttl = Duration::from_secs(30);
+    let held = backend.leases.try_acquire("r", "a", ttl).await;
+    assert!(held.acquired, "{held:?}");
+    tokio::task::block_in_place(|| {
+        server.kill();
+        server.start_again().expect("start again");
+    });
+    let after = tenure_postgres::connect(&server.url(), options)
+        .await
+        .expect("connect after the crash");
+    let other = after.leases.try_acquire("r", "b", ttl).await;
+    assert!(
+        !other.acquired && other.fencing_token == held.fencing_token,
+        "the term acknowledged before the crash was lost: {other:?} after {held:?}"
+    );
+}

@@ -390,6 +390,29 @@ async fn connect_and_bad_input() {
     );
 }
 
+/// `connect`'s pool commits durably whatever the URL asks for: a `synchronous_commit`
+/// of `off` (here in the URL's options, as a server's or a role's default would be) is
+/// raised to `on`, and any other value is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_never_commits_asynchronously() {
+    common::init_tracing();
+    let server = PgServer::shared().expect("shared PostgreSQL server");
+    let schema = common::fresh_schema();
+    for (asked, used) in [("off", "on"), ("local", "local"), ("on", "on")] {
+        let url = format!("{}?options[synchronous_commit]={asked}", server.url());
+        let options = ConnectOptions {
+            schema: schema.name().to_owned(),
+            ..Default::default()
+        };
+        let backend = connect(&url, options).await.expect("connect");
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&backend.pool)
+            .await
+            .unwrap();
+        assert_eq!(setting, used, "asked for {asked}");
+    }
+}
+
 /// A role without CREATE cannot migrate, and a role without table privileges cannot
 /// acquire: both are store errors that say "permission denied".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
