@@ -484,6 +484,9 @@ impl PgLog {
         if let Some(proxy) = connect.via.first() {
             options = options.host(&proxy.ip().to_string()).port(proxy.port());
         }
+        // The workers' terms are as durable as `connect` makes them, whatever the server's
+        // default (the throwaway server commits asynchronously; see the runner).
+        let options = tenure_postgres::durable_commit_options(options).await?;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             // A worker must notice a dead server within about a term, not hang.

@@ -109,7 +109,15 @@ pub async fn run(config: ChaosConfig) -> Result<Report, ChaosError> {
         | StoreSpec::Etcd(url)
         | StoreSpec::Kube(url) => (url.clone(), Owned::None),
         StoreSpec::PostgresThrowaway => {
-            let server = blocking("start a throwaway PostgreSQL server", PgServer::start).await?;
+            // Asynchronous commits, as a server tuned for speed has them: a `restart`
+            // that kills the server loses every commit of the last seconds but those
+            // made on connections that name `synchronous_commit`, as tenure's do.
+            let server = blocking("start a throwaway PostgreSQL server", || {
+                let server = PgServer::start()?;
+                server.commit_asynchronously()?;
+                Ok(server)
+            })
+            .await?;
             (server.url(), Owned::Postgres(Arc::new(server)))
         }
         StoreSpec::EtcdThrowaway => {

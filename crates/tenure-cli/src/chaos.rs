@@ -50,8 +50,10 @@ pub struct ChaosArgs {
     /// stalls the (API server's) etcd's disk through etcd's failpoint (the etcd of
     /// scripts/build-servers; every write hangs inside the server). `clock` (SQLite and
     /// Kubernetes, where no decision reads a wall clock) steps the workers' wall clock by 2-4x the TTL, forward
-    /// and back, through libfaketime. `restart` on kube:throwaway stops or kills the API
-    /// server or its etcd. `handoff` asks the leader, through the store as `tenure
+    /// and back, through libfaketime. `restart` stops or kills the server; on
+    /// kube:throwaway the API server or its etcd. The postgres:throwaway server commits
+    /// asynchronously, so a kill loses every commit of its last seconds not made durable
+    /// by its connection, as tenure's are. `handoff` asks the leader, through the store as `tenure
     /// handoff` does, to hand its term to the worker that waited longest (one role only).
     #[arg(long, default_value = "pause,kill,restart,cut,handoff")]
     faults: String,

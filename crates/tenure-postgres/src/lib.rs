@@ -249,6 +249,23 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     Ok(backend)
 }
 
+/// `options` with `synchronous_commit` named as [`connect`] names it for its pool: the
+/// server's own value for the role and database they reach (read over one connection
+/// of their own, closed before returning), or `on` in place of `off`. For a pool made by
+/// the caller and passed to [`PgLeaseStore::new`], [`PgFence::new`] or
+/// [`PgNodeRegistry::new`]. An error is the probe connection's.
+pub async fn durable_commit_options(
+    options: sqlx::postgres::PgConnectOptions,
+) -> Result<sqlx::postgres::PgConnectOptions> {
+    let failed = |e| pg_error_scrubbed("could not read synchronous_commit", e, &[]);
+    let mut probe: sqlx::PgConnection = sqlx::Connection::connect_with(&options)
+        .await
+        .map_err(failed)?;
+    let commit = durable_commit(&mut probe).await;
+    let _ = sqlx::Connection::close(probe).await;
+    Ok(options.options([("synchronous_commit", commit.map_err(failed)?)]))
+}
+
 /// The `synchronous_commit` the pool's connections run with: the server's own for this
 /// role and database, unless that is `off`, which is raised to `on`.
 ///

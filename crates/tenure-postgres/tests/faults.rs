@@ -555,15 +555,9 @@ async fn a_leader_on_a_stalled_disk_stops_by_its_deadline() {
 async fn a_term_acknowledged_before_a_crash_survives_asynchronous_commit() {
     common::init_tracing();
     let server = PgServer::start().expect("start PostgreSQL");
-    // The WAL writer writes an asynchronous commit's record at its next wake, up to
-    // 10 s later: a kill before then loses the commit.
-    for sql in [
-        "ALTER SYSTEM SET synchronous_commit = off",
-        "ALTER SYSTEM SET wal_writer_delay = '10s'",
-        "SELECT pg_reload_conf()",
-    ] {
-        server.psql(sql).expect("make commits asynchronous");
-    }
+    server
+        .commit_asynchronously()
+        .expect("make commits asynchronous");
     let options = tenure_postgres::ConnectOptions {
         schema: common::fresh_schema().name().to_owned(),
         ..Default::default()

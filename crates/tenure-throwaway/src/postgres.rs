@@ -181,6 +181,24 @@ impl PgServer {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
     }
 
+    /// Makes the server's commits asynchronous, as a server tuned for speed has them
+    /// (`synchronous_commit = off` for every role and database, set with `ALTER SYSTEM`
+    /// and kept across restarts): a commit is answered before its WAL record is
+    /// written, and the WAL writer writes it up to 10 s later (`wal_writer_delay`), so a
+    /// [`kill`](PgServer::kill) in between loses it. A client that names
+    /// `synchronous_commit` on its connection is not affected.
+    pub fn commit_asynchronously(&self) -> Result<()> {
+        // `ALTER SYSTEM` refuses to run in a transaction, which one psql -c is.
+        for sql in [
+            "ALTER SYSTEM SET synchronous_commit = off",
+            "ALTER SYSTEM SET wal_writer_delay = '10s'",
+            "SELECT pg_reload_conf()",
+        ] {
+            self.psql(sql)?;
+        }
+        Ok(())
+    }
+
     /// Fast shutdown (SIGINT), waiting for the server to exit; heals a stalled WAL disk
     /// first, as a process waiting on it cannot exit.
     pub fn stop(&self) {
