@@ -113,7 +113,9 @@ enum TermEnd {
 
 impl AdvisoryLockElector {
     /// An elector taking dedicated connections from `pool` (each term holds one out of
-    /// the pool for its whole length). Run [`migrate`](crate::migrate) first.
+    /// the pool for its whole length). Run [`migrate`](crate::migrate) first. Its
+    /// tokens are as durable as the pool's commits: see
+    /// [`durable_commit_options`](crate::durable_commit_options).
     pub fn new(pool: PgPool, schema: Schema, options: AdvisoryLockOptions) -> Result<Self> {
         options.validate()?;
         let terms = schema.table("tenure_advisory_terms");

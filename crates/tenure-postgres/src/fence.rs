@@ -39,7 +39,8 @@ pub struct PgFence {
 }
 
 impl PgFence {
-    /// Fences over `pool` in `schema`.
+    /// Fences over `pool` in `schema`. A fence's highest token is as durable as the
+    /// commit that raised it: see [`durable_commit_options`](crate::durable_commit_options).
     pub fn new(pool: PgPool, schema: Schema) -> PgFence {
         let fences = schema.table("tenure_fences");
         let leases = schema.table("tenure_leases");
