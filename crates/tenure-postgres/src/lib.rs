@@ -198,14 +198,11 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     {
         Ok(Ok(probe)) => {
             let mut probe: sqlx::PgConnection = probe;
-            let commit = durable_commit(&mut probe).await;
+            let raise = raised_commit(&mut probe).await;
             let _ = sqlx::Connection::close(probe).await;
-            connect_options = connect_options.options([(
-                "synchronous_commit",
-                commit.map_err(|e| {
-                    pg_error_scrubbed("could not read synchronous_commit", e, &secrets)
-                })?,
-            )]);
+            let raise = raise
+                .map_err(|e| pg_error_scrubbed("could not read synchronous_commit", e, &secrets))?;
+            connect_options = with_commit(connect_options, raise);
         }
         Ok(Err(e)) => {
             return Err(pg_error_scrubbed(
@@ -249,11 +246,12 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
     Ok(backend)
 }
 
-/// `options` with `synchronous_commit` named as [`connect`] names it for its pool: the
-/// server's own value for the role and database they reach (read over one connection
-/// of their own, closed before returning), or `on` in place of `off`. For a pool made by
-/// the caller and passed to [`PgLeaseStore::new`], [`PgFence::new`] or
-/// [`PgNodeRegistry::new`]. An error is the probe connection's.
+/// `options` as [`connect`] sets them for its pool: where the server's
+/// `synchronous_commit` for the role and database they reach is `off` (read over one
+/// connection of their own, closed before returning), with `synchronous_commit = on`
+/// in their startup options; otherwise unchanged. For a pool made by the caller and
+/// passed to [`PgLeaseStore::new`], [`PgFence::new`] or [`PgNodeRegistry::new`]. An
+/// error is the probe connection's.
 pub async fn durable_commit_options(
     options: sqlx::postgres::PgConnectOptions,
 ) -> Result<sqlx::postgres::PgConnectOptions> {
@@ -261,33 +259,43 @@ pub async fn durable_commit_options(
     let mut probe: sqlx::PgConnection = sqlx::Connection::connect_with(&options)
         .await
         .map_err(failed)?;
-    let commit = durable_commit(&mut probe).await;
+    let raise = raised_commit(&mut probe).await;
     let _ = sqlx::Connection::close(probe).await;
-    Ok(options.options([("synchronous_commit", commit.map_err(failed)?)]))
+    Ok(with_commit(options, raise.map_err(failed)?))
 }
 
-/// The `synchronous_commit` the pool's connections run with: the server's own for this
-/// role and database, unless that is `off`, which is raised to `on`.
+/// `Some("on")` when the connection's `synchronous_commit` is `off`, else `None`.
 ///
 /// With `off` the server acknowledges a commit before its WAL record is written, and a
 /// crash then forgets a term it acknowledged: the next holder is handed the same token
 /// (`a_term_acknowledged_before_a_crash_survives_asynchronous_commit`). Every other
-/// value writes the record locally before the answer, and is kept as it is (`on`,
-/// `remote_write` and `remote_apply` also wait for synchronous standbys). Naming the
-/// value at connect time also keeps a later reload of the server's configuration from
-/// changing it under the pool.
-async fn durable_commit(probe: &mut sqlx::PgConnection) -> sqlx::Result<String> {
+/// value writes the record locally before the answer and is left alone (`on`,
+/// `remote_write` and `remote_apply` also wait for synchronous standbys). Only a raise
+/// is written into the startup options, so a server that commits durably sees the same
+/// connections as before (a pooler that refuses unknown startup parameters among them).
+async fn raised_commit(probe: &mut sqlx::PgConnection) -> sqlx::Result<Option<&'static str>> {
     let setting: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
         .fetch_one(probe)
         .await?;
-    if setting == "off" {
-        tracing::warn!(
-            "the server's synchronous_commit is off, which can forget a term it \
-             acknowledged in a crash; tenure's connections use on"
-        );
-        return Ok("on".to_owned());
+    if setting != "off" {
+        return Ok(None);
     }
-    Ok(setting)
+    tracing::warn!(
+        "synchronous_commit is off for this role and database, which can forget a term \
+         the server acknowledged in a crash; tenure's connections use on"
+    );
+    Ok(Some("on"))
+}
+
+/// `options` with `synchronous_commit` set to `raise`, if any.
+fn with_commit(
+    options: sqlx::postgres::PgConnectOptions,
+    raise: Option<&str>,
+) -> sqlx::postgres::PgConnectOptions {
+    match raise {
+        Some(value) => options.options([("synchronous_commit", value)]),
+        None => options,
+    }
 }
 
 #[cfg(test)]
