@@ -484,13 +484,22 @@ impl PgLog {
         if let Some(proxy) = connect.via.first() {
             options = options.host(&proxy.ip().to_string()).port(proxy.port());
         }
+        // A worker must notice a dead server within about a term, not hang.
+        let within = connect.ttl.max(Duration::from_secs(1));
         // The workers' terms are as durable as `connect` makes them, whatever the server's
         // default (the throwaway server commits asynchronously; see the runner).
-        let options = tenure_postgres::durable_commit_options(options).await?;
+        let options =
+            tokio::time::timeout(within, tenure_postgres::durable_commit_options(options))
+                .await
+                .map_err(|_| {
+                    Error::store_msg(
+                        "postgres",
+                        format!("the chaos store did not answer within {within:?}"),
+                    )
+                })??;
         let pool = PgPoolOptions::new()
             .max_connections(4)
-            // A worker must notice a dead server within about a term, not hang.
-            .acquire_timeout(connect.ttl.max(Duration::from_secs(1)))
+            .acquire_timeout(within)
             .connect_with(options)
             .await
             .map_err(|e| Error::store("postgres", "cannot connect to the chaos store", e))?;

@@ -251,7 +251,9 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
 /// connection of their own, closed before returning), with `synchronous_commit = on`
 /// in their startup options; otherwise unchanged. For a pool made by the caller and
 /// passed to [`PgLeaseStore::new`], [`PgFence::new`] or [`PgNodeRegistry::new`]. An
-/// error is the probe connection's.
+/// error is the probe connection's. The probe has no time limit of its own: bound the
+/// call with a timeout where the server may not answer (dropping the future closes the
+/// probe).
 pub async fn durable_commit_options(
     options: sqlx::postgres::PgConnectOptions,
 ) -> Result<sqlx::postgres::PgConnectOptions> {
