@@ -190,20 +190,10 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
         connect_options.get_host(),
         connect_options.get_port()
     );
-    match tokio::time::timeout(
-        options.connect_timeout,
-        sqlx::Connection::connect_with(&connect_options),
-    )
-    .await
-    {
-        Ok(Ok(probe)) => {
-            let mut probe: sqlx::PgConnection = probe;
-            let raise = raised_commit(&mut probe).await;
-            let _ = sqlx::Connection::close(probe).await;
-            let raise = raise
-                .map_err(|e| pg_error_scrubbed("could not read synchronous_commit", e, &secrets))?;
-            connect_options = with_commit(connect_options, raise);
-        }
+    // It also reads whether commits must be made durable (`raised_commit`), within the
+    // same time limit: a server that accepts and then stalls must not hang `connect`.
+    match tokio::time::timeout(options.connect_timeout, probe(&connect_options)).await {
+        Ok(Ok(raise)) => connect_options = with_commit(connect_options, raise),
         Ok(Err(e)) => {
             return Err(pg_error_scrubbed(
                 &format!("could not connect to {endpoint}"),
@@ -257,13 +247,19 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<PgBackend> {
 pub async fn durable_commit_options(
     options: sqlx::postgres::PgConnectOptions,
 ) -> Result<sqlx::postgres::PgConnectOptions> {
-    let failed = |e| pg_error_scrubbed("could not read synchronous_commit", e, &[]);
-    let mut probe: sqlx::PgConnection = sqlx::Connection::connect_with(&options)
+    let raise = probe(&options)
         .await
-        .map_err(failed)?;
+        .map_err(|e| pg_error_scrubbed("could not read synchronous_commit", e, &[]))?;
+    Ok(with_commit(options, raise))
+}
+
+/// One connection with `options`: whether `synchronous_commit` must be raised
+/// ([`raised_commit`]); closed before returning.
+async fn probe(options: &sqlx::postgres::PgConnectOptions) -> sqlx::Result<Option<&'static str>> {
+    let mut probe: sqlx::PgConnection = sqlx::Connection::connect_with(options).await?;
     let raise = raised_commit(&mut probe).await;
     let _ = sqlx::Connection::close(probe).await;
-    Ok(with_commit(options, raise.map_err(failed)?))
+    raise
 }
 
 /// `Some("on")` when the connection's `synchronous_commit` is `off`, else `None`.
