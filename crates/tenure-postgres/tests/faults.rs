@@ -584,3 +584,28 @@ async fn a_term_acknowledged_before_a_crash_survives_asynchronous_commit() {
         "the term acknowledged before the crash was lost: {other:?} after {held:?}"
     );
 }
+
+/// `connect` to a server that takes the TCP connection and then answers nothing (frozen)
+/// gives up within its connect time limit with an error that says so, and connects once
+/// the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_a_frozen_server_gives_up_in_time() {
+    common::init_tracing();
+    let server = PgServer::start().expect("start PostgreSQL");
+    let options = tenure_postgres::ConnectOptions {
+        schema: common::fresh_schema().name().to_owned(),
+        connect_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    tokio::task::block_in_place(|| server.pause());
+    let started = Instant::now();
+    let refused = tenure_postgres::connect(&server.url(), options.clone()).await;
+    let took = started.elapsed();
+    tokio::task::block_in_place(|| server.resume());
+    let error = refused.expect_err("a frozen server cannot be connected to");
+    assert!(took < Duration::from_secs(3), "gave up after {took:?}");
+    assert!(error.to_string().contains("no answer within"), "{error}");
+    tenure_postgres::connect(&server.url(), options)
+        .await
+        .expect("connect once the server answers");
+}
