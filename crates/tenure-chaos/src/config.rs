@@ -102,7 +102,7 @@ impl StoreSpec {
         match self {
             StoreSpec::SqliteThrowaway => "sqlite (throwaway file)",
             StoreSpec::Sqlite(_) => "sqlite",
-            StoreSpec::PostgresThrowaway => "postgres (throwaway server)",
+            StoreSpec::PostgresThrowaway => "postgres (throwaway server, asynchronous commits)",
             StoreSpec::Postgres(_) => "postgres",
             StoreSpec::EtcdThrowaway => "etcd (throwaway server)",
             StoreSpec::Etcd(_) => "etcd",
