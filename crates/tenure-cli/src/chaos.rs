@@ -53,8 +53,9 @@ pub struct ChaosArgs {
     /// and back, through libfaketime. `restart` stops or kills the server; on
     /// kube:throwaway the API server or its etcd. The postgres:throwaway server commits
     /// asynchronously, so a kill loses every commit of its last seconds not made durable
-    /// by its connection, as tenure's are. `handoff` asks the leader, through the store as `tenure
-    /// handoff` does, to hand its term to the worker that waited longest (one role only).
+    /// by its connection, as tenure's are. `handoff` asks the leader, through the store
+    /// as `tenure handoff` does, to hand its term to the worker that waited longest (one
+    /// role only).
     #[arg(long, default_value = "pause,kill,restart,cut,handoff")]
     faults: String,
     /// Mean time between faults (default: TTL/4).

@@ -50,9 +50,9 @@
 //!
 //! Tokens are only as durable as the commit: never `synchronous_commit = off` (which
 //! `connect` raises to `on`), and synchronous replication when the database may fail
-//! over, or a crash or failover can hand out a token twice. The same holds for the queue: a failover that
-//! loses a commit can forget a candidacy or a handover (never hand a token out twice
-//! while commits are durable).
+//! over, or a crash or failover can hand out a token twice. The same holds for the
+//! queue: a failover that loses a commit can forget a candidacy or a handover (never
+//! hand a token out twice while commits are durable).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -256,9 +256,9 @@ pub async fn durable_commit_options(
 /// One connection with `options`: whether `synchronous_commit` must be raised
 /// ([`raised_commit`]); closed before returning.
 async fn probe(options: &sqlx::postgres::PgConnectOptions) -> sqlx::Result<Option<&'static str>> {
-    let mut probe: sqlx::PgConnection = sqlx::Connection::connect_with(options).await?;
-    let raise = raised_commit(&mut probe).await;
-    let _ = sqlx::Connection::close(probe).await;
+    let mut conn: sqlx::PgConnection = sqlx::Connection::connect_with(options).await?;
+    let raise = raised_commit(&mut conn).await;
+    let _ = sqlx::Connection::close(conn).await;
     raise
 }
 

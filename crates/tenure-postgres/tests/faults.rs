@@ -565,8 +565,8 @@ async fn a_term_acknowledged_before_a_crash_survives_asynchronous_commit() {
     let backend = tenure_postgres::connect(&server.url(), options.clone())
         .await
         .expect("connect");
-    // The migration's commits were asynchronous too: a checkpoint writes them, so the
-    // term's commit is the one a crash can lose.
+    // Without the raise to `on` the migration's commits are asynchronous too: a
+    // checkpoint writes them, so that the term's commit is the one a crash can lose.
     tokio::task::block_in_place(|| server.psql("CHECKPOINT")).expect("checkpoint");
     let ttl = Duration::from_secs(30);
     let held = backend.leases.try_acquire("r", "a", ttl).await;
